@@ -1,0 +1,474 @@
+"""The rule language: s-expression rewrite rules over tensat's operators, parsed once, used everywhere.
+
+A rule file holds forms like
+
+    (rule matmul-assoc
+      (matmul ?x (matmul ?y ?z))
+      (matmul (matmul ?x ?y) ?z))
+
+    (multi matmul-merge-shared-input
+      ((matmul ?x ?w1) (matmul ?x ?w2))
+      ((slice ?m :axis ?last :start 0 :size (dim ?w1 -1))
+       (slice ?m :axis ?last :start (dim ?w1 -1) :size (dim ?w2 -1)))
+      :let ((?last (- (rank ?x) 1)) (?m (matmul ?x (concat ?w1 ?w2 :axis (- (rank ?w1) 1)))))
+      :when ((same-except ?w1 ?w2 (- (rank ?w1) 1))))
+
+Patterns are `(op tensor-args... :attr value ...)`; `?name` is a variable. In a left side, attributes left out match
+anything. `:let` binds integer expressions or shared right-side terms; `:when` lists guards. Expressions: integers,
+variables, `(dim ?t i)` (negative i counts from the end), `(rank ?t)`, `(vec a b ...)`, `(+ - * / % min max ...)`;
+guards: `(= a b)`, `(!= a b)`, `(< a b)`, `(<= a b)`, `(same-except ?a ?b axis)` (shapes equal but on one axis),
+`(same-shape ?a ?b)`.
+
+The same parsed `Rule` compiles to an egglog rule (`to_egglog`) and evaluates with numpy (`instantiate`), so the
+e-graph explorer, the sequential search and the verifier all read one definition.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping, Sequence, Union
+
+import numpy as np
+
+from tensat import ops
+
+
+class RuleError(ValueError):
+    """A rule that cannot be parsed or is not well formed."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# S-expressions
+
+_TOKEN = re.compile(r"\s*(?:;[^\n]*\n?\s*)*([()]|[^\s();]+)")
+
+
+def parse_sexprs(text: str) -> list[Any]:
+    """Parse text into nested lists of atoms (ints, floats and symbol strings)."""
+    tokens = [m.group(1) for m in _TOKEN.finditer(text) if m.group(1)]
+    pos = 0
+
+    def atom(tok: str) -> Any:
+        try:
+            return int(tok)
+        except ValueError:
+            pass
+        try:
+            return float(tok)
+        except ValueError:
+            return tok
+
+    def parse() -> Any:
+        nonlocal pos
+        tok = tokens[pos]
+        pos += 1
+        if tok == "(":
+            items = []
+            while pos < len(tokens) and tokens[pos] != ")":
+                items.append(parse())
+            if pos >= len(tokens):
+                raise RuleError("unbalanced parentheses: missing ')'")
+            pos += 1
+            return items
+        if tok == ")":
+            raise RuleError("unbalanced parentheses: unexpected ')'")
+        return atom(tok)
+
+    out = []
+    while pos < len(tokens):
+        out.append(parse())
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# AST
+
+
+@dataclass(frozen=True)
+class Var:
+    name: str  # without the '?'
+
+
+@dataclass(frozen=True)
+class Lit:
+    value: Any  # int, float or tuple of ints
+
+
+@dataclass(frozen=True)
+class Call:
+    """An integer/vector expression or guard: fn applied to args."""
+
+    fn: str
+    args: tuple["Expr", ...]
+
+
+@dataclass(frozen=True)
+class Term:
+    """An operator pattern: op applied to tensor patterns, with attribute expressions."""
+
+    op: str
+    args: tuple["Pattern", ...]
+    attrs: tuple[tuple[str, "Expr"], ...]
+
+
+Expr = Union[Var, Lit, Call]
+Pattern = Union[Var, Term]
+
+EXPR_FNS = {"+", "-", "*", "/", "%", "min", "max", "dim", "rank", "vec", "vec-get"}
+GUARDS = {"=", "!=", "<", "<=", ">", ">=", "same-except", "same-shape"}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A rewrite: left patterns (1, or 2 for a multi-pattern rule) become right patterns where guards hold."""
+
+    name: str
+    lhs: tuple[Term, ...]
+    rhs: tuple[Pattern, ...]
+    lets: tuple[tuple[str, Any], ...] = ()  # (var, Expr or Pattern)
+    guards: tuple[Call, ...] = ()
+    source: str = field(default="", compare=False)
+
+    @property
+    def multi(self) -> bool:
+        return len(self.lhs) > 1
+
+    def ops(self) -> set[str]:
+        """Operators the left side needs (for rule selection)."""
+        found: set[str] = set()
+        for t in self.lhs:
+            _collect_ops(t, found)
+        return found
+
+    def tensor_vars(self) -> list[str]:
+        """Tensor variables of the left side, in order of first appearance."""
+        out: list[str] = []
+        for t in self.lhs:
+            _collect_tensor_vars(t, out)
+        return out
+
+
+def _collect_ops(p: Pattern, found: set[str]) -> None:
+    if isinstance(p, Term):
+        found.add(p.op)
+        for a in p.args:
+            _collect_ops(a, found)
+
+
+def _collect_tensor_vars(p: Pattern, out: list[str]) -> None:
+    if isinstance(p, Var):
+        if p.name not in out:
+            out.append(p.name)
+    else:
+        for a in p.args:
+            _collect_tensor_vars(a, out)
+
+
+def _is_var(x: Any) -> bool:
+    return isinstance(x, str) and x.startswith("?") and len(x) > 1
+
+
+def _expr(x: Any) -> Expr:
+    if _is_var(x):
+        return Var(x[1:])
+    if isinstance(x, (int, float)):
+        return Lit(x)
+    if isinstance(x, list) and x and isinstance(x[0], str) and x[0] in EXPR_FNS | GUARDS:
+        return Call(x[0], tuple(_expr(a) for a in x[1:]))
+    raise RuleError(f"bad expression {x!r}")
+
+
+def _pattern(x: Any) -> Pattern:
+    if _is_var(x):
+        return Var(x[1:])
+    if not (isinstance(x, list) and x and isinstance(x[0], str)):
+        raise RuleError(f"bad pattern {x!r}")
+    op = x[0]
+    if op not in ops.REGISTRY or op == "opaque":
+        raise RuleError(f"unknown operator {op!r} in pattern")
+    d = ops.REGISTRY[op]
+    args: list[Pattern] = []
+    attrs: list[tuple[str, Expr]] = []
+    items = x[1:]
+    i = 0
+    while i < len(items):
+        item = items[i]
+        if isinstance(item, str) and item.startswith(":"):
+            name = item[1:]
+            if name not in d.attr_names:
+                raise RuleError(f"{op} has no attribute {name!r}")
+            if i + 1 >= len(items):
+                raise RuleError(f"attribute :{name} of {op} has no value")
+            attrs.append((name, _expr(items[i + 1])))
+            i += 2
+        else:
+            if attrs:
+                raise RuleError(f"{op}: tensor arguments must come before attributes")
+            args.append(_pattern(item))
+            i += 1
+    if d.inputs is not None and len(args) != d.inputs:
+        raise RuleError(f"{op} takes {d.inputs} tensor arguments, got {len(args)}")
+    return Term(op, tuple(args), tuple(attrs))
+
+
+def _options(items: list[Any], name: str) -> dict[str, Any]:
+    opts: dict[str, Any] = {}
+    if len(items) % 2:
+        raise RuleError(f"rule {name}: options must be ':key value' pairs")
+    for key, value in zip(items[::2], items[1::2]):
+        if key not in (":let", ":when"):
+            raise RuleError(f"rule {name}: unknown option {key!r}")
+        opts[key] = value
+    return opts
+
+
+def parse_rules(text: str) -> list[Rule]:
+    """Parse every `(rule ...)` and `(multi ...)` form in `text`."""
+    rules = []
+    for form in parse_sexprs(text):
+        if not (isinstance(form, list) and len(form) >= 4 and form[0] in ("rule", "multi")):
+            raise RuleError(f"expected (rule NAME LHS RHS ...) or (multi NAME (LHS...) (RHS...) ...), got {form!r:.80}")
+        kind, name, lhs, rhs = form[0], str(form[1]), form[2], form[3]
+        opts = _options(form[4:], name)
+        if kind == "rule":
+            lhs_t, rhs_t = (_pattern(lhs),), (_pattern(rhs),)
+        else:
+            if not (isinstance(lhs, list) and isinstance(rhs, list) and len(lhs) == len(rhs) == 2):
+                raise RuleError(f"multi rule {name}: needs two left and two right patterns")
+            lhs_t, rhs_t = tuple(_pattern(p) for p in lhs), tuple(_pattern(p) for p in rhs)
+        if not all(isinstance(t, Term) for t in lhs_t):
+            raise RuleError(f"rule {name}: a left side must be an operator pattern")
+        lets = []
+        for binding in opts.get(":let", []):
+            if not (isinstance(binding, list) and len(binding) == 2 and _is_var(binding[0])):
+                raise RuleError(f"rule {name}: bad :let binding {binding!r}")
+            value = binding[1]
+            is_term = isinstance(value, list) and value and value[0] in ops.REGISTRY
+            lets.append((binding[0][1:], _pattern(value) if is_term else _expr(value)))
+        guards = tuple(_expr(g) for g in opts.get(":when", []))
+        for g in guards:
+            if not (isinstance(g, Call) and g.fn in GUARDS):
+                raise RuleError(f"rule {name}: guard {g} is not a comparison")
+        rule = Rule(name, lhs_t, rhs_t, tuple(lets), guards)  # type: ignore[arg-type]
+        _check_rule(rule)
+        rules.append(rule)
+    return rules
+
+
+def _check_rule(rule: Rule) -> None:
+    """Every variable used on the right or in guards is bound on the left or by :let."""
+    bound: set[str] = set(rule.tensor_vars())
+    for t in rule.lhs:
+        for _, e in _walk_attrs(t):
+            if isinstance(e, Var):
+                bound.add(e.name)
+    for name, value in rule.lets:
+        for v in _vars_of(value):
+            if v not in bound:
+                raise RuleError(f"rule {rule.name}: :let {name} uses unbound ?{v}")
+        bound.add(name)
+    for item in (*rule.rhs, *rule.guards):
+        for v in _vars_of(item):
+            if v not in bound:
+                raise RuleError(f"rule {rule.name}: ?{v} is not bound on the left side")
+
+
+def _walk_attrs(p: Pattern) -> Iterator[tuple[str, Expr]]:
+    if isinstance(p, Term):
+        yield from p.attrs
+        for a in p.args:
+            yield from _walk_attrs(a)
+
+
+def _vars_of(x: Any) -> Iterator[str]:
+    if isinstance(x, Var):
+        yield x.name
+    elif isinstance(x, Call):
+        for a in x.args:
+            yield from _vars_of(a)
+    elif isinstance(x, Term):
+        for a in x.args:
+            yield from _vars_of(a)
+        for _, e in x.attrs:
+            yield from _vars_of(e)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# egglog compilation
+
+
+def _egg_var(name: str) -> str:
+    return f"v-{name}"
+
+
+def _egg_shape(name: str) -> str:
+    return f"sh-{name}"
+
+
+class _EggCompiler:
+    def __init__(self, rule: Rule) -> None:
+        self.rule = rule
+        self.fresh = 0
+        self.shapes: set[str] = set()
+        self.let_terms = {n: v for n, v in rule.lets if isinstance(v, Term)}
+
+    def expr(self, e: Expr) -> str:
+        if isinstance(e, Var):
+            return _egg_var(e.name)
+        if isinstance(e, Lit):
+            if isinstance(e.value, tuple):
+                return f"(vec-of {' '.join(map(str, e.value))})"
+            return repr(e.value)
+        args = e.args
+        if e.fn in ("dim", "rank", "same-except", "same-shape"):
+            for a in args[: 2 if e.fn.startswith("same") else 1]:
+                if not isinstance(a, Var):
+                    raise RuleError(f"rule {self.rule.name}: {e.fn} takes a tensor variable")
+                self.shapes.add(a.name)
+        if e.fn == "dim":
+            sh = _egg_shape(args[0].name)  # type: ignore[union-attr]
+            idx = args[1]
+            if isinstance(idx, Lit) and isinstance(idx.value, int) and idx.value < 0:
+                return f"(vec-get {sh} (+ (vec-length {sh}) {idx.value}))"
+            return f"(vec-get {sh} {self.expr(idx)})"
+        if e.fn == "rank":
+            return f"(vec-length {_egg_shape(args[0].name)})"  # type: ignore[union-attr]
+        if e.fn == "vec":
+            return f"(vec-of {' '.join(self.expr(a) for a in args)})"
+        if e.fn == "same-shape":
+            return f"(= {_egg_shape(args[0].name)} {_egg_shape(args[1].name)})"  # type: ignore[union-attr]
+        if e.fn == "same-except":
+            a, b, ax = _egg_shape(args[0].name), _egg_shape(args[1].name), self.expr(args[2])  # type: ignore[union-attr]
+            return f"(= (vec-set {a} {ax} 0) (vec-set {b} {ax} 0))"
+        fn = {">": "<", ">=": "<="}.get(e.fn, e.fn)
+        parts = [self.expr(a) for a in args]
+        if e.fn in (">", ">="):
+            parts.reverse()
+        return f"({fn} {' '.join(parts)})"
+
+    def pattern(self, p: Pattern, lhs: bool) -> str:
+        if isinstance(p, Var):
+            if not lhs and p.name in self.let_terms:
+                return self.pattern(self.let_terms[p.name], lhs)
+            return _egg_var(p.name)
+        d = ops.REGISTRY[p.op]
+        given = dict(p.attrs)
+        parts = [self.pattern(a, lhs) for a in p.args]
+        for name in d.attr_names:
+            if name in given:
+                parts.append(self.expr(given[name]))
+            elif lhs:
+                self.fresh += 1
+                parts.append(f"any-{self.fresh}")
+            else:
+                raise RuleError(f"rule {self.rule.name}: right-side {p.op} needs attribute :{name}")
+        return f"({d.egg} {' '.join(parts)})"
+
+    def compile(self, ruleset: str) -> str:
+        query = [f"(= root{i} {self.pattern(t, True)})" for i, t in enumerate(self.rule.lhs)]
+        if self.rule.multi:
+            query.append("(!= root0 root1)")
+        lets = [f"(= {_egg_var(n)} {self.expr(v)})" for n, v in self.rule.lets if not isinstance(v, Term)]
+        guards = [self.expr(g) for g in self.rule.guards]
+        actions = [f"(union root{i} {self.pattern(p, False)})" for i, p in enumerate(self.rule.rhs)]
+        shapes = [f"(= {_egg_shape(v)} (shape-of {_egg_var(v)}))" for v in sorted(self.shapes)]
+        body = " ".join(query + shapes + lets + guards)
+        name = self.rule.name.replace('"', "")
+        return f'(rule ({body}) ({" ".join(actions)}) :ruleset {ruleset} :name "{name}")'
+
+
+def to_egglog(rule: Rule, ruleset: str) -> str:
+    """The egglog rule command for `rule` in `ruleset`."""
+    return _EggCompiler(rule).compile(ruleset)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Concrete evaluation (verifier, sequential search)
+
+
+def eval_expr(e: Any, env: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> Any:
+    """Value of an expression or guard given attribute/let values `env` and tensor shapes `shapes`."""
+    if isinstance(e, Var):
+        return env[e.name]
+    if isinstance(e, Lit):
+        return e.value
+    fn, args = e.fn, e.args
+    if fn == "dim":
+        return shapes[args[0].name][eval_expr(args[1], env, shapes)]  # type: ignore[union-attr]
+    if fn == "rank":
+        return len(shapes[args[0].name])  # type: ignore[union-attr]
+    if fn == "same-shape":
+        return shapes[args[0].name] == shapes[args[1].name]  # type: ignore[union-attr]
+    if fn == "same-except":
+        a, b = shapes[args[0].name], shapes[args[1].name]  # type: ignore[union-attr]
+        ax = eval_expr(args[2], env, shapes)
+        return len(a) == len(b) and 0 <= ax < len(a) and a[:ax] + a[ax + 1:] == b[:ax] + b[ax + 1:]
+    vals = [eval_expr(a, env, shapes) for a in args]
+    if fn == "vec":
+        return tuple(vals)
+    if fn == "vec-get":
+        return vals[0][vals[1]]
+    binary = {
+        "+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
+        "/": lambda a, b: int(a / b), "%": lambda a, b: int(np.fmod(a, b)), "min": min, "max": max,
+        "=": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
+        "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b,
+    }
+    return binary[fn](*vals)
+
+
+def attr_value(value: Any) -> Any:
+    """An evaluated attribute in the IR's canonical form."""
+    if isinstance(value, (list, tuple)):
+        return tuple(int(v) for v in value)
+    return value
+
+
+def instantiate(
+    p: Pattern, tensors: Mapping[str, np.ndarray], env: Mapping[str, Any], lets: Mapping[str, Any] = {}
+) -> np.ndarray:
+    """Numpy value of a pattern under variable bindings (tensor values; attribute/let values)."""
+    if isinstance(p, Var):
+        if p.name in tensors:
+            return tensors[p.name]
+        return instantiate(lets[p.name], tensors, env, lets)
+    shapes = {k: tuple(v.shape) for k, v in tensors.items()}
+    args = [instantiate(a, tensors, env, lets) for a in p.args]
+    attrs = {k: attr_value(eval_expr(e, env, shapes)) for k, e in p.attrs}
+    ops.shape_of(p.op, [a.shape for a in args], attrs)
+    return ops.evaluate(p.op, args, attrs)
+
+
+def load_rule_files(paths: Sequence[str]) -> list[Rule]:
+    """Parse rule files, keeping each rule's file name as its source."""
+    rules: list[Rule] = []
+    names: set[str] = set()
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            for r in parse_rules(f.read()):
+                if r.name in names:
+                    raise RuleError(f"duplicate rule name {r.name!r} in {path}")
+                names.add(r.name)
+                rules.append(Rule(r.name, r.lhs, r.rhs, r.lets, r.guards, source=str(path)))
+    return rules
+
+
+def evaluate_sides(
+    rule: Rule, tensors: Mapping[str, np.ndarray], attrs: Mapping[str, Any]
+) -> list[tuple[np.ndarray, np.ndarray]] | None:
+    """Numpy values of each (left, right) pair under bindings, or None where the guards reject the bindings.
+
+    `tensors` binds the left side's tensor variables, `attrs` its attribute variables.
+    """
+    shapes = {k: tuple(v.shape) for k, v in tensors.items()}
+    env: dict[str, Any] = dict(attrs)
+    lets: dict[str, Any] = {}
+    for name, value in rule.lets:
+        if isinstance(value, Term):
+            lets[name] = value
+        else:
+            env[name] = eval_expr(value, env, shapes)
+    if not all(eval_expr(g, env, shapes) for g in rule.guards):
+        return None
+    return [(instantiate(l, tensors, env, lets), instantiate(r, tensors, env, lets)) for l, r in zip(rule.lhs, rule.rhs)]

@@ -1,0 +1,7 @@
+"""`python -m tensat`: the tensat command."""
+
+import sys
+
+from tensat.cli import main
+
+sys.exit(main())

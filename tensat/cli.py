@@ -1,0 +1,202 @@
+"""The `tensat` command: optimize ONNX models, extract from e-graph files, list rules and built-in models."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+from tensat.errors import TensatError
+
+
+def _input_shape(text: str) -> tuple[str, list[int]]:
+    """Parse NAME=d1,d2,... into (name, dims)."""
+    name, sep, dims = text.rpartition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=d1,d2,..., got {text!r}")
+    try:
+        shape = [int(d) for d in dims.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"dimensions must be integers in {text!r}") from None
+    if any(d < 1 for d in shape):
+        raise argparse.ArgumentTypeError(f"dimensions must be positive in {text!r}")
+    return name, shape
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def _add_optimize(sub: Any) -> None:
+    p = sub.add_parser("optimize", help="optimize an ONNX model by equality saturation",
+                       description="Optimize an ONNX model: explore rewrites in an e-graph, extract the cheapest "
+                                   "graph, verify it against the input in onnxruntime, write it out.")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("input", nargs="?", help="the ONNX model to optimize")
+    src.add_argument("--model", metavar="NAME", help="optimize a built-in benchmark graph instead of a file "
+                                                     "(see `tensat models`)")
+    p.add_argument("-o", "--output", required=True, help="where to write the optimized ONNX model")
+    p.add_argument("--input-shape", metavar="NAME=D1,D2,...", type=_input_shape, action="append", default=[],
+                   help="concrete shape for an input with dynamic dims (repeat for several inputs)")
+    p.add_argument("--node-limit", type=_positive_int, default=50_000,
+                   help="stop exploring before the e-graph exceeds this many e-nodes (default 50000)")
+    p.add_argument("--iter-limit", type=int, default=15, help="maximum exploration iterations (default 15)")
+    p.add_argument("--time-limit", type=_positive_float, default=60.0,
+                   help="exploration time limit in seconds, checked between iterations (default 60)")
+    p.add_argument("--k-multi", type=int, choices=(0, 1, 2), default=1,
+                   help="number of first iterations in which multi-pattern rules run (default 1)")
+    p.add_argument("--extractor", choices=("ilp", "greedy"), default="ilp",
+                   help="extraction method: optimal ILP or greedy DAG (default ilp)")
+    p.add_argument("--solver", choices=("highs", "cbc"), default="highs", help="ILP solver (default highs)")
+    p.add_argument("--ilp-time-limit", type=_positive_float, default=60.0,
+                   help="ILP solver time limit in seconds (default 60)")
+    p.add_argument("--cost", choices=("analytic",), default="analytic", help="cost model (default analytic)")
+    p.add_argument("--no-verify", action="store_true",
+                   help="skip the numerical check of the optimized model against the input in onnxruntime")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random verification inputs (default 0)")
+    p.add_argument("--stats", metavar="FILE", help="write the run's statistics (growth per iteration, costs, "
+                                                   "times) as JSON to FILE")
+    p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
+
+
+def _run_optimize(args: argparse.Namespace) -> int:
+    from tensat import api, onnx_io
+
+    if args.model:
+        from bench.models import build_model
+
+        try:
+            source: Any = build_model(args.model)
+        except ValueError as exc:
+            raise TensatError(str(exc)) from None
+    else:
+        source = args.input
+    shapes = dict(args.input_shape) if args.input_shape else None
+    result = api.optimize_with_details(
+        source, input_shapes=shapes, node_limit=args.node_limit, iter_limit=args.iter_limit,
+        time_limit=args.time_limit, k_multi=args.k_multi, extractor=args.extractor, solver=args.solver,
+        ilp_time_limit=args.ilp_time_limit, cost=args.cost, verify=not args.no_verify, seed=args.seed,
+    )
+    onnx_io.save_model(result.output, args.output)
+    if args.stats:
+        _write_json(args.stats, result.to_dict())
+    if not args.quiet:
+        _print_summary(result, args.output)
+    return 0
+
+
+def _write_json(path: str, data: Any) -> None:
+    from tensat.files import atomic_write_bytes
+
+    atomic_write_bytes(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
+
+
+def _print_summary(result: Any, output: str) -> None:
+    ex = result.exploration
+    extraction = result.extraction
+    print(f"cost      {result.cost_before:.4f} -> {result.cost_after:.4f} ms ({result.speedup:.3f}x, "
+          f"{result.options.cost} model)")
+    print(f"ops       {result.original_graph.op_count()} -> {result.graph.op_count()}")
+    print(f"e-graph   {ex.enodes} e-nodes, {ex.eclasses} e-classes after {len(ex.iterations)} iterations "
+          f"({ex.stop_reason})")
+    if extraction is not None:
+        print(f"extract   {extraction.method} ({extraction.status})")
+    times = ", ".join(f"{k} {v:.2f}s" for k, v in result.times.items())
+    print(f"time      {times}")
+    if result.verification is not None:
+        v = result.verification
+        print(f"verified  max abs error {v.max_abs_error:.2e}, max rel error {v.max_rel_error:.2e}")
+    for w in result.warnings:
+        print(f"warning   {w}")
+    print(f"wrote     {output}")
+
+
+def _add_extract(sub: Any) -> None:
+    from extraction import cli as extraction_cli
+
+    p = sub.add_parser("extract", help="extract the cheapest acyclic term from an e-graph JSON file",
+                       description="Extract from an e-graph in the egraph-serialize JSON format.")
+    extraction_cli.add_arguments(p)
+
+
+def _add_rules(sub: Any) -> None:
+    sub.add_parser("rules", help="list the rewrite rules with counts",
+                   description="List every rule of the library: single- and multi-pattern, with counts.")
+
+
+def _run_rules(args: argparse.Namespace) -> int:
+    import rewrites
+
+    rules = rewrites.all_rules()
+    single = [r for r in rules if not r.multi]
+    multi = [r for r in rules if r.multi]
+    for title, group in (("single-pattern", single), ("multi-pattern", multi)):
+        print(f"{title} rules: {len(group)}")
+        for r in group:
+            print(f"  {r.name:40s} ops: {', '.join(sorted(r.ops()))}")
+    print(f"total: {len(rules)} ({len(single)} single-pattern, {len(multi)} multi-pattern)")
+    return 0
+
+
+def _add_models(sub: Any) -> None:
+    sub.add_parser("models", help="list the built-in benchmark graphs", description="List the built-in models.")
+
+
+def _run_models(args: argparse.Namespace) -> int:
+    from bench.models import model_names
+
+    for name in model_names():
+        print(name)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the `tensat` command."""
+    parser = argparse.ArgumentParser(prog="tensat", description="Tensor-graph superoptimization by equality "
+                                                                "saturation.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_optimize(sub)
+    _add_extract(sub)
+    _add_rules(sub)
+    _add_models(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: returns the process exit code (0 success, 1 failure, 2 bad usage)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "optimize" and args.input is not None and args.model is not None:
+        parser.error("give either a model file or --model, not both")
+    handlers = {"optimize": _run_optimize, "rules": _run_rules, "models": _run_models}
+    try:
+        if args.command == "extract":
+            from extraction import cli as extraction_cli
+
+            return extraction_cli.run(args)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return handlers[args.command](args)
+    except TensatError as exc:
+        print(f"tensat: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("tensat: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,363 @@
+"""Lowering IR graphs into egglog, exploring with rewrite rules under limits, and getting selections back out.
+
+Shapes live inside egglog (`shape-of`, no merge function, computed by the `shapes` ruleset saturated after every
+rewrite step), so rules can be guarded by shapes and a union of two differently shaped tensors fails loudly. On the
+way out every e-node's shape is recomputed with the Python shape function of its op; an e-node whose shape does not
+check is never offered to the extractor.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+from egglog import bindings
+
+import rewrites
+from extraction import EGraph as XGraph
+from extraction import ENode
+from tensat import ops
+from tensat.ir import Graph, Node
+
+RULESET_SINGLE = "rw"
+RULESET_MULTI = "multi"
+
+CostFn = Callable[[Node, Sequence[tuple[int, ...]]], float]
+
+
+@dataclass
+class IterationStats:
+    """What one exploration iteration did."""
+
+    iteration: int
+    enodes: int
+    eclasses: int
+    seconds: float
+    multi: bool
+    matches: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class ExplorationStats:
+    """The exploration run: growth per iteration and why it stopped."""
+
+    initial_enodes: int = 0
+    initial_eclasses: int = 0
+    iterations: list[IterationStats] = field(default_factory=list)
+    stop_reason: str = ""  # saturated | node_limit | iter_limit | time_limit | error
+    saturated: bool = False
+    seconds: float = 0.0
+    error: str = ""
+    rules: list[str] = field(default_factory=list)
+
+    @property
+    def enodes(self) -> int:
+        return self.iterations[-1].enodes if self.iterations else self.initial_enodes
+
+    @property
+    def eclasses(self) -> int:
+        return self.iterations[-1].eclasses if self.iterations else self.initial_eclasses
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["enodes"], out["eclasses"] = self.enodes, self.eclasses
+        return out
+
+
+@dataclass
+class DecodedNode:
+    """An e-node read back from egglog: an IR op with attributes over child e-classes."""
+
+    op: str
+    attrs: dict[str, Any]
+    children: tuple[int, ...]
+    eclass: int
+
+
+class TensorEGraph:
+    """An egglog e-graph holding one IR graph and the rules that rewrite it."""
+
+    def __init__(self, graph: Graph, rules: Sequence[rewrites.Rule] | None = None) -> None:
+        self.graph = graph
+        present = {graph.nodes[i].op for i in graph.live()}
+        self.rules = list(rules) if rules is not None else rewrites.select_rules(present)
+        self._strings: list[str] = []
+        self._string_ids: dict[str, int] = {}
+        self.egraph = bindings.EGraph()
+        self._run(ops.egg_declarations())
+        self._run("(function node-of (i64) T :no-merge)")
+        self._run("\n".join(ops.egg_shape_rules()))
+        self._run(f"(ruleset {RULESET_SINGLE})\n(ruleset {RULESET_MULTI})")
+        for rule in self.rules:
+            self._run(rewrites.to_egglog(rule, RULESET_MULTI if rule.multi else RULESET_SINGLE))
+        self.live = graph.live()
+        commands = [f"(set (node-of {i}) {self._lower(graph.nodes[i])})" for i in self.live]
+        for k in range(0, len(commands), 256):
+            self._run("\n".join(commands[k:k + 256]))
+        self._run("(run-schedule (saturate shapes))")
+        self._check_initial_shapes()
+
+    # -- egglog plumbing ----------------------------------------------------------------------------------------
+
+    def _run(self, text: str) -> list[Any]:
+        out: list[Any] = []
+        for command in self.egraph.parse_program(text):
+            out.extend(self.egraph.run_program(command))
+        return out
+
+    def _string(self, s: str) -> str:
+        if s not in self._string_ids:
+            self._string_ids[s] = len(self._strings)
+            self._strings.append(s)
+        return f'"s{self._string_ids[s]}"'
+
+    def _attr(self, kind: str, value: Any) -> str:
+        if kind == "int":
+            return str(int(value))
+        if kind == "ints":
+            return f"(vec-of {' '.join(str(int(v)) for v in value)})" if value else "(vec-empty)"
+        if kind == "float":
+            return repr(float(value))
+        return self._string(str(value))
+
+    def _lower(self, node: Node) -> str:
+        d = ops.get(node.op)
+        attrs = node.attr
+        parts = [self._attr(kind, attrs[name]) for name, kind in d.attrs]
+        children = [f"(node-of {i})" for i in node.inputs]
+        if d.inputs is None:
+            vec = f"(vec-of {' '.join(children)})" if children else "(vec-empty)"
+            parts.append(vec)
+        else:
+            parts = children + parts
+        return f"({d.egg} {' '.join(parts)})"
+
+    # -- sizes --------------------------------------------------------------------------------------------------
+
+    def size(self) -> tuple[int, int]:
+        """(e-nodes, e-classes) of tensor constructors, not counting shape rows."""
+        frozen = self.egraph.freeze()
+        enodes, classes = 0, set()
+        for name, fn in frozen.functions.items():
+            if name in ops.BY_EGG:
+                for row in fn.rows:
+                    if not row.subsumed:
+                        enodes += 1
+                        classes.add(row.output)
+        return enodes, len(classes)
+
+    def _check_initial_shapes(self) -> None:
+        frozen = self.egraph.freeze()
+        node_of = {self.egraph.value_to_i64(r.inputs[0]): r.output for r in frozen.functions["node-of"].rows}
+        shapes = {r.inputs[0]: r.output for r in frozen.functions["shape-of"].rows}
+        for i in self.live:
+            shape = shapes.get(node_of[i])
+            got = None if shape is None else tuple(self.egraph.value_to_i64(v) for v in self.egraph.value_to_vec(shape))
+            if got != self.graph.nodes[i].shape:
+                raise RuntimeError(
+                    f"egglog shape rules disagree with ops.py for node {i} ({self.graph.nodes[i].op}): "
+                    f"{got} vs {self.graph.nodes[i].shape}"
+                )
+
+    # -- exploration --------------------------------------------------------------------------------------------
+
+    def explore(
+        self, *, node_limit: int = 50_000, iter_limit: int = 15, time_limit: float = 60.0, k_multi: int = 1
+    ) -> ExplorationStats:
+        """Apply the rules to saturation or a limit, one iteration at a time.
+
+        Guarantee: the e-graph left behind has at most `node_limit` e-nodes whenever the input graph does; an
+        iteration that overshoots is rolled back with egglog's push/pop. The time limit is checked between
+        iterations (an egglog iteration cannot be interrupted).
+        """
+        stats = ExplorationStats(rules=[r.name for r in self.rules])
+        stats.initial_enodes, stats.initial_eclasses = self.size()
+        start = time.perf_counter()
+        has_multi = any(r.multi for r in self.rules)
+        has_single = any(not r.multi for r in self.rules)
+        if stats.initial_enodes > node_limit:
+            stats.stop_reason = "node_limit"
+        for it in range(iter_limit):
+            if stats.stop_reason:
+                break
+            if time.perf_counter() - start > time_limit:
+                stats.stop_reason = "time_limit"
+                break
+            multi = has_multi and it < k_multi
+            if not multi and not has_single:
+                stats.stop_reason = "saturated"
+                stats.saturated = True
+                break
+            t0 = time.perf_counter()
+            schedule = f"(run {RULESET_SINGLE})" if not multi else f"(run {RULESET_SINGLE}) (run {RULESET_MULTI})"
+            if not has_single:
+                schedule = f"(run {RULESET_MULTI})"
+            self._run("(push)")
+            try:
+                reports = self._run(f"(run-schedule (seq {schedule} (saturate shapes)))")
+            except Exception as exc:  # egglog raises its own error types (a failed union of unequal shapes)
+                self._run("(pop)")
+                stats.stop_reason = "error"
+                stats.error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                break
+            enodes, eclasses = self.size()
+            seconds = time.perf_counter() - t0
+            if enodes > node_limit:
+                self._run("(pop)")
+                stats.stop_reason = "node_limit"
+                break
+            matches: dict[str, int] = {}
+            for out in reports:
+                for name, count in out.report.num_matches_per_rule.items():
+                    if name in stats.rules:
+                        matches[name] = matches.get(name, 0) + int(count)
+            unchanged = (enodes, eclasses) == (stats.enodes, stats.eclasses)
+            stats.iterations.append(IterationStats(it + 1, enodes, eclasses, seconds, multi, matches))
+            if unchanged:
+                stats.stop_reason = "saturated"
+                stats.saturated = True
+                break
+        if not stats.stop_reason:
+            stats.stop_reason = "iter_limit"
+        stats.seconds = time.perf_counter() - start
+        return stats
+
+    # -- export and rebuild -------------------------------------------------------------------------------------
+
+    def export(self, node_cost: CostFn) -> tuple[XGraph, dict[str, DecodedNode], set[str]]:
+        """The e-graph for the extractor: costs from `node_cost`, roots the graph outputs.
+
+        Returns the extraction e-graph, the decoded e-node behind every node id, and the ids of e-nodes that must
+        not be chosen (their shape does not check, or a child has no shape).
+        """
+        eg = self.egraph
+        frozen = eg.freeze()
+        class_ids: dict[Any, int] = {}
+
+        def cid(value: Any) -> int:
+            return class_ids.setdefault(value, len(class_ids))
+
+        shapes = {
+            cid(r.inputs[0]): tuple(eg.value_to_i64(v) for v in eg.value_to_vec(r.output))
+            for r in frozen.functions["shape-of"].rows
+        }
+        decoded: dict[str, DecodedNode] = {}
+        for name, fn in frozen.functions.items():
+            d = ops.BY_EGG.get(name)
+            if d is None:
+                continue
+            for k, row in enumerate(fn.rows):
+                if row.subsumed:
+                    continue
+                args = list(row.inputs)
+                if d.inputs is None:
+                    children = tuple(cid(v) for v in eg.value_to_vec(args[-1]))
+                    attr_values = args[:-1]
+                else:
+                    children = tuple(cid(v) for v in args[: d.inputs])
+                    attr_values = args[d.inputs:]
+                attrs = {n: self._decode(kind, v) for (n, kind), v in zip(d.attrs, attr_values)}
+                decoded[f"{name}#{k}"] = DecodedNode(d.name, attrs, children, cid(row.output))
+        const = self._constant_classes(decoded)
+        forbidden: set[str] = set()
+        nodes: dict[str, ENode] = {}
+        for nid, dn in decoded.items():
+            out_shape = shapes.get(dn.eclass)
+            child_shapes = [shapes.get(c) for c in dn.children]
+            ok = out_shape is not None and all(s is not None for s in child_shapes)
+            if ok and ops.get(dn.op).inputs is not None:
+                try:
+                    ok = ops.shape_of(dn.op, child_shapes, dn.attrs) == out_shape  # type: ignore[arg-type]
+                except ops.ShapeError:
+                    ok = False
+            if not ok:
+                forbidden.add(nid)
+                cost = 0.0
+            elif dn.op in ("input", "weight") or (
+                dn.op != "opaque" and dn.children and all(c in const for c in dn.children)
+            ):
+                cost = 0.0
+            else:
+                node = Node(dn.op, (), tuple(dn.attrs.items()), out_shape, "float32")  # type: ignore[arg-type]
+                cost = float(node_cost(node, child_shapes))  # type: ignore[arg-type]
+            nodes[nid] = ENode(ops.get(dn.op).egg, cost, str(dn.eclass), tuple(str(c) for c in dn.children))
+        node_of = {eg.value_to_i64(r.inputs[0]): cid(r.output) for r in frozen.functions["node-of"].rows}
+        self._node_of = node_of
+        roots = list(dict.fromkeys(str(node_of[n]) for _, n in self.graph.outputs))
+        return XGraph(nodes, roots), decoded, forbidden
+
+    @staticmethod
+    def _constant_classes(decoded: dict[str, DecodedNode]) -> set[int]:
+        """E-classes computable from weights alone (their e-nodes over them cost nothing: folded at export)."""
+        const: set[int] = set()
+        changed = True
+        while changed:
+            changed = False
+            for dn in decoded.values():
+                if dn.eclass in const:
+                    continue
+                if dn.op == "weight" or (
+                    dn.op not in ("input", "opaque") and dn.children and all(c in const for c in dn.children)
+                ):
+                    const.add(dn.eclass)
+                    changed = True
+        return const
+
+    def _decode(self, kind: str, value: Any) -> Any:
+        eg = self.egraph
+        if kind == "int":
+            return eg.value_to_i64(value)
+        if kind == "ints":
+            return tuple(eg.value_to_i64(v) for v in eg.value_to_vec(value))
+        if kind == "float":
+            return eg.value_to_f64(value)
+        return self._strings[int(eg.value_to_string(value)[1:])]
+
+    def original_selection(self, decoded: dict[str, DecodedNode]) -> dict[str, str]:
+        """The e-node chosen in each e-class by the input graph itself (a valid, acyclic selection)."""
+        index: dict[tuple[Any, ...], str] = {}
+        for nid, dn in decoded.items():
+            index[(dn.op, dn.children, tuple(sorted(dn.attrs.items())))] = nid
+        choices: dict[str, str] = {}
+        for i in self.live:
+            n = self.graph.nodes[i]
+            key = (n.op, tuple(self._node_of[j] for j in n.inputs), tuple(sorted(n.attr.items())))
+            choices[str(self._node_of[i])] = index[key]
+        return choices
+
+    def rebuild(self, choices: dict[str, str], decoded: dict[str, DecodedNode]) -> Graph:
+        """The IR graph a selection (e-class -> e-node id) describes, with the original inputs and outputs."""
+        src = self.graph
+        out = Graph(opset_imports=dict(src.opset_imports), name=src.name)
+        built: dict[int, int] = {}
+        for i in src.input_ids:  # keep every graph input, in order
+            n = src.nodes[i]
+            built[self._node_of[i]] = out.input(n.attr["name"], n.shape, n.dtype)
+        for _, root in src.outputs:
+            stack = [self._node_of[root]]
+            while stack:
+                c = stack[-1]
+                if c in built:
+                    stack.pop()
+                    continue
+                dn = decoded[choices[str(c)]]
+                pending = [ch for ch in dn.children if ch not in built]
+                if pending:
+                    stack.extend(pending)
+                    continue
+                stack.pop()
+                built[c] = self._build_node(out, dn, [built[ch] for ch in dn.children])
+        out.outputs = [(name, built[self._node_of[n]]) for name, n in src.outputs]
+        return out
+
+    def _build_node(self, out: Graph, dn: DecodedNode, inputs: list[int]) -> int:
+        src = self.graph
+        if dn.op == "input":
+            node = next(src.nodes[i] for i in src.input_ids if src.nodes[i].attr["name"] == dn.attrs["name"])
+            return out.input(dn.attrs["name"], node.shape, node.dtype)
+        if dn.op == "weight":
+            return out.weight(src.weights[dn.attrs["name"]], dn.attrs["name"])
+        if dn.op == "opaque":
+            out.opaque[dn.attrs["key"]] = src.opaque[dn.attrs["key"]]
+        return out.add(dn.op, inputs, **dn.attrs)
