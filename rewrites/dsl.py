@@ -134,6 +134,19 @@ class Rule:
     def multi(self) -> bool:
         return len(self.lhs) > 1
 
+    @property
+    def symmetric(self) -> bool:
+        """A multi-pattern rule whose two left patterns are the same up to renaming their own variables.
+
+        Such a rule matches every pair twice (once per order); the compiled rule keeps one order only.
+        """
+        if not self.multi:
+            return False
+        a, b = self.lhs
+        shared = set(_all_vars(a)) & set(_all_vars(b))
+        mapping: dict[str, str] = {}
+        return _same_up_to_renaming(a, b, mapping, shared) and len(set(mapping.values())) == len(mapping)
+
     def ops(self) -> set[str]:
         """Operators the left side needs (for rule selection)."""
         found: set[str] = set()
@@ -163,6 +176,29 @@ def _collect_tensor_vars(p: Pattern, out: list[str]) -> None:
     else:
         for a in p.args:
             _collect_tensor_vars(a, out)
+
+
+def _all_vars(p: Any) -> list[str]:
+    return list(_vars_of(p))
+
+
+def _same_up_to_renaming(a: Any, b: Any, mapping: dict[str, str], shared: set[str]) -> bool:
+    """Whether b is a with b's own variables renamed consistently (shared variables stay themselves)."""
+    if isinstance(a, Var) and isinstance(b, Var):
+        if a.name in shared or b.name in shared:
+            return a.name == b.name
+        return mapping.setdefault(b.name, a.name) == a.name
+    if isinstance(a, Lit) and isinstance(b, Lit):
+        return a == b
+    if isinstance(a, Call) and isinstance(b, Call):
+        return a.fn == b.fn and len(a.args) == len(b.args) and all(
+            _same_up_to_renaming(x, y, mapping, shared) for x, y in zip(a.args, b.args))
+    if isinstance(a, Term) and isinstance(b, Term):
+        if a.op != b.op or len(a.args) != len(b.args) or [k for k, _ in a.attrs] != [k for k, _ in b.attrs]:
+            return False
+        return all(_same_up_to_renaming(x, y, mapping, shared) for x, y in zip(a.args, b.args)) and all(
+            _same_up_to_renaming(x, y, mapping, shared) for (_, x), (_, y) in zip(a.attrs, b.attrs))
+    return False
 
 
 def _is_var(x: Any) -> bool:
@@ -369,6 +405,8 @@ class _EggCompiler:
         query = [f"(= root{i} {self.pattern(t, True)})" for i, t in enumerate(self.rule.lhs)]
         if self.rule.multi:
             query.append("(!= root0 root1)")
+        if self.rule.symmetric:
+            query.append("(= root0 (ordering-min root0 root1))")
         lets = [f"(= {_egg_var(n)} {self.expr(v)})" for n, v in self.rule.lets if not isinstance(v, Term)]
         guards = [self.expr(g) for g in self.rule.guards]
         actions = [f"(union root{i} {self.pattern(p, False)})" for i, p in enumerate(self.rule.rhs)]
