@@ -1,0 +1,281 @@
+"""Numerical verification: run the original and the optimized model in onnxruntime on the same seeded inputs and
+compare every output.
+
+An output matches when NaN/inf appear at the same places and, over the finite values,
+max |a - b| <= atol + rtol * max |b| (b = original). Scaling by the output's largest magnitude rather than element
+by element lets re-associated float32 arithmetic through deep nets pass (its error is relative to the size of the
+values summed, not to each small result), while a dropped bias, a swapped slice or a wrong weight, which move
+outputs by a sizeable fraction of their scale, do not. Integer and boolean outputs must be equal.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+import onnx
+from onnx import ModelProto, helper
+
+from tensat.errors import ModelError, VerificationError
+
+RTOL = 1e-4
+ATOL = 1e-6
+
+_PROVIDERS = {
+    "cpu": ["CPUExecutionProvider"],
+    "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+}
+
+
+def _ort() -> Any:
+    import onnxruntime
+
+    onnxruntime.set_default_logger_severity(3)
+    return onnxruntime
+
+
+def _structure(model: ModelProto | str | os.PathLike[str]) -> ModelProto:
+    """The model's proto; for a path, without loading external data (onnxruntime reads the file itself)."""
+    if isinstance(model, ModelProto):
+        return model
+    try:
+        return onnx.load(os.fspath(model), load_external_data=False)
+    except Exception as e:  # noqa: BLE001 - missing file, protobuf errors
+        raise ModelError(f"cannot read model '{os.fspath(model)}': {_first_line(e)}") from None
+
+
+def make_session(model: ModelProto | str | os.PathLike[str], provider: str = "cpu", threads: int | None = None) -> Any:
+    """An onnxruntime InferenceSession for `model` on `provider` ("cpu" or "cuda"), quiet, with `threads` intra-op
+    threads (default: onnxruntime's choice). Models over 2 GiB go through a temporary file with external data."""
+    ort = _ort()
+    try:
+        providers = _PROVIDERS[provider]
+    except KeyError:
+        raise ValueError(f"unknown provider '{provider}' (use one of {', '.join(_PROVIDERS)})") from None
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if threads is not None:
+        options.intra_op_num_threads = int(threads)
+    if isinstance(model, (str, os.PathLike)):
+        return ort.InferenceSession(os.fspath(model), options, providers=providers)
+    from tensat.onnx_io import _is_large, _write_external
+
+    if not _is_large(model):
+        return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
+    with tempfile.TemporaryDirectory(prefix="tensat-") as tmp:
+        path = os.path.join(tmp, "model.onnx")
+        _write_external(model, path, "model.data")
+        return ort.InferenceSession(path, options, providers=providers)
+
+
+def _initializer_names(model: ModelProto) -> set[str]:
+    return {t.name for t in model.graph.initializer} | {s.values.name for s in model.graph.sparse_initializer}
+
+
+def random_inputs(model: ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded feeds for every graph input: floats standard normal, integers in [0, 4), booleans random.
+
+    Small non-negative integers keep index inputs (Gather, OneHot...) in range for axes of size 4 or more."""
+    rng = np.random.default_rng(seed)
+    inits = _initializer_names(model)
+    feeds: dict[str, np.ndarray] = {}
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        if vi.type.WhichOneof("value") != "tensor_type" or not tt.HasField("shape"):
+            raise ModelError(f"input '{vi.name}' has no tensor shape; cannot make random inputs for it")
+        shape = []
+        for d in tt.shape.dim:
+            if not d.HasField("dim_value") or d.dim_value < 1:
+                raise ModelError(f"input '{vi.name}' has a dynamic dimension; load the model with its input shapes")
+            shape.append(int(d.dim_value))
+        try:
+            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type))
+        except (KeyError, TypeError, ValueError):
+            raise ModelError(f"input '{vi.name}' has element type {tt.elem_type}, which numpy cannot hold") from None
+        if dtype.kind == "f":
+            feeds[vi.name] = np.asarray(rng.standard_normal(shape)).astype(dtype)
+        elif dtype.kind in "iu":
+            feeds[vi.name] = np.asarray(rng.integers(0, 4, size=shape)).astype(dtype)
+        elif dtype.kind == "b":
+            feeds[vi.name] = np.asarray(rng.random(shape) < 0.5)
+        else:
+            raise ModelError(f"input '{vi.name}' is of type {dtype}; cannot make random inputs for it")
+    return feeds
+
+
+def run_model(
+    model: ModelProto | str | os.PathLike[str], feeds: Mapping[str, np.ndarray], provider: str = "cpu"
+) -> dict[str, np.ndarray]:
+    """Run `model` on `feeds` (extra feeds ignored), returning every output by name."""
+    session = make_session(model, provider)
+    names = {i.name for i in session.get_inputs()}
+    missing = names - set(feeds)
+    if missing:
+        raise ModelError(f"no value given for input '{sorted(missing)[0]}'")
+    outputs = [o.name for o in session.get_outputs()]
+    values = session.run(outputs, {k: v for k, v in feeds.items() if k in names})
+    return {name: np.asarray(v) for name, v in zip(outputs, values)}
+
+
+@dataclass
+class VerifyReport:
+    """The outcome of comparing two models on the same inputs."""
+
+    ok: bool
+    max_abs_error: float
+    max_rel_error: float
+    outputs: list[str]
+    seconds: float
+    detail: str
+
+
+def _signature(model: ModelProto) -> tuple[dict[str, tuple[int, tuple[Any, ...] | None]], list[str]]:
+    """Graph outputs by name -> (element type, dims) and the output names in order (duplicates dropped)."""
+    sig: dict[str, tuple[int, tuple[Any, ...] | None]] = {}
+    for vi in model.graph.output:
+        tt = vi.type.tensor_type
+        dims = tuple(d.dim_value if d.HasField("dim_value") else d.dim_param for d in tt.shape.dim)
+        if not tt.HasField("shape"):
+            dims = None
+        sig.setdefault(vi.name, (tt.elem_type, dims))
+    return sig, list(sig)
+
+
+def _compare_one(name: str, a: np.ndarray, b: np.ndarray, rtol: float, atol: float) -> tuple[bool, float, float, str]:
+    """(ok, abs error, error relative to b's scale, reason) for optimized `a` against original `b`."""
+    if a.shape != b.shape:
+        return False, float("inf"), float("inf"), f"output '{name}' has shape {a.shape}, expected {b.shape}"
+    if a.dtype != b.dtype:
+        return False, float("inf"), float("inf"), f"output '{name}' has dtype {a.dtype}, expected {b.dtype}"
+    if a.dtype.kind not in "fc":
+        bad = int(np.count_nonzero(a != b))
+        if bad:
+            return False, float("inf"), float("inf"), f"output '{name}' differs in {bad} of {a.size} elements"
+        return True, 0.0, 0.0, ""
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    nan_a, nan_b = np.isnan(a64), np.isnan(b64)
+    if not np.array_equal(nan_a, nan_b):
+        return (
+            False,
+            float("inf"),
+            float("inf"),
+            (
+                f"output '{name}' has NaN in {int(nan_a.sum())} places, "
+                f"expected {int(nan_b.sum())} (not the same places)"
+            ),
+        )
+    inf_a, inf_b = np.isinf(a64), np.isinf(b64)
+    if not np.array_equal(inf_a, inf_b) or not np.array_equal(a64[inf_a], b64[inf_b]):
+        return False, float("inf"), float("inf"), f"output '{name}' has infinities in different places or signs"
+    finite = ~(nan_b | inf_b)
+    if not finite.any():
+        return True, 0.0, 0.0, ""
+    err = float(np.max(np.abs(a64[finite] - b64[finite])))
+    scale = float(np.max(np.abs(b64[finite])))
+    rel = err / scale if scale > 0 else (0.0 if err == 0 else float("inf"))
+    if err > atol + rtol * scale:
+        where = int(np.argmax(np.where(finite, np.abs(a64 - b64), -1.0)))
+        return (
+            False,
+            err,
+            rel,
+            (
+                f"output '{name}' differs: max abs error {err:.3g} (relative to its scale {scale:.3g}: {rel:.3g}; "
+                f"allowed {atol + rtol * scale:.3g}) at flat index {where}"
+            ),
+        )
+    return True, err, rel, ""
+
+
+def compare_models(
+    original: ModelProto | str | os.PathLike[str],
+    optimized: ModelProto | str | os.PathLike[str],
+    *,
+    seed: int = 0,
+    rtol: float = RTOL,
+    atol: float = ATOL,
+    provider: str = "cpu",
+) -> VerifyReport:
+    """Run both models on the same seeded random inputs and compare outputs by name (see module docstring).
+
+    Interface mismatches (output names, shapes, dtypes, inputs) and a failure of the optimized model in
+    onnxruntime give a failed report; a failure of the original raises ModelError."""
+    start = time.perf_counter()
+    meta_a, meta_b = _structure(original), _structure(optimized)
+    sig_a, names = _signature(meta_a)
+    sig_b, names_b = _signature(meta_b)
+
+    def fail(detail: str, err: float = float("inf"), rel: float = float("inf")) -> VerifyReport:
+        return VerifyReport(False, err, rel, names, time.perf_counter() - start, detail)
+
+    if set(names) != set(names_b):
+        missing = sorted(set(names) - set(names_b))
+        extra = sorted(set(names_b) - set(names))
+        what = f"lacks output '{missing[0]}'" if missing else f"has an extra output '{extra[0]}'"
+        return fail(f"the optimized model {what}")
+    for name in names:
+        if not _compatible(sig_a[name], sig_b[name]):
+            return fail(f"output '{name}' is declared as {_describe(sig_b[name])}, expected {_describe(sig_a[name])}")
+    feeds = random_inputs(meta_a, seed)
+    inputs_b = {vi.name for vi in meta_b.graph.input} - _initializer_names(meta_b)
+    unknown = sorted(inputs_b - set(feeds))
+    if unknown:
+        return fail(f"the optimized model has an input '{unknown[0]}' the original does not have")
+    try:
+        expected = run_model(original, feeds, provider)
+    except ModelError:
+        raise
+    except Exception as e:  # noqa: BLE001 - onnxruntime raises several exception types
+        raise ModelError(f"the original model fails in onnxruntime: {_first_line(e)}") from None
+    try:
+        actual = run_model(optimized, feeds, provider)
+    except Exception as e:  # noqa: BLE001
+        return fail(f"the optimized model fails in onnxruntime: {_first_line(e)}")
+    worst_abs = worst_rel = 0.0
+    for name in names:
+        ok, err, rel, why = _compare_one(name, actual[name], expected[name], rtol, atol)
+        worst_abs, worst_rel = max(worst_abs, err), max(worst_rel, rel)
+        if not ok:
+            return fail(why, worst_abs, worst_rel)
+    detail = f"{len(names)} output(s) match: max abs error {worst_abs:.3g}, max relative error {worst_rel:.3g}"
+    return VerifyReport(True, worst_abs, worst_rel, names, time.perf_counter() - start, detail)
+
+
+def _compatible(a: tuple[int, tuple[Any, ...] | None], b: tuple[int, tuple[Any, ...] | None]) -> bool:
+    """Same element type and rank, and equal sizes wherever both declare a number (symbolic sizes match any)."""
+    if a[0] != b[0]:
+        return False
+    if a[1] is None or b[1] is None:
+        return True
+    if len(a[1]) != len(b[1]):
+        return False
+    return all(x == y for x, y in zip(a[1], b[1]) if isinstance(x, int) and isinstance(y, int) and x and y)
+
+
+def _describe(sig: tuple[int, tuple[Any, ...] | None]) -> str:
+    elem, dims = sig
+    name = onnx.TensorProto.DataType.Name(elem).lower() if elem else "untyped"
+    return f"{name}[{','.join(str(d) for d in dims)}]" if dims is not None else f"{name}[?]"
+
+
+def _first_line(e: BaseException) -> str:
+    for line in str(e).splitlines():
+        if line.strip():
+            return line.strip()[:300]
+    return type(e).__name__
+
+
+def verify(
+    original: ModelProto | str | os.PathLike[str], optimized: ModelProto | str | os.PathLike[str], **kw: Any
+) -> VerifyReport:
+    """`compare_models`, raising VerificationError (one line: which output, the error) on a mismatch."""
+    report = compare_models(original, optimized, **kw)
+    if not report.ok:
+        raise VerificationError(report.detail)
+    return report
