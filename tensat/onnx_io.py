@@ -29,7 +29,8 @@ import onnx.inliner
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from tensat import __version__, ops
-from tensat.errors import ModelError
+from tensat.errors import ModelError, TensatError
+from tensat.files import atomic_write_bytes, fsync_dir
 from tensat.ir import FLOAT, Graph, OpaqueSpec
 
 MIN_OPSET = 9
@@ -1772,22 +1773,12 @@ def save_model(model: ModelProto, path: str | os.PathLike[str]) -> None:
     """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
-    base = os.path.basename(path)
+    if not os.path.isdir(directory):
+        raise TensatError(f"cannot write {path}: directory {directory} does not exist")
     if _is_large(model):
-        _save_external(model, path, directory, base)
+        _save_external(model, path, directory, os.path.basename(path))
         return
-    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(model.SerializeToString())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(directory)
+    atomic_write_bytes(path, model.SerializeToString())
 
 
 def _save_external(model: ModelProto, path: str, directory: str, base: str) -> None:
@@ -1800,17 +1791,4 @@ def _save_external(model: ModelProto, path: str, directory: str, base: str) -> N
         os.replace(target, path)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
-    _fsync_dir(directory)
-
-
-def _fsync_dir(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    fsync_dir(directory)
