@@ -1,0 +1,175 @@
+"""Benchmark the extractors on the extraction-gym Tensat e-graphs (BERT, ResNet-50, VGG).
+
+For each graph: e-graph size, greedy DAG cost and time, ILP cost, time, status and proven bound per
+solver, against the published references (SmoothE artifact: CPLEX 900 s, faster-greedy-dag).
+Writes bench/results/extraction_gym.md and .json. Run: ``PYTHONPATH=. python bench/extraction_gym.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from extraction import greedy_dag, ilp_extract, load_egraph, validate
+
+DATA = Path("/work/shared/data/extraction-gym-tensat")
+OUT = Path(__file__).resolve().parent / "results"
+GRAPHS = ["bert", "bert_acyclic", "resnet50", "resnet50_acyclic", "vgg", "vgg_acyclic"]
+# Published DAG costs of acyclic extractions (data README: SmoothE artifact, ASPLOS 2025).
+REFERENCE = {
+    "bert": {"cplex": 0.705, "greedy": 0.825, "cbc_900s": 4.139},
+    "resnet50": {"cplex": 4.386, "greedy": 4.397, "cbc_900s": None},
+    "vgg": {"cplex": 4.851, "greedy": 4.851, "cbc_900s": None},
+}
+# Issue targets: (time limit in s, check on the ILP cost).
+TIME_LIMIT = {"bert": 60.0, "bert_acyclic": 60.0}
+DEFAULT_LIMIT = 10.0
+
+
+def machine() -> dict[str, Any]:
+    """CPU model, core count and library versions, for the report header."""
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    import highspy
+
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "pulp": metadata.version("pulp"),
+        "highspy": metadata.version("highspy"),
+        "highs": highspy.Highs().version(),
+        "numpy": metadata.version("numpy"),
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+def target(name: str, cost: float, seconds: float, greedy_cost: float) -> str | None:
+    """The issue's target for this graph, as "met"/"missed" (None when it sets none)."""
+    ref = REFERENCE.get(name)
+    if ref is None:
+        return None
+    if name == "bert":  # strictly below greedy: the published 0.825 and our own greedy run
+        return "met" if cost < min(ref["greedy"], greedy_cost) - 1e-9 and seconds <= 60.0 else "missed"
+    return "met" if cost <= ref["cplex"] * 1.01 and seconds <= 10.0 else "missed"
+
+
+def run_graph(name: str, data: Path, solvers: list[str], limit: float | None) -> dict[str, Any]:
+    """Greedy and ILP (per solver) on one graph, every result validated."""
+    t0 = time.perf_counter()
+    eg = load_egraph(data / f"{name}.json")
+    load_s = time.perf_counter() - t0
+    eg.index  # noqa: B018 (build the shared index outside the timed runs, as a caller would)
+    rec: dict[str, Any] = {
+        "graph": name, "nodes": len(eg.nodes), "classes": len(eg.classes), "load_seconds": round(load_s, 3),
+        "reference": REFERENCE.get(name),
+    }
+    greedy = greedy_dag(eg)
+    validate(eg, greedy)
+    rec["greedy"] = {"cost": greedy.cost, "seconds": round(greedy.seconds, 3)}
+    rec["ilp"] = {}
+    for solver in solvers:
+        tl = limit if limit is not None else TIME_LIMIT.get(name, DEFAULT_LIMIT)
+        res = ilp_extract(eg, solver=solver, time_limit=tl)
+        validate(eg, res)
+        info = res.info
+        rec["ilp"][solver] = {
+            "cost": res.cost, "bound": res.bound, "gap": res.gap(), "status": res.status,
+            "seconds": round(res.seconds, 3), "time_limit": tl, "iterations": info.get("iterations"),
+            "cuts": info.get("cuts"), "pruned_nodes": info["prune"]["alive_nodes"],
+            "pruned_classes": info["prune"]["alive_classes"], "prune": info["prune"],
+            "target": target(name, res.cost, res.seconds, greedy.cost),
+        }
+        print(f"{name:17s} {solver:5s} greedy {greedy.cost:.6f} ({greedy.seconds:.2f}s)  ilp {res.cost:.6f} "
+              f"{res.status:8s} bound {res.bound:.6f} ({res.seconds:.2f}s)", file=sys.stderr)
+    return rec
+
+
+def _f(x: float | None, digits: int = 4) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def markdown(records: list[dict[str, Any]], mach: dict[str, Any]) -> str:
+    """The report table and notes."""
+    lines = [
+        "# Extraction on the extraction-gym Tensat e-graphs",
+        "",
+        f"Machine: {mach['cpu']}, {mach['cores']} cores (shared, noisy). Python {mach['python']}, "
+        f"PuLP {mach['pulp']}, highspy {mach['highspy']} (HiGHS {mach['highs']}), numpy {mach['numpy']}. "
+        f"Run {mach['date']}.",
+        "",
+        "DAG cost of a valid acyclic extraction (every result checked by `extraction.validate`). "
+        "Time limit: 60 s for bert, 10 s for the others; times include the greedy warm start, pruning "
+        "and model building. `bound` is the best proven lower bound; status `optimal` means proven "
+        "(relative gap <= 1e-6), `fallback` means the greedy selection was kept (the ILP found nothing "
+        "cheaper in time). References: published CPLEX (900 s) and faster-greedy-dag DAG costs.",
+        "",
+        "| graph | e-nodes | e-classes | greedy cost | greedy s | solver | ILP cost | status | bound | ILP s "
+        "| pruned nodes | cuts | CPLEX ref | greedy ref | target |",
+        "|---|---:|---:|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in records:
+        ref = r["reference"] or {}
+        for solver, i in r["ilp"].items():
+            lines.append(
+                f"| {r['graph']} | {r['nodes']} | {r['classes']} | {_f(r['greedy']['cost'])} "
+                f"| {r['greedy']['seconds']:.2f} | {solver} | {_f(i['cost'])} | {i['status']} | {_f(i['bound'])} "
+                f"| {i['seconds']:.2f} | {i['pruned_nodes']} | {i['cuts']} | {_f(ref.get('cplex'), 3)} "
+                f"| {_f(ref.get('greedy'), 3)} | {i['target'] or '-'} |"
+            )
+    notes = []
+    for r in records:
+        for solver, i in r["ilp"].items():
+            if i["status"] != "fallback":
+                continue
+            why = (f"every relaxation solved in time still chose a cyclic selection ({i['cuts']} lazy cuts added)"
+                   if i["cuts"] else "the solver found no selection cheaper than greedy in time")
+            notes.append(f"- {r['graph']} ({solver}): fallback to greedy: {why}; bound = best bound proven.")
+    if notes:
+        lines += ["", *notes]
+    lines += [
+        "",
+        "Targets (issue 5): resnet50 and vgg within 1% of the CPLEX cost in at most 10 s; bert strictly "
+        "below greedy's 0.825 within 60 s.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and write the report."""
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--data", type=Path, default=DATA, help="folder with the extraction-gym JSON files")
+    p.add_argument("--out", type=Path, default=OUT, help="output folder for extraction_gym.md/.json")
+    p.add_argument("--graphs", default=",".join(GRAPHS), help="comma-separated graph names")
+    p.add_argument("--solvers", default="highs,cbc", help="comma-separated ILP solvers (highs, cbc)")
+    p.add_argument("--time-limit", type=float, default=None, help="override the per-graph time limits")
+    args = p.parse_args(argv)
+    mach = machine()
+    solvers = [s for s in args.solvers.split(",") if s]
+    records = [run_graph(g, args.data, solvers, args.time_limit) for g in args.graphs.split(",") if g]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "extraction_gym.json").write_text(json.dumps({"machine": mach, "results": records}, indent=2) + "\n")
+    md = markdown(records, mach)
+    (args.out / "extraction_gym.md").write_text(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,24 @@
+"""Extraction of a minimum DAG-cost acyclic term from an e-graph (egraph-serialize JSON).
+
+Knows nothing of tensors: any e-graph with per-node costs works. ``greedy_dag`` is fast and always
+valid; ``ilp_extract`` is optimal (proven where it says so) within a time limit; ``validate``
+checks any selection.
+"""
+
+from .api import extract
+from .egraph import EGraph, ENode, ExtractionResult, dag_cost, find_cycle, load_egraph, validate
+from .greedy import greedy_dag
+from .ilp import ilp_extract
+
+__all__ = [
+    "EGraph",
+    "ENode",
+    "ExtractionResult",
+    "dag_cost",
+    "extract",
+    "find_cycle",
+    "greedy_dag",
+    "ilp_extract",
+    "load_egraph",
+    "validate",
+]

@@ -1,0 +1,7 @@
+"""``python -m extraction EGRAPH.json [--extractor ilp|greedy] [--solver highs|cbc] [--time-limit S]``."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,72 @@
+"""``tensat extract`` / ``python -m extraction``: extract a minimum-cost term from an e-graph JSON file."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .api import extract
+from .egraph import load_egraph
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the ``extract`` command's arguments on ``parser``."""
+    parser.add_argument("egraph", metavar="EGRAPH.json", help="e-graph in egraph-serialize JSON format")
+    parser.add_argument("--extractor", choices=("ilp", "greedy"), default="ilp",
+                        help="ilp: optimal DAG cost (default); greedy: fast faster-greedy-dag")
+    parser.add_argument("--solver", choices=("highs", "cbc"), default="highs", help="ILP solver (default highs)")
+    parser.add_argument("--time-limit", type=_positive, default=60.0, metavar="S",
+                        help="overall ILP time limit in seconds (default 60)")
+    parser.add_argument("--forbid", action="append", default=[], metavar="NODE_ID",
+                        help="e-node id that must not be chosen (repeatable)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the command; prints cost, status, bound and time. Returns 0, or 2 on bad input."""
+    try:
+        eg = load_egraph(args.egraph)
+    except OSError as e:
+        print(f"error: cannot read {args.egraph}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        print(f"error: {args.egraph}: {_one_line(e)}", file=sys.stderr)
+        return 2
+    kw: dict[str, object] = {"forbidden": frozenset(args.forbid)}
+    if args.extractor == "ilp":
+        kw.update(solver=args.solver, time_limit=args.time_limit)
+    try:
+        res = extract(eg, args.extractor, **kw)
+    except ValueError as e:
+        print(f"error: {args.egraph}: {_one_line(e)}", file=sys.stderr)
+        return 2
+    bound = "-" if res.bound is None else f"{res.bound:.6g}"
+    gap = res.gap()
+    method = f"ilp ({args.solver})" if res.method == "ilp" else res.method
+    print(f"e-graph  {len(eg.nodes)} nodes, {len(eg.classes)} classes")
+    print(f"method   {method}")
+    print(f"cost     {res.cost:.6g}")
+    print(f"status   {res.status}")
+    print(f"bound    {bound}" + ("" if gap is None else f"  (gap {100 * gap:.3g}%)"))
+    print(f"time     {res.seconds:.2f} s")
+    return 0
+
+
+def _one_line(e: Exception) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m extraction``."""
+    parser = argparse.ArgumentParser(prog="python -m extraction", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

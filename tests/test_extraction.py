@@ -1,0 +1,419 @@
+"""Tests of the extraction package: validity, optimality against brute force, honesty, CLI."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from extraction import (
+    EGraph,
+    ENode,
+    ExtractionResult,
+    dag_cost,
+    extract,
+    greedy_dag,
+    ilp_extract,
+    load_egraph,
+    validate,
+)
+from extraction.cli import add_arguments, run
+
+DATA = Path("/work/shared/data/extraction-gym-tensat")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def brute_force(eg: EGraph, forbidden: frozenset[str] = frozenset()) -> float | None:
+    """Minimum DAG cost over all (class -> node) assignments whose reachable part is valid."""
+    classes = list(eg.classes)
+    options = [[n for n in eg.classes[c] if n not in forbidden] or [None] for c in classes]
+    best: float | None = None
+    for combo in itertools.product(*options):
+        choice = {c: n for c, n in zip(classes, combo) if n is not None}
+        try:
+            validate(eg, _reachable_only(eg, choice))
+        except (ValueError, KeyError):
+            continue
+        cost = dag_cost(eg, choice)
+        if best is None or cost < best:
+            best = cost
+    return best
+
+
+def _reachable_only(eg: EGraph, choice: dict[str, str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    stack = list(eg.roots)
+    while stack:
+        c = stack.pop()
+        if c in out:
+            continue
+        out[c] = choice[c]  # KeyError: a reachable class has no usable node
+        stack.extend(eg.nodes[choice[c]].children)
+    return out
+
+
+@st.composite
+def egraphs(draw: st.DrawFn, max_classes: int = 6, max_nodes: int = 3) -> tuple[EGraph, frozenset[str]]:
+    """Random e-graphs (cycles allowed, including self-loops) plus a random forbidden set."""
+    n_classes = draw(st.integers(1, max_classes))
+    nodes: dict[str, ENode] = {}
+    for c in range(n_classes):
+        for i in range(draw(st.integers(1, max_nodes))):
+            kids = draw(st.lists(st.integers(0, n_classes - 1), max_size=3))
+            cost = draw(st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.0, 7.0]))
+            nodes[f"n{c}_{i}"] = ENode(f"op{c}_{i}", cost, f"c{c}", tuple(f"c{k}" for k in kids))
+    roots = draw(st.lists(st.sampled_from([f"c{c}" for c in range(n_classes)]), min_size=1, max_size=2))
+    forbidden = draw(st.frozensets(st.sampled_from(sorted(nodes)), max_size=2))
+    return EGraph(nodes, roots), forbidden
+
+
+def to_json(eg: EGraph) -> dict:
+    """egraph-serialize dict of an EGraph (children named by the first node of their class)."""
+    first = {c: ns[0] for c, ns in eg.classes.items()}
+    return {
+        "nodes": {
+            nid: {"op": n.op, "cost": n.cost, "eclass": n.eclass, "children": [first[k] for k in n.children]}
+            for nid, n in eg.nodes.items()
+        },
+        "root_eclasses": list(eg.roots),
+    }
+
+
+FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+# ---------------------------------------------------------------------------------------------
+# random e-graphs: validity, optimality, forbidden nodes
+
+
+@FAST
+@given(egraphs())
+def test_greedy_valid_or_none_exists(case: tuple[EGraph, frozenset[str]]) -> None:
+    eg, forbidden = case
+    best = brute_force(eg, forbidden)
+    if best is None:
+        with pytest.raises(ValueError):
+            greedy_dag(eg, forbidden)
+        return
+    res = greedy_dag(eg, forbidden)
+    validate(eg, res)
+    assert not forbidden & set(res.choices.values())
+    assert res.cost >= best - 1e-9
+    assert res.status == "greedy" and res.method == "greedy" and res.bound is None
+
+
+@FAST
+@given(egraphs())
+def test_ilp_matches_brute_force(case: tuple[EGraph, frozenset[str]]) -> None:
+    eg, forbidden = case
+    best = brute_force(eg, forbidden)
+    if best is None:
+        with pytest.raises(ValueError):
+            ilp_extract(eg, forbidden=forbidden)
+        return
+    res = ilp_extract(eg, forbidden=forbidden, time_limit=20)
+    validate(eg, res)
+    assert not forbidden & set(res.choices.values())
+    assert res.cost == pytest.approx(best, abs=1e-9)
+    assert res.status == "optimal"
+    assert res.bound is not None and res.bound <= res.cost + 1e-9
+    assert res.gap() == 0.0
+
+
+@settings(max_examples=8, deadline=None)
+@given(egraphs(max_classes=5))
+def test_ilp_cbc_matches_brute_force(case: tuple[EGraph, frozenset[str]]) -> None:
+    eg, forbidden = case
+    best = brute_force(eg, forbidden)
+    if best is None:
+        return
+    res = ilp_extract(eg, solver="cbc", forbidden=forbidden, time_limit=20)
+    validate(eg, res)
+    assert res.cost == pytest.approx(best, abs=1e-9)
+    assert res.status == "optimal"
+
+
+@settings(max_examples=30, deadline=None)
+@given(egraphs())
+def test_json_round_trip(case: tuple[EGraph, frozenset[str]]) -> None:
+    eg, _ = case
+    again = EGraph.from_json(json.loads(json.dumps(to_json(eg))))
+    assert again.nodes == eg.nodes and again.roots == eg.roots and again.classes == eg.classes
+
+
+def test_cycles_are_avoided() -> None:
+    # a = f(b) is cheap but b's only cheap node needs a: the cheap pair is a cycle.
+    nodes = {
+        "a_cyc": ENode("f", 0.0, "a", ("b",)),
+        "a_leaf": ENode("leaf", 5.0, "a", ()),
+        "b_cyc": ENode("g", 0.0, "b", ("a",)),
+        "b_leaf": ENode("leaf", 4.0, "b", ()),
+        "r": ENode("root", 1.0, "r", ("a", "b")),
+    }
+    eg = EGraph(nodes, ["r"])
+    for res in (greedy_dag(eg), ilp_extract(eg)):
+        validate(eg, res)
+        assert res.cost == pytest.approx(5.0)  # r + b_leaf, a = f(b)
+
+
+@st.composite
+def rings(draw: st.DrawFn) -> EGraph:
+    """A ring of classes, each with a cheap node needing the next class and a costly leaf, plus
+    random extra nodes: the cheapest ILP relaxation is the cycle, so lazy cuts are needed."""
+    k = draw(st.integers(3, 6))
+    nodes: dict[str, ENode] = {"root": ENode("root", 1.0, "r", tuple(f"c{i}" for i in range(k)))}
+    for i in range(k):
+        nodes[f"cyc{i}"] = ENode("cyc", draw(st.sampled_from([0.0, 0.5])), f"c{i}", (f"c{(i + 1) % k}",))
+        nodes[f"leaf{i}"] = ENode("leaf", draw(st.sampled_from([3.0, 4.0, 6.0])), f"c{i}", ())
+        if draw(st.booleans()):
+            other = draw(st.integers(0, k - 1))
+            nodes[f"x{i}"] = ENode("x", draw(st.sampled_from([1.0, 2.0])), f"c{i}", (f"c{other}",))
+    return EGraph(nodes, ["r"])
+
+
+@FAST
+@given(rings())
+def test_ring_needs_cycle_cuts(eg: EGraph) -> None:
+    best = brute_force(eg)
+    res = ilp_extract(eg)
+    validate(eg, res)
+    assert res.cost == pytest.approx(best, abs=1e-9) and res.status == "optimal"
+    validate(eg, greedy_dag(eg))
+
+
+def test_lazy_cuts_used() -> None:
+    nodes = {"root": ENode("root", 1.0, "r", ("a", "b", "c"))}
+    for c, nxt in (("a", "b"), ("b", "c"), ("c", "a")):  # equal leaves: no pruning settles it
+        nodes[f"{c}_cyc"] = ENode("cyc", 0.0, c, (nxt,))
+        nodes[f"{c}_leaf"] = ENode("leaf", 3.0, c, ())
+    eg = EGraph(nodes, ["r"])
+    for solver in ("highs", "cbc"):
+        res = ilp_extract(eg, solver=solver)
+        validate(eg, res)
+        assert res.cost == pytest.approx(4.0) and res.status == "optimal"
+        assert res.info["cuts"] >= 1 and res.info["iterations"] >= 2
+
+
+def test_sharing_counted_once() -> None:
+    # Tree cost would pick x twice; DAG cost shares it.
+    nodes = {
+        "x": ENode("x", 3.0, "x", ()),
+        "y1": ENode("y1", 1.0, "y", ("x",)),
+        "y2": ENode("y2", 2.5, "y", ()),
+        "z1": ENode("z1", 1.0, "z", ("x",)),
+        "z2": ENode("z2", 2.5, "z", ()),
+        "r": ENode("r", 0.0, "r", ("y", "z")),
+    }
+    eg = EGraph(nodes, ["r"])
+    assert ilp_extract(eg).cost == pytest.approx(5.0)
+    assert greedy_dag(eg).cost <= 5.0 + 1e-9
+
+
+def test_forbidden_everything_raises() -> None:
+    nodes = {"a": ENode("a", 1.0, "r", ()), "b": ENode("b", 2.0, "r", ())}
+    eg = EGraph(nodes, ["r"])
+    with pytest.raises(ValueError, match="forbidden"):
+        greedy_dag(eg, frozenset({"a", "b"}))
+    with pytest.raises(ValueError):
+        ilp_extract(eg, forbidden=frozenset({"a", "b"}))
+    assert ilp_extract(eg, forbidden=frozenset({"a"})).choices == {"r": "b"}
+
+
+def test_root_only_in_cycle_raises() -> None:
+    eg = EGraph({"a": ENode("a", 1.0, "r", ("r",))}, ["r"])
+    with pytest.raises(ValueError, match="acyclic"):
+        greedy_dag(eg)
+    with pytest.raises(ValueError, match="acyclic"):
+        extract(eg)
+
+
+def test_extract_dispatch() -> None:
+    eg = EGraph({"a": ENode("a", 1.0, "r", ())}, ["r"])
+    assert extract(eg, "greedy", time_limit=1, solver="cbc").method == "greedy"
+    assert extract(eg, "ilp").method == "ilp"
+    with pytest.raises(ValueError):
+        extract(eg, "magic")
+
+
+# ---------------------------------------------------------------------------------------------
+# validate()
+
+
+def _small() -> EGraph:
+    nodes = {
+        "r0": ENode("r", 1.0, "r", ("a",)),
+        "a0": ENode("a", 1.0, "a", ("b",)),
+        "a1": ENode("a'", 9.0, "a", ()),
+        "b0": ENode("b", 1.0, "b", ("a",)),
+        "b1": ENode("b'", 2.0, "b", ()),
+    }
+    return EGraph(nodes, ["r"])
+
+
+def test_validate_accepts_valid() -> None:
+    validate(_small(), {"r": "r0", "a": "a0", "b": "b1"})
+
+
+@pytest.mark.parametrize(
+    "choices, forbidden, message",
+    [
+        ({"a": "a1"}, (), "root"),
+        ({"r": "r0", "a": "a0"}, (), "child e-class"),
+        ({"r": "r0", "a": "a1"}, ("a1",), "forbidden"),
+        ({"r": "r0", "a": "a0", "b": "b0"}, (), "cyclic"),
+        ({"r": "r0", "a": "b1", "b": "b1"}, (), "another class"),
+        ({"r": "r0", "a": "nope"}, (), "unknown"),
+    ],
+)
+def test_validate_rejects(choices: dict[str, str], forbidden: tuple[str, ...], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        validate(_small(), choices, forbidden)
+
+
+def test_validate_checks_result_cost_and_own_forbidden() -> None:
+    eg = _small()
+    good = {"r": "r0", "a": "a0", "b": "b1"}
+    with pytest.raises(ValueError, match="cost"):
+        validate(eg, ExtractionResult(good, 1.0, None, "greedy", 0.0, "greedy"))
+    res = greedy_dag(eg, frozenset({"b1"}))
+    validate(eg, res)
+    res.choices = good
+    res.cost = 4.0
+    with pytest.raises(ValueError, match="forbidden"):
+        validate(eg, res)
+
+
+# ---------------------------------------------------------------------------------------------
+# malformed input
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ([], "object"),
+        ({"root_eclasses": ["c"]}, "nodes"),
+        ({"nodes": {"a": {"op": "x", "cost": 1, "eclass": "c", "children": ["zz"]}}, "root_eclasses": ["c"]},
+         "unknown child"),
+        ({"nodes": {"a": {"op": "x", "cost": 1, "eclass": "c", "children": []}}, "root_eclasses": ["d"]},
+         "root e-class"),
+        ({"nodes": {"a": {"op": "x", "cost": 1, "eclass": "c", "children": []}}}, "root_eclasses"),
+        ({"nodes": {"a": {"op": "x", "cost": -1, "eclass": "c", "children": []}}, "root_eclasses": ["c"]},
+         "cost"),
+        ({"nodes": {"a": {"op": "x", "cost": "1", "eclass": "c", "children": []}}, "root_eclasses": ["c"]},
+         "cost"),
+        ({"nodes": {"a": {"op": "x", "cost": 1, "children": []}}, "root_eclasses": ["c"]}, "eclass"),
+    ],
+)
+def test_from_json_rejects(data: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        EGraph.from_json(data)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------
+# status honesty under a time limit
+
+
+def _consistent(res: ExtractionResult, greedy_cost: float) -> None:
+    assert res.bound is not None and res.bound <= res.cost + 1e-9
+    if res.status == "optimal":
+        assert res.gap() is not None and res.gap() <= 1.1e-6
+    elif res.status == "feasible":
+        assert res.cost < greedy_cost and res.gap() > 1e-6
+    else:
+        assert res.status == "fallback"
+        assert res.cost == pytest.approx(greedy_cost)
+
+
+@pytest.mark.skipif(not DATA.exists(), reason="extraction-gym data not available")
+@pytest.mark.parametrize("limit, solver", [(0.3, "highs"), (2.0, "highs"), (2.5, "cbc")])
+def test_time_limit_status_is_honest(limit: float, solver: str) -> None:
+    eg = load_egraph(DATA / "vgg.json")  # its ILP does not close within seconds
+    greedy = greedy_dag(eg)
+    res = ilp_extract(eg, time_limit=limit, initial=greedy, solver=solver)
+    validate(eg, res)
+    _consistent(res, greedy.cost)
+    assert res.status != "optimal"
+    assert res.seconds <= limit + 1.0
+
+
+@pytest.mark.skipif(not DATA.exists(), reason="extraction-gym data not available")
+def test_resnet50_acyclic_proven() -> None:
+    eg = load_egraph(DATA / "resnet50_acyclic.json")
+    greedy = greedy_dag(eg)
+    res = ilp_extract(eg, time_limit=30)
+    validate(eg, res)
+    _consistent(res, greedy.cost)
+    assert res.status == "optimal" and res.cost <= greedy.cost
+
+
+@pytest.mark.skipif(not DATA.exists(), reason="extraction-gym data not available")
+def test_vgg_real() -> None:
+    eg = load_egraph(DATA / "vgg.json")
+    greedy = greedy_dag(eg)
+    validate(eg, greedy)
+    assert greedy.cost <= 4.851 * 1.0001
+    res = ilp_extract(eg, time_limit=5, initial=greedy)
+    validate(eg, res)
+    assert res.cost <= greedy.cost + 1e-12
+    assert abs(res.cost - 4.851) <= 0.01 * 4.851
+
+
+# ---------------------------------------------------------------------------------------------
+# command line
+
+
+def _cli(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "extraction", *argv], capture_output=True, text=True,
+                          cwd=tmp_path, env=env, timeout=60)
+
+
+def test_cli_ok(tmp_path: Path) -> None:
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps(to_json(_small())))
+    for extra in ([], ["--extractor", "greedy"], ["--solver", "cbc", "--time-limit", "5"]):
+        proc = _cli(tmp_path, str(path), *extra)
+        assert proc.returncode == 0, proc.stderr
+        assert "cost     4" in proc.stdout and "status" in proc.stdout and "bound" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "content",
+    [None, "{not json", '{"nodes": {"a": {"op": "x", "cost": 1, "eclass": "c", "children": ["q"]}}, '
+                       '"root_eclasses": ["c"]}', '{"nodes": {}, "root_eclasses": ["c"]}', b"\xff\xfe\x00"],
+)
+def test_cli_bad_input(tmp_path: Path, content: str | bytes | None) -> None:
+    path = tmp_path / "bad.json"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    proc = _cli(tmp_path, str(path))
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.startswith("error:") and proc.stderr.count("\n") == 1
+    assert "Traceback" not in proc.stderr
+
+
+def test_cli_in_process(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps(to_json(_small())))
+    assert run(parser.parse_args([str(path), "--forbid", "b1"])) == 0
+    out = capsys.readouterr().out
+    assert "cost     10" in out  # r0 + a1 once b1 is forbidden (a0 -> b0 -> a is a cycle)
+    assert run(parser.parse_args([str(tmp_path / "missing.json")])) == 2
