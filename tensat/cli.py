@@ -133,22 +133,17 @@ def _add_extract(sub: Any) -> None:
 
 
 def _add_rules(sub: Any) -> None:
-    sub.add_parser("rules", help="list the rewrite rules with counts",
-                   description="List every rule of the library: single- and multi-pattern, with counts.")
+    from rewrites import cli as rules_cli
+
+    p = sub.add_parser("rules", help="list (and verify) the rewrite rules with counts",
+                       description="List every rule of the library: single- and multi-pattern, with counts.")
+    rules_cli.add_arguments(p)
 
 
 def _run_rules(args: argparse.Namespace) -> int:
-    import rewrites
+    from rewrites import cli as rules_cli
 
-    rules = rewrites.all_rules()
-    single = [r for r in rules if not r.multi]
-    multi = [r for r in rules if r.multi]
-    for title, group in (("single-pattern", single), ("multi-pattern", multi)):
-        print(f"{title} rules: {len(group)}")
-        for r in group:
-            print(f"  {r.name:40s} ops: {', '.join(sorted(r.ops()))}")
-    print(f"total: {len(rules)} ({len(single)} single-pattern, {len(multi)} multi-pattern)")
-    return 0
+    return rules_cli.run(args)
 
 
 def _add_models(sub: Any) -> None:
