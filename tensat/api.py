@@ -22,7 +22,8 @@ ModelLike = Union[onnx.ModelProto, str, os.PathLike, Graph]
 
 EXTRACTORS = ("ilp", "greedy")
 SOLVERS = ("highs", "cbc")
-COSTS = ("analytic",)
+COSTS = ("analytic", "measured")
+DEVICES = ("auto", "cpu", "cuda")
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class Options:
     solver: str = "highs"
     ilp_time_limit: float = 60.0
     cost: str = "analytic"
+    device: str = "auto"
     verify: bool = True
     seed: int = 0
     input_shapes: Mapping[str, Sequence[int]] | None = None
@@ -57,6 +59,8 @@ class Options:
             raise TensatError(f"unknown solver {self.solver!r}; choose from {', '.join(SOLVERS)}")
         if self.cost not in COSTS:
             raise TensatError(f"unknown cost model {self.cost!r}; choose from {', '.join(COSTS)}")
+        if self.device not in DEVICES:
+            raise TensatError(f"unknown device {self.device!r}; choose from {', '.join(DEVICES)}")
 
 
 @dataclass
@@ -104,10 +108,14 @@ class OptimizeResult:
         }
 
 
-def make_cost_model(name: str) -> CostModel:
-    """The cost model called `name`."""
+def make_cost_model(name: str, device: str = "auto") -> CostModel:
+    """The cost model called `name`: "analytic" (roofline) or "measured" (onnxruntime on `device`)."""
     if name == "analytic":
         return AnalyticCost()
+    if name == "measured":
+        from tensat.measure import make_measured_cost
+
+        return make_measured_cost(device)
     raise TensatError(f"unknown cost model {name!r}")
 
 
@@ -158,7 +166,7 @@ def optimize_with_details(model: ModelLike, **options: Any) -> OptimizeResult:
     graph = graph.compact()
     times["import"] = time.perf_counter() - t
 
-    cost = make_cost_model(opts.cost)
+    cost = make_cost_model(opts.cost, opts.device)
     cost_before = graph_cost(graph, cost)
 
     t = time.perf_counter()
@@ -215,7 +223,7 @@ def optimize(model: ModelLike, **options: Any) -> Any:
     back a ModelProto (or, with `output=PATH`, writes it atomically there and returns the path); a Graph gives a
     Graph. Options: node_limit (50000), iter_limit (15), time_limit (60 s of exploration), k_multi (1: iterations
     in which multi-pattern rules run), extractor ("ilp" or "greedy"), solver ("highs" or "cbc"), ilp_time_limit
-    (60 s), cost ("analytic"), verify (True: compare against the input in onnxruntime and raise
+    (60 s), cost ("analytic" or "measured"), device ("auto", "cpu" or "cuda": where measured costs are taken), verify (True: compare against the input in onnxruntime and raise
     VerificationError on a mismatch), seed (0), input_shapes ({"x": [1, 3, 224, 224]} for dynamic dims).
     Use `optimize_with_details` for costs, e-graph growth and time per phase.
     """

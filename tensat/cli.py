@@ -63,7 +63,10 @@ def _add_optimize(sub: Any) -> None:
     p.add_argument("--solver", choices=("highs", "cbc"), default="highs", help="ILP solver (default highs)")
     p.add_argument("--ilp-time-limit", type=_positive_float, default=60.0,
                    help="ILP solver time limit in seconds (default 60)")
-    p.add_argument("--cost", choices=("analytic",), default="analytic", help="cost model (default analytic)")
+    p.add_argument("--cost", choices=("analytic", "measured"), default="analytic",
+                   help="cost model: analytic roofline, or per-op latency measured in onnxruntime (default analytic)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="device whose latency the measured cost model uses; auto = CUDA where it loads, else CPU")
     p.add_argument("--no-verify", action="store_true",
                    help="skip the numerical check of the optimized model against the input in onnxruntime")
     p.add_argument("--seed", type=int, default=0, help="seed of the random verification inputs (default 0)")
@@ -88,7 +91,8 @@ def _run_optimize(args: argparse.Namespace) -> int:
     result = api.optimize_with_details(
         source, input_shapes=shapes, node_limit=args.node_limit, iter_limit=args.iter_limit,
         time_limit=args.time_limit, k_multi=args.k_multi, extractor=args.extractor, solver=args.solver,
-        ilp_time_limit=args.ilp_time_limit, cost=args.cost, verify=not args.no_verify, seed=args.seed,
+        ilp_time_limit=args.ilp_time_limit, cost=args.cost, device=args.device, verify=not args.no_verify,
+        seed=args.seed,
     )
     onnx_io.save_model(result.output, args.output)
     if args.stats:

@@ -21,11 +21,15 @@ VIEW_OPS = {"reshape"}
 
 
 class CostModel(Protocol):
-    """Anything that prices one node given its input shapes."""
+    """Anything that prices one node, in milliseconds, given its input shapes and which inputs are weights.
+
+    A cost model may also offer `prefetch(items)` with items `(node, in_shapes, const)`: the pipeline calls it
+    once with every node it is about to price, so a measuring model can batch its work and show progress.
+    """
 
     name: str
 
-    def __call__(self, node: Node, in_shapes: Sequence[Shape]) -> float: ...
+    def __call__(self, node: Node, in_shapes: Sequence[Shape], const: Sequence[bool] = ()) -> float: ...
 
 
 def _bytes(shape: Sequence[int], itemsize: int = 4) -> float:
@@ -41,7 +45,7 @@ class AnalyticCost:
     overhead_us: float = 3.0
     name: str = "analytic"
 
-    def __call__(self, node: Node, in_shapes: Sequence[Shape]) -> float:
+    def __call__(self, node: Node, in_shapes: Sequence[Shape], const: Sequence[bool] = ()) -> float:
         if node.op in ("input", "weight") or node.op in VIEW_OPS:
             return 0.0
         flops = ops.get(node.op).flops(in_shapes, node.shape, node.attr)
@@ -53,10 +57,12 @@ class AnalyticCost:
 def graph_cost(graph: Graph, cost: CostModel) -> float:
     """Summed cost of the graph's live nodes that run at inference (weight-only nodes are folded away)."""
     const = graph.weight_only()
-    total = 0.0
-    for i in graph.live():
-        n = graph.nodes[i]
-        if n.is_leaf or i in const:
-            continue
-        total += cost(n, [graph.nodes[j].shape for j in n.inputs])
-    return total
+    items = [
+        (n, [graph.nodes[j].shape for j in n.inputs], [j in const for j in n.inputs])
+        for i in graph.live()
+        if not (n := graph.nodes[i]).is_leaf and i not in const
+    ]
+    prefetch = getattr(cost, "prefetch", None)
+    if prefetch is not None:
+        prefetch(items)
+    return sum(cost(n, shapes, flags) for n, shapes, flags in items)

@@ -23,7 +23,7 @@ from tensat.ir import Graph, Node
 RULESET_SINGLE = "rw"
 RULESET_MULTI = "multi"
 
-CostFn = Callable[[Node, Sequence[tuple[int, ...]]], float]
+CostFn = Callable[[Node, Sequence[tuple[int, ...]], Sequence[bool]], float]
 
 
 @dataclass
@@ -261,7 +261,8 @@ class TensorEGraph:
                 decoded[f"{name}#{k}"] = DecodedNode(d.name, attrs, children, cid(row.output))
         const = self._constant_classes(decoded)
         forbidden: set[str] = set()
-        nodes: dict[str, ENode] = {}
+        costs: dict[str, float] = {}
+        to_price: dict[str, tuple[Node, list[tuple[int, ...]], list[bool]]] = {}
         for nid, dn in decoded.items():
             out_shape = shapes.get(dn.eclass)
             child_shapes = [shapes.get(c) for c in dn.children]
@@ -273,15 +274,24 @@ class TensorEGraph:
                     ok = False
             if not ok:
                 forbidden.add(nid)
-                cost = 0.0
+                costs[nid] = 0.0
             elif dn.op in ("input", "weight") or (
                 dn.op != "opaque" and dn.children and all(c in const for c in dn.children)
             ):
-                cost = 0.0
+                costs[nid] = 0.0
             else:
-                node = Node(dn.op, (), tuple(dn.attrs.items()), out_shape, "float32")  # type: ignore[arg-type]
-                cost = float(node_cost(node, child_shapes))  # type: ignore[arg-type]
-            nodes[nid] = ENode(ops.get(dn.op).egg, cost, str(dn.eclass), tuple(str(c) for c in dn.children))
+                dtype = dn.attrs.get("dtype", "float32")
+                node = Node(dn.op, (), tuple(dn.attrs.items()), out_shape, dtype)  # type: ignore[arg-type]
+                to_price[nid] = (node, child_shapes, [c in const for c in dn.children])  # type: ignore[assignment]
+        prefetch = getattr(node_cost, "prefetch", None)
+        if prefetch is not None:
+            prefetch(list(to_price.values()))
+        for nid, (node, child_shapes, flags) in to_price.items():
+            costs[nid] = float(node_cost(node, child_shapes, flags))
+        nodes = {
+            nid: ENode(ops.get(dn.op).egg, costs[nid], str(dn.eclass), tuple(str(c) for c in dn.children))
+            for nid, dn in decoded.items()
+        }
         node_of = {eg.value_to_i64(r.inputs[0]): cid(r.output) for r in frozen.functions["node-of"].rows}
         self._node_of = node_of
         roots = list(dict.fromkeys(str(node_of[n]) for _, n in self.graph.outputs))
