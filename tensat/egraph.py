@@ -21,7 +21,8 @@ from tensat import ops
 from tensat.ir import Graph, Node
 
 RULESET_SINGLE = "rw"
-RULESET_MULTI = "multi"
+RULESET_EVERY = "every"
+FILL_MIN_SECONDS = 1.0  # the fill may always take this long (within the time limit), however fast exploration was
 
 CostFn = Callable[[Node, Sequence[tuple[int, ...]], Sequence[bool]], float]
 
@@ -36,6 +37,7 @@ class IterationStats:
     seconds: float
     multi: bool
     matches: dict[str, int] = field(default_factory=dict)
+    partial: bool = False  # the full iteration overshot the node limit; only the rules that fit were applied
 
 
 @dataclass
@@ -88,9 +90,17 @@ class TensorEGraph:
         self._run(ops.egg_declarations())
         self._run("(function node-of (i64) T :no-merge)")
         self._run("\n".join(ops.egg_shape_rules()))
-        self._run(f"(ruleset {RULESET_SINGLE})\n(ruleset {RULESET_MULTI})")
-        for rule in self.rules:
-            self._run(rewrites.to_egglog(rule, RULESET_MULTI if rule.multi else RULESET_SINGLE))
+        self._ruleset_of: dict[str, str] = {}
+        for k, rule in enumerate(self.rules):
+            name = f"rule-{k}"
+            self._ruleset_of[rule.name] = name
+            self._run(f"(ruleset {name})\n{rewrites.to_egglog(rule, name)}")
+        self._combined = 0
+        self._single = [r.name for r in self.rules if not r.multi]
+        if self._single:
+            self._combine(RULESET_SINGLE, self._single)
+        if self.rules:
+            self._combine(RULESET_EVERY, [r.name for r in self.rules])
         self.live = graph.live()
         commands = [f"(set (node-of {i}) {self._lower(graph.nodes[i])})" for i in self.live]
         for k in range(0, len(commands), 256):
@@ -133,7 +143,22 @@ class TensorEGraph:
             parts = children + parts
         return f"({d.egg} {' '.join(parts)})"
 
+    def _combine(self, name: str, rule_names: Sequence[str]) -> str:
+        members = " ".join(self._ruleset_of[r] for r in rule_names)
+        self._run(f"(unstable-combined-ruleset {name} {members})")
+        return name
+
     # -- sizes --------------------------------------------------------------------------------------------------
+
+    def enode_count(self) -> int:
+        """E-nodes of tensor constructors, from egglog's table sizes (cheap: no freeze)."""
+        out = self._run("(print-size)")
+        total = 0
+        for line in str(out[-1]).replace("(", " ").replace(")", " ").split("\n"):
+            parts = line.split()
+            if len(parts) == 2 and parts[0] in ops.BY_EGG:
+                total += int(parts[1])
+        return total
 
     def size(self) -> tuple[int, int]:
         """(e-nodes, e-classes) of tensor constructors, not counting shape rows."""
@@ -163,19 +188,22 @@ class TensorEGraph:
     # -- exploration --------------------------------------------------------------------------------------------
 
     def explore(
-        self, *, node_limit: int = 50_000, iter_limit: int = 15, time_limit: float = 60.0, k_multi: int = 1
+        self, *, node_limit: int = 50_000, iter_limit: int = 15, time_limit: float = 60.0, k_multi: int = 1,
+        fill: bool = True,
     ) -> ExplorationStats:
         """Apply the rules to saturation or a limit, one iteration at a time.
 
-        Guarantee: the e-graph left behind has at most `node_limit` e-nodes whenever the input graph does; an
-        iteration that overshoots is rolled back with egglog's push/pop. The time limit is checked between
-        iterations (an egglog iteration cannot be interrupted).
+        Guarantee: the e-graph left behind never has more than `node_limit` e-nodes (unless the input graph alone
+        does, in which case nothing is applied). Each iteration runs on a pushed snapshot; one that overshoots is
+        rolled back with egglog's pop. With `fill`, the rules of the overshooting iteration are then re-applied in
+        ever smaller groups (bisection), keeping each group that fits, so the e-graph fills up to the limit
+        instead of stopping one whole iteration short; the fill spends at most as long as the exploration had so
+        far (at least FILL_MIN_SECONDS), within the time limit. Multi-pattern rules run only in the first `k_multi` iterations. The time
+        limit is checked between iterations (an egglog iteration cannot be interrupted).
         """
         stats = ExplorationStats(rules=[r.name for r in self.rules])
         stats.initial_enodes, stats.initial_eclasses = self.size()
         start = time.perf_counter()
-        has_multi = any(r.multi for r in self.rules)
-        has_single = any(not r.multi for r in self.rules)
         if stats.initial_enodes > node_limit:
             stats.stop_reason = "node_limit"
         for it in range(iter_limit):
@@ -184,44 +212,80 @@ class TensorEGraph:
             if time.perf_counter() - start > time_limit:
                 stats.stop_reason = "time_limit"
                 break
-            multi = has_multi and it < k_multi
-            if not multi and not has_single:
-                stats.stop_reason = "saturated"
-                stats.saturated = True
+            multi = it < k_multi and any(r.multi for r in self.rules)
+            names = [r.name for r in self.rules] if multi else self._single
+            if not names:
+                stats.stop_reason, stats.saturated = "saturated", True
                 break
             t0 = time.perf_counter()
-            schedule = f"(run {RULESET_SINGLE})" if not multi else f"(run {RULESET_SINGLE}) (run {RULESET_MULTI})"
-            if not has_single:
-                schedule = f"(run {RULESET_MULTI})"
             self._run("(push)")
             try:
-                reports = self._run(f"(run-schedule (seq {schedule} (saturate shapes)))")
+                reports = self._apply(RULESET_EVERY if multi else RULESET_SINGLE)
             except Exception as exc:  # egglog raises its own error types (a failed union of unequal shapes)
                 self._run("(pop)")
                 stats.stop_reason = "error"
                 stats.error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 break
-            enodes, eclasses = self.size()
-            seconds = time.perf_counter() - t0
-            if enodes > node_limit:
+            matches = self._matches(reports)
+            partial = False
+            if self.enode_count() > node_limit:
                 self._run("(pop)")
                 stats.stop_reason = "node_limit"
-                break
-            matches: dict[str, int] = {}
-            for out in reports:
-                for name, count in out.report.num_matches_per_rule.items():
-                    if name in stats.rules:
-                        matches[name] = matches.get(name, 0) + int(count)
+                if not fill:
+                    break
+                elapsed = time.perf_counter() - start
+                budget = min(max(elapsed, FILL_MIN_SECONDS), time_limit - elapsed)
+                matches = self._fill(names, node_limit, time.perf_counter() + budget)
+                partial = True
+                if not matches:
+                    break
+            enodes, eclasses = self.size()
             unchanged = (enodes, eclasses) == (stats.enodes, stats.eclasses)
-            stats.iterations.append(IterationStats(it + 1, enodes, eclasses, seconds, multi, matches))
+            seconds = time.perf_counter() - t0
+            stats.iterations.append(IterationStats(it + 1, enodes, eclasses, seconds, multi, matches, partial))
+            if partial:
+                break
             if unchanged:
-                stats.stop_reason = "saturated"
-                stats.saturated = True
+                stats.stop_reason, stats.saturated = "saturated", True
                 break
         if not stats.stop_reason:
             stats.stop_reason = "iter_limit"
         stats.seconds = time.perf_counter() - start
         return stats
+
+    def _apply(self, ruleset: str) -> list[Any]:
+        """One iteration of `ruleset` (every rule matched against the same e-graph), then shapes to a fixpoint."""
+        return self._run(f"(run-schedule (seq (run {ruleset}) (saturate shapes)))")
+
+    def _matches(self, reports: list[Any]) -> dict[str, int]:
+        matches: dict[str, int] = {}
+        for out in reports:
+            for name, count in out.report.num_matches_per_rule.items():
+                if name in self._ruleset_of:
+                    matches[name] = matches.get(name, 0) + int(count)
+        return matches
+
+    def _fill(self, names: list[str], node_limit: int, deadline: float) -> dict[str, int]:
+        """Apply groups of `names` that keep the e-graph within the limit, bisecting groups that do not."""
+        matches: dict[str, int] = {}
+        queue = [names]
+        while queue and time.perf_counter() < deadline:
+            group = queue.pop(0)
+            self._combined += 1
+            ruleset = self._combine(f"subset-{self._combined}", group)
+            self._run("(push)")
+            try:
+                reports = self._apply(ruleset)
+            except Exception:  # a failing group is dropped like an overshooting one
+                reports = None
+            if reports is not None and self.enode_count() <= node_limit:
+                for name, count in self._matches(reports).items():
+                    matches[name] = matches.get(name, 0) + count
+                continue
+            self._run("(pop)")
+            if len(group) > 1:
+                queue += [group[: len(group) // 2], group[len(group) // 2:]]
+        return matches
 
     # -- export and rebuild -------------------------------------------------------------------------------------
 

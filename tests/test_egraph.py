@@ -142,22 +142,41 @@ def test_conv_relu_fusion_and_conv_merge():
     te = TensorEGraph(g)
     stats = te.explore(k_multi=1)
     matches = stats.iterations[0].matches
-    assert matches["conv-relu-fuse"] == 2 and matches["conv-merge-shared-input"] == 2  # the plain pair and the fused pair
+    assert matches["conv-relu-fuse"] == 2 and matches["conv-merge-shared-input"] == 1  # all rules match one snapshot
     rebuilt = extract_and_rebuild(te, "ilp")
     assert "relu" not in rebuilt.summary()  # fused into the convs
     outputs_equal(g, rebuilt, {"x": RNG.standard_normal((1, 8, 10, 10)).astype(np.float32)})
 
 
-def test_node_limit_holds_by_rollback():
+@pytest.mark.parametrize("fill", [False, True])
+def test_node_limit_holds(fill):
     g = qkv_graph(n=6)
     full = TensorEGraph(g).explore(k_multi=2, iter_limit=4)
-    limit = full.initial_enodes + 5
-    assert full.enodes > limit
-    te = TensorEGraph(g)
-    stats = te.explore(node_limit=limit, k_multi=2, iter_limit=4)
-    assert stats.stop_reason == "node_limit"
-    assert te.size()[0] <= limit
-    assert stats.enodes <= limit
+    assert full.saturated and full.enodes > full.iterations[0].enodes
+    for limit in (full.initial_enodes + 5, full.iterations[0].enodes + 7, (full.iterations[0].enodes + full.enodes) // 2):
+        te = TensorEGraph(g)
+        stats = te.explore(node_limit=limit, k_multi=2, iter_limit=4, fill=fill)
+        assert stats.stop_reason == "node_limit"
+        assert te.size()[0] <= limit and te.enode_count() <= limit
+        assert stats.enodes <= limit
+
+
+def test_fill_uses_the_room_left_by_an_overshooting_iteration():
+    g = qkv_graph(n=6)
+    x = g.input_ids[0]
+    chain = g.add("matmul", [g.add("matmul", [x, w(g, 32, 32, name="a")]), w(g, 32, 32, name="b")])
+    g.output("chain", g.add("matmul", [chain, w(g, 32, 32, name="c")]))
+    assoc = [r for r in rewrites.all_rules() if r.name.startswith("matmul-assoc")]
+    assoc_only = TensorEGraph(g, assoc).explore(iter_limit=1)
+    everything = TensorEGraph(g).explore(iter_limit=1, k_multi=1)
+    limit = assoc_only.enodes + 1
+    assert assoc_only.initial_enodes < assoc_only.enodes < limit < everything.enodes
+    plain = TensorEGraph(g).explore(node_limit=limit, k_multi=1, fill=False)
+    filled = TensorEGraph(g).explore(node_limit=limit, k_multi=1, fill=True)
+    assert plain.stop_reason == filled.stop_reason == "node_limit"
+    assert plain.enodes == plain.initial_enodes
+    assert plain.enodes < filled.enodes <= limit
+    assert filled.iterations[-1].partial and filled.iterations[-1].matches.get("matmul-assoc-right", 0) > 0
 
 
 def test_iteration_and_time_limits_and_stats():
