@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from extraction import greedy_dag, ilp_extract, load_egraph, validate
+from extraction import filter_cycles, greedy_dag, ilp_extract, load_egraph, validate
 
 DATA = Path("/work/shared/data/extraction-gym-tensat")
 OUT = Path(__file__).resolve().parent / "results"
@@ -97,6 +97,22 @@ def run_graph(name: str, data: Path, solvers: list[str], limit: float | None) ->
         }
         print(f"{name:17s} {solver:5s} greedy {greedy.cost:.6f} ({greedy.seconds:.2f}s)  ilp {res.cost:.6f} "
               f"{res.status:8s} bound {res.bound:.6f} ({res.seconds:.2f}s)", file=sys.stderr)
+    tl = limit if limit is not None else TIME_LIMIT.get(name, DEFAULT_LIMIT)
+    t0 = time.perf_counter()
+    blacklist = filter_cycles(eg)
+    filter_s = time.perf_counter() - t0
+    res = ilp_extract(eg, solver="highs", time_limit=tl, forbidden=frozenset(blacklist))
+    validate(eg, res)
+    seconds = filter_s + res.seconds
+    rec["ilp"]["highs + cycle filter"] = {
+        "cost": res.cost, "bound": res.bound, "gap": res.gap(), "status": res.status, "seconds": round(seconds, 3),
+        "time_limit": tl, "iterations": res.info.get("iterations"), "cuts": res.info.get("cuts"),
+        "pruned_nodes": res.info["prune"]["alive_nodes"], "pruned_classes": res.info["prune"]["alive_classes"],
+        "prune": res.info["prune"], "blacklisted": len(blacklist), "filter_seconds": round(filter_s, 4),
+        "target": target(name, res.cost, seconds, greedy.cost),
+    }
+    print(f"{name:17s} highs + cycle filter ({len(blacklist)} blacklisted in {filter_s:.3f}s) ilp {res.cost:.6f} "
+          f"{res.status:8s} ({seconds:.2f}s)", file=sys.stderr)
     return rec
 
 
@@ -117,7 +133,10 @@ def markdown(records: list[dict[str, Any]], mach: dict[str, Any]) -> str:
         "Time limit: 60 s for bert, 10 s for the others; times include the greedy warm start, pruning "
         "and model building. `bound` is the best proven lower bound; status `optimal` means proven "
         "(relative gap <= 1e-6), `fallback` means the greedy selection was kept (the ILP found nothing "
-        "cheaper in time). References: published CPLEX (900 s) and faster-greedy-dag DAG costs.",
+        "cheaper in time). References: published CPLEX (900 s) and faster-greedy-dag DAG costs. "
+        "`highs + cycle filter` first blacklists one e-node per cycle (`extraction.filter_cycles`, Tensat's "
+        "efficient filtering; its time is included), so the ILP needs no cycle cuts; its optimum is over the "
+        "filtered e-graph, hence `bound` is a bound for that space only.",
         "",
         "| graph | e-nodes | e-classes | greedy cost | greedy s | solver | ILP cost | status | bound | ILP s "
         "| pruned nodes | cuts | CPLEX ref | greedy ref | target |",

@@ -7,6 +7,7 @@ checks any selection.
 
 from .api import extract
 from .egraph import EGraph, ENode, ExtractionResult, dag_cost, find_cycle, load_egraph, validate
+from .cycles import filter_cycles
 from .greedy import greedy_dag
 from .ilp import ilp_extract
 
@@ -16,6 +17,7 @@ __all__ = [
     "ExtractionResult",
     "dag_cost",
     "extract",
+    "filter_cycles",
     "find_cycle",
     "greedy_dag",
     "ilp_extract",

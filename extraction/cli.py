@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from .api import extract
+from .cycles import filter_cycles
 from .egraph import load_egraph
 
 
@@ -29,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="overall ILP time limit in seconds (default 60)")
     parser.add_argument("--forbid", action="append", default=[], metavar="NODE_ID",
                         help="e-node id that must not be chosen (repeatable)")
+    parser.add_argument("--filter-cycles", action="store_true",
+                        help="first blacklist one e-node per cycle (Tensat's efficient filtering), so the ILP "
+                             "needs no cycle cuts; the optimum is then over the filtered e-graph")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,7 +45,12 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"error: {args.egraph}: {_one_line(e)}", file=sys.stderr)
         return 2
-    kw: dict[str, object] = {"forbidden": frozenset(args.forbid)}
+    forbidden = set(args.forbid)
+    if args.filter_cycles:
+        blacklist = filter_cycles(eg, (), forbidden)
+        print(f"filter   {len(blacklist)} e-nodes blacklisted to break cycles")
+        forbidden |= blacklist
+    kw: dict[str, object] = {"forbidden": frozenset(forbidden)}
     if args.extractor == "ilp":
         kw.update(solver=args.solver, time_limit=args.time_limit)
     try:

@@ -180,13 +180,17 @@ def optimize_with_details(model: ModelLike, **options: Any) -> OptimizeResult:
 
     t = time.perf_counter()
     xg, decoded, forbidden = te.export(cost)
-    frozen_forbidden = frozenset(forbidden)
     original_choices = te.original_selection(decoded)
+    times["export"] = time.perf_counter() - t
+    t = time.perf_counter()
+    blacklist = extraction.filter_cycles(xg, original_choices.values(), forbidden)
+    times["cycle_filter"] = time.perf_counter() - t
+    stats.blacklisted = len(blacklist)
+    frozen_forbidden = frozenset(forbidden | blacklist)
     initial = extraction.ExtractionResult(
         choices=original_choices, cost=extraction.dag_cost(xg, original_choices), bound=None, status="input",
         seconds=0.0, method="input",
     )
-    times["export"] = time.perf_counter() - t
     t = time.perf_counter()
     chosen = _extract(xg, frozen_forbidden, initial, opts, notes)
     times["extract"] = time.perf_counter() - t

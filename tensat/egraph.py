@@ -52,6 +52,7 @@ class ExplorationStats:
     seconds: float = 0.0
     error: str = ""
     rules: list[str] = field(default_factory=list)
+    blacklisted: int = 0  # e-nodes removed by cycle filtering before extraction
 
     @property
     def enodes(self) -> int:
@@ -389,7 +390,12 @@ class TensorEGraph:
         return self._strings[int(eg.value_to_string(value)[1:])]
 
     def original_selection(self, decoded: dict[str, DecodedNode]) -> dict[str, str]:
-        """The e-node chosen in each e-class by the input graph itself (a valid, acyclic selection)."""
+        """The e-node chosen in each e-class by the input graph itself: a valid, acyclic selection.
+
+        Where rewrites merged the classes of several input nodes (e.g. slice(concat(a, b)) and a), the earliest
+        node in topological order is chosen; ids then strictly decrease along every chosen edge, so the selection
+        cannot be cyclic.
+        """
         index: dict[tuple[Any, ...], str] = {}
         for nid, dn in decoded.items():
             index[(dn.op, dn.children, tuple(sorted(dn.attrs.items())))] = nid
@@ -397,7 +403,7 @@ class TensorEGraph:
         for i in self.live:
             n = self.graph.nodes[i]
             key = (n.op, tuple(self._node_of[j] for j in n.inputs), tuple(sorted(n.attr.items())))
-            choices[str(self._node_of[i])] = index[key]
+            choices.setdefault(str(self._node_of[i]), index[key])
         return choices
 
     def rebuild(self, choices: dict[str, str], decoded: dict[str, DecodedNode]) -> Graph:

@@ -213,3 +213,24 @@ def test_symmetric_multi_pattern_fires_once_per_unordered_pair():
     assert rule.symmetric
     stats = TensorEGraph(g, [rule]).explore(k_multi=1)
     assert stats.iterations[0].matches["matmul-merge-shared-input"] == 12 * 11 // 2
+
+
+def test_merged_input_nodes_keep_an_acyclic_original_selection_and_cycles_are_filtered():
+    g = Graph()
+    a = g.add("relu", [g.input("x", (2, 3))])
+    b = g.add("sigmoid", [g.input("y", (2, 4))])
+    cat = g.add("concat", [a, b], axis=1)
+    back = g.add("slice", [cat], axis=1, start=0, size=3)  # slice-concat-left merges it with `a`
+    g.output("y", g.add("add", [back, a]))
+    g.output("z", cat)
+    te = TensorEGraph(g)
+    te.explore()
+    xg, decoded, forbidden = te.export(COST)
+    original = te.original_selection(decoded)
+    extraction.validate(xg, original)  # acyclic although `a`'s class now holds the slice too
+    assert extraction.find_cycle(xg, {c: n for c, n in original.items()}) is None
+    blacklist = extraction.filter_cycles(xg, original.values(), forbidden)
+    assert blacklist and not blacklist & set(original.values())
+    result = extraction.ilp_extract(xg, forbidden=frozenset(forbidden | blacklist), time_limit=10)
+    assert result.info.get("cuts", 0) == 0
+    extraction.validate(xg, result)

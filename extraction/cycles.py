@@ -1,0 +1,80 @@
+"""Cycle filtering before extraction: blacklist e-nodes so that no cycle is left among the usable ones.
+
+Equality saturation merges e-classes, and merged classes often reach themselves (x = slice(concat(x, y))). An
+extractor must avoid such cycles; an ILP does it with extra constraints or cuts that cost solve time. Tensat's
+"efficient filtering" instead removes one e-node per cycle before solving, never one the input itself uses, so
+the input stays extractable and the ILP rarely meets a cycle. This is that pass: one depth-first search from the
+roots over the usable e-nodes; whenever an e-node leads back to an e-class on the search path, the unprotected
+e-node nearest the end of that cycle (the one that closes it, else the closest before it) is blacklisted, and the
+pass is repeated while a blacklisted e-node was not the one closing its cycle.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from extraction.egraph import EGraph
+
+
+def filter_cycles(eg: EGraph, protected: Iterable[str] = (), forbidden: Iterable[str] = ()) -> set[str]:
+    """E-node ids to blacklist so the e-nodes reachable from the roots, less `forbidden`, form no cycle.
+
+    Never blacklists a `protected` e-node: when the protected e-nodes are themselves an acyclic selection (the
+    input graph), every cycle holds an unprotected e-node and the selection survives. Raises ValueError if a cycle
+    consists of protected e-nodes only.
+    """
+    protected = set(protected)
+    dead = set(forbidden)
+    blacklist: set[str] = set()
+    while _search(eg, protected, dead, blacklist):
+        pass
+    return blacklist
+
+
+def _search(eg: EGraph, protected: set[str], dead: set[str], blacklist: set[str]) -> bool:
+    """One depth-first pass, blacklisting as it goes; True if the pass must be repeated.
+
+    Removing the e-node that closes a cycle deletes a back edge, which keeps the search exact (with no back edge
+    left, what remains is acyclic). When that e-node is protected an earlier one goes instead, which can leave a
+    cycle through a class the pass already finished, so the pass is repeated.
+    """
+    again = False
+    state: dict[str, int] = {}  # 1 on the search path, 2 finished
+    for root in eg.roots:
+        if state.get(root):
+            continue
+        # Each frame: [class, its usable node ids, index of the node being expanded, index of its next child].
+        path: list[list] = []
+        on_path: dict[str, int] = {}
+
+        def enter(cls: str) -> None:
+            state[cls] = 1
+            on_path[cls] = len(path)
+            path.append([cls, [n for n in eg.classes.get(cls, []) if n not in dead], 0, 0])
+
+        enter(root)
+        while path:
+            frame = path[-1]
+            cls, nodes, ni, ci = frame
+            if ni >= len(nodes):
+                state[cls] = 2
+                del on_path[cls]
+                path.pop()
+                continue
+            node = nodes[ni]
+            children = eg.nodes[node].children
+            if node in blacklist or ci >= len(children):
+                frame[2], frame[3] = ni + 1, 0
+                continue
+            frame[3] = ci + 1
+            child = children[ci]
+            if state.get(child) == 1:
+                cycle = [f[1][f[2]] for f in path[on_path[child]:]]
+                victim = next((n for n in reversed(cycle) if n not in protected), None)
+                if victim is None:
+                    raise ValueError(f"a cycle through e-class {child} consists of protected e-nodes only")
+                blacklist.add(victim)
+                again = again or victim != node
+            elif not state.get(child):
+                enter(child)
+    return again
