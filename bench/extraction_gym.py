@@ -8,16 +8,13 @@ Writes bench/results/extraction_gym.md and .json. Run: ``PYTHONPATH=. python ben
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
-import os
-import platform
 import sys
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from bench.machine import header, machine_info
 from extraction import filter_cycles, greedy_dag, ilp_extract, load_egraph, validate
 
 DATA = Path("/work/shared/data/extraction-gym-tensat")
@@ -32,31 +29,6 @@ REFERENCE = {
 # Issue targets: (time limit in s, check on the ILP cost).
 TIME_LIMIT = {"bert": 60.0, "bert_acyclic": 60.0}
 DEFAULT_LIMIT = 10.0
-
-
-def machine() -> dict[str, Any]:
-    """CPU model, core count and library versions, for the report header."""
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    import highspy
-
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "pulp": metadata.version("pulp"),
-        "highspy": metadata.version("highspy"),
-        "highs": highspy.Highs().version(),
-        "numpy": metadata.version("numpy"),
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-    }
 
 
 def target(name: str, cost: float, seconds: float, greedy_cost: float) -> str | None:
@@ -125,9 +97,7 @@ def markdown(records: list[dict[str, Any]], mach: dict[str, Any]) -> str:
     lines = [
         "# Extraction on the extraction-gym Tensat e-graphs",
         "",
-        f"Machine: {mach['cpu']}, {mach['cores']} cores (shared, noisy). Python {mach['python']}, "
-        f"PuLP {mach['pulp']}, highspy {mach['highspy']} (HiGHS {mach['highs']}), numpy {mach['numpy']}. "
-        f"Run {mach['date']}.",
+        header(mach),
         "",
         "DAG cost of a valid acyclic extraction (every result checked by `extraction.validate`). "
         "Time limit: 60 s for bert, 10 s for the others; times include the greedy warm start, pruning "
@@ -179,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--solvers", default="highs,cbc", help="comma-separated ILP solvers (highs, cbc)")
     p.add_argument("--time-limit", type=float, default=None, help="override the per-graph time limits")
     args = p.parse_args(argv)
-    mach = machine()
+    mach = machine_info()
     solvers = [s for s in args.solvers.split(",") if s]
     records = [run_graph(g, args.data, solvers, args.time_limit) for g in args.graphs.split(",") if g]
     args.out.mkdir(parents=True, exist_ok=True)

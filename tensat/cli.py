@@ -6,7 +6,6 @@ import argparse
 import json
 import sys
 import warnings
-from pathlib import Path
 from typing import Any, Sequence
 
 from tensat.errors import TensatError
