@@ -20,8 +20,8 @@ from extraction import ENode
 from tensat import ops
 from tensat.ir import Graph, Node
 
-RULESET_SINGLE = "rw"
-RULESET_EVERY = "every"
+MATCH_LIMIT = 1000  # egg's BackoffScheduler defaults
+BAN_LENGTH = 5
 FILL_MIN_SECONDS = 1.0  # the fill may always take this long (within the time limit), however fast exploration was
 
 CostFn = Callable[[Node, Sequence[tuple[int, ...]], Sequence[bool]], float]
@@ -38,6 +38,7 @@ class IterationStats:
     multi: bool
     matches: dict[str, int] = field(default_factory=dict)
     partial: bool = False  # the full iteration overshot the node limit; only the rules that fit were applied
+    banned: list[str] = field(default_factory=list)  # rules over their match threshold, not applied
 
 
 @dataclass
@@ -96,12 +97,9 @@ class TensorEGraph:
             name = f"rule-{k}"
             self._ruleset_of[rule.name] = name
             self._run(f"(ruleset {name})\n{rewrites.to_egglog(rule, name)}")
-        self._combined = 0
+        self._rulesets: dict[tuple[str, ...], str] = {}
         self._single = [r.name for r in self.rules if not r.multi]
-        if self._single:
-            self._combine(RULESET_SINGLE, self._single)
-        if self.rules:
-            self._combine(RULESET_EVERY, [r.name for r in self.rules])
+        self._single_set = set(self._single)
         self.live = graph.live()
         commands = [f"(set (node-of {i}) {self._lower(graph.nodes[i])})" for i in self.live]
         for k in range(0, len(commands), 256):
@@ -197,13 +195,19 @@ class TensorEGraph:
         Guarantee: the e-graph left behind never has more than `node_limit` e-nodes (unless the input graph alone
         does, in which case nothing is applied). Each iteration runs on a pushed snapshot; one that overshoots is
         rolled back with egglog's pop. With `fill`, the rules of the overshooting iteration are then re-applied in
-        ever smaller groups (bisection), keeping each group that fits, so the e-graph fills up to the limit
-        instead of stopping one whole iteration short; the fill spends at most as long as the exploration had so
-        far (at least FILL_MIN_SECONDS), within the time limit. Multi-pattern rules run only in the first `k_multi` iterations. The time
-        limit is checked between iterations (an egglog iteration cannot be interrupted).
+        groups (single-pattern rules first, then bisecting), keeping each group that fits, so the e-graph fills
+        up to the limit instead of stopping one whole iteration short; the fill spends at most as long as the
+        exploration had so far (at least FILL_MIN_SECONDS), within the time limit.
+
+        Work per iteration is bounded the way egg's BackoffScheduler (which Tensat ran on) bounds it: a rule with
+        more matches than its threshold (MATCH_LIMIT, doubled at each ban) is not applied and is banned for
+        BAN_LENGTH (doubled) iterations; when nothing else changes, bans are lifted. Multi-pattern rules run only
+        in the first `k_multi` iterations, unthrottled in the first (their matches there are pairs of input
+        nodes). The time limit is checked between iterations (an egglog iteration cannot be interrupted).
         """
         stats = ExplorationStats(rules=[r.name for r in self.rules])
         stats.initial_enodes, stats.initial_eclasses = self.size()
+        backoff = Backoff()
         start = time.perf_counter()
         if stats.initial_enodes > node_limit:
             stats.stop_reason = "node_limit"
@@ -214,20 +218,27 @@ class TensorEGraph:
                 stats.stop_reason = "time_limit"
                 break
             multi = it < k_multi and any(r.multi for r in self.rules)
-            names = [r.name for r in self.rules] if multi else self._single
+            names = backoff.active([r.name for r in self.rules] if multi else self._single, it)
             if not names:
+                if backoff.any_banned(it):
+                    backoff.unban_all(it + 1)
+                    continue
                 stats.stop_reason, stats.saturated = "saturated", True
                 break
             t0 = time.perf_counter()
+            schedule = self._schedule(names, backoff, unthrottled_multi=(it == 0))  # before push: pop drops rulesets
             self._run("(push)")
             try:
-                reports = self._apply(RULESET_EVERY if multi else RULESET_SINGLE)
-            except Exception as exc:  # egglog raises its own error types (a failed union of unequal shapes)
+                reports = self._apply(schedule)
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # egglog's errors, and its Rust panics (a failed union of unequal shapes)
                 self._run("(pop)")
                 stats.stop_reason = "error"
                 stats.error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 break
             matches = self._matches(reports)
+            banned = backoff.record(schedule, self._searched(reports), it)
             partial = False
             if self.enode_count() > node_limit:
                 self._run("(pop)")
@@ -236,17 +247,24 @@ class TensorEGraph:
                     break
                 elapsed = time.perf_counter() - start
                 budget = min(max(elapsed, FILL_MIN_SECONDS), time_limit - elapsed)
-                matches = self._fill(names, node_limit, time.perf_counter() + budget)
+                applied = [n for n in names if n not in banned]
+                groups = [[n for n in applied if n in self._single], [n for n in applied if n not in self._single]]
+                matches = self._fill([g for g in groups if g], node_limit, time.perf_counter() + budget,
+                                     backoff, it == 0)
                 partial = True
                 if not matches:
                     break
             enodes, eclasses = self.size()
             unchanged = (enodes, eclasses) == (stats.enodes, stats.eclasses)
             seconds = time.perf_counter() - t0
-            stats.iterations.append(IterationStats(it + 1, enodes, eclasses, seconds, multi, matches, partial))
+            stats.iterations.append(
+                IterationStats(it + 1, enodes, eclasses, seconds, multi, matches, partial, sorted(banned)))
             if partial:
                 break
             if unchanged:
+                if backoff.any_banned(it + 1):
+                    backoff.unban_all(it + 1)
+                    continue
                 stats.stop_reason, stats.saturated = "saturated", True
                 break
         if not stats.stop_reason:
@@ -254,9 +272,31 @@ class TensorEGraph:
         stats.seconds = time.perf_counter() - start
         return stats
 
-    def _apply(self, ruleset: str) -> list[Any]:
-        """One iteration of `ruleset` (every rule matched against the same e-graph), then shapes to a fixpoint."""
-        return self._run(f"(run-schedule (seq (run {ruleset}) (saturate shapes)))")
+    def _schedule(self, names: Sequence[str], backoff: "Backoff", unthrottled_multi: bool) -> list[tuple[str, list[str], int | None]]:
+        """Rule groups to run in one iteration: (ruleset, rule names, match limit or None for unthrottled)."""
+        by_limit: dict[int | None, list[str]] = {}
+        for name in names:
+            limit = None if unthrottled_multi and name not in self._single_set else backoff.threshold(name)
+            by_limit.setdefault(limit, []).append(name)
+        return [(self._ruleset_for(group), group, limit) for limit, group in sorted(
+            by_limit.items(), key=lambda kv: -1 if kv[0] is None else kv[0])]
+
+    def _ruleset_for(self, names: Sequence[str]) -> str:
+        key = tuple(names)
+        if key not in self._rulesets:
+            self._rulesets[key] = self._combine(f"group-{len(self._rulesets)}", key)
+        return self._rulesets[key]
+
+    def _apply(self, schedule: list[tuple[str, list[str], int | None]]) -> list[Any]:
+        """One iteration (each group's rules matched against the e-graph as it stands), then shapes to a fixpoint."""
+        lets, runs = [], []
+        for k, (ruleset, _, limit) in enumerate(schedule):
+            if limit is None:
+                runs.append(f"(run {ruleset})")
+            else:
+                lets.append(f"(let-scheduler b{k} (back-off :match-limit {limit}))")
+                runs.append(f"(run-with b{k} {ruleset})")
+        return self._run(f"(run-schedule {' '.join(lets)} {' '.join(runs)} (saturate shapes))")
 
     def _matches(self, reports: list[Any]) -> dict[str, int]:
         matches: dict[str, int] = {}
@@ -266,18 +306,34 @@ class TensorEGraph:
                     matches[name] = matches.get(name, 0) + int(count)
         return matches
 
-    def _fill(self, names: list[str], node_limit: int, deadline: float) -> dict[str, int]:
-        """Apply groups of `names` that keep the e-graph within the limit, bisecting groups that do not."""
+    @staticmethod
+    def _searched(reports: list[Any]) -> dict[str, int]:
+        """Matches each rule's search found, applied or not (a banned rule's are found but not applied)."""
+        found: dict[str, int] = {}
+        for out in reports:
+            for iteration in out.report.iterations:
+                for name, rule_reports in iteration.rule_set_report.rule_reports.items():
+                    found[name] = found.get(name, 0) + sum(int(r.num_matches) for r in rule_reports)
+        return found
+
+    def _fill(self, groups: list[list[str]], node_limit: int, deadline: float, backoff: "Backoff",
+              unthrottled_multi: bool) -> dict[str, int]:
+        """Apply the rule groups that keep the e-graph within the limit, bisecting groups that do not.
+
+        Single-pattern rules come as the first group, so an explosion of multi-pattern merges cannot use up the
+        fill's time before the cheap rules are in.
+        """
         matches: dict[str, int] = {}
-        queue = [names]
+        queue = list(groups)
         while queue and time.perf_counter() < deadline:
             group = queue.pop(0)
-            self._combined += 1
-            ruleset = self._combine(f"subset-{self._combined}", group)
+            schedule = self._schedule(group, backoff, unthrottled_multi)  # before push: pop drops rulesets
             self._run("(push)")
             try:
-                reports = self._apply(ruleset)
-            except Exception:  # a failing group is dropped like an overshooting one
+                reports = self._apply(schedule)
+            except KeyboardInterrupt:
+                raise
+            except BaseException:  # a failing group is dropped like an overshooting one
                 reports = None
             if reports is not None and self.enode_count() <= node_limit:
                 for name, count in self._matches(reports).items():
@@ -287,6 +343,7 @@ class TensorEGraph:
             if len(group) > 1:
                 queue += [group[: len(group) // 2], group[len(group) // 2:]]
         return matches
+
 
     # -- export and rebuild -------------------------------------------------------------------------------------
 
@@ -441,3 +498,41 @@ class TensorEGraph:
         if dn.op == "opaque":
             out.opaque[dn.attrs["key"]] = src.opaque[dn.attrs["key"]]
         return out.add(dn.op, inputs, **dn.attrs)
+
+
+class Backoff:
+    """egg's BackoffScheduler state across iterations: per-rule match thresholds and bans."""
+
+    def __init__(self, match_limit: int = MATCH_LIMIT, ban_length: int = BAN_LENGTH) -> None:
+        self.match_limit = match_limit
+        self.ban_length = ban_length
+        self.times_banned: dict[str, int] = {}
+        self.banned_until: dict[str, int] = {}
+
+    def threshold(self, name: str) -> int:
+        return self.match_limit << self.times_banned.get(name, 0)
+
+    def active(self, names: Sequence[str], iteration: int) -> list[str]:
+        return [n for n in names if self.banned_until.get(n, 0) <= iteration]
+
+    def any_banned(self, iteration: int) -> bool:
+        return any(until > iteration for until in self.banned_until.values())
+
+    def unban_all(self, iteration: int) -> None:
+        for name in self.banned_until:
+            self.banned_until[name] = min(self.banned_until[name], iteration)
+
+    def record(self, schedule: list[tuple[str, list[str], int | None]], found: dict[str, int],
+               iteration: int) -> set[str]:
+        """Ban the throttled rules whose search found more matches than their threshold; return them."""
+        banned = set()
+        for _, names, limit in schedule:
+            if limit is None:
+                continue
+            for name in names:
+                if found.get(name, 0) > limit:
+                    k = self.times_banned.get(name, 0)
+                    self.banned_until[name] = iteration + 1 + (self.ban_length << k)
+                    self.times_banned[name] = k + 1
+                    banned.add(name)
+        return banned
