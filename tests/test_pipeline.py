@@ -27,7 +27,7 @@ SMALL = {
     "vgg19": dict(image=32, fc=64),
 }
 
-FAST = dict(ilp_time_limit=20, time_limit=20)
+FAST = dict(ilp_time_limit=5, time_limit=20)
 
 
 def test_small_configs_cover_every_benchmark():

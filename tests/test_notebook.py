@@ -1,0 +1,21 @@
+"""The e-graph growth notebook runs top to bottom, headless, and draws its plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "egraph_growth.ipynb"
+
+
+def test_egraph_growth_notebook_runs_headless():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    client = NotebookClient(nb, timeout=170, kernel_name="python3",
+                            resources={"metadata": {"path": str(NOTEBOOK.parents[1])}})
+    client.execute()
+    outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    images = [o for o in outputs if "image/png" in o.get("data", {})]
+    assert len(images) >= 4, "expected the growth, rules, cost and time plots"
