@@ -549,6 +549,8 @@ class _Model:
             try:
                 prob.solve(s)
                 bound, runtime = _cbc_log(log_path)
+            except pulp.PulpSolverError:  # the CBC process failed (e.g. killed under load): no solution this round
+                return _Solve(None, None, None, False)
             finally:
                 os.unlink(log_path)
         sol = prob.sol_status  # LpStatus says "Optimal" on a time limit too; sol_status does not

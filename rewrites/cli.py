@@ -1,25 +1,69 @@
-"""`tensat rules`: list the rule library with counts."""
+"""`tensat rules`: list the rule library with counts, and verify it numerically."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+import time
 
 import rewrites
+from rewrites.dsl import Rule, load_rule_files
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `tensat rules`."""
-    del parser  # no flags yet
+    parser.add_argument("--verify", action="store_true",
+                        help="evaluate both sides of every rule on random tensors (float64 and int64) of random valid "
+                             "shapes and every admitted attribute combination; exit 1 if any rule fails")
+    parser.add_argument("--trials", type=int, default=3, help="random bindings per attribute combination (default 3)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed of the verifier (default 0)")
+    parser.add_argument("--only", action="append", default=[], metavar="NAME",
+                        help="only the rule NAME (repeatable)")
+    parser.add_argument("--file", action="append", default=[], metavar="PATH",
+                        help="also read rules from PATH (repeatable), e.g. to check new rules before adding them")
+
+
+def _selected(args: argparse.Namespace) -> list[Rule]:
+    rules = list(rewrites.all_rules())
+    if args.file:
+        rules += load_rule_files(args.file)
+    if args.only:
+        names = set(args.only)
+        missing = names - {r.name for r in rules}
+        if missing:
+            raise rewrites.RuleError(f"no rule named {', '.join(sorted(missing))}")
+        rules = [r for r in rules if r.name in names]
+    return rules
 
 
 def run(args: argparse.Namespace) -> int:
-    """List every rule, single- and multi-pattern, with the operators each needs."""
-    rules = rewrites.all_rules()
-    single = [r for r in rules if not r.multi]
-    multi = [r for r in rules if r.multi]
-    for title, group in (("single-pattern", single), ("multi-pattern", multi)):
-        print(f"{title} rules: {len(group)}")
-        for r in group:
-            print(f"  {r.name:40s} ops: {', '.join(sorted(r.ops()))}")
-    print(f"total: {len(rules)} ({len(single)} single-pattern, {len(multi)} multi-pattern)")
-    return 0
+    """List the rules (or verify them) and report single/multi counts, distinct up to variable renaming."""
+    try:
+        rules = _selected(args)
+    except (rewrites.RuleError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    counts = rewrites.rule_counts(rules)
+    failures = 0
+    if args.verify:
+        from rewrites.verify import verify_rule
+
+        start = time.perf_counter()
+        for r in rules:
+            result = verify_rule(r, trials=args.trials, seed=args.seed)
+            failures += not result.ok
+            print(result.line(), flush=True)
+        print(f"verified {len(rules) - failures}/{len(rules)} rules in {time.perf_counter() - start:.1f} s"
+              + (f"; {failures} FAILED" if failures else ""))
+    else:
+        for title, group in (("single-pattern", [r for r in rules if not r.multi]),
+                             ("multi-pattern", [r for r in rules if r.multi])):
+            print(f"{title} rules: {len(group)}")
+            for r in group:
+                print(f"  {r.name:40s} ops: {', '.join(sorted(r.ops()))}")
+    print(f"single-pattern: {counts['single']} ({counts['single_distinct']} distinct up to variable renaming; "
+          f"Tensat {rewrites.TENSAT_SINGLE})")
+    print(f"multi-pattern:  {counts['multi']} ({counts['multi_distinct']} distinct up to variable renaming; "
+          f"Tensat {rewrites.TENSAT_MULTI})")
+    print(f"total: {len(rules)} ({counts['single']} single-pattern, {counts['multi']} multi-pattern)")
+    return 1 if failures else 0

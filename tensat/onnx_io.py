@@ -1732,6 +1732,43 @@ def _ex_opaque(e: _Exporter, i: int) -> None:
     e.domains.add(spec.domain)
 
 
+def _ex_const(e: _Exporter, array: np.ndarray, base: str) -> str:
+    """A float initializer for a weight transform's constant operand."""
+    name = e.namer(base)
+    e.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+    return name
+
+
+def _ex_rsqrt(e: _Exporter, i: int) -> None:
+    n = e.graph.nodes[i]
+    dtype = np.dtype(n.dtype)
+    eps = _ex_const(e, np.asarray(n.attr["epsilon"], dtype=dtype), f"rsqrt_{i}_epsilon")
+    shifted, root = e.namer(f"rsqrt_{i}_shifted"), e.namer(f"rsqrt_{i}_sqrt")
+    e.emit("Add", [e.tensor(n.inputs[0]), eps], [shifted], f"rsqrt_{i}_add")
+    e.emit("Sqrt", [shifted], [root], f"rsqrt_{i}_sqrt")
+    e.emit("Reciprocal", [root], [e.tensor(i)], f"rsqrt_{i}")
+
+
+def _ex_enlarge(e: _Exporter, i: int) -> None:
+    n = e.graph.nodes[i]
+    w = e.graph.nodes[n.inputs[0]].shape
+    ph, pw = (n.attr["kernel"][0] - w[2]) // 2, (n.attr["kernel"][1] - w[3]) // 2
+    pads = [0, 0, ph, pw, 0, 0, ph, pw]
+    if e.opset < 11:
+        e.emit("Pad", [e.tensor(n.inputs[0])], [e.tensor(i)], f"enlarge_{i}", pads=pads)
+    else:
+        e.emit("Pad", [e.tensor(n.inputs[0]), e.int64(pads, f"enlarge_{i}_pads")], [e.tensor(i)], f"enlarge_{i}")
+
+
+def _ex_merge(e: _Exporter, i: int) -> None:
+    n = e.graph.nodes[i]
+    count = n.attr["count"]
+    mask = ops.merge_mask(n.shape, n.attr["group"], count).astype(np.dtype(n.dtype))
+    tiled = e.namer(f"merge_{i}_tiled")
+    e.emit("Tile", [e.tensor(n.inputs[0]), e.int64([1, count, 1, 1], f"merge_{i}_repeats")], [tiled], f"merge_{i}_tile")
+    e.emit("Mul", [tiled, _ex_const(e, mask, f"merge_{i}_mask")], [e.tensor(i)], f"merge_{i}")
+
+
 EXPORTERS: dict[str, Callable[[_Exporter, int], None]] = {
     "input": _ex_leaf,
     "weight": _ex_leaf,
@@ -1750,6 +1787,9 @@ EXPORTERS: dict[str, Callable[[_Exporter, int], None]] = {
     "transpose": _ex_transpose,
     "reshape": _ex_reshape,
     "batchnorm": _ex_batchnorm,
+    "rsqrt": _ex_rsqrt,
+    "enlarge": _ex_enlarge,
+    "merge": _ex_merge,
     "opaque": _ex_opaque,
 }
 """IR op name -> ONNX emission (every op in tensat.ops.REGISTRY has one)."""

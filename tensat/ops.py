@@ -520,6 +520,87 @@ BATCHNORM = register(
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Weight transforms the rewrite rules build (weight-only in practice, so the exporter folds them into constants).
+#
+# rsqrt(x; epsilon) = 1 / sqrt(x + epsilon): the batchnorm scale, for folding batchnorm into a conv.
+# enlarge(w; kernel): zero-pad a conv kernel (M, C, kh, kw) spatially, centred, to `kernel`; a conv whose pads grow
+#   by half the added size (times the dilation) computes the same output.
+# merge(w; group, count): the weight of a grouped conv with `group` groups, rewritten for group / count groups: each
+#   output channel's kernel moves to its group's slot in a count-times wider input-channel axis, zeros elsewhere.
+
+
+def _rsqrt_eval(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:
+    return 1.0 / np.sqrt(xs[0] + a["epsilon"])
+
+
+RSQRT = register(
+    OpDef("rsqrt", "RSqrt", 1, (("epsilon", "float"),), _same_shape, _rsqrt_eval, _same_rules, _elementwise_flops)
+)
+
+
+def _enlarge_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
+    w, kernel = shapes[0], tuple(attrs["kernel"])
+    _check(len(w) == 4 and len(kernel) == 2, f"enlarge needs a 4-D kernel and a 2-D size, got {w} and {kernel}")
+    for have, want in zip(w[2:], kernel):
+        _check(have <= want and (want - have) % 2 == 0, f"cannot enlarge kernel {w[2:]} to {kernel} centred")
+    return (w[0], w[1], kernel[0], kernel[1])
+
+
+def _enlarge_eval(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:
+    w = xs[0]
+    ph, pw = (a["kernel"][0] - w.shape[2]) // 2, (a["kernel"][1] - w.shape[3]) // 2
+    return np.pad(w, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+
+
+def _enlarge_rules(op: OpDef) -> list[str]:
+    query = ["(= (vec-length s0) 4)", "(= (vec-length kernel) 2)"]
+    for i in (0, 1):
+        have, want = _dim("s0", i + 2), _dim("kernel", i)
+        query += [f"(<= {have} {want})", f"(= 0 (% (- {want} {have}) 2))"]
+    return [_rule(op, query, _vec([_dim("s0", 0), _dim("s0", 1), _dim("kernel", 0), _dim("kernel", 1)]))]
+
+
+ENLARGE = register(
+    OpDef("enlarge", "Enlarge", 1, (("kernel", "ints"),), _enlarge_shape, _enlarge_eval, _enlarge_rules,
+          lambda s, o, a: 0.0)
+)
+
+
+def _merge_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
+    w, group, count = shapes[0], attrs["group"], attrs["count"]
+    _check(len(w) == 4, f"merge needs a 4-D conv weight, got {w}")
+    _check(group >= 1 and count >= 1 and group % count == 0, f"merge count {count} does not divide group {group}")
+    _check(w[0] % group == 0, f"merge: {w[0]} output channels not divisible by group {group}")
+    return (w[0], w[1] * count, w[2], w[3])
+
+
+def merge_mask(shape: Shape, group: int, count: int) -> np.ndarray:
+    """Which entries of merge's output (M, C*count, 1, 1) hold the kernel rather than zero."""
+    m, c = shape[0], shape[1] // count
+    slot = (np.arange(m) // (m // group)) % count
+    mask = (np.arange(shape[1])[None, :] // c) == slot[:, None]
+    return mask.reshape(m, shape[1], 1, 1)
+
+
+def _merge_eval(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:
+    w = xs[0]
+    tiled = np.tile(w, (1, a["count"], 1, 1))
+    return np.where(merge_mask(tiled.shape, a["group"], a["count"]), tiled, np.zeros((), dtype=w.dtype))
+
+
+def _merge_rules(op: OpDef) -> list[str]:
+    query = ["(= (vec-length s0) 4)", "(< 0 count)", "(< 0 group)", "(= 0 (% group count))",
+             f"(= 0 (% {_dim('s0', 0)} group))"]
+    return [_rule(op, query, _vec([_dim("s0", 0), f"(* {_dim('s0', 1)} count)", _dim("s0", 2), _dim("s0", 3)]))]
+
+
+MERGE = register(
+    OpDef("merge", "Merge", 1, (("group", "int"), ("count", "int")), _merge_shape, _merge_eval, _merge_rules,
+          lambda s, o, a: 0.0)
+)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Opaque: any other ONNX op, kept verbatim. `key` names the ONNX node spec in the graph's opaque table; `index` is
 # which of its outputs this tensor is; `shape` and `dtype` come from ONNX shape inference.
 
