@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import warnings
@@ -13,10 +14,10 @@ import onnx
 
 import extraction
 import rewrites
-from tensat.cost import AnalyticCost, CostModel, graph_cost
+from tensat.cost import AnalyticCost, CostModel, Shape, graph_cost
 from tensat.egraph import ExplorationStats, TensorEGraph
 from tensat.errors import TensatError
-from tensat.ir import Graph
+from tensat.ir import Graph, Node
 
 ModelLike = Union[onnx.ModelProto, str, os.PathLike, Graph]
 
@@ -124,26 +125,171 @@ def _warn(result_warnings: list[str], message: str) -> None:
     warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
+def _recoverable(exc: BaseException) -> bool:
+    """Errors the optimization recovers from: any Exception and a Rust panic inside egglog (pyo3's PanicException
+    derives from BaseException), never Ctrl-C or an exit request."""
+    return not isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit))
+
+
+def _first_line(exc: BaseException) -> str:
+    """`Type: first line of the message`, for one-line warnings about internal failures."""
+    text = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
+
+
+class _FallbackCost:
+    """A cost model whose failures (an exception, or a NaN, infinite or negative cost) fall back to the analytic
+    estimate, node by node. A node that failed once is always priced analytically, so the input graph and the
+    optimized graph are compared on the same footing; `failed` records why, for the run's warning."""
+
+    def __init__(self, inner: CostModel, notes: list[str]) -> None:
+        self.inner = inner
+        self.name = getattr(inner, "name", "cost")
+        self.analytic = AnalyticCost()
+        self.notes = notes
+        self.failed: dict[tuple[Any, ...], str] = {}
+        self.prefetch_failed = False
+
+    def __getattr__(self, attr: str) -> Any:
+        """Anything else (a measuring model's statistics or configuration) is the inner model's."""
+        if attr == "inner":
+            raise AttributeError(attr)
+        return getattr(self.inner, attr)
+
+    def prefetch(self, items: Sequence[tuple[Node, Sequence[Shape], Sequence[bool]]]) -> None:
+        """Forward to the inner model's prefetch; a failure there only means nodes are priced one by one."""
+        prefetch = getattr(self.inner, "prefetch", None)
+        if prefetch is None:
+            return
+        try:
+            prefetch(items)
+        except Exception as exc:  # noqa: BLE001 - a measuring model may fail in any way
+            if not self.prefetch_failed:
+                _warn(self.notes, f"the {self.name} cost model could not prefetch ({_first_line(exc)}); pricing "
+                                  f"node by node")
+            self.prefetch_failed = True
+
+    def __call__(self, node: Node, in_shapes: Sequence[Shape], const: Sequence[bool] = ()) -> float:
+        key = (node.op, node.attrs, node.shape, tuple(tuple(s) for s in in_shapes), tuple(bool(c) for c in const))
+        if key not in self.failed:
+            try:
+                value = float(self.inner(node, in_shapes, const))
+            except Exception as exc:  # noqa: BLE001
+                self.failed[key] = _first_line(exc)
+            else:
+                if math.isfinite(value) and value >= 0:
+                    return value
+                self.failed[key] = f"cost {value}"
+        return self.analytic(node, in_shapes, const)
+
+    def report(self) -> None:
+        """Flag the run when any node was priced by the analytic fallback."""
+        if self.failed:
+            ops_failed = sorted({key[0] for key in self.failed})
+            first = next(iter(self.failed.values()))
+            _warn(self.notes, f"the {self.name} cost model could not price {len(self.failed)} node(s) "
+                              f"({', '.join(ops_failed)}; first failure: {first}); used the analytic estimate for them")
+
+
+def _cost_model(opts: Options, notes: list[str]) -> _FallbackCost:
+    """The run's cost model, guarded; one that cannot be built falls back to the analytic model (with a warning)."""
+    try:
+        inner = make_cost_model(opts.cost, opts.device)
+    except TensatError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - e.g. the measuring backend is missing or fails to start
+        _warn(notes, f"the {opts.cost} cost model is unavailable ({_first_line(exc)}); using the analytic estimate")
+        inner = AnalyticCost()
+    return _FallbackCost(inner, notes)
+
+
 def _extract(
-    xg: extraction.EGraph, forbidden: frozenset[str], initial: extraction.ExtractionResult, opts: Options,
-    notes: list[str],
+    xg: extraction.EGraph, forbidden: frozenset[str], blacklist: frozenset[str],
+    initial: extraction.ExtractionResult, opts: Options, notes: list[str],
 ) -> extraction.ExtractionResult:
-    """Greedy or ILP extraction, never worse than the input graph's own selection."""
+    """The cheapest selection found within the ILP time limit; never worse than greedy or the input's own.
+
+    The ILP first solves the cycle-filtered e-graph (`blacklist` removed: no cycle cuts needed, usually fast), then
+    spends the rest of the time limit on the whole e-graph, warm-started from the best selection so far: filtering
+    can remove e-nodes the best graph needs, lazy cycle cuts cannot.
+    """
     try:
         greedy = extraction.greedy_dag(xg, forbidden=forbidden)
-    except ValueError as exc:
-        _warn(notes, f"greedy extraction failed ({exc}); keeping the input graph")
+    except Exception as exc:  # noqa: BLE001 - any extractor failure keeps the input graph's own selection
+        _warn(notes, f"greedy extraction failed ({_first_line(exc)}); keeping the input graph")
         return initial
     best = greedy if greedy.cost <= initial.cost else initial
     if opts.extractor == "greedy":
         return best
-    try:
-        ilp = extraction.ilp_extract(xg, solver=opts.solver, time_limit=opts.ilp_time_limit, forbidden=forbidden,
-                                     initial=best)
-    except ValueError as exc:
-        _warn(notes, f"ILP extraction failed ({exc}); using the best known selection")
-        return best
-    return ilp if ilp.cost <= best.cost + 1e-12 else best
+    deadline = time.perf_counter() + opts.ilp_time_limit
+    passes = [(forbidden | blacklist, "cycle-filtered"), (forbidden, "whole")] if blacklist else [(forbidden, "whole")]
+    proven = False
+    for banned, label in passes:
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0:
+            break
+        start = best if not blacklist & set(best.choices.values()) or label == "whole" else initial
+        try:
+            ilp = extraction.ilp_extract(xg, solver=opts.solver, time_limit=remaining, forbidden=frozenset(banned),
+                                         initial=start)
+        except Exception as exc:  # noqa: BLE001 - a solver crash or a missing solver binary
+            _warn(notes, f"ILP extraction of the {label} e-graph failed ({_first_line(exc)})")
+            continue
+        if ilp.cost <= best.cost + 1e-12:
+            best = ilp
+        proven = label == "whole" and ilp.status == "optimal"
+    if not proven:
+        _warn(notes, f"ILP extraction did not prove optimality within {opts.ilp_time_limit:g} s; using the best "
+                     f"selection found ({best.method}, cost {best.cost:.6g})")
+    return best
+
+
+LIMITS = ("node_limit", "iter_limit", "time_limit")
+
+
+@dataclass
+class _Search:
+    """How far the e-graph search got: filled in phase by phase, so a failure keeps what was done."""
+
+    graph: Graph
+    stats: ExplorationStats = field(default_factory=ExplorationStats)
+    chosen: extraction.ExtractionResult | None = None
+
+
+def _search(graph: Graph, cost: CostModel, opts: Options, times: dict[str, float], notes: list[str],
+            state: _Search) -> None:
+    """Lower, explore, extract and rebuild; the optimized graph is left in `state.graph`."""
+    t = time.perf_counter()
+    te = TensorEGraph(graph)
+    times["lower"] = time.perf_counter() - t
+    state.stats = te.explore(node_limit=opts.node_limit, iter_limit=opts.iter_limit, time_limit=opts.time_limit,
+                             k_multi=opts.k_multi)
+    stats = state.stats
+    times["explore"] = stats.seconds
+    if stats.stop_reason == "error":
+        _warn(notes, f"exploration stopped by an egglog error, using the e-graph before it: {stats.error}")
+    elif stats.stop_reason in LIMITS:
+        reason = stats.stop_reason
+        _warn(notes, f"exploration stopped at its {reason.replace('_', ' ')} ({getattr(opts, reason):g}) before "
+                     f"saturation ({stats.enodes} e-nodes); raising {reason} (--{reason.replace('_', '-')}) may "
+                     f"find a better graph")
+
+    t = time.perf_counter()
+    xg, decoded, forbidden = te.export(cost)
+    original_choices = te.original_selection(decoded)
+    times["export"] = time.perf_counter() - t
+    t = time.perf_counter()
+    blacklist = extraction.filter_cycles(xg, original_choices.values(), forbidden)
+    times["cycle_filter"] = time.perf_counter() - t
+    stats.blacklisted = len(blacklist)
+    initial = extraction.ExtractionResult(
+        choices=original_choices, cost=extraction.dag_cost(xg, original_choices), bound=None, status="input",
+        seconds=0.0, method="input",
+    )
+    t = time.perf_counter()
+    state.chosen = _extract(xg, frozenset(forbidden), frozenset(blacklist), initial, opts, notes)
+    times["extract"] = time.perf_counter() - t
+    state.graph = te.rebuild(state.chosen.choices, decoded).compact()
 
 
 def optimize_with_details(model: ModelLike, **options: Any) -> OptimizeResult:
@@ -166,43 +312,35 @@ def optimize_with_details(model: ModelLike, **options: Any) -> OptimizeResult:
     graph = graph.compact()
     times["import"] = time.perf_counter() - t
 
-    cost = make_cost_model(opts.cost, opts.device)
+    cost = _cost_model(opts, notes)
     cost_before = graph_cost(graph, cost)
 
-    t = time.perf_counter()
-    te = TensorEGraph(graph)
-    times["lower"] = time.perf_counter() - t
-    stats = te.explore(node_limit=opts.node_limit, iter_limit=opts.iter_limit, time_limit=opts.time_limit,
-                       k_multi=opts.k_multi)
-    times["explore"] = stats.seconds
-    if stats.stop_reason == "error":
-        _warn(notes, f"exploration stopped by an egglog error, using the e-graph before it: {stats.error}")
-
-    t = time.perf_counter()
-    xg, decoded, forbidden = te.export(cost)
-    original_choices = te.original_selection(decoded)
-    times["export"] = time.perf_counter() - t
-    t = time.perf_counter()
-    blacklist = extraction.filter_cycles(xg, original_choices.values(), forbidden)
-    times["cycle_filter"] = time.perf_counter() - t
-    stats.blacklisted = len(blacklist)
-    frozen_forbidden = frozenset(forbidden | blacklist)
-    initial = extraction.ExtractionResult(
-        choices=original_choices, cost=extraction.dag_cost(xg, original_choices), bound=None, status="input",
-        seconds=0.0, method="input",
-    )
-    t = time.perf_counter()
-    chosen = _extract(xg, frozen_forbidden, initial, opts, notes)
-    times["extract"] = time.perf_counter() - t
-
-    optimized = te.rebuild(chosen.choices, decoded).compact()
+    state = _Search(graph)
+    try:
+        _search(graph, cost, opts, times, notes, state)
+    except BaseException as exc:  # the search is best effort: the input graph is always a valid answer
+        if not _recoverable(exc):
+            raise
+        _warn(notes, f"optimization failed ({_first_line(exc)}); keeping the input graph")
+        if not state.stats.stop_reason:
+            state.stats.stop_reason, state.stats.error = "error", _first_line(exc)
+        state.graph, state.chosen = graph, None
+    optimized, stats, chosen = state.graph, state.stats, state.chosen
     cost_after = graph_cost(optimized, cost)
     if cost_after > cost_before * (1 + 1e-9):
         _warn(notes, f"extracted graph costs more than the input ({cost_after:.4g} > {cost_before:.4g}); keeping the input")
         optimized, cost_after = graph, cost_before
+    cost.report()
 
     t = time.perf_counter()
-    out_model = onnx_io.export_model(optimized)
+    try:
+        out_model = onnx_io.export_model(optimized)
+    except Exception as exc:  # noqa: BLE001 - an optimized graph that cannot be exported is dropped, not shipped
+        if optimized is graph:
+            raise
+        _warn(notes, f"the optimized graph could not be exported ({_first_line(exc)}); keeping the input graph")
+        optimized, cost_after = graph, cost_before
+        out_model = onnx_io.export_model(optimized)
     times["export_onnx"] = time.perf_counter() - t
     report = None
     if opts.verify:

@@ -9,26 +9,40 @@ from pathlib import Path
 from tensat.errors import TensatError
 
 
+class WriteError(TensatError, OSError):
+    """An output file could not be written (disk full, permission denied...): a one-line TensatError for the
+    command line that is still an OSError for callers that catch those."""
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write `data` to `path` via a temporary file in the same directory, fsync, then rename over `path`."""
+    """Write `data` to `path` via a temporary file in the same directory, fsync, then rename over `path`.
+
+    On any failure or interruption the temporary file is removed and `path` is left as it was; an operating-system
+    error (disk full, permission denied, `path` is a directory...) becomes a one-line WriteError.
+    """
     target = Path(path)
     directory = target.parent if str(target.parent) else Path(".")
     if not directory.is_dir():
         raise TensatError(f"cannot write {target}: directory {directory} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise WriteError(f"cannot write {target}: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
-        fsync_dir(directory)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
-        except FileNotFoundError:
+        except OSError:
             pass
+        if isinstance(exc, OSError):
+            raise WriteError(f"cannot write {target}: {exc.strerror or exc}") from None
         raise
+    fsync_dir(directory)
 
 
 def fsync_dir(directory: str | os.PathLike) -> None:
