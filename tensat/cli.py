@@ -149,6 +149,21 @@ def _run_rules(args: argparse.Namespace) -> int:
     return rules_cli.run(args)
 
 
+def _add_compare(sub: Any) -> None:
+    from tensat import compare_cli
+
+    p = sub.add_parser("compare", help="equality saturation vs TASO-style sequential search on a model",
+                       description="Run tensat and a TASO-style best-first sequential search with the same rules "
+                                   "and cost model; print a Table-1-style comparison with measured latencies.")
+    compare_cli.add_arguments(p)
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    from tensat import compare_cli
+
+    return compare_cli.run(args)
+
+
 def _add_models(sub: Any) -> None:
     sub.add_parser("models", help="list the built-in benchmark graphs", description="List the built-in models.")
 
@@ -169,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_optimize(sub)
     _add_extract(sub)
     _add_rules(sub)
+    _add_compare(sub)
     _add_models(sub)
     return parser
 
@@ -179,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "optimize" and args.input is not None and args.model is not None:
         parser.error("give either a model file or --model, not both")
-    handlers = {"optimize": _run_optimize, "rules": _run_rules, "models": _run_models}
+    handlers = {"optimize": _run_optimize, "rules": _run_rules, "compare": _run_compare, "models": _run_models}
     try:
         if args.command == "extract":
             from extraction import cli as extraction_cli

@@ -12,7 +12,7 @@ NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "egraph_growth.ip
 
 def test_egraph_growth_notebook_runs_headless():
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    client = NotebookClient(nb, timeout=170, kernel_name="python3",
+    client = NotebookClient(nb, timeout=400, kernel_name="python3",
                             resources={"metadata": {"path": str(NOTEBOOK.parents[1])}})
     client.execute()
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]

@@ -1,0 +1,161 @@
+"""`tensat compare`: what equality saturation buys over sequential search, on your model or the benchmarks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from tensat.errors import TensatError
+
+
+def _input_shape(text: str) -> tuple[str, list[int]]:
+    name, sep, dims = text.rpartition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=d1,d2,..., got {text!r}")
+    try:
+        shape = [int(d) for d in dims.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"dimensions must be integers in {text!r}") from None
+    if any(d < 1 for d in shape):
+        raise argparse.ArgumentTypeError(f"dimensions must be positive in {text!r}")
+    return name, shape
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def default_results_dir() -> Path:
+    """bench/results of this checkout."""
+    import bench
+
+    return Path(bench.__file__).resolve().parent / "results"
+
+
+def add_arguments(parser: argparse.ArgumentParser, require_source: bool = True) -> None:
+    """Flags of `tensat compare` (`require_source=False`: a model file, --model and --all may all be left out)."""
+    src = parser.add_mutually_exclusive_group(required=require_source)
+    src.add_argument("input", nargs="?", help="the ONNX model to compare on")
+    src.add_argument("--model", metavar="NAME", action="append",
+                     help="a built-in benchmark graph instead of a file (repeat for several; see `tensat models`)")
+    src.add_argument("--all", action="store_true",
+                     help="every built-in benchmark graph; writes compare.md and compare.json to --out-dir")
+    parser.add_argument("--input-shape", metavar="NAME=D1,D2,...", type=_input_shape, action="append", default=[],
+                        help="concrete shape for an input with dynamic dims (repeat for several inputs)")
+    seq = parser.add_argument_group("sequential search")
+    seq.add_argument("--alpha", type=_positive_float, default=1.05,
+                     help="keep candidates cheaper than alpha times the best cost (default 1.05)")
+    seq.add_argument("--budget", type=int, default=100, help="maximum expansions (default 100)")
+    seq.add_argument("--seq-time-limit", type=_positive_float, default=None,
+                     help="also stop the sequential search after this many seconds (default: no limit)")
+    ts = parser.add_argument_group("tensat")
+    ts.add_argument("--node-limit", type=_positive_int, default=None, help="e-node limit (default: tensat's)")
+    ts.add_argument("--iter-limit", type=int, default=None, help="iteration limit (default: tensat's)")
+    ts.add_argument("--time-limit", type=_positive_float, default=None,
+                    help="exploration time limit in seconds (default: tensat's)")
+    ts.add_argument("--k-multi", type=int, choices=(0, 1, 2), default=None,
+                    help="iterations in which multi-pattern rules run (default: tensat's)")
+    ts.add_argument("--extractor", choices=("ilp", "greedy"), default=None, help="extraction method")
+    ts.add_argument("--solver", choices=("highs", "cbc"), default=None, help="ILP solver")
+    ts.add_argument("--ilp-time-limit", type=_positive_float, default=None, help="ILP time limit in seconds")
+    both = parser.add_argument_group("both")
+    both.add_argument("--cost", choices=("analytic", "measured"), default="analytic",
+                      help="cost model for both searches (default analytic)")
+    both.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                      help="device whose latency the measured cost model uses")
+    both.add_argument("--seed", type=int, default=0, help="seed of the verification and timing inputs (default 0)")
+    out = parser.add_argument_group("output")
+    out.add_argument("--no-latency", action="store_true", help="skip timing the three graphs in onnxruntime")
+    out.add_argument("--latency-runs", type=_positive_int, default=30,
+                     help="timed runs per model, interleaved (default 30)")
+    out.add_argument("--latency-seconds", type=_positive_float, default=60.0,
+                     help="stop timing a model set after this many seconds, with at least 5 runs (default 60)")
+    out.add_argument("--json", metavar="FILE", help="also write the comparison as JSON to FILE")
+    out.add_argument("--out-dir", metavar="DIR", default=None,
+                     help="with --all: where compare.md and compare.json go (default bench/results)")
+    out.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    from tensat.compare import Settings
+
+    if args.budget < 0:
+        raise TensatError(f"--budget must be >= 0, got {args.budget}")
+    tensat_opts = {k: getattr(args, k) for k in ("node_limit", "iter_limit", "time_limit", "k_multi", "extractor",
+                                                  "solver", "ilp_time_limit") if getattr(args, k) is not None}
+    return Settings(
+        cost=args.cost, device=args.device, alpha=args.alpha, budget=args.budget, seq_time_limit=args.seq_time_limit,
+        tensat=tensat_opts, latency=not args.no_latency, latency_runs=args.latency_runs,
+        latency_seconds=args.latency_seconds, seed=args.seed,
+        input_shapes=dict(args.input_shape) if args.input_shape else None,
+    )
+
+
+def _progress(quiet: bool) -> Any:
+    if quiet:
+        return None
+
+    def say(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    return say
+
+
+def _write(path: Path | str, text: str) -> None:
+    from tensat.files import atomic_write_bytes
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(str(path), text.encode())
+    os.chmod(path, 0o644)  # the atomic writer's temporary file is private (0600); results are for everyone
+
+
+def run(args: argparse.Namespace) -> int:
+    """Compare on the chosen model(s), print the table; 0 when every optimized graph verified, else 1."""
+    from tensat import compare
+
+    settings = _settings(args)
+    progress = _progress(args.quiet)
+    if args.all or args.model:
+        from bench.models import model_names
+
+        names = model_names() if args.all else args.model
+        unknown = [n for n in names if n not in model_names()]
+        if unknown:
+            raise TensatError(f"unknown model {unknown[0]!r}; valid names: {', '.join(model_names())}")
+        sources: list[tuple[str, Any]] = [(n, None) for n in names]
+    else:
+        sources = [(Path(args.input).stem, args.input)]
+    rows = []
+    for name, source in sources:
+        if source is None:
+            from bench.models import build_model
+
+            source = build_model(name)
+        rows.append(compare.compare_model(source, name, settings, progress))
+    machine = compare.machine_info()
+    doc = compare.report(rows, settings, machine)
+    text = compare.markdown(rows, settings, machine)
+    if args.all or args.out_dir:
+        out_dir = Path(args.out_dir) if args.out_dir else default_results_dir()
+        _write(out_dir / "compare.md", text)
+        _write(out_dir / "compare.json", json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        if progress:
+            progress(f"wrote {out_dir / 'compare.md'} and {out_dir / 'compare.json'}")
+    if args.json:
+        _write(args.json, json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    print(text)
+    return 0 if all(r.verified for r in rows) else 1
