@@ -11,7 +11,7 @@ from typing import Any, Sequence
 from tensat.errors import TensatError
 
 
-def _input_shape(text: str) -> tuple[str, list[int]]:
+def parse_input_shape(text: str) -> tuple[str, list[int]]:
     """Parse NAME=d1,d2,... into (name, dims)."""
     name, sep, dims = text.rpartition("=")
     if not sep or not name:
@@ -25,14 +25,14 @@ def _input_shape(text: str) -> tuple[str, list[int]]:
     return name, shape
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
     return value
 
 
-def _positive_float(text: str) -> float:
+def positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
@@ -48,19 +48,19 @@ def _add_optimize(sub: Any) -> None:
     src.add_argument("--model", metavar="NAME", help="optimize a built-in benchmark graph instead of a file "
                                                      "(see `tensat models`)")
     p.add_argument("-o", "--output", required=True, help="where to write the optimized ONNX model")
-    p.add_argument("--input-shape", metavar="NAME=D1,D2,...", type=_input_shape, action="append", default=[],
+    p.add_argument("--input-shape", metavar="NAME=D1,D2,...", type=parse_input_shape, action="append", default=[],
                    help="concrete shape for an input with dynamic dims (repeat for several inputs)")
-    p.add_argument("--node-limit", type=_positive_int, default=50_000,
+    p.add_argument("--node-limit", type=positive_int, default=50_000,
                    help="stop exploring before the e-graph exceeds this many e-nodes (default 50000)")
     p.add_argument("--iter-limit", type=int, default=15, help="maximum exploration iterations (default 15)")
-    p.add_argument("--time-limit", type=_positive_float, default=60.0,
+    p.add_argument("--time-limit", type=positive_float, default=60.0,
                    help="exploration time limit in seconds, checked between iterations (default 60)")
     p.add_argument("--k-multi", type=int, choices=(0, 1, 2), default=1,
                    help="number of first iterations in which multi-pattern rules run (default 1)")
     p.add_argument("--extractor", choices=("ilp", "greedy"), default="ilp",
                    help="extraction method: optimal ILP or greedy DAG (default ilp)")
     p.add_argument("--solver", choices=("highs", "cbc"), default="highs", help="ILP solver (default highs)")
-    p.add_argument("--ilp-time-limit", type=_positive_float, default=60.0,
+    p.add_argument("--ilp-time-limit", type=positive_float, default=60.0,
                    help="ILP solver time limit in seconds (default 60)")
     p.add_argument("--cost", choices=("analytic", "measured"), default="analytic",
                    help="cost model: analytic roofline, or per-op latency measured in onnxruntime (default analytic)")

@@ -9,34 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tensat.cli import parse_input_shape, positive_float, positive_int
 from tensat.errors import TensatError
-
-
-def _input_shape(text: str) -> tuple[str, list[int]]:
-    name, sep, dims = text.rpartition("=")
-    if not sep or not name:
-        raise argparse.ArgumentTypeError(f"expected NAME=d1,d2,..., got {text!r}")
-    try:
-        shape = [int(d) for d in dims.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"dimensions must be integers in {text!r}") from None
-    if any(d < 1 for d in shape):
-        raise argparse.ArgumentTypeError(f"dimensions must be positive in {text!r}")
-    return name, shape
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
 
 
 def default_results_dir() -> Path:
@@ -54,24 +28,24 @@ def add_arguments(parser: argparse.ArgumentParser, require_source: bool = True) 
                      help="a built-in benchmark graph instead of a file (repeat for several; see `tensat models`)")
     src.add_argument("--all", action="store_true",
                      help="every built-in benchmark graph; writes compare.md and compare.json to --out-dir")
-    parser.add_argument("--input-shape", metavar="NAME=D1,D2,...", type=_input_shape, action="append", default=[],
+    parser.add_argument("--input-shape", metavar="NAME=D1,D2,...", type=parse_input_shape, action="append", default=[],
                         help="concrete shape for an input with dynamic dims (repeat for several inputs)")
     seq = parser.add_argument_group("sequential search")
-    seq.add_argument("--alpha", type=_positive_float, default=1.05,
+    seq.add_argument("--alpha", type=positive_float, default=1.05,
                      help="keep candidates cheaper than alpha times the best cost (default 1.05)")
     seq.add_argument("--budget", type=int, default=100, help="maximum expansions (default 100)")
-    seq.add_argument("--seq-time-limit", type=_positive_float, default=None,
+    seq.add_argument("--seq-time-limit", type=positive_float, default=None,
                      help="also stop the sequential search after this many seconds (default: no limit)")
     ts = parser.add_argument_group("tensat")
-    ts.add_argument("--node-limit", type=_positive_int, default=None, help="e-node limit (default: tensat's)")
+    ts.add_argument("--node-limit", type=positive_int, default=None, help="e-node limit (default: tensat's)")
     ts.add_argument("--iter-limit", type=int, default=None, help="iteration limit (default: tensat's)")
-    ts.add_argument("--time-limit", type=_positive_float, default=None,
+    ts.add_argument("--time-limit", type=positive_float, default=None,
                     help="exploration time limit in seconds (default: tensat's)")
     ts.add_argument("--k-multi", type=int, choices=(0, 1, 2), default=None,
                     help="iterations in which multi-pattern rules run (default: tensat's)")
     ts.add_argument("--extractor", choices=("ilp", "greedy"), default=None, help="extraction method")
     ts.add_argument("--solver", choices=("highs", "cbc"), default=None, help="ILP solver")
-    ts.add_argument("--ilp-time-limit", type=_positive_float, default=None, help="ILP time limit in seconds")
+    ts.add_argument("--ilp-time-limit", type=positive_float, default=None, help="ILP time limit in seconds")
     both = parser.add_argument_group("both")
     both.add_argument("--cost", choices=("analytic", "measured"), default="analytic",
                       help="cost model for both searches (default analytic)")
@@ -80,9 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser, require_source: bool = True) 
     both.add_argument("--seed", type=int, default=0, help="seed of the verification and timing inputs (default 0)")
     out = parser.add_argument_group("output")
     out.add_argument("--no-latency", action="store_true", help="skip timing the three graphs in onnxruntime")
-    out.add_argument("--latency-runs", type=_positive_int, default=30,
+    out.add_argument("--latency-runs", type=positive_int, default=30,
                      help="timed runs per model, interleaved (default 30)")
-    out.add_argument("--latency-seconds", type=_positive_float, default=60.0,
+    out.add_argument("--latency-seconds", type=positive_float, default=60.0,
                      help="stop timing a model set after this many seconds, with at least 5 runs (default 60)")
     out.add_argument("--json", metavar="FILE", help="also write the comparison as JSON to FILE")
     out.add_argument("--out-dir", metavar="DIR", default=None,
