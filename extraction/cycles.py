@@ -4,9 +4,13 @@ Equality saturation merges e-classes, and merged classes often reach themselves 
 extractor must avoid such cycles; an ILP does it with extra constraints or cuts that cost solve time. Tensat's
 "efficient filtering" instead removes one e-node per cycle before solving, never one the input itself uses, so
 the input stays extractable and the ILP rarely meets a cycle. This is that pass: one depth-first search from the
-roots over the usable e-nodes; whenever an e-node leads back to an e-class on the search path, the unprotected
-e-node nearest the end of that cycle (the one that closes it, else the closest before it) is blacklisted, and the
-pass is repeated while a blacklisted e-node was not the one closing its cycle.
+roots over the usable e-nodes; whenever an e-node leads back to an e-class on the search path, one e-node of that
+cycle is blacklisted, and the pass is repeated while a blacklisted e-node was not the one closing its cycle.
+
+Tensat blacklists the newest e-node of each cycle (egglog does not expose e-node ages). Here the victim is chosen
+by what the extractor is likely to want: never a `protected` e-node; where possible not a `preferred` one either
+(the pipeline passes the greedy extractor's selection, itself acyclic, so the filtered e-graph keeps a good graph
+besides the input); among equals, the one nearest the end of the cycle (the one that closes it).
 """
 
 from __future__ import annotations
@@ -16,22 +20,25 @@ from typing import Iterable
 from extraction.egraph import EGraph
 
 
-def filter_cycles(eg: EGraph, protected: Iterable[str] = (), forbidden: Iterable[str] = ()) -> set[str]:
+def filter_cycles(eg: EGraph, protected: Iterable[str] = (), forbidden: Iterable[str] = (),
+                  preferred: Iterable[str] = ()) -> set[str]:
     """E-node ids to blacklist so the e-nodes reachable from the roots, less `forbidden`, form no cycle.
 
     Never blacklists a `protected` e-node: when the protected e-nodes are themselves an acyclic selection (the
-    input graph), every cycle holds an unprotected e-node and the selection survives. Raises ValueError if a cycle
-    consists of protected e-nodes only.
+    input graph), every cycle holds an unprotected e-node and the selection survives. Blacklists a `preferred`
+    e-node only on a cycle of protected and preferred e-nodes alone. Raises ValueError if a cycle consists of
+    protected e-nodes only.
     """
     protected = set(protected)
+    preferred = set(preferred) - protected
     dead = set(forbidden)
     blacklist: set[str] = set()
-    while _search(eg, protected, dead, blacklist):
+    while _search(eg, protected, preferred, dead, blacklist):
         pass
     return blacklist
 
 
-def _search(eg: EGraph, protected: set[str], dead: set[str], blacklist: set[str]) -> bool:
+def _search(eg: EGraph, protected: set[str], preferred: set[str], dead: set[str], blacklist: set[str]) -> bool:
     """One depth-first pass, blacklisting as it goes; True if the pass must be repeated.
 
     Removing the e-node that closes a cycle deletes a back edge, which keeps the search exact (with no back edge
@@ -70,7 +77,9 @@ def _search(eg: EGraph, protected: set[str], dead: set[str], blacklist: set[str]
             child = children[ci]
             if state.get(child) == 1:
                 cycle = [f[1][f[2]] for f in path[on_path[child]:]]
-                victim = next((n for n in reversed(cycle) if n not in protected), None)
+                victim = next((n for n in reversed(cycle) if n not in protected and n not in preferred), None)
+                if victim is None:
+                    victim = next((n for n in reversed(cycle) if n not in protected), None)
                 if victim is None:
                     raise ValueError(f"a cycle through e-class {child} consists of protected e-nodes only")
                 blacklist.add(victim)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import warnings
 from typing import Any, Sequence
@@ -26,14 +25,22 @@ def parse_input_shape(text: str) -> tuple[str, list[int]]:
 
 
 def positive_int(text: str) -> int:
-    value = int(text)
+    """Parse a positive integer flag value."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
     return value
 
 
 def positive_float(text: str) -> float:
-    value = float(text)
+    """Parse a positive number flag value."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
     return value
@@ -95,16 +102,12 @@ def _run_optimize(args: argparse.Namespace) -> int:
     )
     onnx_io.save_model(result.output, args.output)
     if args.stats:
-        _write_json(args.stats, result.to_dict())
+        from tensat.files import atomic_write_json
+
+        atomic_write_json(args.stats, result.to_dict())
     if not args.quiet:
         _print_summary(result, args.output)
     return 0
-
-
-def _write_json(path: str, data: Any) -> None:
-    from tensat.files import atomic_write_bytes
-
-    atomic_write_bytes(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
 
 
 def _print_summary(result: Any, output: str) -> None:
@@ -164,6 +167,32 @@ def _run_compare(args: argparse.Namespace) -> int:
     return compare_cli.run(args)
 
 
+def _add_profile(sub: Any) -> None:
+    from tensat import measure_cli
+
+    p = sub.add_parser("profile", help="measure and cache the per-operator costs of a model on this device")
+    measure_cli.add_profile_arguments(p)
+
+
+def _add_cost_report(sub: Any) -> None:
+    from tensat import measure_cli
+
+    p = sub.add_parser("cost-report", help="summed measured cost beside end-to-end latency, before and after")
+    measure_cli.add_cost_report_arguments(p)
+
+
+def _run_profile(args: argparse.Namespace) -> int:
+    from tensat import measure_cli
+
+    return measure_cli.run_profile(args)
+
+
+def _run_cost_report(args: argparse.Namespace) -> int:
+    from tensat import measure_cli
+
+    return measure_cli.run_cost_report(args)
+
+
 def _add_models(sub: Any) -> None:
     sub.add_parser("models", help="list the built-in benchmark graphs", description="List the built-in models.")
 
@@ -185,6 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_extract(sub)
     _add_rules(sub)
     _add_compare(sub)
+    _add_profile(sub)
+    _add_cost_report(sub)
     _add_models(sub)
     return parser
 
@@ -195,7 +226,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "optimize" and args.input is not None and args.model is not None:
         parser.error("give either a model file or --model, not both")
-    handlers = {"optimize": _run_optimize, "rules": _run_rules, "compare": _run_compare, "models": _run_models}
+    handlers = {"optimize": _run_optimize, "rules": _run_rules, "compare": _run_compare, "models": _run_models,
+                "profile": _run_profile, "cost-report": _run_cost_report}
     try:
         if args.command == "extract":
             from extraction import cli as extraction_cli

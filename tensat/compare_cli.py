@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -90,11 +89,10 @@ def _progress(quiet: bool) -> Any:
 
 
 def _write(path: Path | str, text: str) -> None:
-    from tensat.files import atomic_write_bytes
+    from tensat.files import atomic_write_text
 
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(str(path), text.encode())
-    os.chmod(path, 0o644)  # the atomic writer's temporary file is private (0600); results are for everyone
+    atomic_write_text(path, text)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -29,6 +29,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     except OSError as exc:
         raise WriteError(f"cannot write {target}: {exc.strerror or exc}") from None
     try:
+        os.chmod(tmp, _file_mode(target))
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -45,6 +46,17 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     fsync_dir(directory)
 
 
+def _file_mode(target: Path) -> int:
+    """The permissions `target` should get: its current ones if it exists, else what a plain open() would give
+    (the temporary file from mkstemp is private, 0600)."""
+    try:
+        return target.stat().st_mode & 0o7777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 def fsync_dir(directory: str | os.PathLike) -> None:
     """Flush a directory entry (after a rename) where the platform allows it."""
     try:
@@ -57,3 +69,15 @@ def fsync_dir(directory: str | os.PathLike) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """`atomic_write_bytes` of UTF-8 text."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | os.PathLike, data: object) -> None:
+    """Write `data` as indented, key-sorted JSON (a report or statistics file), atomically."""
+    import json
+
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")

@@ -1,7 +1,16 @@
 """End-to-end latency of ONNX models in onnxruntime, measured fairly on a noisy machine.
 
 Several models are timed interleaved (A, B, C, A, B, C, ...) in one process, so load from other processes hits
-them alike; the figures reported are medians and ratios, never single runs.
+them alike; the figures reported are medians and ratios, never single runs. With `block` > 1 each turn runs one
+model `block` times in a row (the first run of a block is not counted), so every model is timed in its own
+steady cache state while noise over time still hits all models alike.
+
+On CUDA, inputs and outputs stay on the device (IO binding) and every run ends with a device synchronization, so
+a run's time is the device's time, not a kernel launch's.
+
+`clock="cpu"` times a single-threaded CPU session by the CPU time of the thread running it instead of wall time:
+on a shared machine wall time also counts the time the scheduler gave other processes, CPU time is what the run
+takes when it has the core (memory and cache contention still show, as they would in any run).
 """
 
 from __future__ import annotations
@@ -9,8 +18,8 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 from onnx import ModelProto
@@ -28,6 +37,7 @@ class LatencyStats:
     p10_ms: float
     p90_ms: float
     runs: int
+    samples_ms: list[float] = field(default_factory=list, repr=False)  # in the order they were taken
 
     @property
     def spread(self) -> float:
@@ -36,34 +46,90 @@ class LatencyStats:
 
 
 def _stats(samples: list[float]) -> LatencyStats:
-    ms = sorted(s * 1e3 for s in samples)
-    q = np.percentile(ms, [10, 90])
-    return LatencyStats(statistics.median(ms), float(q[0]), float(q[1]), len(ms))
+    taken = [s * 1e3 for s in samples]
+    q = np.percentile(taken, [10, 90])
+    return LatencyStats(statistics.median(taken), float(q[0]), float(q[1]), len(taken), taken)
+
+
+def runner(sess: Any, feeds: Mapping[str, np.ndarray], provider: str = "cpu") -> Callable[[], None]:
+    """A no-argument function running `sess` once on `feeds`.
+
+    On "cpu" this is `sess.run` as an application would call it; on "cuda" the inputs are copied to the device
+    once, outputs are bound on the device, and each run synchronizes the device before returning.
+    """
+    if provider != "cuda":
+        def run_cpu() -> None:
+            sess.run(None, feeds)
+
+        return run_cpu
+    import onnxruntime as ort
+
+    io = sess.io_binding()
+    names = {i.name for i in sess.get_inputs()}
+    device_values = {k: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v), "cuda", 0)
+                     for k, v in feeds.items() if k in names}
+    for k, v in device_values.items():
+        io.bind_ortvalue_input(k, v)
+    for out in sess.get_outputs():
+        io.bind_output(out.name, "cuda")
+
+    def run_cuda() -> None:
+        io.synchronize_inputs()
+        sess.run_with_iobinding(io)
+        io.synchronize_outputs()
+
+    run_cuda._keep = (device_values, io)  # type: ignore[attr-defined]
+    return run_cuda
+
+
+CLOCKS = ("wall", "cpu")
+
+
+def clock_function(clock: str, provider: str = "cpu", threads: int | None = 1) -> Callable[[], float]:
+    """The timer for `clock`: wall time, or the calling thread's CPU time (single-threaded CPU sessions only)."""
+    if clock == "wall":
+        return time.perf_counter
+    if clock == "cpu":
+        if provider != "cpu" or threads != 1:
+            raise ValueError("clock='cpu' needs the CPU provider with threads=1 (other threads' work is not counted)")
+        return time.thread_time
+    raise ValueError(f"unknown clock {clock!r}; choose from {', '.join(CLOCKS)}")
 
 
 def time_models(
     models: Sequence[ModelSource], *, provider: str = "cpu", threads: int | None = 1, warmup: int = 3,
-    runs: int = 30, max_seconds: float = 60.0, seed: int = 0,
+    runs: int = 30, max_seconds: float = 60.0, seed: int = 0, block: int = 1, clock: str = "wall",
 ) -> list[LatencyStats]:
     """Median latency of each model, timed interleaved on the same seeded inputs.
 
-    Stops early (with at least 5 rounds) once `max_seconds` have passed, so large models stay affordable.
+    `runs` counts timed runs per model; with `block` > 1 they come in blocks of `block` consecutive runs (plus one
+    uncounted run at the start of each block). `clock` is "wall" or "cpu" (see the module docstring). Stops early
+    (with at least 5 runs per model) once `max_seconds` of wall time have passed, so large models stay affordable.
     """
     from onnx import load
 
+    timer = clock_function(clock, provider, threads)
     protos = [m if isinstance(m, ModelProto) else load(os.fspath(m), load_external_data=False) for m in models]
     sessions = [make_session(m, provider, threads) for m in models]
     feeds = random_inputs(protos[0], seed)
-    for sess in sessions:
+    runs_of = [runner(sess, feeds, provider) for sess in sessions]
+    for run in runs_of:
         for _ in range(warmup):
-            sess.run(None, feeds)
+            run()
+    block = max(1, int(block))
     samples: list[list[float]] = [[] for _ in sessions]
     start = time.perf_counter()
-    for r in range(runs):
-        for sess, out in zip(sessions, samples):
-            t = time.perf_counter()
-            sess.run(None, feeds)
-            out.append(time.perf_counter() - t)
-        if r + 1 >= 5 and time.perf_counter() - start > max_seconds:
+    done = 0
+    while done < runs:
+        size = min(block, runs - done)
+        for run, out in zip(runs_of, samples):
+            if block > 1:
+                run()
+            for _ in range(size):
+                t = timer()
+                run()
+                out.append(timer() - t)
+        done += size
+        if done >= 5 and time.perf_counter() - start > max_seconds:
             break
     return [_stats(s) for s in samples]

@@ -403,7 +403,7 @@ def _concat_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
 
 def _concat_rules(op: OpDef) -> list[str]:
     query = ["(< -1 axis)", "(< axis (vec-length s0))", "(= (vec-set s0 axis 0) (vec-set s1 axis 0))"]
-    return [_rule(op, query, f"(vec-set s0 axis (+ (vec-get s0 axis) (vec-get s1 axis)))")]
+    return [_rule(op, query, "(vec-set s0 axis (+ (vec-get s0 axis) (vec-get s1 axis)))")]
 
 
 CONCAT = register(

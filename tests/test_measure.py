@@ -1,0 +1,405 @@
+"""The measured cost model: units and their models, the persistent cache (across processes, after damage),
+fusion groups, the CLI entry points, the CUDA path (skipped without a GPU). No timing ratios are asserted here;
+accuracy and repeatability are measured by bench/cost_report.py."""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+
+from tensat.cost import graph_cost
+from tensat.costcache import CostCache, CostEntry, default_cache_dir
+from tensat.cost_report import fused_graph_cost, fusion_groups, group_unit, runtime_nodes
+from tensat.errors import TensatError
+from tensat.ir import Graph, Node
+from tensat.latency import time_models
+from tensat.measure import (
+    MeasuredCost, Progress, Unit, cuda_available, graph_working_set, make_measured_cost, replicate, resolve_device,
+    unit_model,
+)
+from tensat.measure_cli import add_cost_report_arguments, add_profile_arguments, run_cost_report, run_profile
+from tensat.onnx_io import export_model, save_model
+from tensat.verify import make_session, random_inputs
+
+RNG = np.random.default_rng(3)
+FAST = 0.03  # seconds of timing per unit: enough to exercise the machinery, not to be accurate
+
+
+def w(*shape: int) -> np.ndarray:
+    return (RNG.standard_normal(shape) * 0.1).astype(np.float32)
+
+
+def conv_attrs(k: int = 3, act: int = 0) -> dict:
+    p = k // 2
+    return dict(strides=(1, 1), pads=(p, p, p, p), dilations=(1, 1), group=1, act=act)
+
+
+def small_cnn() -> Graph:
+    """conv+relu, a residual conv+add+relu, a pool, and an MLP head with matmul+add+tanh."""
+    g = Graph()
+    x = g.input("x", (1, 8, 8, 8))
+    c1 = g.add("relu", [g.add("conv2d", [x, g.weight(w(16, 8, 3, 3)), g.weight(w(16))], **conv_attrs())])
+    c2 = g.add("conv2d", [c1, g.weight(w(16, 16, 1, 1)), g.weight(w(16))], **conv_attrs(1))
+    r = g.add("relu", [g.add("add", [c2, c1])])
+    p = g.add("maxpool", [r], kernel=(2, 2), strides=(2, 2), pads=(0, 0, 0, 0))
+    flat = g.reshape(p, (1, 256))
+    h = g.add("tanh", [g.add("add", [g.add("matmul", [flat, g.weight(w(256, 32))]), g.weight(w(1, 32))])])
+    g.output("y", h)
+    return g
+
+
+def attention() -> Graph:
+    """Q @ K^T with both operands transposed views (onnxruntime folds them into FusedMatMul)."""
+    g = Graph()
+    x = g.input("x", (16, 4, 8))
+    q = g.add("transpose", [x], perm=(1, 0, 2))
+    k = g.add("transpose", [g.add("relu", [x])], perm=(1, 2, 0))
+    g.output("y", g.add("matmul", [q, k]))
+    return g
+
+
+def cost_model(tmp_path, **kw) -> MeasuredCost:
+    return MeasuredCost("cpu", cache_path=tmp_path / "costs.sqlite3", progress=False, max_seconds=FAST, **kw)
+
+
+def items(graph: Graph) -> list[tuple[Node, list[tuple[int, ...]], list[bool]]]:
+    const = graph.weight_only()
+    return [(graph.nodes[i], [graph.nodes[j].shape for j in graph.nodes[i].inputs],
+             [j in const for j in graph.nodes[i].inputs]) for i in runtime_nodes(graph)]
+
+
+# -- units and their models ------------------------------------------------------------------------------------
+
+
+def test_unit_signature_names_op_attrs_shapes_and_weights():
+    g = small_cnn()
+    a, b = items(g)[0], items(g)[1]
+    ua, ub = Unit.single(*a), Unit.single(*b)
+    assert ua.signature() == Unit.single(*a).signature()
+    assert ua.signature() != ub.signature()
+    flipped = Unit.single(a[0], a[1], [False] * len(a[2]))
+    assert flipped.signature() != ua.signature() and not flipped.weighted and ua.weighted
+
+
+def test_replicated_unit_model_runs_with_distinct_weights():
+    node, shapes, const = items(small_cnn())[0]
+    base = unit_model(Unit.single(node, shapes, const))
+    model = replicate(base, 3)
+    onnx.checker.check_model(model)
+    assert [o.name for o in model.graph.output] == ["y__0", "y__1", "y__2"]
+    assert len(model.graph.input) == 1  # the non-weight input is shared
+    floats = [onnx.numpy_helper.to_array(t) for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT]
+    assert len(floats) == 6 and not np.array_equal(floats[0], floats[2])
+    outs = make_session(model, "cpu", 1).run(None, random_inputs(model))
+    assert len(outs) == 3 and all(o.shape == (1, 16, 8, 8) for o in outs)
+
+
+def test_working_set_counts_each_weight_once():
+    g = Graph()
+    x = g.input("x", (1, 64))
+    wt = g.weight(w(64, 64))
+    g.output("y", g.add("matmul", [g.add("matmul", [x, wt]), wt]))
+    assert graph_working_set(g) == 64 * 64 * 4
+
+
+# -- the cost model ----------------------------------------------------------------------------------------------
+
+
+def test_measured_costs_are_positive_and_cached_across_instances(tmp_path):
+    g = small_cnn()
+    first = cost_model(tmp_path)
+    first.observe_graph(g)
+    total = graph_cost(g, first)
+    assert total > 0 and first.stats.measured > 0 and first.stats.failed == 0
+    assert all(first(n, s, c) > 0 for n, s, c in items(g))
+    again = cost_model(tmp_path)
+    again.observe_graph(g)
+    assert graph_cost(g, again) == pytest.approx(total)
+    assert again.stats.measured == 0 and again.stats.cached == first.stats.measured
+
+
+def test_weights_and_opaque_ops_are_not_measured(tmp_path):
+    cost = cost_model(tmp_path)
+    leaf = Node("weight", (), (("name", "w"), ("shape", (4,))), (4,), "float32")
+    assert cost(leaf, [], []) == 0.0
+    folded = Node("add", (), (), (4,), "float32")
+    assert cost(folded, [(4,), (4,)], [True, True]) == 0.0
+    opaque = Node("opaque", (), (("key", "Softmax_0"), ("index", 0), ("shape", (4, 4)), ("dtype", "float32")),
+                  (4, 4), "float32")
+    assert cost(opaque, [(4, 4)], [False]) > 0
+    assert cost.stats.analytic == 1 and cost.stats.measured == 0
+
+
+def test_prefetch_measures_each_signature_once(tmp_path):
+    g = small_cnn()
+    cost = cost_model(tmp_path)
+    listed = items(g)
+    cost.prefetch(listed + listed)
+    measured = cost.stats.measured
+    assert measured == len({Unit.single(*it).signature() for it in listed})
+    for it in listed:
+        cost(*it)
+    assert cost.stats.measured == measured
+
+
+def _measure_in_subprocess(cache_dir: str, start: int) -> int:
+    """Price a fresh family of matmuls (a different one per process) into the shared cache."""
+    cost = MeasuredCost("cpu", cache_path=os.path.join(cache_dir, "costs.sqlite3"), progress=False, max_seconds=0.01)
+    nodes = []
+    for k in range(start, start + 6):
+        node = Node("matmul", (), (), (1, 8 + k), "float32")
+        nodes.append((node, [(1, 16), (16, 8 + k)], [False, True]))
+    cost.prefetch(nodes)
+    return cost.stats.measured
+
+
+def test_two_processes_fill_one_cache_and_a_third_measures_nothing(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(2) as pool:
+        counts = pool.starmap(_measure_in_subprocess, [(str(tmp_path), 0), (str(tmp_path), 6)])
+    assert counts == [6, 6]
+    with CostCache(tmp_path / "costs.sqlite3") as cache:
+        assert cache.count() >= 12
+    assert _measure_in_subprocess(str(tmp_path), 0) == 0
+    assert _measure_in_subprocess(str(tmp_path), 6) == 0
+
+
+def test_a_second_optimize_run_in_a_new_process_measures_nothing(tmp_path):
+    script = textwrap.dedent(f"""
+        import numpy as np, tensat
+        from tensat.ir import Graph
+        from tensat.measure import MeasuredCost
+        import tensat.api as api
+        made = []
+        def make(name, device="auto"):
+            made.append(MeasuredCost("cpu", cache_path={str(tmp_path / 'c.sqlite3')!r}, progress=False,
+                                     max_seconds=0.01))
+            return made[-1]
+        api.make_cost_model = make
+        rng = np.random.default_rng(0)
+        g = Graph()
+        x = g.input("x", (2, 16))
+        a = g.add("matmul", [x, g.weight(rng.standard_normal((16, 16)).astype(np.float32))])
+        b = g.add("matmul", [x, g.weight(rng.standard_normal((16, 16)).astype(np.float32))])
+        g.output("y", g.add("add", [a, b]))
+        tensat.optimize_with_details(g, cost="measured", ilp_time_limit=10, time_limit=10)
+        print(made[0].stats.measured)
+    """)
+    runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+            for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr
+    assert int(runs[0].stdout.split()[-1]) > 0
+    assert int(runs[1].stdout.split()[-1]) == 0
+
+
+# -- the cache ---------------------------------------------------------------------------------------------------
+
+
+def test_cache_round_trip_and_json_details(tmp_path):
+    path = tmp_path / "c.sqlite3"
+    with CostCache(path) as cache:
+        cache.put("fp", "sig", CostEntry(1.25, 0.1, 9, "relu", {"copies": 4}))
+        cache.put_device("fp", {"device": "x"}, {"node_us": 0.4})
+    with CostCache(path) as cache:
+        entry = cache.get("fp", "sig")
+        assert entry is not None and entry.ms == 1.25 and entry.detail == {"copies": 4} and entry.runs == 9
+        assert cache.get("other", "sig") is None
+        assert cache.device("fp") == ({"device": "x"}, {"node_us": 0.4})
+    raw = sqlite3.connect(path)
+    assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    raw.close()
+
+
+def test_damaged_cache_is_moved_aside_and_rebuilt(tmp_path):
+    path = tmp_path / "costs.sqlite3"
+    path.write_bytes(b"this is not a database" * 100)
+    with pytest.warns(RuntimeWarning, match="damaged"):
+        cache = CostCache(path)
+    cache.put("fp", "sig", CostEntry(2.0, 0.0, 1))
+    assert cache.get("fp", "sig").ms == 2.0
+    assert any(p.name.startswith("costs.sqlite3.corrupt-") for p in tmp_path.iterdir())
+    cache.close()
+
+
+def test_cache_damaged_between_runs_or_while_open_does_not_stop_pricing(tmp_path):
+    g = small_cnn()
+    first = cost_model(tmp_path)
+    graph_cost(g, first)
+    first.cache.close()
+    (tmp_path / "costs.sqlite3").write_bytes(b"\0garbage" * 512)
+    with pytest.warns(RuntimeWarning, match="damaged"):
+        cost = cost_model(tmp_path)
+    assert graph_cost(g, cost) > 0
+    for suffix in ("", "-wal", "-shm"):
+        target = tmp_path / f"costs.sqlite3{suffix}"
+        if target.exists():
+            target.write_bytes(b"\1junk" * 4096)
+    fresh = Node("relu", (), (), (3, 5), "float32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert cost(fresh, [(3, 5)], [False]) > 0
+
+
+def test_unwritable_cache_directory_falls_back_to_memory(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.warns(RuntimeWarning, match="memory"):
+        cache = CostCache(blocker / "sub" / "costs.sqlite3")
+    cache.put("fp", "s", CostEntry(1.0, 0.0, 1))
+    assert cache.memory_only and cache.get("fp", "s").ms == 1.0
+
+
+def test_cache_directory_honours_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("TENSAT_CACHE_DIR", str(tmp_path / "here"))
+    assert default_cache_dir() == tmp_path / "here"
+    monkeypatch.delenv("TENSAT_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    if sys.platform.startswith("linux"):
+        assert default_cache_dir() == tmp_path / "xdg" / "tensat"
+
+
+# -- fusion groups and the report ----------------------------------------------------------------------------------
+
+
+def test_fusion_groups_follow_onnxruntime():
+    groups = {tuple(small_cnn().nodes[i].op for i in grp) for grp in fusion_groups(small_cnn())}
+    assert ("conv2d", "relu") in groups
+    assert ("conv2d", "add", "relu") in groups
+    assert ("matmul", "add", "tanh") in groups
+    att = {tuple(attention().nodes[i].op for i in grp) for grp in fusion_groups(attention())}
+    assert ("transpose", "transpose", "matmul") in att
+
+
+@pytest.mark.parametrize("name", ["nasrnn", "squeezenet", "resnext50", "bert"])
+def test_group_count_matches_onnxruntime_nodes(name, tmp_path):
+    from bench.models import build_model
+    from tensat.onnx_io import import_model
+    from tests.test_pipeline import SMALL
+
+    g = import_model(build_model(name, **SMALL[name])).compact()
+    m = export_model(g)
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    opt = onnx.load(str(tmp_path / "opt.onnx"))
+    kernels = sum(1 for n in opt.graph.node if n.op_type not in ("ReorderInput", "ReorderOutput"))
+    assert len(fusion_groups(g)) == kernels
+
+
+def test_group_unit_keeps_internal_edges():
+    g = small_cnn()
+    grp = next(grp for grp in fusion_groups(g) if len(grp) == 3 and g.nodes[grp[0]].op == "conv2d")
+    unit = group_unit(g, grp)
+    assert unit.label() == "conv2d+add+relu"
+    assert unit.nodes[1].inputs[0] == ("n", 0) and unit.out_shape == (1, 16, 8, 8)
+    onnx.checker.check_model(unit_model(unit))
+
+
+def test_fused_graph_cost_adds_the_session_baseline(tmp_path):
+    cost = cost_model(tmp_path)
+    gc = fused_graph_cost(small_cnn(), cost)
+    assert gc.baseline_ms > 0 and gc.total_ms > gc.baseline_ms
+    assert gc.fused_groups == 3 and gc.analytic_nodes == 0
+    assert sum(len(grp.nodes) for grp in gc.groups) == len(runtime_nodes(small_cnn()))
+
+
+# -- devices ---------------------------------------------------------------------------------------------------
+
+
+def test_cuda_probe_is_silent(capfd):
+    cuda_available()
+    out, err = capfd.readouterr()
+    assert "CUDA" not in err and "cuda" not in err.lower() and not out
+
+
+def test_device_selection():
+    assert resolve_device("cpu") == "cpu"
+    assert resolve_device("auto") in ("cpu", "cuda")
+    with pytest.raises(TensatError):
+        resolve_device("tpu")
+    if not cuda_available():
+        with pytest.raises(TensatError, match="CUDA"):
+            resolve_device("cuda")
+
+
+def test_cuda_measurement_and_timing(tmp_path):
+    if not cuda_available():
+        pytest.skip("onnxruntime's CUDA execution provider does not run here")
+    cost = MeasuredCost("cuda", cache_path=tmp_path / "c.sqlite3", progress=False, max_seconds=FAST)
+    assert cost.info["provider"] == "CUDAExecutionProvider" and cost.clock == "wall"
+    assert graph_cost(small_cnn(), cost) > 0
+    stats = time_models([export_model(small_cnn())], provider="cuda", runs=5)
+    assert stats[0].median_ms > 0
+
+
+def test_cpu_clock_needs_one_thread():
+    model = export_model(small_cnn())
+    assert time_models([model], clock="cpu", runs=4, block=2)[0].runs == 4
+    with pytest.raises(ValueError):
+        time_models([model], clock="cpu", threads=2, runs=2)
+
+
+def test_progress_is_silent_without_a_terminal(capsys):
+    bar = Progress(3, "measuring", enabled=True)
+    for _ in range(3):
+        bar.step("op")
+    bar.close()
+    assert capsys.readouterr().err == ""
+
+
+def test_thread_count_is_part_of_the_fingerprint(tmp_path):
+    one = cost_model(tmp_path)
+    two = MeasuredCost("cpu", cache_path=tmp_path / "costs.sqlite3", progress=False, threads=2)
+    assert one.fingerprint != two.fingerprint and two.clock == "wall"
+    with pytest.raises(TensatError):
+        make_measured_cost("cpu", tmp_path / "x.sqlite3", threads=0)
+
+
+# -- CLI entry points ------------------------------------------------------------------------------------------
+
+
+def _parser(add) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser()
+    add(p)
+    return p
+
+
+def test_profile_command_fills_the_cache(tmp_path, capsys):
+    path = tmp_path / "m.onnx"
+    save_model(export_model(small_cnn()), path)
+    argv = [str(path), "--device", "cpu", "--cache-dir", str(tmp_path / "cache"), "--iter-limit", "2",
+            "--time-limit", "10"]
+    args = _parser(add_profile_arguments).parse_args(argv)
+    assert run_profile(args) == 0
+    out = capsys.readouterr().out
+    assert "measured now" in out and str(tmp_path / "cache") in out
+    assert run_profile(_parser(add_profile_arguments).parse_args(argv)) == 0
+    assert "0 measured now" in capsys.readouterr().out
+    assert "TENSAT_CACHE_DIR" not in os.environ or os.environ["TENSAT_CACHE_DIR"] != str(tmp_path / "cache")
+
+
+def test_cost_report_command(tmp_path, capsys):
+    path = tmp_path / "m.onnx"
+    save_model(export_model(small_cnn()), path)
+    out_json = tmp_path / "r.json"
+    argv = [str(path), "--device", "cpu", "--cache-dir", str(tmp_path / "cache"), "--runs", "6", "--block", "2",
+            "--iter-limit", "2", "--time-limit", "10", "--ilp-time-limit", "10", "--json", str(out_json),
+            "--details"]
+    assert run_cost_report(_parser(add_cost_report_arguments).parse_args(argv)) == 0
+    out = capsys.readouterr().out
+    assert "original" in out and "optimized" in out and "end-to-end" in out
+    assert '"rows"' in out_json.read_text()
