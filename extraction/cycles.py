@@ -5,7 +5,8 @@ extractor must avoid such cycles; an ILP does it with extra constraints or cuts 
 "efficient filtering" instead removes one e-node per cycle before solving, never one the input itself uses, so
 the input stays extractable and the ILP rarely meets a cycle. This is that pass: one depth-first search from the
 roots over the usable e-nodes; whenever an e-node leads back to an e-class on the search path, one e-node of that
-cycle is blacklisted, and the pass is repeated while a blacklisted e-node was not the one closing its cycle.
+cycle is blacklisted. If it is not the e-node closing the cycle, the search backs up to the class of the
+blacklisted e-node, forgetting the classes above it (they are searched again when reached), so one pass suffices.
 
 Tensat blacklists the newest e-node of each cycle (egglog does not expose e-node ages). Here the victim is chosen
 by what the extractor is likely to want: never a `protected` e-node; where possible not a `preferred` one either
@@ -28,24 +29,15 @@ def filter_cycles(eg: EGraph, protected: Iterable[str] = (), forbidden: Iterable
     input graph), every cycle holds an unprotected e-node and the selection survives. Blacklists a `preferred`
     e-node only on a cycle of protected and preferred e-nodes alone. Raises ValueError if a cycle consists of
     protected e-nodes only.
+
+    Invariant of the search: a finished class reaches only finished classes through usable e-nodes (a back edge
+    found below it was cut, or the search backed up above it), so when every reachable class is finished no cycle
+    is left.
     """
     protected = set(protected)
     preferred = set(preferred) - protected
     dead = set(forbidden)
     blacklist: set[str] = set()
-    while _search(eg, protected, preferred, dead, blacklist):
-        pass
-    return blacklist
-
-
-def _search(eg: EGraph, protected: set[str], preferred: set[str], dead: set[str], blacklist: set[str]) -> bool:
-    """One depth-first pass, blacklisting as it goes; True if the pass must be repeated.
-
-    Removing the e-node that closes a cycle deletes a back edge, which keeps the search exact (with no back edge
-    left, what remains is acyclic). When that e-node is protected an earlier one goes instead, which can leave a
-    cycle through a class the pass already finished, so the pass is repeated.
-    """
-    again = False
     state: dict[str, int] = {}  # 1 on the search path, 2 finished
     for root in eg.roots:
         if state.get(root):
@@ -76,14 +68,27 @@ def _search(eg: EGraph, protected: set[str], preferred: set[str], dead: set[str]
             frame[3] = ci + 1
             child = children[ci]
             if state.get(child) == 1:
-                cycle = [f[1][f[2]] for f in path[on_path[child]:]]
-                victim = next((n for n in reversed(cycle) if n not in protected and n not in preferred), None)
-                if victim is None:
-                    victim = next((n for n in reversed(cycle) if n not in protected), None)
-                if victim is None:
+                start = on_path[child]
+                at = _victim([f[1][f[2]] for f in path[start:]], protected, preferred)
+                if at is None:
                     raise ValueError(f"a cycle through e-class {child} consists of protected e-nodes only")
-                blacklist.add(victim)
-                again = again or victim != node
+                victim_frame = path[start + at]
+                blacklist.add(victim_frame[1][victim_frame[2]])
+                while len(path) > start + at + 1:  # back up to the victim's class, forgetting the classes above
+                    dropped = path.pop()
+                    del on_path[dropped[0]]
+                    del state[dropped[0]]
+                victim_frame[2], victim_frame[3] = victim_frame[2] + 1, 0
             elif not state.get(child):
                 enter(child)
-    return again
+    return blacklist
+
+
+def _victim(cycle: list[str], protected: set[str], preferred: set[str]) -> int | None:
+    """Position in `cycle` of the e-node to blacklist: the last one neither protected nor preferred, else the
+    last unprotected one, else None."""
+    for allowed in (lambda n: n not in protected and n not in preferred, lambda n: n not in protected):
+        for k in range(len(cycle) - 1, -1, -1):
+            if allowed(cycle[k]):
+                return k
+    return None

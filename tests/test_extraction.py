@@ -425,7 +425,7 @@ def test_filter_cycles_leaves_no_cycle_and_keeps_protected_nodes():
 
     from extraction import filter_cycles
 
-    for seed in range(40):
+    for seed in range(300):
         rng = random.Random(seed)
         n_classes = rng.randint(2, 9)
         nodes: dict[str, ENode] = {}
@@ -439,7 +439,8 @@ def test_filter_cycles_leaves_no_cycle_and_keeps_protected_nodes():
                 kids = tuple(str(rng.randrange(n_classes)) for _ in range(rng.randint(1, 3)))
                 nodes[f"n{k}_{extra}"] = ENode("op", rng.random(), str(k), kids)
         eg = EGraph(nodes, ["0"])
-        blacklist = filter_cycles(eg, protected)
+        preferred = [i for i in nodes if i not in protected and rng.random() < 0.5] if seed % 2 else []
+        blacklist = filter_cycles(eg, protected, preferred=preferred)
         assert not blacklist & set(protected)
         usable = {i: n for i, n in nodes.items() if i not in blacklist}
         # no cycle among usable nodes reachable from the root: DFS over classes
@@ -456,6 +457,21 @@ def test_filter_cycles_leaves_no_cycle_and_keeps_protected_nodes():
             state[c] = 2
 
         visit("0")
+
+
+def test_filter_cycles_spares_preferred_nodes_where_a_cycle_has_another_victim():
+    from extraction import filter_cycles
+
+    # class a: input node pa (leaf) and s = slice(b); class b: input node pb (leaf) and c = concat(a)
+    nodes = {"pa": ENode("leaf", 1.0, "a", ()), "s": ENode("slice", 1.0, "a", ("b",)),
+             "pb": ENode("leaf", 1.0, "b", ()), "c": ENode("concat", 1.0, "b", ("a",)),
+             "r": ENode("add", 1.0, "r", ("a", "b"))}
+    eg = EGraph(nodes, ["r"])
+    protected = ["pa", "pb", "r"]
+    assert len(filter_cycles(eg, protected)) == 1
+    assert filter_cycles(eg, protected, preferred=["s"]) == {"c"}
+    assert filter_cycles(eg, protected, preferred=["c"]) == {"s"}
+    assert len(filter_cycles(eg, protected, preferred=["s", "c"])) == 1
 
 
 def test_cli_filter_cycles_on_vgg(capsys):
