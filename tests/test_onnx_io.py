@@ -479,37 +479,45 @@ def test_external_data_missing_file(tmp_path) -> None:
     assert "weights.bin" in str(err.value) and "\n" not in str(err.value)
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(
-    not os.environ.get("TENSAT_SLOW"), reason="needs ~10 GiB of memory and 5 GiB of disk; TENSAT_SLOW=1"
-)
+@pytest.mark.skipif(os.environ.get("TENSAT_SKIP_2GIB") == "1", reason="TENSAT_SKIP_2GIB=1: no 2.3 GiB disk to spare")
 def test_model_over_2gib_with_external_data(tmp_path) -> None:
-    """A > 2 GiB model with external data loads, imports, exports, saves (external data) and runs."""
+    """A real > 2 GiB model with external data loads, imports, exports, saves (external data) and runs the same.
+
+    The source weights are zeros in a sparse file (no disk), so the test costs one 2.25 GiB write and ~7 GiB of
+    memory at its peak.
+    """
     from tensat.verify import compare_models
 
     rows, cols, count = 1024, 72 * 1024, 8  # 8 weights of 288 MiB: 2.25 GiB
+    size = rows * cols * 4
+    with open(tmp_path / "big.onnx.data", "wb") as f:
+        f.truncate(size * count)
     nodes, inits, prev = [], [], "x"
     for k in range(count):
-        inits.append(init(f"w{k}", np.full((rows, cols), np.float32(1e-3 * (k + 1)))))
+        w = TP(name=f"w{k}", data_type=TP.FLOAT, dims=[rows, cols], data_location=TP.EXTERNAL)
+        for key, value in (("location", "big.onnx.data"), ("offset", str(k * size)), ("length", str(size))):
+            w.external_data.add(key=key, value=value)
+        inits.append(w)
         nodes.append(helper.make_node("Add", [prev, f"w{k}"], [f"a{k}"]))
         prev = f"a{k}"
-    model = make(nodes, [vi("x", [rows, cols])], [vi(prev, [rows, cols])], inits)
-    del inits
     src = str(tmp_path / "big.onnx")
-    save_model(model, src)  # over 2 GiB: written with external data
-    del model
-    assert os.path.exists(src + ".data") and os.path.getsize(src) < 1 << 20
-    graph = import_model(src)
-    assert ops_of(graph)["add"] == count
-    out = export_model(graph)
-    del graph
+    with open(src, "wb") as f:
+        f.write(make(nodes, [vi("x", [rows, cols])], [vi(prev, [rows, cols])], inits).SerializeToString())
     os.makedirs(tmp_path / "out")
     target = str(tmp_path / "out" / "big_out.onnx")
-    save_model(out, target)
-    del out
-    assert os.path.getsize(target + ".data") > 2**31
-    report = compare_models(src, target)
-    assert report.ok, report.detail
+    try:
+        graph = import_model(src)
+        assert ops_of(graph)["add"] == count
+        out = export_model(graph)
+        del graph
+        save_model(out, target)
+        del out
+        assert os.path.getsize(target + ".data") > 2**31 and os.path.getsize(target) < 1 << 20
+        report = compare_models(src, target)
+        assert report.ok, report.detail
+    finally:  # pytest keeps the last runs' tmp_path: do not leave 2.25 GiB behind each time
+        for name in os.listdir(tmp_path / "out"):
+            os.remove(tmp_path / "out" / name)
 
 
 def test_large_model_paths_with_a_lowered_limit(tmp_path, monkeypatch) -> None:
