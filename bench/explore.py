@@ -9,7 +9,6 @@ Writes bench/results/exploration.md and .json. Run: ``python bench/explore.py [-
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 import warnings
@@ -19,6 +18,7 @@ from typing import Any
 import tensat
 from bench.machine import header, machine_info
 from bench.models import build_model, model_names
+from tensat.files import atomic_write_json, atomic_write_text
 
 OUT = Path(__file__).resolve().parent / "results"
 
@@ -46,21 +46,14 @@ def run_one(model: Any, k_multi: int, **options: Any) -> dict[str, Any]:
         "speedup": round(r.speedup, 4),
         "verified": bool(r.verification and r.verification.ok),
         "total_s": round(time.perf_counter() - t0, 2),
+        "initial": (ex.initial_enodes, ex.initial_eclasses),
         "growth": [(it.enodes, it.eclasses, round(it.seconds, 4)) for it in ex.iterations],
     }
 
 
-def markdown(records: list[dict[str, Any]], info: dict[str, Any], options: dict[str, Any]) -> str:
-    """The report: one row per graph and k_multi."""
+def table(records: list[dict[str, Any]]) -> str:
+    """One markdown row per graph and k_multi."""
     lines = [
-        "# Exploration at scale",
-        "",
-        header(info),
-        "",
-        f"Options: {', '.join(f'{k}={v}' for k, v in options.items())}; analytic cost model (ms). "
-        "Exploration seconds are measured with tensat's own clock (egglog 13.2 reports durations 1000x too "
-        "small). Every optimized graph passed verification in onnxruntime unless marked.",
-        "",
         "| graph | k_multi | e-nodes | e-classes | iterations | stopped by | explore s | blacklisted | filter s "
         "| extract s | extraction | cost before | cost after | speedup |",
         "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---|---:|---:|---:|",
@@ -73,6 +66,22 @@ def markdown(records: list[dict[str, Any]], info: dict[str, Any], options: dict[
             f"| {r['extract_s']:.3f} | {r['extract_status']} | {r['cost_before']:.3f} | {r['cost_after']:.3f} "
             f"| {r['speedup']:.3f} |"
         )
+    return "\n".join(lines)
+
+
+def markdown(records: list[dict[str, Any]], info: dict[str, Any], options: dict[str, Any]) -> str:
+    """The report: the machine, the options and one row per graph and k_multi."""
+    lines = [
+        "# Exploration at scale",
+        "",
+        header(info),
+        "",
+        f"Options: {', '.join(f'{k}={v}' for k, v in options.items())}; analytic cost model (ms). "
+        "Exploration seconds are measured with tensat's own clock (egglog 13.2 reports durations 1000x too "
+        "small). Every optimized graph passed verification in onnxruntime unless marked.",
+        "",
+        table(records),
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -98,9 +107,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"cost {rec['cost_before']:.3f} -> {rec['cost_after']:.3f}", file=sys.stderr, flush=True)
     info = machine_info()
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "exploration.json").write_text(
-        json.dumps({"machine": info, "options": options, "results": records}, indent=2) + "\n")
-    (args.out / "exploration.md").write_text(markdown(records, info, options))
+    atomic_write_json(args.out / "exploration.json", {"machine": info, "options": options, "results": records})
+    atomic_write_text(args.out / "exploration.md", markdown(records, info, options))
     return 0
 
 

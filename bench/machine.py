@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import platform
+import shutil
+import subprocess
 from importlib import metadata
 from typing import Any
 
@@ -23,8 +25,21 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def gpu_models() -> list[str]:
+    """The names of the NVIDIA GPUs `nvidia-smi` lists (none where it is missing or fails)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    try:
+        out = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
 def machine_info() -> dict[str, Any]:
-    """CPU model, core count, memory, Python and the versions of the libraries tensat runs on."""
+    """CPU model, core count, memory, GPUs, Python and the versions of the libraries tensat runs on."""
     import highspy
 
     versions = {}
@@ -41,6 +56,7 @@ def machine_info() -> dict[str, Any]:
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "memory_gib": memory_gib,
+        "gpus": gpu_models(),
         "python": platform.python_version(),
         "versions": versions,
         "highs": highspy.Highs().version(),
@@ -51,5 +67,6 @@ def machine_info() -> dict[str, Any]:
 def header(info: dict[str, Any]) -> str:
     """One markdown paragraph naming the machine and versions."""
     versions = ", ".join(f"{k} {v}" for k, v in info["versions"].items())
-    return (f"Machine: {info['cpu']}, {info['cores']} cores, {info['memory_gib']} GiB (shared, noisy). "
+    gpus = ", ".join(info.get("gpus") or []) or "no GPU"
+    return (f"Machine: {info['cpu']}, {info['cores']} cores, {info['memory_gib']} GiB, {gpus} (shared, noisy). "
             f"Python {info['python']}; {versions}; HiGHS {info['highs']}. Run {info['date']}.")

@@ -27,7 +27,7 @@ OPSET = 17
 IR_VERSION = 8
 BIAS_STD = 0.01
 
-__all__ = ["MODELS", "build_model", "model_names", "example_inputs", "OPSET", "IR_VERSION"]
+__all__ = ["MODELS", "SMALL_SIZES", "build_model", "model_names", "example_inputs", "OPSET", "IR_VERSION"]
 
 
 @dataclass(frozen=True)
@@ -572,6 +572,19 @@ MODELS: dict[str, Callable[..., onnx.ModelProto]] = {
     "squeezenet": squeezenet,
     "vgg19": vgg19,
     "resnet50": resnet50,
+}
+
+# Small versions of every benchmark graph (builder keyword arguments): same structure, sizes that run in seconds.
+# The one source of truth for the tests and `tensat bench --small`.
+SMALL_SIZES: dict[str, dict[str, int]] = {
+    "bert": dict(layers=2, seq=16, hidden=64, heads=4),
+    "nasrnn": dict(steps=2, hidden=32),
+    "resnext50": dict(image=32),
+    "resnet50": dict(image=32),
+    "nasnet_a": dict(image=32, channels=8, stages=2, cells=2),
+    "inception_v3": dict(image=75),
+    "squeezenet": dict(image=64),
+    "vgg19": dict(image=32, fc=64),
 }
 
 

@@ -167,6 +167,21 @@ def _run_compare(args: argparse.Namespace) -> int:
     return compare_cli.run(args)
 
 
+def _add_bench(sub: Any) -> None:
+    from bench import report
+
+    p = sub.add_parser("bench", help="benchmark report: Table-1-style comparison and e-graph growth plots",
+                       description="Run the sequential-search comparison and the e-graph growth at k_multi 0, 1, 2 "
+                                   "on the benchmark graphs; write report.md, PNG plots and JSON to bench/results.")
+    report.add_arguments(p)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from bench import report
+
+    return report.run(args)
+
+
 def _add_profile(sub: Any) -> None:
     from tensat import measure_cli
 
@@ -214,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_extract(sub)
     _add_rules(sub)
     _add_compare(sub)
+    _add_bench(sub)
     _add_profile(sub)
     _add_cost_report(sub)
     _add_models(sub)
@@ -227,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "optimize" and args.input is not None and args.model is not None:
         parser.error("give either a model file or --model, not both")
     handlers = {"optimize": _run_optimize, "rules": _run_rules, "compare": _run_compare, "models": _run_models,
-                "profile": _run_profile, "cost-report": _run_cost_report}
+                "profile": _run_profile, "cost-report": _run_cost_report, "bench": _run_bench}
     try:
         if args.command == "extract":
             from extraction import cli as extraction_cli

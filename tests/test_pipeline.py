@@ -11,21 +11,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import tensat
-from bench.models import build_model, model_names
+from bench.models import SMALL_SIZES, build_model, model_names
 from tensat.cli import main
 from tensat.verify import run_model
 
-# Small versions of every benchmark graph: same structure, sizes that run in seconds.
-SMALL = {
-    "bert": dict(layers=2, seq=16, hidden=64, heads=4),
-    "nasrnn": dict(steps=2, hidden=32),
-    "resnext50": dict(image=32),
-    "resnet50": dict(image=32),
-    "nasnet_a": dict(image=32, channels=8, stages=2, cells=2),
-    "inception_v3": dict(image=75),
-    "squeezenet": dict(image=64),
-    "vgg19": dict(image=32, fc=64),
-}
+SMALL = SMALL_SIZES
 
 FAST = dict(ilp_time_limit=5, time_limit=20)
 
