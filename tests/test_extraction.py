@@ -482,3 +482,20 @@ def test_cli_filter_cycles_on_vgg(capsys):
     assert "blacklisted" in out and "status   optimal" in out
     cost = float(out.split("cost")[1].split()[0])
     assert cost <= 4.851 * 1.01
+
+
+def test_filter_cycles_blacklists_the_costly_recombination_not_the_slice_a_merge_needs():
+    from extraction import filter_cycles
+    from extraction.cycles import regrets
+
+    # a = x@w1 (pa) or slice(m) (sa); b likewise; m = matmul(concat(x), concat(w1, w2)) (mm) or concat(a, b) (mc)
+    nodes = {"x": ENode("input", 0.0, "x", ()),
+             "pa": ENode("matmul", 10.0, "a", ("x",)), "sa": ENode("slice", 1.0, "a", ("m",)),
+             "pb": ENode("matmul", 10.0, "b", ("x",)), "sb": ENode("slice", 1.0, "b", ("m",)),
+             "mm": ENode("matmul", 12.0, "m", ("x",)), "mc": ENode("concat", 1.0, "m", ("a", "b")),
+             "r": ENode("add", 1.0, "r", ("b", "a"))}
+    eg = EGraph(nodes, ["r"])
+    assert regrets(eg) == {"x": 0.0, "pa": 0.0, "sa": 3.0, "pb": 0.0, "sb": 3.0, "mm": 0.0, "mc": 9.0, "r": 0.0}
+    protected = ["x", "pa", "pb", "r"]
+    assert filter_cycles(eg, protected) == {"mc"}
+    assert {"sa", "sb"} & filter_cycles(eg, protected, by_cost=False)  # the closing e-node first: a slice goes
