@@ -242,3 +242,20 @@ def test_merged_input_nodes_keep_an_acyclic_original_selection_and_cycles_are_fi
     result = extraction.ilp_extract(xg, forbidden=frozenset(forbidden | blacklist), time_limit=10)
     assert result.info.get("cuts", 0) == 0
     extraction.validate(xg, result)
+
+
+def test_the_whole_egraph_pass_recovers_an_enode_cycle_filtering_removed() -> None:
+    """Extraction solves the filtered e-graph, then the whole one: a needed e-node the filter dropped comes back."""
+    from extraction import ENode, EGraph, ExtractionResult
+    from tensat.api import Options, _extract
+
+    # a = x@w (pa, 10) or slice(m) (sa, 1); m = merged matmul (mm, 1) or concat(a) (mc, 0); root r = f(a)
+    nodes = {"x": ENode("input", 0.0, "x", ()), "pa": ENode("matmul", 10.0, "a", ("x",)),
+             "sa": ENode("slice", 1.0, "a", ("m",)), "mm": ENode("matmul", 1.0, "m", ("x",)),
+             "mc": ENode("concat", 0.0, "m", ("a",)), "r": ENode("relu", 1.0, "r", ("a",))}
+    xg = EGraph(nodes, ["r"])
+    original = {"x": "x", "a": "pa", "r": "r"}
+    initial = ExtractionResult(choices=original, cost=11.0, bound=None, status="input", seconds=0.0, method="input")
+    # the greedy stand-in found nothing better than the input; the filter dropped "sa", which the optimum needs
+    best = _extract(xg, frozenset(), frozenset({"sa"}), initial, initial, Options(ilp_time_limit=20), [])
+    assert best.cost == 3.0 and best.choices["a"] == "sa" and best.choices["m"] == "mm"
