@@ -1,16 +1,17 @@
 """Accuracy of the measured cost model and safety of optimizing with it, on the 8 benchmark graphs.
 
-For every graph: optimize with `tensat.optimize_with_details(model, cost="measured")`; set the summed measured
-cost (fusion groups as onnxruntime runs them, plus one run's fixed overhead) beside the measured end-to-end latency
-of the original and the optimized graph; time the two graphs interleaved (blocks of runs, alternating) to see
-whether the optimized one is ever slower; re-measure a sample of cached costs from scratch to see how well the
-same signature reproduces. Before that, two processes fill one fresh cache at once, and a second `tensat optimize`
-in a new process measures nothing new.
+For every graph: optimize with `tensat.optimize_with_details(model, cost="measured")`; measure every fused group
+of the original and the optimized graph afresh while both graphs run end to end in between
+(`tensat.cost_report.cost_report`), and set the summed cost (fusion groups as onnxruntime runs them, plus one run's
+fixed overhead) beside the end-to-end latency; compare the two graphs' latency (interleaved blocks of runs) to see
+whether the optimized one is ever slower; re-measure a sample of cached costs from scratch to see how well the same
+signature reproduces. Before that, two processes fill one fresh cache at once, and a second `tensat optimize` in a
+new process measures nothing new.
 
 Latency is the CPU time of the (single) inference thread (`clock="cpu"`): on this shared machine wall time also
 counts the time other processes had the core. Wall-time medians are reported beside it.
 
-Writes bench/results/cost_report.md and .json. Run: ``PYTHONPATH=. python bench/cost_report.py`` (about 20 minutes;
+Writes bench/results/cost_report.md and .json. Run: ``PYTHONPATH=. python bench/cost_report.py`` (about 30 minutes;
 ``--models`` picks graphs, ``--quick`` shrinks the timing budgets).
 """
 
@@ -31,11 +32,21 @@ from typing import Any
 
 from bench.machine import header, machine_info
 from bench.models import build_model, model_names
+from tensat.files import atomic_write_json, atomic_write_text
 
 OUT = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_ERROR = 0.05
 REPEAT_TOL = 0.10
+NOTES = """
+How a group is measured (tensat/measure.py): K copies of it in one model (each with its own weights, so that
+the copies' weights span the graph's weight working set), alternated with a null model, (t_unit - t_null) / K
+plus one node's dispatch cost; where the copies do not span the working set the rest is evicted from the caches
+before every timed run and the inputs and output buffers are touched again (inside a graph an op's weights are
+cold, its input has just been computed, its output goes to a recycled buffer); a group onnxruntime runs in the
+blocked NCHWc layout is timed as onnxruntime's own optimized model of it with the boundary reorders cut off; a
+residual Add is fused in place as in the graph; all bound buffers are 64-byte aligned like onnxruntime's own.
+"""
 
 
 def _run(code: str, env: dict[str, str], timeout: float = 1800) -> subprocess.CompletedProcess[str]:
@@ -91,11 +102,20 @@ def _block_ratios(a: list[float], b: list[float], block: int) -> list[float]:
     return out
 
 
+def _median_ci(values: list[float], seed: int = 0, draws: int = 2000) -> tuple[float, float]:
+    """A 95% bootstrap interval of the median of `values`."""
+    if len(values) < 2:
+        v = values[0] if values else float("nan")
+        return v, v
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
+    return meds[int(0.025 * draws)], meds[int(0.975 * draws) - 1]
+
+
 def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """Optimize one graph with measured costs and compare summed costs with end-to-end latency."""
     import tensat
     import tensat.api as api
-    from tensat.cost import graph_cost
     from tensat.cost_report import cost_report, end_to_end
     from tensat.measure import graph_working_set, make_measured_cost
     from tensat.onnx_io import export_model, import_model
@@ -131,26 +151,25 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "measured": None if stats is None else stats.to_dict(), "warnings": list(result.warnings),
     }
     cost = make_measured_cost("cpu", working_set=ws, progress=args.progress)
-    rec["per_node_ms"] = [graph_cost(graph, cost) + cost.baseline_ms,
-                          graph_cost(result.graph.compact(), cost) + cost.baseline_ms]
-    fresh = cost.uncached()
-    report = cost_report(graph, fresh, optimized=result.graph, name=name, runs=100_000, block=args.block,
-                         max_seconds=args.e2e_seconds, per_node=False)
+    report = cost_report(graph, cost, optimized=result.graph, name=name, runs=args.runs, block=args.block,
+                         max_seconds=args.e2e_seconds, windows=args.windows, window_seconds=args.window_seconds)
     rec["report"] = report.to_dict()
-    rec["measured_for_report"] = fresh.stats.to_dict()
+    rec["per_node_ms"] = [row.per_node_ms for row in report.rows]
     cpu = report.latency
     models = [export_model(graph), export_model(result.graph.compact())]
     wall = end_to_end(models, cost, runs=100_000, block=args.block, max_seconds=args.e2e_seconds / 3, clock="wall")
     ratios = _block_ratios(cpu[0].samples_ms, cpu[1].samples_ms, args.block)
+    low, high = _median_ci(ratios, seed=len(name))
     rec["comparison"] = {
         "cpu_ms": [s.median_ms for s in cpu], "wall_ms": [s.median_ms for s in wall],
         "speedup_cpu": cpu[0].median_ms / cpu[1].median_ms, "speedup_wall": wall[0].median_ms / wall[1].median_ms,
-        "block_ratios": [round(r, 4) for r in ratios],
+        "block_ratios": [round(r, 4) for r in ratios], "block_ratio_ci95": [low, high],
         "slower_blocks": sum(1 for r in ratios if r < 1.0),
+        "measurably_slower": high < 1.0,
         "runs": [s.runs for s in cpu],
     }
     if args.repeat:
-        rec["repeat"] = repeat_check(cost, fresh, graph, args.repeat, seed=len(name))
+        rec["repeat"] = repeat_check(cost, cost.uncached(), graph, args.repeat, seed=len(name))
     return rec
 
 
@@ -202,10 +221,12 @@ def markdown(records: list[dict[str, Any]], checks: dict[str, Any] | None, mach:
                   f"onnxruntime {device['device']['onnxruntime']}. Calibration: per-node dispatch "
                   f"{cal['node_us']:.2f} us, per-run overhead {cal['run_us']:.1f} us, NCHWc block {cal['block']}.", ""]
     lines += [
-        "Summed cost = the graph's fused groups, priced as onnxruntime runs them (measured afresh just before the "
-        "graphs are timed), + one run's fixed overhead. Per-node = every IR node priced alone from the cache filled "
-        "while optimizing (what the extractor sees; onnxruntime's fusions not applied). End-to-end = median CPU time "
-        "of the inference thread over blocks of runs, original and optimized alternating, over the timing budget. "
+        "Summed cost = the graph's fused groups, priced as onnxruntime runs them, + one run's fixed overhead; every "
+        "group is measured afresh (in several timing windows) while the original and the optimized graph run end to "
+        "end in between, so both figures are taken under the same load from other processes. Per-node = every IR "
+        "node priced alone from the cache filled while optimizing (what the extractor sees; onnxruntime's fusions "
+        "not applied). End-to-end = median CPU time of the inference thread over blocks of runs, original and "
+        "optimized alternating. "
         f"Error = (summed - end-to-end) / end-to-end; target |error| <= {TARGET_ERROR:.0%}.", "",
         "| graph | ops | summed ms | per-node ms | end-to-end ms | error | optimized ops | summed ms | per-node ms | "
         "end-to-end ms | error |",
@@ -226,17 +247,22 @@ def markdown(records: list[dict[str, Any]], checks: dict[str, Any] | None, mach:
         lines += ["", f"Within {TARGET_ERROR:.0%}: {met} of {len(errors)} graphs (original and optimized); "
                       f"median |error| {statistics.median(errors):.1%}, largest {max(errors):.1%}."]
     lines += ["", "## Optimized vs original (interleaved blocks of runs)", "",
-              "| graph | cost before -> after (per-node, ms) | CPU ms orig / opt | speedup (CPU) | "
-              "wall ms orig / opt | speedup (wall) | blocks where optimized was slower | e-nodes | optimize s | costs measured |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "Speedup = original / optimized median latency. The optimized graph is *measurably slower* when the "
+              "95% bootstrap interval of the median block ratio (original / optimized, per pair of blocks) lies "
+              "below 1.", "",
+              "| graph | cost before -> after (per-node, ms) | CPU ms orig / opt | speedup (CPU) | 95% interval | "
+              "wall ms orig / opt | speedup (wall) | blocks where optimized was slower | measurably slower | e-nodes | "
+              "optimize s | costs measured |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         c, o = r["comparison"], r["optimize"]
         measured = o["measured"]["measured"] if o["measured"] else "-"
+        low, high = c["block_ratio_ci95"]
         lines.append(
             f"| {r['model']} | {o['cost_before']:.3f} -> {o['cost_after']:.3f} | {c['cpu_ms'][0]:.3f} / "
-            f"{c['cpu_ms'][1]:.3f} | {c['speedup_cpu']:.3f}x | {c['wall_ms'][0]:.3f} / {c['wall_ms'][1]:.3f} | "
-            f"{c['speedup_wall']:.3f}x | {c['slower_blocks']} of {len(c['block_ratios'])} | {o['enodes']} | "
-            f"{r['optimize_seconds']} | {measured} |")
+            f"{c['cpu_ms'][1]:.3f} | {c['speedup_cpu']:.3f}x | {low:.3f} - {high:.3f} | {c['wall_ms'][0]:.3f} / "
+            f"{c['wall_ms'][1]:.3f} | {c['speedup_wall']:.3f}x | {c['slower_blocks']} of {len(c['block_ratios'])} | "
+            f"{'yes' if c['measurably_slower'] else 'no'} | {o['enodes']} | {r['optimize_seconds']} | {measured} |")
     reps = [r["repeat"] for r in records if r.get("repeat")]
     if reps:
         lines += ["", "## Repeatability", ""]
@@ -257,7 +283,7 @@ def markdown(records: list[dict[str, Any]], checks: dict[str, Any] | None, mach:
                   f"`tensat optimize --model squeezenet --cost measured` twice in new processes: "
                   f"{runs[0]['seconds']} s then {runs[1]['seconds']} s; rows after each {runs[0]['rows_after']}, "
                   f"{runs[1]['rows_after']}: the second run measured {checks['second_optimize_new_rows']} new costs."]
-    lines += ["", f"Total benchmark time {seconds / 60:.1f} min.", ""]
+    lines += ["", "## Notes", "", NOTES.strip(), "", f"Total benchmark time {seconds / 60:.1f} min.", ""]
     return "\n".join(lines)
 
 
@@ -265,7 +291,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="*", default=model_names(), help="graphs to run (default: all 8)")
     p.add_argument("--cache-dir", help="cost cache directory (default: a fresh temporary one)")
-    p.add_argument("--e2e-seconds", type=float, default=24.0, help="wall-time budget of each end-to-end timing")
+    p.add_argument("--e2e-seconds", type=float, default=24.0,
+                   help="wall-time cap of the end-to-end runs timed after the costs (to reach --runs)")
+    p.add_argument("--runs", type=int, default=40, help="at least this many end-to-end runs per graph")
+    p.add_argument("--windows", type=int, default=4, help="timing windows per fused group in the report")
+    p.add_argument("--window-seconds", type=float, default=0.3, help="seconds per timing window")
     p.add_argument("--block", type=int, default=8, help="runs per block in interleaved timing")
     p.add_argument("--repeat", type=int, default=12, help="cached costs to re-measure per graph (0: none)")
     p.add_argument("--time-limit", type=float, default=30.0, help="exploration seconds per graph (default 30)")
@@ -276,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
     if args.quick:
-        args.e2e_seconds, args.repeat = 4.0, 3
+        args.e2e_seconds, args.repeat, args.runs, args.windows, args.window_seconds = 4.0, 3, 16, 2, 0.15
     start = time.perf_counter()
     tmp = None
     if not args.cache_dir:
@@ -304,10 +334,11 @@ def main(argv: list[str] | None = None) -> int:
     mach = machine_info()
     args.out.mkdir(parents=True, exist_ok=True)
     data = {"machine": mach, "device": device, "checks": checks, "results": records, "seconds": round(seconds, 1),
-            "settings": {"e2e_seconds": args.e2e_seconds, "block": args.block, "repeat": args.repeat,
+            "settings": {"e2e_seconds": args.e2e_seconds, "runs": args.runs, "windows": args.windows,
+                         "window_seconds": args.window_seconds, "block": args.block, "repeat": args.repeat,
                          "time_limit": args.time_limit, "ilp_time_limit": args.ilp_time_limit}}
-    (args.out / "cost_report.json").write_text(json.dumps(data, indent=2) + "\n")
-    (args.out / "cost_report.md").write_text(markdown(records, checks, mach, device, seconds))
+    atomic_write_json(args.out / "cost_report.json", data)
+    atomic_write_text(args.out / "cost_report.md", markdown(records, checks, mach, device, seconds))
     print(f"wrote {args.out / 'cost_report.md'}")
     if tmp is not None:
         tmp.cleanup()

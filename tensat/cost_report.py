@@ -6,7 +6,8 @@ Relu) into one blocked convolution. `fusion_groups` finds those groups in an IR 
 group only when that consumer is its only reader), and `fused_graph_cost` prices every group as one unit, timed as
 onnxruntime runs it (the group's own model, fused by onnxruntime itself), plus the fixed per-run overhead of a
 session. `cost_report` sets that sum beside the graph's measured end-to-end latency, for the original graph and
-the tensat-optimized one.
+the tensat-optimized one, measuring the groups afresh between the graphs' end-to-end runs (on a shared machine
+latency moves by tens of percent from one minute to the next, so both figures must be taken under the same load).
 """
 
 from __future__ import annotations
@@ -184,6 +185,15 @@ class GraphCost:
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
+def per_node_cost(graph: Graph, cost: MeasuredCost) -> float:
+    """Every runtime node priced alone (what the extractor sums; no fusion), plus one session's fixed overhead."""
+    const = graph.weight_only()
+    singles = [(graph.nodes[i], [graph.nodes[j].shape for j in graph.nodes[i].inputs],
+                [j in const for j in graph.nodes[i].inputs]) for i in runtime_nodes(graph)]
+    cost.prefetch(singles)
+    return sum(cost(n, s, c) for n, s, c in singles) + cost.baseline_ms
+
+
 def fused_graph_cost(graph: Graph, cost: MeasuredCost, per_node: bool = True) -> GraphCost:
     """Sum of the graph's fused groups as onnxruntime runs them, plus one session's fixed overhead (and, unless
     `per_node` is False, the plain per-node sum beside it)."""
@@ -194,10 +204,6 @@ def fused_graph_cost(graph: Graph, cost: MeasuredCost, per_node: bool = True) ->
         first = graph.nodes[members[0]]
         units.append(None if len(members) == 1 and first.op == "opaque" else group_unit(graph, members, const))
     cost.prefetch_units([u for u in units if u is not None])
-    singles = [(graph.nodes[i], [graph.nodes[j].shape for j in graph.nodes[i].inputs],
-                [j in const for j in graph.nodes[i].inputs]) for i in runtime_nodes(graph)]
-    if per_node:
-        cost.prefetch(singles)
     priced: list[GroupCost] = []
     analytic = 0
     for members, unit in zip(groups, units):
@@ -212,7 +218,7 @@ def fused_graph_cost(graph: Graph, cost: MeasuredCost, per_node: bool = True) ->
         analytic += int(detail.get("fallback") == "analytic")
         priced.append(GroupCost(members, unit.label(), ms, detail))
     base = cost.baseline_ms
-    node_sum = sum(cost(n, s, c) for n, s, c in singles) + base if per_node else float("nan")
+    node_sum = per_node_cost(graph, cost) if per_node else float("nan")
     return GraphCost(sum(g.ms for g in priced) + base, base, node_sum, priced, analytic)
 
 
@@ -284,12 +290,6 @@ class Report:
         return "\n".join(lines)
 
 
-def _row(name: str, graph: Graph, cost: MeasuredCost, e2e: Any, per_node: bool = True) -> ReportRow:
-    gc = fused_graph_cost(graph, cost, per_node)
-    return ReportRow(name, gc.total_ms, gc.per_node_ms, e2e.median_ms, e2e.spread, graph.op_count(),
-                     gc.fused_groups, gc.analytic_nodes, gc.by_label())
-
-
 def end_to_end(
     models: Sequence[ModelProto], cost: MeasuredCost, *, runs: int = 60, block: int = 10, max_seconds: float = 60.0,
     clock: str | None = None,
@@ -301,29 +301,89 @@ def end_to_end(
                        max_seconds=max_seconds, clock=clock or cost.clock)
 
 
+def _graph_units(graph: Graph) -> list[Unit]:
+    """The measurable units of a graph's fused groups (opaque singletons are priced analytically)."""
+    const = graph.weight_only()
+    units = []
+    for members in fusion_groups(graph):
+        if not (len(members) == 1 and graph.nodes[members[0]].op == "opaque"):
+            units.append(group_unit(graph, members, const))
+    return units
+
+
+def interleaved_end_to_end(
+    models: Sequence[ModelProto], pricing: MeasuredCost, units: Sequence[Unit], *, runs: int = 60, block: int = 10,
+    max_seconds: float = 60.0,
+) -> list[Any]:
+    """Measure `units` with `pricing` while timing `models` end to end in between: after every timing window of a
+    unit the models run in turns (blocks of `block`) until the time spent on them has caught up with the time spent
+    measuring, so summed costs and end-to-end latency are taken under the same load from other processes. Then
+    more turns until every model has `runs` counted runs (for at most `max_seconds` more)."""
+    from tensat.latency import Interleaved
+
+    timed = Interleaved(list(models), provider=pricing.device, threads=pricing.threads, block=block,
+                        clock=pricing.clock)
+    measuring = 0.0
+    mark = time.perf_counter()
+
+    def catch_up() -> None:
+        nonlocal measuring, mark
+        measuring += time.perf_counter() - mark
+        while timed.seconds < measuring:
+            timed.turn()
+        mark = time.perf_counter()
+
+    pricing.prefetch_units(units, between=catch_up)
+    start = time.perf_counter()
+    while timed.runs < runs and (timed.runs < 5 or time.perf_counter() - start < max_seconds):
+        timed.turn()
+    return timed.stats()
+
+
 def cost_report(
     original: Graph, cost: MeasuredCost, *, optimized: Graph | None = None, name: str = "model", runs: int = 60,
-    block: int = 10, max_seconds: float = 60.0, per_node: bool = True,
+    block: int = 10, max_seconds: float = 60.0, per_node: bool = True, fresh: bool = True, windows: int = 3,
+    window_seconds: float = 0.3,
 ) -> Report:
     """Summed measured cost beside measured end-to-end latency for `original` (and `optimized`, timed in blocks
-    interleaved with it); the working set of the cost model is taken from `original`. Costs are priced (measured
-    where not cached) first, then the graphs are timed."""
+    interleaved with it); the working set of the cost model is taken from `original`.
+
+    With `fresh` (the default) every fused group is measured again now, in `windows` windows of about
+    `window_seconds` each (every window sweeping all groups of both graphs), interleaved with the graphs'
+    end-to-end runs (`interleaved_end_to_end`): on a shared machine latency moves by tens of percent from one
+    minute to the next, so a sum of costs taken at another time says little about today's end-to-end figure. Without it the costs come from `cost` (its cache) and the graphs
+    are timed afterwards. The per-node sum is priced with `cost` either way."""
     from tensat.onnx_io import export_model
 
     start = time.perf_counter()
     original = original.compact()
     cost.observe_graph(original)
     graphs = [("original", original)] + ([("optimized", optimized.compact())] if optimized is not None else [])
-    for _, g in graphs:
-        fused_graph_cost(g, cost, per_node)
     models = [export_model(g) for _, g in graphs]
-    stats = end_to_end(models, cost, runs=runs, block=block, max_seconds=max_seconds)
-    rows = [_row(label, g, cost, s, per_node) for (label, g), s in zip(graphs, stats)]
+    node_sums = [per_node_cost(g, cost) if per_node else float("nan") for _, g in graphs]
+    units = [u for _, g in graphs for u in _graph_units(g)]
+    pricing = cost
+    if fresh:  # one chunk: every window sweeps all groups, so each group's windows span the whole timing
+        pricing = cost.uncached(windows=windows, max_seconds=window_seconds * windows, chunk=max(len(units), 1))
+    if fresh:
+        stats = interleaved_end_to_end(models, pricing, units, runs=runs, block=block, max_seconds=max_seconds)
+    else:
+        pricing.prefetch_units(units)
+        stats = end_to_end(models, cost, runs=runs, block=block, max_seconds=max_seconds)
+    rows = []
+    for (label, g), s, node_sum in zip(graphs, stats, node_sums):
+        gc = fused_graph_cost(g, pricing, per_node=False)
+        rows.append(ReportRow(label, gc.total_ms, node_sum, s.median_ms, s.spread, g.op_count(), gc.fused_groups,
+                              gc.analytic_nodes, gc.by_label()))
     speedup = stats[0].median_ms / stats[1].median_ms if len(stats) > 1 and stats[1].median_ms > 0 else None
     notes = []
-    if cost.stats.errors:
-        notes.append(f"{len(cost.stats.errors)} unit(s) could not be measured: {cost.stats.errors[0]}")
-    return Report(name, rows, speedup, cost.describe(), time.perf_counter() - start, notes, list(stats))
+    if fresh:
+        notes.append(f"costs measured afresh ({windows} windows per group) between end-to-end runs "
+                     f"({stats[0].runs} per graph)")
+    errors = pricing.stats.errors + (cost.stats.errors if fresh else [])
+    if errors:
+        notes.append(f"{len(errors)} unit(s) could not be measured: {errors[0]}")
+    return Report(name, rows, speedup, pricing.describe(), time.perf_counter() - start, notes, list(stats))
 
 
 def load_graph(source: str | os.PathLike[str] | ModelProto | Graph,

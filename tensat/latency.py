@@ -96,6 +96,50 @@ def clock_function(clock: str, provider: str = "cpu", threads: int | None = 1) -
     raise ValueError(f"unknown clock {clock!r}; choose from {', '.join(CLOCKS)}")
 
 
+class Interleaved:
+    """Models timed in turns on the same seeded inputs: each `turn()` runs every model once, or with `block` > 1 a
+    block of `block` counted runs after one uncounted run, in a fixed order. `stats()` gives the latency so far."""
+
+    def __init__(
+        self, models: Sequence[ModelSource], *, provider: str = "cpu", threads: int | None = 1, warmup: int = 3,
+        seed: int = 0, block: int = 1, clock: str = "wall",
+    ) -> None:
+        from onnx import load
+
+        self.timer = clock_function(clock, provider, threads)
+        protos = [m if isinstance(m, ModelProto) else load(os.fspath(m), load_external_data=False) for m in models]
+        sessions = [make_session(m, provider, threads) for m in models]
+        feeds = random_inputs(protos[0], seed)
+        self.runs_of = [runner(sess, feeds, provider) for sess in sessions]
+        for run in self.runs_of:
+            for _ in range(warmup):
+                run()
+        self.block = max(1, int(block))
+        self.samples: list[list[float]] = [[] for _ in sessions]
+        self.seconds = 0.0  # wall time spent in turns
+
+    @property
+    def runs(self) -> int:
+        """Counted runs per model so far."""
+        return len(self.samples[0]) if self.samples else 0
+
+    def turn(self, size: int | None = None) -> None:
+        """One turn: `size` (default `block`) counted runs of every model, each block after one uncounted run."""
+        size = self.block if size is None else size
+        start = time.perf_counter()
+        for run, out in zip(self.runs_of, self.samples):
+            if self.block > 1:
+                run()
+            for _ in range(size):
+                t = self.timer()
+                run()
+                out.append(self.timer() - t)
+        self.seconds += time.perf_counter() - start
+
+    def stats(self) -> list[LatencyStats]:
+        return [_stats(s) for s in self.samples]
+
+
 def time_models(
     models: Sequence[ModelSource], *, provider: str = "cpu", threads: int | None = 1, warmup: int = 3,
     runs: int = 30, max_seconds: float = 60.0, seed: int = 0, block: int = 1, clock: str = "wall",
@@ -106,30 +150,11 @@ def time_models(
     uncounted run at the start of each block). `clock` is "wall" or "cpu" (see the module docstring). Stops early
     (with at least 5 runs per model) once `max_seconds` of wall time have passed, so large models stay affordable.
     """
-    from onnx import load
-
-    timer = clock_function(clock, provider, threads)
-    protos = [m if isinstance(m, ModelProto) else load(os.fspath(m), load_external_data=False) for m in models]
-    sessions = [make_session(m, provider, threads) for m in models]
-    feeds = random_inputs(protos[0], seed)
-    runs_of = [runner(sess, feeds, provider) for sess in sessions]
-    for run in runs_of:
-        for _ in range(warmup):
-            run()
-    block = max(1, int(block))
-    samples: list[list[float]] = [[] for _ in sessions]
+    timed = Interleaved(models, provider=provider, threads=threads, warmup=warmup, seed=seed, block=block,
+                        clock=clock)
     start = time.perf_counter()
-    done = 0
-    while done < runs:
-        size = min(block, runs - done)
-        for run, out in zip(runs_of, samples):
-            if block > 1:
-                run()
-            for _ in range(size):
-                t = timer()
-                run()
-                out.append(timer() - t)
-        done += size
-        if done >= 5 and time.perf_counter() - start > max_seconds:
+    while timed.runs < runs:
+        timed.turn(min(timed.block, runs - timed.runs))
+        if timed.runs >= 5 and time.perf_counter() - start > max_seconds:
             break
-    return [_stats(s) for s in samples]
+    return timed.stats()

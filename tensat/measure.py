@@ -2,8 +2,8 @@
 
 A *unit* is what gets timed: one IR node (with its fused activation), or a small group of nodes that onnxruntime
 runs as one kernel (Conv+Relu, MatMul+Add, Conv+Add+Relu, Transpose+MatMul; see `tensat.cost_report`). Its inputs
-that are weights become initializers, the others graph inputs, exactly as in real inference, and the session uses
-the settings of an end-to-end run: the chosen execution provider, `threads` intra-op threads (default 1), all graph
+that are weights become initializers, the others graph inputs, as in real inference, and the session uses the
+settings of an end-to-end run: the chosen execution provider, `threads` intra-op threads (default 1), all graph
 optimizations.
 
 How a unit's cost is taken:
@@ -12,10 +12,13 @@ How a unit's cost is taken:
   time also counts the time other processes had the core); other settings (CUDA, several threads) by wall time.
   `tensat.latency.time_models(clock=...)` times end-to-end runs the same way.
 - The timed model holds K copies of the unit, sharing the non-weight inputs, each with its own weights. K is chosen
-  so the copies' weights span the working set of the graph being optimized (`observe_graph`): in an end-to-end run
-  the other ops' weights pass through the caches between two uses of a weight, and K copies recreate that, so a
-  matrix-vector product that streams its weights from memory is not timed from L2. K is also bounded by a per-round
-  time budget, by the bytes of the copies' outputs and by memory.
+  so the copies' weights span the working set of the graph being optimized (`observe_graph`), bounded by a per-round
+  time budget, by the bytes of the copies' outputs and by memory. Inputs and outputs are buffers bound once, 64-byte
+  aligned as onnxruntime's own buffers are.
+- Cache state as inside a graph: between two runs of one op, the graph's other weights pass through the caches, so
+  its weights are cold; its input has just been computed and its output goes to a recycled buffer. Where the K
+  copies' weights do not span the working set, the rest is evicted before every timed run (a scratch buffer is
+  read), and then the inputs are read and the output buffers written again.
 - Rounds alternate the unit model with a null model (K one-element Relus, same number of inputs and outputs); a
   round's sample is (t_unit - t_null) / K, plus the per-node dispatch cost of a near-empty node (`node_us`,
   calibrated per device from a chain of 64 tiny nodes), so the session's fixed per-run overhead and the per-output
@@ -26,12 +29,13 @@ How a unit's cost is taken:
   they disagree by more than 5%; one window for long units); the cost is the median of the window medians and the
   largest (p90 - p10) / median is recorded as its spread.
 - CPU layout: onnxruntime runs convolutions and pools in a blocked layout (NCHWc) and reorders tensors where they
-  enter or leave it. Inside a graph a chain of blocked ops needs no reorders, so the time a unit's own model spends
-  in the reorders at its inputs and outputs (its share, profiled once in the one-copy model) is taken off. A
-  residual operand of Conv+Add is fed through a 1x1 max pool (its cost taken off again) so that it arrives blocked
-  and onnxruntime fuses the Add into the convolution, as it does inside a graph. Conversely an op that cannot run
-  blocked (slice, transpose, reshape, matmul, a grouped conv or pool onnxruntime keeps in NCHW) on a 4-D tensor is
-  charged the reorders it causes between blocked neighbours: splitting a merged conv's output costs what it costs.
+  enter or leave it. Inside a graph a chain of blocked ops needs no reorders, so a unit onnxruntime runs blocked is
+  timed as onnxruntime's own optimized model of it with the reorders at its inputs and outputs cut off
+  (`strip_reorders`): it takes and gives blocked tensors. A residual operand of Conv+Add enters through a 1x1 max
+  pool so that onnxruntime fuses the Add into the convolution (updating the operand in place), as it does inside a
+  graph; the pool and a one-pixel pool reading the output then form the null model. Conversely an op that cannot run blocked (slice, transpose, reshape,
+  matmul, a grouped conv or pool onnxruntime keeps in NCHW) on a 4-D tensor is charged the reorders it causes
+  between blocked neighbours: splitting a merged conv's output costs what it costs.
 - Reshape runs as a view inside a graph (onnxruntime aliases its buffer): it costs one node's dispatch, plus the
   reorder out of the blocked layout where that applies.
 - Opaque ops (the cost model does not see their definition) and units onnxruntime cannot build fall back to the
@@ -72,7 +76,7 @@ from tensat.ir import Graph, Node
 
 Shape = tuple[int, ...]
 
-METHOD = "kcopies-null-v6"
+METHOD = "blocked-evict-v9"
 NCHWC_DOMAIN = "com.microsoft.nchwc"
 DEVICES = ("auto", "cpu", "cuda")
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -84,11 +88,12 @@ LONG_WEIGHTS = 64 * 2**20
 MEMORY_CAP = 256 * 2**20  # bytes of weights + outputs over all copies
 OUT_BUDGET = 4 * 2**20  # bytes of outputs over all copies (an end-to-end run reuses warm buffers)
 DEFAULT_WORKING_SET = 64 * 2**20
+ALIGNMENT = 64  # bytes: bound buffers start at such a boundary, as onnxruntime's own do
+EVICT_CAP = 256 * 2**20  # at most this many bytes are streamed through the caches before a timed run
 STABLE_TOL = 0.02
 WINDOWS = 2  # timing windows per unit, separated in time by the other units of its chunk
 WINDOW_TOL = 0.05
 CHUNK = 24
-PROBE_RUNS = 5  # profiled runs of a unit's one-copy model, to apportion its time to its own reorders
 # Ops that either run in the blocked layout (the probe says so) or force reorders around them in a blocked graph;
 # the others (element-wise ops, concat) run on whatever layout their inputs have.
 BREAKING_OPS = {"slice", "transpose", "reshape", "matmul", "conv2d", "opaque", "maxpool", "avgpool", "globalavgpool",
@@ -397,6 +402,75 @@ def reorder_model(kind: str, shape: Sequence[int], block: int) -> ModelProto:
     return model
 
 
+def strip_reorders(model: ModelProto, block: int) -> ModelProto:
+    """onnxruntime's optimized `model` with its boundary reorders cut off: a ReorderInput of a graph input becomes a
+    blocked graph input, a ReorderOutput giving a graph output becomes a blocked graph output (channels padded to
+    `block`)."""
+    g = model.graph
+    dims = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim] for vi in [*g.input, *g.output]}
+    inputs = {vi.name for vi in g.input}
+    outputs = {vi.name for vi in g.output}
+
+    def padded(shape: Sequence[int]) -> list[int]:
+        return [shape[0], -(-shape[1] // block) * block, *shape[2:]]
+
+    blocked_in: dict[str, list[int]] = {}
+    renamed_out: dict[str, str] = {}
+    nodes = []
+    for n in g.node:
+        nchwc = n.domain == NCHWC_DOMAIN
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        if nchwc and n.op_type == "ReorderInput" and n.input[0] in inputs and not attrs.get("channels_last", 0):
+            blocked_in[n.output[0]] = padded(dims[n.input[0]])
+        elif nchwc and n.op_type == "ReorderOutput" and n.output[0] in outputs and not attrs.get("channels_last", 0):
+            renamed_out[n.output[0]] = n.input[0]
+        else:
+            nodes.append(n)
+    used = {i for n in nodes for i in n.input}
+    kept = [vi for vi in g.input if vi.name in used]
+    kept += [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in blocked_in.items()
+             if name in used]
+    outs = [helper.make_tensor_value_info(renamed_out[vi.name], TensorProto.FLOAT, padded(dims[vi.name]))
+            if vi.name in renamed_out else vi for vi in g.output]
+    used_inits = [t for t in g.initializer if t.name in used]
+    out = helper.make_model(helper.make_graph(nodes, g.name, kept, outs, initializer=used_inits),
+                            opset_imports=list(model.opset_import), producer_name="tensat-measure")
+    out.ir_version = model.ir_version
+    return out
+
+
+def sample_outputs(model: ModelProto) -> ModelProto:
+    """`model` with each 4-D graph output read by a strided 1x1 max pool (blocked) taking one pixel, the pools'
+    outputs as the graph outputs: the tensors become buffers onnxruntime allocates and may update in place."""
+    g = model.graph
+    nodes, outs = list(g.node), []
+    for vi in g.output:
+        dims = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        name = f"{vi.name}__sample"
+        nodes.append(helper.make_node("MaxPool", [vi.name], [name], domain=NCHWC_DOMAIN, kernel_shape=[1, 1],
+                                      strides=dims[2:], pads=[0, 0, 0, 0]))
+        outs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, [*dims[:2], 1, 1]))
+    out = helper.make_model(helper.make_graph(nodes, g.name, list(g.input), outs, initializer=list(g.initializer)),
+                            opset_imports=list(model.opset_import), producer_name="tensat-measure")
+    out.ir_version = model.ir_version
+    return out
+
+
+def prologue_model(stripped: ModelProto, count: int) -> ModelProto:
+    """The null model of a unit with a prologue: the first `count` nodes of its stripped model (the pools
+    `_with_prologue` put first), their outputs sampled (`sample_outputs`) as the unit's output is."""
+    g = stripped.graph
+    pools = list(g.node)[:count]
+    inputs = {vi.name: vi for vi in g.input}
+    outs = [helper.make_tensor_value_info(n.output[0], TensorProto.FLOAT,
+                                          [d.dim_value for d in inputs[n.input[0]].type.tensor_type.shape.dim])
+            for n in pools]
+    out = helper.make_model(helper.make_graph(pools, "prologue", [inputs[n.input[0]] for n in pools], outs),
+                            opset_imports=list(stripped.opset_import), producer_name="tensat-measure")
+    out.ir_version = stripped.ir_version
+    return sample_outputs(out)
+
+
 def chain_model(length: int) -> ModelProto:
     """`length` one-element Relus in a chain (to measure the per-node dispatch cost)."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1])
@@ -418,6 +492,16 @@ def null_model(copies: int) -> ModelProto:
 # Running and timing
 
 
+def aligned(arr: np.ndarray, alignment: int = ALIGNMENT) -> np.ndarray:
+    """A copy of `arr` whose data starts on an `alignment`-byte boundary, as onnxruntime's own buffers do (numpy's
+    large arrays start 16 bytes past a page boundary, and vector loads across cache lines are slower)."""
+    raw = np.empty(arr.nbytes + alignment, np.uint8)
+    offset = (-raw.ctypes.data) % alignment
+    out = raw[offset:offset + arr.nbytes].view(arr.dtype).reshape(arr.shape)
+    out[...] = arr
+    return out
+
+
 def _is_plausibly_blocked(shape: Sequence[int], dtype: str = "float32") -> bool:
     """A 4-D float tensor whose channels the NCHWc layout accepts (a multiple of 4)."""
     return len(shape) == 4 and np.dtype(dtype).kind == "f" and shape[1] % 4 == 0 and shape[1] > 0
@@ -434,6 +518,34 @@ class Runner:
         self.clock = clock_function(clock, device, threads)
         self.ort = _ort()
         self._null: dict[int, Callable[[], None]] = {}
+        self._scratch: np.ndarray | None = None
+
+    def evict(self, nbytes: int) -> None:
+        """Read `nbytes` of a scratch buffer, pushing other data out of the caches, as the rest of a graph's
+        weights (read-only too) pass through them between two runs of one of its ops."""
+        count = min(int(nbytes), EVICT_CAP) // 4
+        if count <= 0:
+            return
+        if self._scratch is None or self._scratch.size < count:
+            self._scratch = np.ones(EVICT_CAP // 4, np.float32)
+        self._scratch[:count].sum()
+
+    def cold_weights(self, run: Callable[[], None], nbytes: int) -> Callable[[], None] | None:
+        """What to do before each timed run of a bound model (None: nothing): on CPU, evict `nbytes` from the
+        caches, then touch the model's inputs and output buffers again (inside a graph an op's input has just been
+        computed and its output goes to a recycled buffer: only the weights are cold)."""
+        if self.device != "cpu" or nbytes <= 0:
+            return None
+        inputs, outputs = run._keep[0], run._keep[3]  # type: ignore[attr-defined]
+
+        def before() -> None:
+            self.evict(nbytes)
+            for arr in inputs:
+                arr.sum()
+            for arr in outputs:
+                np.add(arr, 0.0, out=arr)
+
+        return before
 
     def session(self, model: ModelProto | bytes, optimized_path: str | None = None,
                 profile_prefix: str | None = None) -> Any:
@@ -459,7 +571,7 @@ class Runner:
         for inp in sess.get_inputs():
             shape = [int(d) if isinstance(d, int) and d > 0 else 1 for d in inp.shape]
             dtype = _ORT_TYPES.get(inp.type, "float32")
-            arr = np.ascontiguousarray(_random_array(rng, shape, dtype))
+            arr = aligned(_random_array(rng, shape, dtype))
             if self.device == "cuda":
                 value = self.ort.OrtValue.ortvalue_from_numpy(arr, "cuda", 0)
                 io.bind_ortvalue_input(inp.name, value)
@@ -467,8 +579,16 @@ class Runner:
             else:
                 io.bind_cpu_input(inp.name, arr)
                 keep.append(arr)
+        outputs: list[np.ndarray] = []
         for out in sess.get_outputs():
-            io.bind_output(out.name, "cuda" if self.device == "cuda" else "cpu")
+            dtype = _ORT_TYPES.get(out.type, "float32")
+            static = all(isinstance(d, int) and d > 0 for d in out.shape)
+            if self.device == "cuda" or not static or np.dtype(dtype).kind != "f":
+                io.bind_output(out.name, "cuda" if self.device == "cuda" else "cpu")
+                continue
+            arr = aligned(np.zeros([int(d) for d in out.shape], dtype))
+            io.bind_output(out.name, "cpu", 0, np.dtype(dtype), list(arr.shape), arr.ctypes.data)
+            outputs.append(arr)
         cuda = self.device == "cuda"
 
         def run() -> None:
@@ -478,7 +598,7 @@ class Runner:
             if cuda:
                 io.synchronize_outputs()
 
-        run._keep = (keep, io, sess)  # type: ignore[attr-defined]
+        run._keep = (keep, io, sess, outputs)  # type: ignore[attr-defined]
         return run
 
     def null(self, copies: int) -> Callable[[], None]:
@@ -508,10 +628,11 @@ class Timing:
 def time_rounds(
     fns: Sequence[Callable[[], None]], combine: Callable[[Sequence[float]], float], copies: int = 1, *,
     min_rounds: int = 5, max_rounds: int = 400, max_seconds: float = 1.5, warmup: int = 1, check_every: int = 5,
-    tol: float = STABLE_TOL, clock: Callable[[], float] = time.perf_counter,
+    tol: float = STABLE_TOL, clock: Callable[[], float] = time.perf_counter, before: Callable[[], None] | None = None,
 ) -> Timing:
     """Run every function of `fns` once per round (alternating the order between rounds) until the median of
-    `combine(seconds of each function)` (in microseconds) is stable or a cap is hit (`max_seconds` of wall time)."""
+    `combine(seconds of each function)` (in microseconds) is stable or a cap is hit (`max_seconds` of wall time).
+    `before`, if given, runs (untimed) before every timed call."""
     wall = time.perf_counter
     for _ in range(warmup):
         for f in fns:
@@ -523,6 +644,8 @@ def time_rounds(
     while True:
         times = [0.0] * len(fns)
         for k in order if len(samples) % 2 == 0 else order[::-1]:
+            if before is not None:
+                before()
             t0 = clock()
             fns[k]()
             times[k] = clock() - t0
@@ -659,7 +782,9 @@ class MeasuredCost:
     """A `CostModel` pricing nodes by their latency in onnxruntime on one device (see the module docstring).
 
     `prefetch(items)` measures every missing cost at once behind one progress bar; `__call__` returns cached costs
-    (measuring on the spot if something was not prefetched). `unit_cost` prices a fused group of nodes.
+    (measuring on the spot if something was not prefetched). `unit_cost` prices a fused group of nodes. `windows`
+    fixes the number of timing windows of every unit (default: `WINDOWS`, one for long units); `chunk` is how many
+    units are planned at once, their windows taken in turn.
     """
 
     name = "measured"
@@ -667,10 +792,15 @@ class MeasuredCost:
     def __init__(
         self, device: str = "auto", cache_path: str | os.PathLike[str] | None = None, progress: bool = True,
         threads: int = 1, working_set: int | None = None, max_seconds: float = 1.5,
-        cache: CostCache | None = None, clock: str | None = None,
+        cache: CostCache | None = None, clock: str | None = None, windows: int | None = None,
+        chunk: int = CHUNK,
     ) -> None:
         if int(threads) < 1:
             raise TensatError(f"threads must be positive, got {threads}")
+        if windows is not None and int(windows) < 1:
+            raise TensatError(f"windows must be positive, got {windows}")
+        self.windows = None if windows is None else int(windows)
+        self.chunk = max(1, int(chunk))
         self.device = resolve_device(device)
         self.threads = int(threads)
         self.clock = clock or default_clock(self.device, self.threads)
@@ -799,12 +929,14 @@ class MeasuredCost:
             total += sum(_nbytes(s, node.dtype) for s, c in zip(shapes, const) if c)
         return total or DEFAULT_WORKING_SET
 
-    def prefetch_units(self, units: Iterable[Unit]) -> None:
+    def prefetch_units(self, units: Iterable[Unit], between: Callable[[], None] | None = None) -> None:
         """Load or measure every unit not yet known.
 
         Units are measured in chunks; each unit is timed in `WINDOWS` windows separated by the other units of its
         chunk (a third window where the first two disagree by more than `WINDOW_TOL`), and its cost is the median
-        of the window medians, so a burst of load from other processes does not stay in the cache.
+        of the window medians, so a burst of load from other processes does not stay in the cache. Every other
+        window goes through the chunk backwards, so each unit's windows centre on the chunk's middle. `between`, if
+        given, is called after every window (the accuracy report times end-to-end runs there).
         """
         todo: dict[str, Unit] = {}
         for u in units:
@@ -823,23 +955,28 @@ class MeasuredCost:
             return
         start = time.perf_counter()
         order = sorted(todo.items(), key=lambda kv: (kv[1].label(), kv[0]))
-        bar = Progress(len(order) * WINDOWS, f"measuring {len(order)} op costs on {self.device}", self.progress)
+        windows = self.windows or WINDOWS
+        bar = Progress(len(order) * windows, f"measuring {len(order)} op costs on {self.device}", self.progress)
         try:
-            for c in range(0, len(order), CHUNK):
-                chunk = order[c:c + CHUNK]
+            for c in range(0, len(order), self.chunk):
+                chunk = order[c:c + self.chunk]
                 plans: dict[str, _Plan | CostEntry] = {}
                 for k, unit in chunk:
                     plans[k] = self._plan(unit)
-                for w in range(WINDOWS):
-                    for k, unit in chunk:
+                for w in range(windows):
+                    for k, unit in chunk if w % 2 == 0 else chunk[::-1]:
                         plan = plans[k]
                         if w < (plan.windows_wanted if isinstance(plan, _Plan) else 1):
                             self._window(plan)
+                            if between is not None:
+                                between()
                         bar.step(unit.label())
                 extra = [k for k, _ in chunk if isinstance(plans[k], _Plan) and plans[k].disagree()]
                 bar.total += len(extra)
                 for k in extra:
                     self._window(plans[k])
+                    if between is not None:
+                        between()
                     bar.step(todo[k].label())
                 entries = {k: self._entry(plans[k]) for k, _ in chunk}
                 for k, entry in entries.items():
@@ -877,6 +1014,14 @@ class MeasuredCost:
         k_out = max(1, OUT_BUDGET // max(out_bytes, 1))
         return int(max(1, min(k, k_time, k_mem, k_out, MAX_COPIES)))
 
+    def evict_bytes(self, weight_bytes: int, copies: int) -> int:
+        """Bytes to evict before a timed run of `copies` copies of a unit with `weight_bytes` of weights: the rest
+        of the working set, which inside the graph passes through the caches between two runs of the unit (none
+        for a unit without weights: its data is all recently computed tensors)."""
+        if weight_bytes <= 0:
+            return 0
+        return max(0, self._ws_bucket() * 2**20 - copies * weight_bytes)
+
     def _fallback(self, unit: Unit, exc: BaseException) -> CostEntry:
         label = unit.label()
         self.stats.failed += 1
@@ -886,20 +1031,24 @@ class MeasuredCost:
         return CostEntry(self._analytic_us(unit) / 1e3, 0.0, 0, label, {"fallback": "analytic", "error": message})
 
     def _plan(self, unit: Unit) -> "_Plan | CostEntry":
-        """How `unit` is timed: the unit with its prologue, copies, and the reorder corrections (probed once)."""
+        """How `unit` is timed: copies, eviction, and on CPU the blocked-layout model (or the reorders it causes)."""
         cal = self.calibration
         if unit.ops == ("reshape",):
             return self._reshape_entry(unit, cal)
         try:
             with _silenced():
-                plan = _Plan(unit, unit, self.copies_for(unit))
-                if self._analytic_us(unit) * plan.copies > LONG_ROUND_US or unit.weight_bytes() > LONG_WEIGHTS:
+                plan = _Plan(unit, self.copies_for(unit))
+                plan.evict_bytes = self.evict_bytes(unit.weight_bytes(), plan.copies)
+                if self.windows is not None:
+                    plan.windows_wanted = self.windows
+                elif self._analytic_us(unit) * plan.copies > LONG_ROUND_US or unit.weight_bytes() > LONG_WEIGHTS:
                     plan.windows_wanted = 1
                 tensors = [*(e[0] for e in unit.externals), unit.out_shape]
                 if self.device == "cpu" and cal.block and any(len(s) == 4 for s in tensors):
-                    plan.timed, prologue = _with_prologue(unit)
-                    plan.blocked, plan.reorders = self._probe(unit_model(plan.timed))
-                    plan.prologue_us = sum(self._aux_us(p) for p in prologue)
+                    found = self._blocked_model(unit)
+                    if found is not None:
+                        plan.model, plan.null_model = found
+                    plan.blocked = found is not None
                     if not plan.blocked and any(op in BREAKING_OPS for op in unit.ops):
                         plan.add_us = self._boundary_us(unit)
                 return plan
@@ -913,17 +1062,24 @@ class MeasuredCost:
         r = self.runner
         try:
             with _silenced():
-                base = unit_model(plan.timed)
+                base = plan.model if plan.model is not None else unit_model(plan.unit)
                 model = replicate(base, plan.copies) if plan.copies > 1 else base
                 run = r.bound(r.session(model))
                 del model, base
+                if plan.null_model is None:
+                    null = r.null(plan.copies)
+                else:
+                    k = plan.copies
+                    null = r.bound(r.session(replicate(plan.null_model, k) if k > 1 else plan.null_model))
                 budget = self.max_seconds / plan.windows_wanted
-                plan.windows.append(time_pair(run, r.null(plan.copies), plan.copies, max_seconds=budget, clock=r.clock))
+                plan.windows.append(time_pair(run, null, plan.copies, max_seconds=budget, clock=r.clock,
+                                              before=r.cold_weights(run, plan.evict_bytes)))
         except Exception as exc:  # noqa: BLE001
             plan.failure = self._fallback(plan.unit, exc)
 
     def _entry(self, plan: "_Plan | CostEntry") -> CostEntry:
-        """The cost of a timed unit: median of its window medians plus the per-node cost, corrected for reorders."""
+        """The cost of a timed unit: median of its window medians plus the per-node cost and the reorders it
+        causes."""
         if isinstance(plan, CostEntry):
             return plan
         if plan.failure is not None:
@@ -931,23 +1087,23 @@ class MeasuredCost:
         cal = self.calibration
         medians = [w.median_us for w in plan.windows]
         raw = statistics.median(medians)
-        share = plan.reorder_share()
-        us = max(raw * (1 - share) + cal.node_us - plan.prologue_us + plan.add_us, cal.node_us)
+        dispatch = cal.node_us if plan.null_model is None else 0.0  # see _blocked_model
+        us = max(raw + dispatch + plan.add_us, cal.node_us)
         self.stats.measured += 1
         detail: dict[str, Any] = {
             "raw_us": round(raw, 4), "windows_us": [round(m, 4) for m in medians], "copies": plan.copies,
             "rounds": sum(w.rounds for w in plan.windows), "node_us": cal.node_us,
-            "reorder_share": round(share, 4), "prologue_us": round(plan.prologue_us, 4),
             "boundary_us": round(plan.add_us, 4), "nchwc": plan.blocked,
             "seconds": round(sum(w.seconds for w in plan.windows), 3),
         }
         if plan.unit.weighted:
             detail["working_set_mib"] = self._ws_bucket()
+            detail["evict_mib"] = round(plan.evict_bytes / 2**20, 1)
         spread = max(w.spread for w in plan.windows)
         return CostEntry(us / 1e3, spread, detail["rounds"], plan.unit.label(), detail)
 
     def _measure(self, unit: Unit) -> CostEntry:
-        """Plan and time one unit now, in `WINDOWS` back-to-back windows (no progress bar)."""
+        """Plan and time one unit now, in its windows back to back (no progress bar)."""
         plan = self._plan(unit)
         for _ in range(plan.windows_wanted if isinstance(plan, _Plan) else 0):
             self._window(plan)
@@ -965,65 +1121,38 @@ class MeasuredCost:
         self.stats.measured += 1
         return CostEntry((us + boundary) / 1e3, 0.0, 0, "reshape", detail)
 
-    def uncached(self) -> "MeasuredCost":
+    def uncached(self, windows: int | None = None, max_seconds: float | None = None,
+                 chunk: int | None = None) -> "MeasuredCost":
         """A model with the same device, settings and calibration whose costs are kept in memory only (so
-        everything it prices is measured now)."""
+        everything it prices is measured now), optionally with other `windows`, `max_seconds` and `chunk`."""
         fresh = MeasuredCost(self.device, progress=self.progress, threads=self.threads, working_set=self.working_set,
-                             max_seconds=self.max_seconds, cache=CostCache(":memory:"), clock=self.clock)
+                             max_seconds=self.max_seconds if max_seconds is None else max_seconds,
+                             cache=CostCache(":memory:"), clock=self.clock,
+                             windows=self.windows if windows is None else windows,
+                             chunk=self.chunk if chunk is None else chunk)
         fresh._calibration = self.calibration
         return fresh
 
-    def _aux_us(self, unit: Unit) -> float:
-        """Microseconds of a helper unit (a prologue), measured without a progress bar and cached like any unit."""
-        key = self._key(unit)
-        if key not in self._memo:
-            found = self.cache.get(self.fingerprint, key)
-            if found is None:
-                found = self._measure(unit)
-                self.cache.put(self.fingerprint, key, found)
-            self._memo[key] = found.ms
-            self._details[key] = found.detail or {}
-        return self._memo[key] * 1e3
-
-    def _probe(self, model: ModelProto) -> tuple[bool, dict[str, float]]:
-        """Whether onnxruntime runs the model in the blocked layout, and the kernel times (profiled over a few runs)
-        of the reorders it puts at the model's inputs and outputs and of everything else."""
+    def _blocked_model(self, unit: Unit) -> tuple[ModelProto, ModelProto | None] | None:
+        """onnxruntime's optimized model of `unit` with the reorders at its inputs and outputs cut off (None when
+        onnxruntime does not run the unit in the blocked layout): it takes and gives blocked tensors, as the unit
+        does between blocked neighbours inside a graph. A residual operand of Conv+Add enters through a 1x1 max pool
+        (`_with_prologue`), so that onnxruntime fuses the Add into the convolution and updates that operand in
+        place, as it does inside a graph (the output is then sampled, `sample_outputs`, as a graph output cannot
+        alias the operand); the pools and the sampling go into the null model (second item), so that their time
+        cancels, the unit's dispatch cost included."""
+        timed, prologue = _with_prologue(unit)
         with tempfile.TemporaryDirectory(prefix="tensat-probe-") as tmp:
             path = os.path.join(tmp, "opt.onnx")
-            sess = self.runner.session(model, optimized_path=path, profile_prefix=os.path.join(tmp, "profile"))
-            opt = onnx.load(path, load_external_data=False)
-            inputs = {vi.name for vi in model.graph.input}
-            outputs = {vi.name for vi in model.graph.output}
-            blocked = False
-            io_in: set[str] = set()
-            io_out: set[str] = set()
-            for n in opt.graph.node:
-                if n.domain != NCHWC_DOMAIN:
-                    continue
-                if n.op_type == "ReorderInput" and any(i in inputs for i in n.input):
-                    io_in.add(n.name)
-                elif n.op_type == "ReorderOutput" and any(o in outputs for o in n.output):
-                    io_out.add(n.name)
-                elif n.op_type not in ("ReorderInput", "ReorderOutput"):
-                    blocked = True
-            times: dict[str, float] = {"in_us": 0.0, "out_us": 0.0, "op_us": 0.0}
-            if io_in or io_out:
-                run = self.runner.bound(sess)
-                for _ in range(PROBE_RUNS + 1):
-                    run()
-                with open(sess.end_profiling(), encoding="utf-8") as f:
-                    events = json.load(f)
-                per: dict[str, list[float]] = {}
-                for e in events:
-                    if e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time"):
-                        per.setdefault(e["name"][: -len("_kernel_time")], []).append(float(e["dur"]))
-                for name, durs in per.items():
-                    value = statistics.median(durs[1:] or durs)
-                    kind = "in_us" if name in io_in else "out_us" if name in io_out else "op_us"
-                    times[kind] += value
-            else:
-                sess.end_profiling()
-        return blocked, times
+            self.runner.session(unit_model(timed), optimized_path=path)
+            opt = onnx.load(path)
+        if not any(n.domain == NCHWC_DOMAIN and n.op_type not in ("ReorderInput", "ReorderOutput")
+                   for n in opt.graph.node):
+            return None
+        stripped = strip_reorders(opt, self.calibration.block)
+        if not prologue:
+            return stripped, None
+        return sample_outputs(stripped), prologue_model(stripped, len(prologue))
 
     def _boundary_us(self, unit: Unit) -> float:
         """Reorders a layout-breaking unit causes between blocked neighbours: out of the blocked layout at each
@@ -1055,8 +1184,8 @@ class MeasuredCost:
             copies = max(1, min(8, OUT_BUDGET // max(_nbytes(shape), 1)))
             base = reorder_model(kind, shape, cal.block)
             model = replicate(base, copies) if copies > 1 else base
-            timing = time_pair(r.bound(r.session(model)), r.null(copies), copies, max_seconds=self.max_seconds,
-                               clock=r.clock)
+            run = r.bound(r.session(model))
+            timing = time_pair(run, r.null(copies), copies, max_seconds=self.max_seconds, clock=r.clock)
             us = max(timing.median_us + cal.node_us, 0.0)
             found = CostEntry(us / 1e3, timing.spread, timing.rounds, f"reorder_{kind}",
                               {"raw_us": timing.median_us, "copies": copies})
@@ -1081,25 +1210,18 @@ class MeasuredCost:
 
 @dataclass
 class _Plan:
-    """A unit being measured: what is timed, in how many copies, the reorder corrections, the windows so far."""
+    """A unit being measured: what is timed, in how many copies, the reorders it causes, the windows so far."""
 
     unit: Unit
-    timed: Unit
     copies: int
-    prologue_us: float = 0.0
+    model: ModelProto | None = None  # what is timed, when not the unit's own model
+    null_model: ModelProto | None = None  # its null model, when not `null_model(copies)`
     add_us: float = 0.0
     blocked: bool = False
     windows: list[Timing] = field(default_factory=list)
     failure: CostEntry | None = None
     windows_wanted: int = WINDOWS
-    reorders: Mapping[str, float] = field(default_factory=dict)
-
-    def reorder_share(self) -> float:
-        """Fraction of a copy's time spent in the reorders at the unit's own inputs (shared by the copies) and
-        outputs, from the kernel times profiled in the one-copy model."""
-        ri, ro, op = (self.reorders.get(k, 0.0) for k in ("in_us", "out_us", "op_us"))
-        io = ri / self.copies + ro
-        return io / (io + op) if io > 0 and op > 0 else 0.0
+    evict_bytes: int = 0
 
     def disagree(self) -> bool:
         """The first two windows differ by more than WINDOW_TOL (a third window decides)."""
@@ -1112,7 +1234,7 @@ class _Plan:
 def _with_prologue(unit: Unit) -> tuple[Unit, list[Unit]]:
     """Inside a graph, the residual operand of a Conv+Add arrives in the blocked layout and onnxruntime fuses the
     Add into the convolution; a graph input would not. So feed such operands through a 1x1 max pool (which runs
-    blocked), returning the unit to time and the prologue units whose cost is to be taken off again."""
+    blocked), returning the unit to optimize and the prologue pools (one unit each)."""
     if "conv2d" not in unit.ops:
         return unit, []
     targets: list[int] = []

@@ -63,11 +63,17 @@ def add_cost_report_arguments(parser: argparse.ArgumentParser) -> None:
     opt.add_argument("--no-optimize", action="store_true", help="report on the original graph only")
     parser.add_argument("--ilp-time-limit", type=positive_float, default=60.0,
                         help="ILP solver seconds when optimizing (default 60)")
-    parser.add_argument("--runs", type=positive_int, default=60, help="timed end-to-end runs per graph (default 60)")
+    parser.add_argument("--runs", type=positive_int, default=60,
+                        help="at least this many timed end-to-end runs per graph (default 60)")
+    parser.add_argument("--cached", action="store_true",
+                        help="sum the cached costs instead of measuring every fused group again between the "
+                             "end-to-end runs (quicker, but on a shared machine load moves between the two)")
+    parser.add_argument("--windows", type=positive_int, default=3,
+                        help="timing windows per fused group when measuring afresh (default 3)")
     parser.add_argument("--block", type=positive_int, default=10,
                         help="consecutive runs of one graph per turn when timing graphs interleaved (default 10)")
     parser.add_argument("--max-seconds", type=positive_float, default=60.0,
-                        help="wall-time cap of the end-to-end timing (default 60)")
+                        help="wall-time cap of the end-to-end runs timed after the costs (default 60)")
     parser.add_argument("--details", action="store_true", help="also print the cost by op (fused group) kind")
     parser.add_argument("--json", metavar="FILE", help="write the report as JSON to FILE")
 
@@ -178,7 +184,7 @@ def run_cost_report(args: argparse.Namespace) -> int:
                                            k_multi=args.k_multi, ilp_time_limit=args.ilp_time_limit)
             optimized = result.graph
         report = cost_report(graph, cost, optimized=optimized, name=name, runs=args.runs, block=args.block,
-                             max_seconds=args.max_seconds)
+                             max_seconds=args.max_seconds, fresh=not args.cached, windows=args.windows)
         print(report.format())
         if args.details:
             for row in report.rows:

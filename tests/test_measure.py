@@ -5,6 +5,7 @@ accuracy and repeatability are measured by bench/cost_report.py."""
 from __future__ import annotations
 
 import argparse
+import math
 import multiprocessing
 import os
 import sqlite3
@@ -19,13 +20,15 @@ import pytest
 
 from tensat.cost import graph_cost
 from tensat.costcache import CostCache, CostEntry, default_cache_dir
-from tensat.cost_report import fused_graph_cost, fusion_groups, group_unit, runtime_nodes
+from tensat.cost_report import (
+    cost_report, fused_graph_cost, fusion_groups, group_unit, interleaved_end_to_end, runtime_nodes,
+)
 from tensat.errors import TensatError
 from tensat.ir import Graph, Node
-from tensat.latency import time_models
+from tensat.latency import Interleaved, time_models
 from tensat.measure import (
-    MeasuredCost, Progress, Unit, cuda_available, graph_working_set, make_measured_cost, replicate, resolve_device,
-    unit_model,
+    ALIGNMENT, NCHWC_DOMAIN, MeasuredCost, Progress, Unit, cuda_available, graph_working_set, make_measured_cost,
+    replicate, resolve_device, time_rounds, unit_model,
 )
 from tensat.measure_cli import add_cost_report_arguments, add_profile_arguments, run_cost_report, run_profile
 from tensat.onnx_io import export_model, save_model
@@ -201,6 +204,143 @@ def test_a_second_optimize_run_in_a_new_process_measures_nothing(tmp_path):
         assert r.returncode == 0, r.stderr
     assert int(runs[0].stdout.split()[-1]) > 0
     assert int(runs[1].stdout.split()[-1]) == 0
+
+
+# -- how units are timed -----------------------------------------------------------------------------------------
+
+
+def _group(graph: Graph, ops: tuple[str, ...]) -> Unit:
+    return next(group_unit(graph, grp) for grp in fusion_groups(graph)
+                if tuple(graph.nodes[i].op for i in grp) == ops)
+
+
+def _blocked_or_skip(cost: MeasuredCost) -> None:
+    if not cost.calibration.block:
+        pytest.skip("onnxruntime runs no blocked (NCHWc) layout on this CPU")
+
+
+def test_blocked_unit_is_timed_without_its_boundary_reorders(tmp_path):
+    cost = cost_model(tmp_path)
+    _blocked_or_skip(cost)
+    block = cost.calibration.block
+    unit = _group(small_cnn(), ("conv2d", "relu"))
+    model, null = cost._blocked_model(unit)
+    assert null is None
+    assert not any(n.op_type.startswith("Reorder") for n in model.graph.node)
+    assert any(n.domain == NCHWC_DOMAIN and n.op_type == "Conv" for n in model.graph.node)
+    out = [d.dim_value for d in model.graph.output[0].type.tensor_type.shape.dim]
+    assert out == [1, -(-16 // block) * block, 8, 8]
+    run = cost.runner.bound(cost.runner.session(model))
+    run()
+    assert run._keep[3][0].shape == tuple(out) and np.abs(run._keep[3][0]).sum() > 0
+
+
+def test_residual_add_is_fused_in_place_and_its_prologue_cancels(tmp_path):
+    cost = cost_model(tmp_path)
+    _blocked_or_skip(cost)
+    unit = _group(small_cnn(), ("conv2d", "add", "relu"))
+    model, null = cost._blocked_model(unit)
+    convs = [n for n in model.graph.node if n.op_type == "Conv"]
+    assert len(convs) == 1 and len(convs[0].input) == 4  # the Add is the convolution's Sum input
+    assert [n.op_type for n in null.graph.node] == ["MaxPool", "MaxPool"]  # the prologue pool and the sampling
+    assert [[d.dim_value for d in o.type.tensor_type.shape.dim][2:] for o in model.graph.output] == [[1, 1]]
+    for m in (model, null):
+        cost.runner.bound(cost.runner.session(m))()
+    plan = cost._plan(unit)
+    assert plan.null_model is not None and plan.blocked
+    entry = cost._measure(unit)
+    assert entry.ms > 0 and entry.detail["nchwc"]
+
+
+def test_weights_are_evicted_only_where_the_copies_do_not_span_the_working_set(tmp_path):
+    cost = cost_model(tmp_path, working_set=8 * 2**20)
+    assert cost.evict_bytes(0, 4) == 0
+    assert cost.evict_bytes(2**20, 3) == 5 * 2**20
+    assert cost.evict_bytes(2**20, 8) == 0
+    order: list[str] = []
+    timing = time_rounds([lambda: order.append("a"), lambda: order.append("b")], lambda t: t[0] - t[1],
+                         min_rounds=5, max_rounds=5, warmup=0, before=lambda: order.append("before"))
+    assert timing.rounds == 5
+    assert order[::2] == ["before"] * 10 and sorted(order[1::2]) == ["a"] * 5 + ["b"] * 5
+
+
+def test_bound_buffers_are_aligned_and_receive_the_outputs(tmp_path):
+    cost = cost_model(tmp_path)
+    model = export_model(small_cnn())
+    sess = cost.runner.session(model)
+    run = cost.runner.bound(sess)
+    run()
+    inputs, outputs = run._keep[0], run._keep[3]
+    assert all(a.ctypes.data % ALIGNMENT == 0 for a in inputs + outputs)
+    expected = sess.run(None, {sess.get_inputs()[0].name: inputs[0]})[0]
+    np.testing.assert_allclose(outputs[0], expected, rtol=1e-5, atol=1e-6)
+    before = cost.runner.cold_weights(run, 2**20)
+    assert before is not None and cost.runner.cold_weights(run, 0) is None
+    before()
+    np.testing.assert_allclose(outputs[0], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_windows_and_the_between_hook(tmp_path):
+    g = small_cnn()
+    cost = cost_model(tmp_path, windows=3)
+    cost.observe_graph(g)
+    units = {u.signature(): u for u in (group_unit(g, grp) for grp in fusion_groups(g)) if u.ops != ("reshape",)}
+    calls = []
+    cost.prefetch_units(units.values(), between=lambda: calls.append(1))
+    assert len(calls) == 3 * len(units)
+    assert all(len(cost.detail(u)["windows_us"]) == 3 for u in units.values())
+    with pytest.raises(TensatError):
+        cost_model(tmp_path, windows=0)
+
+
+def test_end_to_end_runs_are_interleaved_with_the_measuring(tmp_path):
+    g = small_cnn()
+    cost = cost_model(tmp_path)
+    cost.observe_graph(g)
+    units = [group_unit(g, grp) for grp in fusion_groups(g)]
+    pricing = cost.uncached(windows=2, max_seconds=0.02)
+    windows: list[int] = []
+    timing_window = pricing._window
+
+    def counted(plan):
+        timing_window(plan)
+        windows.append(1)
+
+    pricing._window = counted
+    turns: list[int] = []
+    original = Interleaved.turn
+
+    def counting(self, size=None):
+        turns.append(len(windows))
+        original(self, size)
+
+    Interleaved.turn = counting
+    try:
+        stats = interleaved_end_to_end([export_model(g)], pricing, units, runs=2, block=2)
+    finally:
+        Interleaved.turn = original
+    assert stats[0].runs >= 2 and len(turns) >= 2
+    assert 1 <= turns[0] < len(windows)  # end-to-end runs began after the first window, long before the last
+
+
+def test_interleaved_turns_count_runs_per_model():
+    models = [export_model(small_cnn()), export_model(attention())]
+    with pytest.raises(ValueError):
+        Interleaved(models[:1], clock="cpu", threads=2)
+    timed = Interleaved(models[:1] * 2, block=3, warmup=0)
+    timed.turn()
+    timed.turn(1)
+    assert timed.runs == 4 and [len(s) for s in timed.samples] == [4, 4] and timed.seconds > 0
+    assert all(s.runs == 4 for s in timed.stats())
+
+
+def test_fresh_cost_report_notes_how_it_was_taken(tmp_path):
+    g = small_cnn()
+    report = cost_report(g, cost_model(tmp_path), runs=4, block=2, windows=2, window_seconds=0.01)
+    assert any("afresh" in n for n in report.notes) and report.rows[0].summed_ms > 0
+    assert report.latency[0].runs >= 4 and math.isfinite(report.rows[0].per_node_ms)
+    cached = cost_report(g, cost_model(tmp_path), runs=4, block=2, fresh=False, per_node=False)
+    assert not any("afresh" in n for n in cached.notes) and math.isnan(cached.rows[0].per_node_ms)
 
 
 # -- the cache ---------------------------------------------------------------------------------------------------
