@@ -248,6 +248,17 @@ def _window_out(size: int, k: int, stride: int, pad_begin: int, pad_end: int, di
     return (size + pad_begin + pad_end - (dilation * (k - 1) + 1)) // stride + 1
 
 
+def _check_window(op: str, attrs: Attrs) -> None:
+    """Strides and dilations positive, pads non-negative (ONNX's rules; numpy and onnxruntime assume them)."""
+    _check(len(attrs["strides"]) == 2 and min(attrs["strides"]) >= 1, f"{op} strides {attrs['strides']} invalid")
+    _check(len(attrs["pads"]) == 4 and min(attrs["pads"]) >= 0, f"{op} pads {attrs['pads']} invalid")
+    if "dilations" in attrs:
+        _check(len(attrs["dilations"]) == 2 and min(attrs["dilations"]) >= 1,
+               f"{op} dilations {attrs['dilations']} invalid")
+    if "kernel" in attrs:
+        _check(len(attrs["kernel"]) == 2 and min(attrs["kernel"]) >= 1, f"{op} kernel {attrs['kernel']} invalid")
+
+
 def _conv_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
     x, w, b = shapes
     _check(len(x) == 4 and len(w) == 4, f"conv2d needs 4-D input and weight, got {x} and {w}")
@@ -255,6 +266,7 @@ def _conv_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
     _check(group >= 1 and x[1] == w[1] * group, f"conv2d channels {x[1]} != {w[1]} x group {group}")
     _check(w[0] % group == 0, f"conv2d out channels {w[0]} not divisible by group {group}")
     _check(tuple(b) == (w[0],), f"conv2d bias shape {b} != ({w[0]},)")
+    _check_window("conv2d", attrs)
     (sh, sw), (pt, pl, pb, pr), (dh, dw) = attrs["strides"], attrs["pads"], attrs["dilations"]
     oh = _window_out(x[2], w[2], sh, pt, pb, dh)
     ow = _window_out(x[3], w[3], sw, pl, pr, dw)
@@ -329,6 +341,7 @@ CONV2D = register(
 def _pool_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
     x = shapes[0]
     _check(len(x) == 4, f"pooling needs a 4-D input, got {x}")
+    _check_window("pooling", attrs)
     (kh, kw), (sh, sw), (pt, pl, pb, pr) = attrs["kernel"], attrs["strides"], attrs["pads"]
     _check(pt < kh and pb < kh and pl < kw and pr < kw, f"pooling pads {attrs['pads']} not smaller than kernel")
     oh, ow = _window_out(x[2], kh, sh, pt, pb), _window_out(x[3], kw, sw, pl, pr)
