@@ -2,7 +2,7 @@
 
 Knows nothing of tensors: any e-graph with per-node costs works. ``greedy_dag`` is fast and always
 valid; ``ilp_extract`` is optimal (proven where it says so) within a time limit; ``validate``
-checks any selection.
+checks any selection; ``local_search`` polishes a selection by exact-cost moves.
 """
 
 from .api import extract
@@ -10,6 +10,7 @@ from .egraph import EGraph, ENode, ExtractionResult, dag_cost, find_cycle, load_
 from .cycles import filter_cycles
 from .greedy import greedy_dag
 from .ilp import ilp_extract
+from .local import local_search
 
 __all__ = [
     "EGraph",
@@ -22,5 +23,6 @@ __all__ = [
     "greedy_dag",
     "ilp_extract",
     "load_egraph",
+    "local_search",
     "validate",
 ]

@@ -138,11 +138,12 @@ def _to_choices(ix: _Index, choice: list[int]) -> dict[str, str]:
     return {ix.class_ids[c]: ix.node_ids[n] for c, n in enumerate(choice) if n >= 0}
 
 
-def selection_cost(ix: _Index, choice: list[int]) -> float | None:
-    """DAG cost of the part of ``choice`` reachable from the roots, or None if it is cyclic or incomplete."""
-    kids, cost = ix.kids, ix.cost
+def post_order(ix: _Index, choice: list[int]) -> list[int] | None:
+    """The e-classes reachable from the roots through ``choice``, children before parents, or None if that part is
+    cyclic or incomplete."""
+    kids = ix.kids
     state = [0] * len(choice)  # 0 new, 1 on stack, 2 done
-    total: list[float] = []
+    order: list[int] = []
     for r in ix.roots:
         if state[r]:
             continue
@@ -156,7 +157,7 @@ def selection_cost(ix: _Index, choice: list[int]) -> float | None:
             if k is None:
                 stack.pop()
                 state[c] = 2
-                total.append(cost[choice[c]])
+                order.append(c)
                 continue
             if state[k] == 1:
                 return None
@@ -165,7 +166,13 @@ def selection_cost(ix: _Index, choice: list[int]) -> float | None:
                     return None
                 state[k] = 1
                 stack.append((k, iter(kids[choice[k]])))
-    return math.fsum(total)
+    return order
+
+
+def selection_cost(ix: _Index, choice: list[int]) -> float | None:
+    """DAG cost of the part of ``choice`` reachable from the roots, or None if it is cyclic or incomplete."""
+    order = post_order(ix, choice)
+    return None if order is None else math.fsum(ix.cost[choice[c]] for c in order)
 
 
 def acyclic_choice(ix: _Index, banned: list[bool], costs: list[float] | None = None) -> list[int] | None:

@@ -231,6 +231,7 @@ def _extract(
     if opts.extractor == "greedy":
         return best
     deadline = time.perf_counter() + opts.ilp_time_limit
+    best = polished = _polish(xg, [initial, greedy], best, forbidden, blacklist, opts, notes)
     passes = [(forbidden | blacklist, "cycle-filtered"), (forbidden, "whole")] if blacklist else [(forbidden, "whole")]
     proven = False
     first_pass = 0.0
@@ -252,10 +253,35 @@ def _extract(
         if ilp.cost <= best.cost + 1e-12:
             best = ilp
         proven = label == "whole" and ilp.status == "optimal"
+    if not proven and best.cost < polished.cost - 1e-12:  # the ILP improved on the search: polish its result too
+        best = _polish(xg, [best], best, forbidden, blacklist, opts, notes)
     if not proven:
         _warn(notes, f"ILP extraction did not prove optimality (time limit {opts.ilp_time_limit:g} s, the whole "
                      f"e-graph's pass at most as long as the cycle-filtered one's); using the best selection found "
                      f"({best.method}, cost {best.cost:.6g})")
+    return best
+
+
+LOCAL_SEARCH_SHARE = 0.2  # of the ILP time limit, for each start of the local search
+
+
+def _polish(xg: extraction.EGraph, starts: Sequence[extraction.ExtractionResult], best: extraction.ExtractionResult,
+            forbidden: frozenset[str], blacklist: frozenset[str], opts: Options,
+            notes: list[str]) -> extraction.ExtractionResult:
+    """The cheapest of `best` and the local search's improvements of each start (see `extraction.local_search`).
+
+    The input's selection is a start as well as greedy's: greedy settles each class alone and so picks small local
+    gains (a gate's two matmuls merged) that block larger ones (one weight read for all time steps) which the
+    search finds from the input."""
+    for start in starts:
+        try:
+            found = extraction.local_search(xg, start, forbidden=forbidden,
+                                            time_limit=max(0.5, LOCAL_SEARCH_SHARE * opts.ilp_time_limit))
+        except Exception as exc:  # noqa: BLE001 - a failed polish keeps the selection it started from
+            _warn(notes, f"local search over the extraction failed ({_first_line(exc)})")
+            continue
+        if found.cost < best.cost - 1e-12:
+            best = found
     return best
 
 

@@ -499,3 +499,93 @@ def test_filter_cycles_blacklists_the_costly_recombination_not_the_slice_a_merge
     protected = ["x", "pa", "pb", "r"]
     assert filter_cycles(eg, protected) == {"mc"}
     assert {"sa", "sb"} & filter_cycles(eg, protected, by_cost=False)  # the closing e-node first: a slice goes
+
+
+# ---------------------------------------------------------------------------------------------
+# local search
+
+
+def _merge_chain_egraph() -> EGraph:
+    """Three products x_i @ w (10 each) feeding r; a pair merge (12) and a three-way merge (13) over concatenated
+    inputs (0.5 each), slices (1 each) back to each product, and concats of the products closing cycles like the
+    e-graph's recombinations do."""
+    nodes = {"x1": ENode("input", 0.0, "x1", ()), "x2": ENode("input", 0.0, "x2", ()),
+             "x3": ENode("input", 0.0, "x3", ())}
+    for i in (1, 2, 3):
+        nodes[f"p{i}"] = ENode("matmul", 10.0, f"a{i}", (f"x{i}",))
+    nodes["x12"] = ENode("concat", 0.5, "x12", ("x1", "x2"))
+    nodes["x123"] = ENode("concat", 0.5, "x123", ("x12", "x3"))
+    nodes["m12"] = ENode("matmul", 12.0, "m12", ("x12",))
+    nodes["c12"] = ENode("concat", 1.0, "m12", ("a1", "a2"))
+    nodes["s1"] = ENode("slice", 1.0, "a1", ("m12",))
+    nodes["s2"] = ENode("slice", 1.0, "a2", ("m12",))
+    nodes["m123"] = ENode("matmul", 13.0, "m123", ("x123",))
+    nodes["c123"] = ENode("concat", 1.0, "m123", ("m12", "a3"))
+    nodes["t12"] = ENode("slice", 1.0, "m12", ("m123",))
+    nodes["t3"] = ENode("slice", 1.0, "a3", ("m123",))
+    nodes["r"] = ENode("add", 1.0, "r", ("a1", "a2", "a3"))
+    return EGraph(nodes, ["r"])
+
+
+def test_local_search_adopts_a_merge_chain_greedy_misses():
+    from extraction import local_search
+
+    eg = _merge_chain_egraph()
+    greedy = greedy_dag(eg)
+    assert greedy.cost == 31.0  # three separate products: a merge pays only when both users switch at once
+    res = local_search(eg, greedy, time_limit=5)
+    validate(eg, res)
+    # r + slices of m12 (2) + m12 as a slice of m123 (1) + slice a3 (1) + m123 (13) + the two concats of inputs (1)
+    assert res.cost == pytest.approx(brute_force(eg)) == 19.0
+    assert res.choices["a1"] == "s1" and res.choices["m12"] == "t12" and res.choices["m123"] == "m123"
+    assert res.method == "greedy+local" and res.status == "feasible" and res.info["moves"] >= 2
+
+
+def test_local_search_returns_the_start_when_it_is_optimal():
+    from extraction import local_search
+
+    eg = _merge_chain_egraph()
+    best = ilp_extract(eg, time_limit=20)
+    assert local_search(eg, best, time_limit=5) is best
+
+
+@FAST
+@given(egraphs(max_classes=6, max_nodes=3), st.integers(0, 2**31 - 1))
+def test_local_search_valid_never_worse_and_priced_exactly(case: tuple[EGraph, frozenset[str]], seed: int) -> None:
+    import random
+
+    from extraction import local_search
+    from extraction.greedy import _forbidden_mask, selection_cost
+    from extraction.local import _delta, _refcounts, _tree_choice
+
+    eg, forbidden = case
+    if brute_force(eg, forbidden) is None:
+        return
+    start = greedy_dag(eg, forbidden)
+    res = local_search(eg, start, forbidden=forbidden, time_limit=5)
+    validate(eg, res, forbidden)
+    assert res.cost <= start.cost + 1e-9
+    assert res.cost >= brute_force(eg, forbidden) - 1e-9
+    # The incremental pricing agrees with a full recount wherever it accepts a move, and accepts no cyclic one.
+    ix = eg.index
+    rng = random.Random(seed)
+    banned = _forbidden_mask(ix, forbidden)
+    arr = _tree_choice(ix, banned, False)
+    for c, n in start.choices.items():
+        arr[ix.class_pos[c]] = ix.node_pos[n]
+    refs, pos = _refcounts(ix, arr)
+    base = selection_cost(ix, arr)
+    usable = [n for n in range(len(ix.node_ids)) if not banned[n]]
+    for _ in range(20):
+        move = {}
+        for n in rng.sample(usable, rng.randint(1, min(3, len(usable)))):
+            move[ix.node_class[n]] = n
+        new = list(arr)
+        for c, n in move.items():
+            new[c] = n
+        full = selection_cost(ix, new)
+        d = _delta(ix, arr, refs, pos, move)
+        if d is not None:
+            assert full is not None and full == pytest.approx(base + d, abs=1e-9)
+        if full is None:
+            assert d is None
