@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 import pytest
 
+from tensat import ops
 from tensat.cost import graph_cost
 from tensat.costcache import CostCache, CostEntry, default_cache_dir
 from tensat.cost_report import (
@@ -28,7 +29,7 @@ from tensat.ir import Graph, Node
 from tensat.latency import Interleaved, time_models
 from tensat.measure import (
     ALIGNMENT, NCHWC_DOMAIN, MeasuredCost, Progress, Unit, cuda_available, graph_working_set, make_measured_cost,
-    replicate, resolve_device, time_rounds, unit_model,
+    pricing_unit, replicate, resolve_device, time_rounds, unit_model,
 )
 from tensat.measure_cli import add_cost_report_arguments, add_profile_arguments, run_cost_report, run_profile
 from tensat.onnx_io import export_model, save_model
@@ -92,6 +93,19 @@ def test_unit_signature_names_op_attrs_shapes_and_weights():
     assert ua.signature() != ub.signature()
     flipped = Unit.single(a[0], a[1], [False] * len(a[2]))
     assert flipped.signature() != ua.signature() and not flipped.weighted and ua.weighted
+
+
+def test_a_fused_relu_is_priced_as_the_plain_convolution(tmp_path):
+    node, shapes, const = items(small_cnn())[0]
+    assert node.op == "conv2d" and node.attr["act"] == 0
+    fused = Node("conv2d", node.inputs, tuple((k, ops.ACT_RELU if k == "act" else v) for k, v in node.attrs),
+                 node.shape, node.dtype)
+    assert pricing_unit(fused, shapes, const) == pricing_unit(node, shapes, const)
+    sigmoid = Node("conv2d", node.inputs, tuple((k, ops.ACT_SIGMOID if k == "act" else v) for k, v in node.attrs),
+                   node.shape, node.dtype)
+    assert pricing_unit(sigmoid, shapes, const) != pricing_unit(node, shapes, const)
+    cost = cost_model(tmp_path)
+    assert cost(fused, shapes, const) == cost(node, shapes, const) and cost.stats.measured == 1
 
 
 def test_replicated_unit_model_runs_with_distinct_weights():
