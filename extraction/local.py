@@ -23,6 +23,8 @@ from .egraph import EGraph, ExtractionResult, _Index, dag_cost, reachable_select
 from .greedy import _forbidden_mask, _to_choices, post_order, selection_cost
 
 _EPS = 1e-12
+MAJOR = 0.5  # a pass applies the moves saving at least this share of its best move's saving
+REPRICE = 2000  # up to this many improving moves in a pass, all are re-priced after each one applied
 
 
 def _tree_choice(ix: _Index, banned: list[bool], height: bool) -> list[int]:
@@ -169,9 +171,14 @@ def _delta(ix: _Index, arr: list[int], refs: list[int], pos: list[int], move: di
 
 
 def local_search(eg: EGraph, start: ExtractionResult, *, forbidden: frozenset[str] = frozenset(),
-                 time_limit: float = 10.0) -> ExtractionResult:
+                 time_limit: float = 10.0, major_only: bool = False) -> ExtractionResult:
     """Improve `start` (a valid selection avoiding `forbidden`) by swap and adopt moves until none lowers the cost or
-    `time_limit` seconds pass. Returns `start` itself when nothing cheaper was found."""
+    `time_limit` seconds pass. Returns `start` itself when nothing cheaper was found.
+
+    With `major_only`, moves saving less per e-class they change than MAJOR times the first pass's best such saving
+    are never applied: the search takes the large gains (a merge saving a weight read) and leaves the e-classes that
+    small ones, even many taken at once, would change as they are, so that a merge a later round of exploration
+    extends is not blocked by them."""
     t0 = time.perf_counter()
     deadline = t0 + time_limit
     ix = eg.index
@@ -200,6 +207,7 @@ def local_search(eg: EGraph, start: ExtractionResult, *, forbidden: frozenset[st
     refs, pos = _refcounts(ix, arrays[0])
     first = best
     moves_applied = passes = evaluated = 0
+    density = 0.0  # with major_only: the least saving per changed e-class a move may have (set by the first pass)
 
     def attempt(move: dict[int, int], keep: bool) -> float | None:
         """The cost of `move` under the first fill that keeps it acyclic; with `keep`, applied if it beats `best`."""
@@ -222,9 +230,10 @@ def local_search(eg: EGraph, start: ExtractionResult, *, forbidden: frozenset[st
             return best + d
         return None
 
-    # Each pass prices every move against the current selection, then applies the improving ones best first
-    # (each re-priced, as earlier ones change the selection): a merge across time steps saving a whole weight
-    # read goes in before a small local gain that would block it.
+    # Each pass prices every move against the current selection, then applies the improving ones best first (each
+    # re-priced, as earlier ones change the selection), and only those saving at least MAJOR times the pass's best
+    # saving: a merge across time steps saving a whole weight read goes in, and is extended in the next pass,
+    # before a small local gain (two gates of one step merged) that would block the extension.
     while time.perf_counter() < deadline:
         passes += 1
         before = best
@@ -235,9 +244,33 @@ def local_search(eg: EGraph, start: ExtractionResult, *, forbidden: frozenset[st
             found = attempt(move, keep=False)
             if found is not None and found < best - _EPS * max(1.0, abs(best)):
                 gains.append((found, k, move))
-        for _, _, move in sorted(gains, key=lambda g: (g[0], g[1])):  # bounded: one pricing each
-            if not all(arrays[0][c] == n for c, n in move.items()):
-                attempt(move, keep=True)
+        gains.sort(key=lambda g: (g[0], g[1]))
+        if not gains:
+            break
+        floor = MAJOR * (before - gains[0][0])  # the least saving a move of this pass may have
+        if major_only and passes == 1:
+            density = MAJOR * max((before - found) / len(move) for found, _, move in gains)
+
+        def eligible(found: float, move: dict[int, int]) -> bool:
+            saving = before - found
+            return saving >= floor and (not major_only or saving / len(move) >= density)
+
+        if len(gains) <= REPRICE:
+            # Re-price the rest after each move: a move that now shares what an applied one pays for (the same
+            # concatenated rows under another gate's weight) overtakes an equal one that does not.
+            pending = [move for _, _, move in gains]
+            while pending:
+                priced = [(attempt(m, keep=False), k) for k, m in enumerate(pending)]
+                fine = [(c, k) for c, k in priced if c is not None and c < best - _EPS * max(1.0, abs(best))
+                        and eligible(c + before - best, pending[k])]
+                if not fine:
+                    break
+                _, k = min(fine)
+                attempt(pending.pop(k), keep=True)
+        else:
+            for found, _, move in gains:  # one pricing each
+                if eligible(found, move) and not all(arrays[0][c] == n for c, n in move.items()):
+                    attempt(move, keep=True)
         if best >= before - _EPS * max(1.0, abs(before)):
             break
     choice = arrays[0]

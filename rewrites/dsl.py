@@ -493,8 +493,10 @@ class _EggCompiler:
                 raise RuleError(f"rule {self.rule.name}: right-side {p.op} needs attribute :{name}")
         return f"({d.egg} {' '.join(parts)})"
 
-    def compile(self, ruleset: str) -> str:
+    def compile(self, ruleset: str, guard: str | None = None, name: str | None = None) -> str:
         query = [f"(= root{i} {self.pattern(t, True)})" for i, t in enumerate(self.rule.lhs)]
+        if guard is not None:  # first: the relation is small, the plain patterns are not
+            query = [f"({guard} root{i})" for i in range(len(self.rule.lhs))] + query
         if self.rule.multi:
             query.append("(!= root0 root1)")
         if self.rule.symmetric:
@@ -504,13 +506,15 @@ class _EggCompiler:
         actions = [f"(union root{i} {self.pattern(p, False)})" for i, p in enumerate(self.rule.rhs)]
         shapes = [f"(= {_egg_shape(v)} (shape-of {_egg_var(v)}))" for v in sorted(self.shapes)]
         body = " ".join(query + shapes + lets + guards)
-        name = self.rule.name.replace('"', "")
+        name = (name or self.rule.name).replace('"', "")
         return f'(rule ({body}) ({" ".join(actions)}) :ruleset {ruleset} :name "{name}")'
 
 
-def to_egglog(rule: Rule, ruleset: str) -> str:
-    """The egglog rule command for `rule` in `ruleset`."""
-    return _EggCompiler(rule).compile(ruleset)
+def to_egglog(rule: Rule, ruleset: str, guard: str | None = None, name: str | None = None) -> str:
+    """The egglog rule command for `rule` in `ruleset`. With `guard` (an egglog relation over tensors), the rule
+    matches only where every left pattern's root is in the relation; `name` overrides the rule's name in egglog's
+    reports."""
+    return _EggCompiler(rule).compile(ruleset, guard, name)
 
 
 # ---------------------------------------------------------------------------------------------------------------

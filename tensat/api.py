@@ -35,6 +35,7 @@ class Options:
     iter_limit: int = 15
     time_limit: float = 60.0
     k_multi: int = 1
+    guided_rounds: int = 4
     extractor: str = "ilp"
     solver: str = "highs"
     ilp_time_limit: float = 60.0
@@ -54,6 +55,8 @@ class Options:
             raise TensatError("time limits must be positive")
         if self.k_multi not in (0, 1, 2):
             raise TensatError(f"k_multi must be 0, 1 or 2, got {self.k_multi}")
+        if self.guided_rounds < 0:
+            raise TensatError(f"guided_rounds must be >= 0, got {self.guided_rounds}")
         if self.extractor not in EXTRACTORS:
             raise TensatError(f"unknown extractor {self.extractor!r}; choose from {', '.join(EXTRACTORS)}")
         if self.solver not in SOLVERS:
@@ -215,7 +218,7 @@ def _greedy(xg: extraction.EGraph, forbidden: set[str], notes: list[str]) -> ext
 def _extract(
     xg: extraction.EGraph, forbidden: frozenset[str], blacklist: frozenset[str],
     initial: extraction.ExtractionResult, greedy: extraction.ExtractionResult | None, opts: Options,
-    notes: list[str],
+    notes: list[str], starts: Sequence[extraction.ExtractionResult] = (),
 ) -> extraction.ExtractionResult:
     """The cheapest selection found within the ILP time limit; never worse than greedy or the input's own.
 
@@ -231,7 +234,10 @@ def _extract(
     if opts.extractor == "greedy":
         return best
     deadline = time.perf_counter() + opts.ilp_time_limit
-    best = polished = _polish(xg, [initial, greedy], best, forbidden, blacklist, opts, notes)
+    for start in starts:
+        if start.cost < best.cost:
+            best = start
+    best = polished = _polish(xg, [initial, greedy, *starts], best, forbidden, blacklist, opts, notes)
     passes = [(forbidden | blacklist, "cycle-filtered"), (forbidden, "whole")] if blacklist else [(forbidden, "whole")]
     proven = False
     first_pass = 0.0
@@ -250,8 +256,10 @@ def _extract(
             _warn(notes, f"ILP extraction of the {label} e-graph failed ({_first_line(exc)})")
             continue
         first_pass = time.perf_counter() - now
-        if ilp.cost <= best.cost + 1e-12:
+        if ilp.status != "fallback" and ilp.cost <= best.cost + 1e-12:
             best = ilp
+        elif ilp.bound is not None and label == "whole":  # the ILP's proven bound holds for the search's result too
+            best.bound = max(best.bound or 0.0, min(ilp.bound, best.cost))
         proven = label == "whole" and ilp.status == "optimal"
     if not proven and best.cost < polished.cost - 1e-12:  # the ILP improved on the search: polish its result too
         best = _polish(xg, [best], best, forbidden, blacklist, opts, notes)
@@ -283,6 +291,64 @@ def _polish(xg: extraction.EGraph, starts: Sequence[extraction.ExtractionResult]
         if found.cost < best.cost - 1e-12:
             best = found
     return best
+
+
+GUIDED_ITERATIONS = 2  # per guided round: the guided multi-pattern iteration, then one of single-pattern rules
+
+
+def _guided_rounds(
+    te: TensorEGraph, cost: CostModel, opts: Options, xg: extraction.EGraph, decoded: dict[str, Any],
+    forbidden: set[str], original_choices: dict[str, str], stats: ExplorationStats, notes: list[str],
+) -> tuple[extraction.EGraph, dict[str, Any], set[str], extraction.ExtractionResult | None]:
+    """Extend the merges the extracted graph uses, round by round; returns the last export and the best selection
+    found in it (None if no round improved on the input).
+
+    A multi-pattern iteration merges pairs; a chain (the products of five time steps sharing one weight, merged
+    into one) needs one more iteration per link, and a second unrestricted iteration already multiplies the
+    e-graph (pairs of pairs of every product). A round instead marks the graph the local search extracts, runs the
+    multi-pattern rules only on pairs of its e-classes (the pair merged in the last round and the next product),
+    and searches again; rounds stop when one does not lower the cost, at the time limit or at the node limit.
+    """
+    t0 = time.perf_counter()
+    initial = extraction.ExtractionResult(original_choices, extraction.dag_cost(xg, original_choices), None,
+                                          "input", 0.0, "input")
+    try:
+        best = extraction.local_search(xg, initial, forbidden=frozenset(forbidden), major_only=True,
+                                       time_limit=max(0.5, LOCAL_SEARCH_SHARE * opts.ilp_time_limit))
+    except Exception as exc:  # noqa: BLE001 - the rounds are an improvement; the plain pipeline goes on without them
+        _warn(notes, f"guided rounds skipped: the local search failed ({_first_line(exc)})")
+        return xg, decoded, forbidden, None
+    if best is initial:
+        return xg, decoded, forbidden, None
+    for _ in range(opts.guided_rounds):
+        remaining = opts.time_limit - stats.seconds
+        if remaining <= 0:
+            break
+        graph = te.rebuild(best.choices, decoded).compact()
+        base = te.guide(graph)
+        before = te.enode_count()
+        round_stats = te.explore(node_limit=opts.node_limit, iter_limit=GUIDED_ITERATIONS, time_limit=remaining,
+                                 guided=True)
+        offset = len(stats.iterations)
+        for it in round_stats.iterations:
+            it.iteration += offset
+        stats.iterations += round_stats.iterations
+        stats.seconds += round_stats.seconds
+        stats.guided_rounds += 1
+        if round_stats.stop_reason == "error" or te.enode_count() == before:
+            break
+        xg, decoded, forbidden = te.export(cost)
+        previous = te.chosen_selection(decoded, graph, base)
+        start = extraction.ExtractionResult(previous, extraction.dag_cost(xg, previous), None, "guided", 0.0,
+                                            "guided")
+        found = extraction.local_search(xg, start, forbidden=frozenset(forbidden), major_only=True,
+                                        time_limit=max(0.5, LOCAL_SEARCH_SHARE * opts.ilp_time_limit))
+        best = found
+        if found is start or round_stats.stop_reason == "node_limit":
+            break
+    best.seconds = time.perf_counter() - t0
+    best.method = "guided+local"
+    return xg, decoded, forbidden, best
 
 
 LIMITS = ("node_limit", "iter_limit", "time_limit")
@@ -319,6 +385,15 @@ def _search(graph: Graph, cost: CostModel, opts: Options, times: dict[str, float
     xg, decoded, forbidden = te.export(cost)
     original_choices = te.original_selection(decoded)
     times["export"] = time.perf_counter() - t
+    guided = None
+    if opts.k_multi > 0 and opts.guided_rounds > 0 and stats.stop_reason not in ("node_limit", "time_limit", "error"):
+        t = time.perf_counter()
+        explored = stats.seconds
+        xg, decoded, forbidden, guided = _guided_rounds(te, cost, opts, xg, decoded, forbidden, original_choices,
+                                                        stats, notes)
+        original_choices = te.original_selection(decoded)
+        times["explore"] = stats.seconds
+        times["guided"] = time.perf_counter() - t - (stats.seconds - explored)
     t = time.perf_counter()
     greedy = _greedy(xg, forbidden, notes)
     greedy_seconds = time.perf_counter() - t
@@ -333,7 +408,8 @@ def _search(graph: Graph, cost: CostModel, opts: Options, times: dict[str, float
         seconds=0.0, method="input",
     )
     t = time.perf_counter()
-    state.chosen = _extract(xg, frozenset(forbidden), frozenset(blacklist), initial, greedy, opts, notes)
+    state.chosen = _extract(xg, frozenset(forbidden), frozenset(blacklist), initial, greedy, opts, notes,
+                            [guided] if guided is not None else [])
     times["extract"] = greedy_seconds + time.perf_counter() - t
     state.graph = te.rebuild(state.chosen.choices, decoded).compact()
 
@@ -410,7 +486,7 @@ def optimize(model: ModelLike, **options: Any) -> Any:
     `model` is an `onnx.ModelProto`, a path to an .onnx file, or a `tensat.ir.Graph`. A ModelProto or a path gives
     back a ModelProto (or, with `output=PATH`, writes it atomically there and returns the path); a Graph gives a
     Graph. Options: node_limit (50000), iter_limit (15), time_limit (60 s of exploration), k_multi (1: iterations
-    in which multi-pattern rules run), extractor ("ilp" or "greedy"), solver ("highs" or "cbc"), ilp_time_limit
+    in which multi-pattern rules run), guided_rounds (4: rounds extending the extracted graph's merges), extractor ("ilp" or "greedy"), solver ("highs" or "cbc"), ilp_time_limit
     (60 s), cost ("analytic" or "measured"), device ("auto", "cpu" or "cuda": where measured costs are taken), verify (True: compare against the input in onnxruntime and raise
     VerificationError on a mismatch), seed (0), input_shapes ({"x": [1, 3, 224, 224]} for dynamic dims).
     Use `optimize_with_details` for costs, e-graph growth and time per phase.

@@ -64,6 +64,9 @@ def _add_optimize(sub: Any) -> None:
                    help="exploration time limit in seconds, checked between iterations (default 60)")
     p.add_argument("--k-multi", type=int, choices=(0, 1, 2), default=1,
                    help="number of first iterations in which multi-pattern rules run (default 1)")
+    p.add_argument("--guided-rounds", type=int, default=4,
+                   help="rounds after exploration that run the multi-pattern rules on pairs of the extracted graph's "
+                        "e-classes, extending its merges (default 4; 0 disables)")
     p.add_argument("--extractor", choices=("ilp", "greedy"), default="ilp",
                    help="extraction method: optimal ILP or greedy DAG (default ilp)")
     p.add_argument("--solver", choices=("highs", "cbc"), default="highs", help="ILP solver (default highs)")
@@ -96,7 +99,8 @@ def _run_optimize(args: argparse.Namespace) -> int:
     shapes = dict(args.input_shape) if args.input_shape else None
     result = api.optimize_with_details(
         source, input_shapes=shapes, node_limit=args.node_limit, iter_limit=args.iter_limit,
-        time_limit=args.time_limit, k_multi=args.k_multi, extractor=args.extractor, solver=args.solver,
+        time_limit=args.time_limit, k_multi=args.k_multi, guided_rounds=args.guided_rounds,
+        extractor=args.extractor, solver=args.solver,
         ilp_time_limit=args.ilp_time_limit, cost=args.cost, device=args.device, verify=not args.no_verify,
         seed=args.seed,
     )

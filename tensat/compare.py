@@ -35,7 +35,7 @@ Progress = Callable[[str], None]
 # Relative slack when asking whether tensat's cost is at most the sequential search's (sums in another order).
 COST_TOLERANCE = 1e-9
 PAPER_TIME_RATIO = 48.0
-TENSAT_SEARCH_PHASES = ("explore", "cycle_filter", "extract")
+TENSAT_SEARCH_PHASES = ("explore", "guided", "cycle_filter", "extract")
 TENSAT_OVERHEAD_PHASES = ("lower", "export")
 
 

@@ -42,6 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser, require_source: bool = True) 
                     help="exploration time limit in seconds (default: tensat's)")
     ts.add_argument("--k-multi", type=int, choices=(0, 1, 2), default=None,
                     help="iterations in which multi-pattern rules run (default: tensat's)")
+    ts.add_argument("--guided-rounds", type=int, default=None,
+                    help="guided rounds extending the extracted graph's merges (default: tensat's)")
     ts.add_argument("--extractor", choices=("ilp", "greedy"), default=None, help="extraction method")
     ts.add_argument("--solver", choices=("highs", "cbc"), default=None, help="ILP solver")
     ts.add_argument("--ilp-time-limit", type=positive_float, default=None, help="ILP time limit in seconds")
@@ -68,8 +70,8 @@ def _settings(args: argparse.Namespace) -> Any:
 
     if args.budget < 0:
         raise TensatError(f"--budget must be >= 0, got {args.budget}")
-    tensat_opts = {k: getattr(args, k) for k in ("node_limit", "iter_limit", "time_limit", "k_multi", "extractor",
-                                                  "solver", "ilp_time_limit") if getattr(args, k) is not None}
+    tensat_opts = {k: getattr(args, k) for k in ("node_limit", "iter_limit", "time_limit", "k_multi", "guided_rounds",
+                                                  "extractor", "solver", "ilp_time_limit") if getattr(args, k) is not None}
     return Settings(
         cost=args.cost, device=args.device, alpha=args.alpha, budget=args.budget, seq_time_limit=args.seq_time_limit,
         tensat=tensat_opts, latency=not args.no_latency, latency_runs=args.latency_runs,

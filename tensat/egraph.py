@@ -21,6 +21,7 @@ from tensat import ops
 from tensat.ir import Graph, Node
 
 MATCH_LIMIT = 1000  # egg's BackoffScheduler defaults
+GUIDED = "guided/"  # prefix of a multi-pattern rule's guided copy (matching only e-classes marked chosen)
 BAN_LENGTH = 5
 FILL_MIN_SECONDS = 1.0  # the fill may always take this long (within the time limit), however fast exploration was
 
@@ -54,6 +55,7 @@ class ExplorationStats:
     error: str = ""
     rules: list[str] = field(default_factory=list)
     blacklisted: int = 0  # e-nodes removed by cycle filtering before extraction
+    guided_rounds: int = 0  # rounds run after the exploration, each extending the merges the extracted graph uses
 
     @property
     def enodes(self) -> int:
@@ -90,13 +92,20 @@ class TensorEGraph:
         self._string_ids: dict[str, int] = {}
         self.egraph = bindings.EGraph()
         self._run(ops.egg_declarations())
-        self._run("(function node-of (i64) T :no-merge)")
+        self._run("(function node-of (i64) T :no-merge)\n(function chosen-of (i64) T :no-merge)\n(relation chosen (T))")
         self._run("\n".join(ops.egg_shape_rules()))
         self._ruleset_of: dict[str, str] = {}
         for k, rule in enumerate(self.rules):
             name = f"rule-{k}"
             self._ruleset_of[rule.name] = name
             self._run(f"(ruleset {name})\n{rewrites.to_egglog(rule, name)}")
+            if rule.multi:  # the same rule, matching only pairs of e-classes a guided round marked as chosen
+                guided = f"guided-{k}"
+                self._ruleset_of[GUIDED + rule.name] = guided
+                self._run(f"(ruleset {guided})\n{rewrites.to_egglog(rule, guided, 'chosen', GUIDED + rule.name)}")
+        self._chosen_base = 0
+        self._backoff = Backoff()  # kept across explore calls: a guided round does not unban what the search banned
+        self._clock = 0  # iterations run so far, the backoff's clock
         self._rulesets: dict[tuple[str, ...], str] = {}
         self._single = [r.name for r in self.rules if not r.multi]
         self._single_set = set(self._single)
@@ -130,11 +139,11 @@ class TensorEGraph:
             return repr(float(value))
         return self._string(str(value))
 
-    def _lower(self, node: Node) -> str:
+    def _lower(self, node: Node, table: str = "node-of", base: int = 0) -> str:
         d = ops.get(node.op)
         attrs = node.attr
         parts = [self._attr(kind, attrs[name]) for name, kind in d.attrs]
-        children = [f"(node-of {i})" for i in node.inputs]
+        children = [f"({table} {base + i})" for i in node.inputs]
         if d.inputs is None:
             vec = f"(vec-of {' '.join(children)})" if children else "(vec-empty)"
             parts.append(vec)
@@ -146,6 +155,21 @@ class TensorEGraph:
         members = " ".join(self._ruleset_of[r] for r in rule_names)
         self._run(f"(unstable-combined-ruleset {name} {members})")
         return name
+
+    def guide(self, graph: Graph) -> int:
+        """Mark the e-classes of `graph` (a graph extracted from this e-graph) as chosen, for a guided round; returns
+        the id offset under which its nodes are held in the `chosen-of` table (see `chosen_selection`).
+
+        Its terms are e-nodes of the e-graph already, so lowering them adds nothing but the marks."""
+        base = self._chosen_base
+        self._chosen_base += len(graph.nodes)
+        live = graph.live()
+        commands = [f"(set (chosen-of {base + i}) {self._lower(graph.nodes[i], 'chosen-of', base)})" for i in live]
+        commands += [f"(chosen (chosen-of {base + i}))" for i in live]
+        for k in range(0, len(commands), 256):
+            self._run("\n".join(commands[k:k + 256]))
+        self._run("(run-schedule (saturate shapes))")
+        return base
 
     # -- sizes --------------------------------------------------------------------------------------------------
 
@@ -188,7 +212,7 @@ class TensorEGraph:
 
     def explore(
         self, *, node_limit: int = 50_000, iter_limit: int = 15, time_limit: float = 60.0, k_multi: int = 1,
-        fill: bool = True,
+        fill: bool = True, guided: bool = False,
     ) -> ExplorationStats:
         """Apply the rules to saturation or a limit, one iteration at a time.
 
@@ -204,10 +228,15 @@ class TensorEGraph:
         BAN_LENGTH (doubled) iterations; when nothing else changes, bans are lifted. Multi-pattern rules run only
         in the first `k_multi` iterations, unthrottled in the first (their matches there are pairs of input
         nodes). The time limit is checked between iterations (an egglog iteration cannot be interrupted).
+
+        With `guided` (a guided round, after `guide`), the first iteration runs only the multi-pattern rules, and
+        only on pairs of e-classes marked chosen; the single-pattern rules follow. This extends the merges the
+        extracted graph uses (a merge of two products sharing a weight with a third) without the all-pairs growth of
+        another multi-pattern iteration. Rules banned by an earlier call stay banned.
         """
         stats = ExplorationStats(rules=[r.name for r in self.rules])
         stats.initial_enodes, stats.initial_eclasses = self.size()
-        backoff = Backoff()
+        backoff = self._backoff
         start = time.perf_counter()
         if stats.initial_enodes > node_limit:
             stats.stop_reason = "node_limit"
@@ -217,11 +246,13 @@ class TensorEGraph:
             if time.perf_counter() - start > time_limit:
                 stats.stop_reason = "time_limit"
                 break
-            multi = it < k_multi and any(r.multi for r in self.rules)
-            names = backoff.active([r.name for r in self.rules] if multi else self._single, it)
+            multi = (it == 0 if guided else it < k_multi) and any(r.multi for r in self.rules)
+            every = [GUIDED + r.name for r in self.rules if r.multi] if guided else [r.name for r in self.rules]
+            now = self._clock + it
+            names = backoff.active(every if multi else self._single, now)
             if not names:
-                if backoff.any_banned(it):
-                    backoff.unban_all(it + 1)
+                if backoff.any_banned(now):
+                    backoff.unban_all(now + 1)
                     continue
                 stats.stop_reason, stats.saturated = "saturated", True
                 break
@@ -238,7 +269,7 @@ class TensorEGraph:
                 stats.error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 break
             matches = self._matches(reports)
-            banned = backoff.record(schedule, self._searched(reports), it)
+            banned = backoff.record(schedule, self._searched(reports), now)
             partial = False
             if self.enode_count() > node_limit:
                 self._run("(pop)")
@@ -262,13 +293,14 @@ class TensorEGraph:
             if partial:
                 break
             if unchanged:
-                if backoff.any_banned(it + 1):
-                    backoff.unban_all(it + 1)
+                if backoff.any_banned(now + 1):
+                    backoff.unban_all(now + 1)
                     continue
                 stats.stop_reason, stats.saturated = "saturated", True
                 break
         if not stats.stop_reason:
             stats.stop_reason = "iter_limit"
+        self._clock += iter_limit
         stats.seconds = time.perf_counter() - start
         return stats
 
@@ -416,6 +448,7 @@ class TensorEGraph:
         }
         node_of = {eg.value_to_i64(r.inputs[0]): cid(r.output) for r in frozen.functions["node-of"].rows}
         self._node_of = node_of
+        self._chosen_of = {eg.value_to_i64(r.inputs[0]): cid(r.output) for r in frozen.functions["chosen-of"].rows}
         roots = list(dict.fromkeys(str(node_of[n]) for _, n in self.graph.outputs))
         return XGraph(nodes, roots), decoded, forbidden
 
@@ -453,14 +486,25 @@ class TensorEGraph:
         node in topological order is chosen; ids then strictly decrease along every chosen edge, so the selection
         cannot be cyclic.
         """
+        return self._selection(decoded, self.graph, self.live, self._node_of)
+
+    def chosen_selection(self, decoded: dict[str, DecodedNode], graph: Graph, base: int) -> dict[str, str]:
+        """The selection of the last export that describes `graph`, marked by `guide` under offset `base`."""
+        ids = {i: self._chosen_of[base + i] for i in graph.live()}
+        return self._selection(decoded, graph, graph.live(), ids)
+
+    @staticmethod
+    def _selection(decoded: dict[str, DecodedNode], graph: Graph, live: Sequence[int],
+                   class_of: dict[int, int]) -> dict[str, str]:
+        """The e-node of each of `graph`'s nodes (in topological order; the first wins where classes merged)."""
         index: dict[tuple[Any, ...], str] = {}
         for nid, dn in decoded.items():
             index[(dn.op, dn.children, tuple(sorted(dn.attrs.items())))] = nid
         choices: dict[str, str] = {}
-        for i in self.live:
-            n = self.graph.nodes[i]
-            key = (n.op, tuple(self._node_of[j] for j in n.inputs), tuple(sorted(n.attr.items())))
-            choices.setdefault(str(self._node_of[i]), index[key])
+        for i in live:
+            n = graph.nodes[i]
+            key = (n.op, tuple(class_of[j] for j in n.inputs), tuple(sorted(n.attr.items())))
+            choices.setdefault(str(class_of[i]), index[key])
         return choices
 
     def rebuild(self, choices: dict[str, str], decoded: dict[str, DecodedNode]) -> Graph:

@@ -259,3 +259,41 @@ def test_the_whole_egraph_pass_recovers_an_enode_cycle_filtering_removed() -> No
     # the greedy stand-in found nothing better than the input; the filter dropped "sa", which the optimum needs
     best = _extract(xg, frozenset(), frozenset({"sa"}), initial, initial, Options(ilp_time_limit=20), [])
     assert best.cost == 3.0 and best.choices["a"] == "sa" and best.choices["m"] == "mm"
+
+
+def test_guided_round_merges_only_pairs_of_chosen_eclasses():
+    from tensat.egraph import GUIDED
+
+    g = Graph()
+    w = g.weight(np.ones((8, 8), np.float32), "w")
+    xs = [g.input(f"x{i}", (1, 8)) for i in range(3)]
+    ys = [g.add("matmul", [x, w]) for x in xs]
+    g.outputs = [(f"y{i}", y) for i, y in enumerate(ys)]
+    te = TensorEGraph(g)
+    te.explore(k_multi=0)
+    chosen = Graph()  # two of the three products: the graph an extraction might have picked
+    cw = chosen.weight(np.ones((8, 8), np.float32), "w")
+    cx = [chosen.input(f"x{i}", (1, 8)) for i in range(2)]
+    chosen.outputs = [(f"y{i}", chosen.add("matmul", [x, cw])) for i, x in enumerate(cx)]
+    te.guide(chosen)
+    stats = te.explore(iter_limit=1, guided=True)
+    assert stats.iterations[0].multi
+    assert stats.iterations[0].matches[GUIDED + "matmul-merge-shared-weight"] == 1  # (x0, x1) only, not x2's pairs
+    te.guide(g)
+    stats = te.explore(iter_limit=1, guided=True)
+    assert stats.iterations[0].matches[GUIDED + "matmul-merge-shared-weight"] == 2  # the new pairs, with x2
+
+
+def test_guided_rounds_merge_all_time_steps_of_a_shared_weight():
+    from bench.models import nasrnn
+    from tensat import api
+
+    model = nasrnn(steps=3, hidden=512)  # at full width a product's cost is its weight read, so merges pay
+    without = api.optimize_with_details(model, guided_rounds=0, ilp_time_limit=2)
+    with_rounds = api.optimize_with_details(model, ilp_time_limit=2)
+    assert with_rounds.verification.ok and with_rounds.exploration.guided_rounds >= 1
+    assert with_rounds.cost_after < without.cost_after
+    for result, steps in ((without, 2), (with_rounds, 3)):
+        g = result.graph
+        rows = [g.nodes[g.nodes[i].inputs[0]].shape[0] for i in g.live() if g.nodes[i].op == "matmul"]
+        assert max(rows) == steps  # one multi-pattern iteration merges pairs; the rounds merge all three steps
