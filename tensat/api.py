@@ -307,7 +307,8 @@ def _guided_rounds(
     into one) needs one more iteration per link, and a second unrestricted iteration already multiplies the
     e-graph (pairs of pairs of every product). A round instead marks the graph the local search extracts, runs the
     multi-pattern rules only on pairs of its e-classes (the pair merged in the last round and the next product),
-    and searches again; rounds stop when one does not lower the cost, at the time limit or at the node limit.
+    and searches again; rounds stop when one does not lower the cost (that round's e-nodes are rolled back, so the
+    ILP does not pay for a larger e-graph that gained nothing), at the time limit or at the node limit.
     """
     t0 = time.perf_counter()
     initial = extraction.ExtractionResult(original_choices, extraction.dag_cost(xg, original_choices), None,
@@ -327,24 +328,32 @@ def _guided_rounds(
         graph = te.rebuild(best.choices, decoded).compact()
         base = te.guide(graph)
         before = te.enode_count()
+        te.checkpoint()
         round_stats = te.explore(node_limit=opts.node_limit, iter_limit=GUIDED_ITERATIONS, time_limit=remaining,
                                  guided=True)
+        stats.seconds += round_stats.seconds
+        found = start = None
+        if round_stats.stop_reason != "error" and te.enode_count() != before:
+            new_xg, new_decoded, new_forbidden = te.export(cost)
+            previous = te.chosen_selection(new_decoded, graph, base)
+            start = extraction.ExtractionResult(previous, extraction.dag_cost(new_xg, previous), None, "guided", 0.0,
+                                                "guided")
+            found = extraction.local_search(new_xg, start, forbidden=frozenset(new_forbidden), major_only=True,
+                                            time_limit=max(0.5, LOCAL_SEARCH_SHARE * opts.ilp_time_limit))
+        if found is None or found is start:  # nothing gained: drop what the round added, keep the previous graph
+            te.rollback()
+            xg, decoded, forbidden = te.export(cost)  # re-read: e-class ids are per export
+            previous = te.chosen_selection(decoded, graph, base)
+            best = extraction.ExtractionResult(previous, extraction.dag_cost(xg, previous), None, "guided", 0.0,
+                                               "guided")
+            break
         offset = len(stats.iterations)
         for it in round_stats.iterations:
             it.iteration += offset
         stats.iterations += round_stats.iterations
-        stats.seconds += round_stats.seconds
         stats.guided_rounds += 1
-        if round_stats.stop_reason == "error" or te.enode_count() == before:
-            break
-        xg, decoded, forbidden = te.export(cost)
-        previous = te.chosen_selection(decoded, graph, base)
-        start = extraction.ExtractionResult(previous, extraction.dag_cost(xg, previous), None, "guided", 0.0,
-                                            "guided")
-        found = extraction.local_search(xg, start, forbidden=frozenset(forbidden), major_only=True,
-                                        time_limit=max(0.5, LOCAL_SEARCH_SHARE * opts.ilp_time_limit))
-        best = found
-        if found is start or round_stats.stop_reason == "node_limit":
+        xg, decoded, forbidden, best = new_xg, new_decoded, new_forbidden, found
+        if round_stats.stop_reason == "node_limit":
             break
     best.seconds = time.perf_counter() - t0
     best.method = "guided+local"
@@ -389,8 +398,13 @@ def _search(graph: Graph, cost: CostModel, opts: Options, times: dict[str, float
     if opts.k_multi > 0 and opts.guided_rounds > 0 and stats.stop_reason not in ("node_limit", "time_limit", "error"):
         t = time.perf_counter()
         explored = stats.seconds
-        xg, decoded, forbidden, guided = _guided_rounds(te, cost, opts, xg, decoded, forbidden, original_choices,
-                                                        stats, notes)
+        try:
+            xg, decoded, forbidden, guided = _guided_rounds(te, cost, opts, xg, decoded, forbidden, original_choices,
+                                                            stats, notes)
+        except Exception as exc:  # noqa: BLE001 - the rounds are an improvement; extraction goes on without them
+            _warn(notes, f"guided rounds failed ({_first_line(exc)}); extracting from the explored e-graph")
+            xg, decoded, forbidden = te.export(cost)  # re-read: e-class ids are per export
+            guided = None
         original_choices = te.original_selection(decoded)
         times["explore"] = stats.seconds
         times["guided"] = time.perf_counter() - t - (stats.seconds - explored)

@@ -55,7 +55,7 @@ class ExplorationStats:
     error: str = ""
     rules: list[str] = field(default_factory=list)
     blacklisted: int = 0  # e-nodes removed by cycle filtering before extraction
-    guided_rounds: int = 0  # rounds run after the exploration, each extending the merges the extracted graph uses
+    guided_rounds: int = 0  # rounds kept after the exploration, each extending the merges the extracted graph uses
 
     @property
     def enodes(self) -> int:
@@ -104,6 +104,8 @@ class TensorEGraph:
                 self._ruleset_of[GUIDED + rule.name] = guided
                 self._run(f"(ruleset {guided})\n{rewrites.to_egglog(rule, guided, 'chosen', GUIDED + rule.name)}")
         self._chosen_base = 0
+        self._checkpoints: list[tuple[int, dict[tuple[str, ...], str]]] = []
+        self._depth = 0  # egglog snapshots pushed and not popped
         self._backoff = Backoff()  # kept across explore calls: a guided round does not unban what the search banned
         self._clock = 0  # iterations run so far, the backoff's clock
         self._rulesets: dict[tuple[str, ...], str] = {}
@@ -170,6 +172,28 @@ class TensorEGraph:
             self._run("\n".join(commands[k:k + 256]))
         self._run("(run-schedule (saturate shapes))")
         return base
+
+    def _push(self) -> None:
+        self._run("(push)")
+        self._depth += 1
+
+    def _pop(self) -> None:
+        self._run("(pop)")
+        self._depth -= 1
+
+    def checkpoint(self) -> None:
+        """Mark the e-graph's state (egglog push), for `rollback`."""
+        self._checkpoints.append((self._depth, dict(self._rulesets)))
+        self._push()
+
+    def rollback(self) -> None:
+        """Return to the last `checkpoint`: e-nodes added since are gone (every snapshot pushed since is popped,
+        including those of the iterations explore kept), and so are the combined rulesets egglog created since (pop
+        drops them), so they are forgotten here too."""
+        depth, rulesets = self._checkpoints.pop()
+        while self._depth > depth:
+            self._pop()
+        self._rulesets = rulesets
 
     # -- sizes --------------------------------------------------------------------------------------------------
 
@@ -258,13 +282,13 @@ class TensorEGraph:
                 break
             t0 = time.perf_counter()
             schedule = self._schedule(names, backoff, unthrottled_multi=(it == 0))  # before push: pop drops rulesets
-            self._run("(push)")
+            self._push()
             try:
                 reports = self._apply(schedule)
             except KeyboardInterrupt:
                 raise
             except BaseException as exc:  # egglog's errors, and its Rust panics (a failed union of unequal shapes)
-                self._run("(pop)")
+                self._pop()
                 stats.stop_reason = "error"
                 stats.error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 break
@@ -272,7 +296,7 @@ class TensorEGraph:
             banned = backoff.record(schedule, self._searched(reports), now)
             partial = False
             if self.enode_count() > node_limit:
-                self._run("(pop)")
+                self._pop()
                 stats.stop_reason = "node_limit"
                 if not fill:
                     break
@@ -360,7 +384,7 @@ class TensorEGraph:
         while queue and time.perf_counter() < deadline:
             group = queue.pop(0)
             schedule = self._schedule(group, backoff, unthrottled_multi)  # before push: pop drops rulesets
-            self._run("(push)")
+            self._push()
             try:
                 reports = self._apply(schedule)
             except KeyboardInterrupt:
@@ -371,7 +395,7 @@ class TensorEGraph:
                 for name, count in self._matches(reports).items():
                     matches[name] = matches.get(name, 0) + count
                 continue
-            self._run("(pop)")
+            self._pop()
             if len(group) > 1:
                 queue += [group[: len(group) // 2], group[len(group) // 2:]]
         return matches

@@ -800,3 +800,19 @@ def test_a_locked_cost_cache_is_waited_for_and_the_optimization_runs(quick_measu
     with CostCache(quick_measured) as cache:  # written to the file, so after the lock was released: it waited
         assert cache.count() > 0
     _valid(result, graph)
+
+
+def test_a_failing_guided_round_keeps_the_explored_egraph(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = TensorEGraph.explore
+
+    def explore(self: TensorEGraph, **kw: Any) -> Any:
+        if kw.get("guided"):
+            raise RuntimeError("egglog panicked in a guided round")
+        return real(self, **kw)
+
+    monkeypatch.setattr(TensorEGraph, "explore", explore)
+    graph = _graph()
+    result = _optimize(graph)
+    _warned(result, "guided rounds failed", "egglog panicked")
+    assert result.cost_after < result.cost_before
+    _valid(result, graph)
