@@ -9,9 +9,9 @@ starts from a valid acyclic selection and applies moves while they lower the DAG
 * adopt: every reached e-class with an e-node over some e-class M switches to it at once (the classes of x1 @ W and
   x2 @ W both switching to slices of concat(x1, x2) @ W); a merge chain is then adopted one link per move.
 
-E-classes a move newly reaches take the root of their cheapest tree (or lowest, where the cheapest closes a cycle). Every candidate is priced exactly (the DAG cost
-of the part reachable from the roots) and rejected if it closes a cycle or uses a forbidden e-node, so the result is
-always valid and never costlier than the start.
+E-classes a move newly reaches take the root of their cheapest tree (or lowest, where the cheapest closes a cycle).
+Every candidate is priced exactly (the DAG cost of the part reachable from the roots) and rejected if it closes a
+cycle or uses a forbidden e-node, so the result is always valid and never costlier than the start.
 """
 
 from __future__ import annotations
@@ -87,14 +87,15 @@ def _moves(ix: _Index, banned: list[bool], choice: list[int], reached: list[int]
     return out + swaps
 
 
-def _refcounts(ix: _Index, choice: list[int]) -> tuple[list[int], list[int]]:
+def _refcounts(ix: _Index, choice: list[int], reached: list[int]) -> tuple[list[int], list[int]]:
     """Per e-class: how many chosen e-nodes of the reached selection use it (+1 for a root; 0 = not reached), and
-    its post-order position in the selection (children before parents; -1 when not reached)."""
+    its post-order position in the selection (children before parents; -1 when not reached). `reached` is the
+    selection's post-order (`_reached`)."""
     refs = [0] * len(choice)
     pos = [-1] * len(choice)
     for r in ix.roots:
         refs[r] += 1
-    for i, c in enumerate(_reached(ix, choice)):
+    for i, c in enumerate(reached):
         pos[c] = i
         for k in ix.kids[choice[c]]:
             refs[k] += 1
@@ -190,7 +191,9 @@ def local_search(eg: EGraph, start: ExtractionResult, *, forbidden: frozenset[st
     for c, n in start.choices.items():
         current[ix.class_pos[c]] = ix.node_pos[n]
 
-    def overlay(selection: list[int]) -> list[list[int]]:
+    def overlay(selection: list[int]) -> tuple[list[list[int]], list[int], list[int], list[int]]:
+        """For a valid selection (ValueError otherwise): the selection over each fill, its reference counts and
+        post-order positions, and its reached e-classes."""
         reached = _reached(ix, selection)
         out = []
         for fill in fills:
@@ -198,20 +201,16 @@ def local_search(eg: EGraph, start: ExtractionResult, *, forbidden: frozenset[st
             for c in reached:
                 arr[c] = selection[c]
             out.append(arr)
-        return out
+        return (out, *_refcounts(ix, selection, reached), reached)
 
-    arrays = overlay(current)
-    best = selection_cost(ix, arrays[0])
-    if best is None:
-        raise ValueError("the start selection is not a valid acyclic extraction")
-    refs, pos = _refcounts(ix, arrays[0])
-    first = best
+    arrays, refs, pos, reached = overlay(current)
+    best = first = selection_cost(ix, arrays[0])
     moves_applied = passes = evaluated = 0
     density = 0.0  # with major_only: the least saving per changed e-class a move may have (set by the first pass)
 
     def attempt(move: dict[int, int], keep: bool) -> float | None:
         """The cost of `move` under the first fill that keeps it acyclic; with `keep`, applied if it beats `best`."""
-        nonlocal arrays, best, evaluated, moves_applied, refs, pos
+        nonlocal arrays, best, evaluated, moves_applied, refs, pos, reached
         for arr in arrays:
             evaluated += 1
             d = _delta(ix, arr, refs, pos, move)
@@ -225,8 +224,7 @@ def local_search(eg: EGraph, start: ExtractionResult, *, forbidden: frozenset[st
                 if exact is not None and exact < best - _EPS * max(1.0, abs(best)):
                     best = exact
                     moves_applied += 1
-                    arrays = overlay(new)
-                    refs, pos = _refcounts(ix, arrays[0])
+                    arrays, refs, pos, reached = overlay(new)
             return best + d
         return None
 
@@ -238,7 +236,7 @@ def local_search(eg: EGraph, start: ExtractionResult, *, forbidden: frozenset[st
         passes += 1
         before = best
         gains: list[tuple[float, int, dict[int, int]]] = []
-        for k, move in enumerate(_moves(ix, banned, arrays[0], _reached(ix, arrays[0]))):
+        for k, move in enumerate(_moves(ix, banned, arrays[0], reached)):
             if k % 64 == 0 and time.perf_counter() >= deadline:
                 break
             found = attempt(move, keep=False)

@@ -8,7 +8,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
 
 import onnx
 
@@ -19,12 +19,16 @@ from tensat.egraph import ExplorationStats, TensorEGraph
 from tensat.errors import TensatError
 from tensat.ir import Graph, Node
 
+if TYPE_CHECKING:
+    from tensat.latency import LatencyComparison
+
 ModelLike = Union[onnx.ModelProto, str, os.PathLike, Graph]
 
 EXTRACTORS = ("ilp", "greedy")
 SOLVERS = ("highs", "cbc")
 COSTS = ("analytic", "measured")
 DEVICES = ("auto", "cpu", "cuda")
+LATENCY_CHECK_SECONDS = 20.0
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,7 @@ class Options:
     ilp_time_limit: float = 60.0
     cost: str = "analytic"
     device: str = "auto"
+    latency_check: float = LATENCY_CHECK_SECONDS
     verify: bool = True
     seed: int = 0
     input_shapes: Mapping[str, Sequence[int]] | None = None
@@ -53,6 +58,8 @@ class Options:
             raise TensatError(f"iter_limit must be >= 0, got {self.iter_limit}")
         if self.time_limit <= 0 or self.ilp_time_limit <= 0:
             raise TensatError("time limits must be positive")
+        if not self.latency_check >= 0:
+            raise TensatError(f"latency_check must be >= 0 seconds, got {self.latency_check}")
         if self.k_multi not in (0, 1, 2):
             raise TensatError(f"k_multi must be 0, 1 or 2, got {self.k_multi}")
         if self.guided_rounds < 0:
@@ -82,6 +89,8 @@ class OptimizeResult:
     verification: Any = None
     warnings: list[str] = field(default_factory=list)
     options: Options = field(default_factory=Options)
+    latency: LatencyComparison | None = None  # the optimized graph timed against the input (measured costs)
+    measurement: dict[str, Any] | None = None  # the measured cost model's device, calibration, cache and counters
 
     @property
     def speedup(self) -> float:
@@ -107,6 +116,8 @@ class OptimizeResult:
                 "max_abs_error": self.verification.max_abs_error,
                 "max_rel_error": self.verification.max_rel_error,
             },
+            "latency_check": None if self.latency is None else self.latency.to_dict(),
+            "measurement": self.measurement,
             "warnings": list(self.warnings),
             "options": {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in self.options.__dict__.items()},
         }
@@ -206,6 +217,39 @@ def _cost_model(opts: Options, notes: list[str]) -> _FallbackCost:
     return _FallbackCost(inner, notes)
 
 
+def _measuring(cost: _FallbackCost) -> bool:
+    """Whether the run's costs come from timing ops on a device (not the analytic fallback)."""
+    from tensat.measure import MeasuredCost
+
+    return isinstance(cost.inner, MeasuredCost)
+
+
+def _keep_if_faster(graph: Graph, optimized: Graph, optimized_model: onnx.ModelProto, cost: Any, opts: Options,
+                    notes: list[str]) -> tuple[Graph, onnx.ModelProto, LatencyComparison | None]:
+    """The optimized graph and its model, or the input graph and its model if the optimized one ran slower.
+
+    Summed per-op costs miss what only a whole graph shows (which weights are still cached, memory contention), so
+    with measured costs the result is timed against the input end to end, interleaved, on the cost model's device,
+    threads and clock (`tensat.latency.compare_latency`); it is kept unless its median speedup is below 1. A check
+    that cannot run keeps the (verified) optimized graph, with a warning."""
+    from tensat import onnx_io
+    from tensat.latency import compare_latency
+
+    baseline = onnx_io.export_model(graph)
+    try:
+        latency = compare_latency(baseline, optimized_model, provider=cost.device, threads=cost.threads,
+                                  clock=cost.clock, max_seconds=opts.latency_check, seed=opts.seed)
+    except Exception as exc:  # noqa: BLE001 - the graph is verified; a failed timing only loses the check
+        _warn(notes, f"the end-to-end latency check failed ({_first_line(exc)}); keeping the optimized graph")
+        return optimized, optimized_model, None
+    if latency.speedup < 1.0:
+        _warn(notes, f"the optimized graph ran slower than the input in onnxruntime ({latency.candidate_ms:.4g} ms "
+                     f"against {latency.baseline_ms:.4g} ms; median speedup {latency.speedup:.3f}x over "
+                     f"{latency.pairs} pairs of blocks of runs); keeping the input graph")
+        return graph, baseline, latency
+    return optimized, optimized_model, latency
+
+
 def _greedy(xg: extraction.EGraph, forbidden: set[str], notes: list[str]) -> extraction.ExtractionResult | None:
     """The greedy DAG extractor's selection, or None (with a warning) if it fails."""
     try:
@@ -234,10 +278,7 @@ def _extract(
     if opts.extractor == "greedy":
         return best
     deadline = time.perf_counter() + opts.ilp_time_limit
-    for start in starts:
-        if start.cost < best.cost:
-            best = start
-    best = polished = _polish(xg, [initial, greedy, *starts], best, forbidden, blacklist, opts, notes)
+    best = polished = _polish(xg, [initial, greedy, *starts], best, forbidden, opts, notes)
     passes = [(forbidden | blacklist, "cycle-filtered"), (forbidden, "whole")] if blacklist else [(forbidden, "whole")]
     proven = False
     first_pass = 0.0
@@ -262,7 +303,7 @@ def _extract(
             best.bound = max(best.bound or 0.0, min(ilp.bound, best.cost))
         proven = label == "whole" and ilp.status == "optimal"
     if not proven and best.cost < polished.cost - 1e-12:  # the ILP improved on the search: polish its result too
-        best = _polish(xg, [best], best, forbidden, blacklist, opts, notes)
+        best = _polish(xg, [best], best, forbidden, opts, notes)
     if not proven:
         _warn(notes, f"ILP extraction did not prove optimality (time limit {opts.ilp_time_limit:g} s, the whole "
                      f"e-graph's pass at most as long as the cycle-filtered one's); using the best selection found "
@@ -273,21 +314,30 @@ def _extract(
 LOCAL_SEARCH_SHARE = 0.2  # of the ILP time limit, for each start of the local search
 
 
+def _local_search_seconds(opts: Options) -> float:
+    """The local search's time limit for one start."""
+    return max(0.5, LOCAL_SEARCH_SHARE * opts.ilp_time_limit)
+
+
+def _selection(xg: extraction.EGraph, choices: dict[str, str], method: str) -> extraction.ExtractionResult:
+    """A selection known to be valid (the input's, or a graph's carried into a new export), priced on `xg`."""
+    return extraction.ExtractionResult(choices, extraction.dag_cost(xg, choices), None, method, 0.0, method)
+
+
 def _polish(xg: extraction.EGraph, starts: Sequence[extraction.ExtractionResult], best: extraction.ExtractionResult,
-            forbidden: frozenset[str], blacklist: frozenset[str], opts: Options,
-            notes: list[str]) -> extraction.ExtractionResult:
-    """The cheapest of `best` and the local search's improvements of each start (see `extraction.local_search`).
+            forbidden: frozenset[str], opts: Options, notes: list[str]) -> extraction.ExtractionResult:
+    """The cheapest of `best`, the starts and the local search's improvements of each start (see
+    `extraction.local_search`).
 
     The input's selection is a start as well as greedy's: greedy settles each class alone and so picks small local
     gains (a gate's two matmuls merged) that block larger ones (one weight read for all time steps) which the
     search finds from the input."""
     for start in starts:
         try:
-            found = extraction.local_search(xg, start, forbidden=forbidden,
-                                            time_limit=max(0.5, LOCAL_SEARCH_SHARE * opts.ilp_time_limit))
+            found = extraction.local_search(xg, start, forbidden=forbidden, time_limit=_local_search_seconds(opts))
         except Exception as exc:  # noqa: BLE001 - a failed polish keeps the selection it started from
             _warn(notes, f"local search over the extraction failed ({_first_line(exc)})")
-            continue
+            found = start
         if found.cost < best.cost - 1e-12:
             best = found
     return best
@@ -311,11 +361,10 @@ def _guided_rounds(
     ILP does not pay for a larger e-graph that gained nothing), at the time limit or at the node limit.
     """
     t0 = time.perf_counter()
-    initial = extraction.ExtractionResult(original_choices, extraction.dag_cost(xg, original_choices), None,
-                                          "input", 0.0, "input")
+    initial = _selection(xg, original_choices, "input")
     try:
         best = extraction.local_search(xg, initial, forbidden=frozenset(forbidden), major_only=True,
-                                       time_limit=max(0.5, LOCAL_SEARCH_SHARE * opts.ilp_time_limit))
+                                       time_limit=_local_search_seconds(opts))
     except Exception as exc:  # noqa: BLE001 - the rounds are an improvement; the plain pipeline goes on without them
         _warn(notes, f"guided rounds skipped: the local search failed ({_first_line(exc)})")
         return xg, decoded, forbidden, None
@@ -335,17 +384,13 @@ def _guided_rounds(
         found = start = None
         if round_stats.stop_reason != "error" and te.enode_count() != before:
             new_xg, new_decoded, new_forbidden = te.export(cost)
-            previous = te.chosen_selection(new_decoded, graph, base)
-            start = extraction.ExtractionResult(previous, extraction.dag_cost(new_xg, previous), None, "guided", 0.0,
-                                                "guided")
+            start = _selection(new_xg, te.chosen_selection(new_decoded, graph, base), "guided")
             found = extraction.local_search(new_xg, start, forbidden=frozenset(new_forbidden), major_only=True,
-                                            time_limit=max(0.5, LOCAL_SEARCH_SHARE * opts.ilp_time_limit))
+                                            time_limit=_local_search_seconds(opts))
         if found is None or found is start:  # nothing gained: drop what the round added, keep the previous graph
             te.rollback()
             xg, decoded, forbidden = te.export(cost)  # re-read: e-class ids are per export
-            previous = te.chosen_selection(decoded, graph, base)
-            best = extraction.ExtractionResult(previous, extraction.dag_cost(xg, previous), None, "guided", 0.0,
-                                               "guided")
+            best = _selection(xg, te.chosen_selection(decoded, graph, base), "guided")
             break
         offset = len(stats.iterations)
         for it in round_stats.iterations:
@@ -417,10 +462,7 @@ def _search(graph: Graph, cost: CostModel, opts: Options, times: dict[str, float
                                          preferred=greedy.choices.values() if greedy else ())
     times["cycle_filter"] = time.perf_counter() - t
     stats.blacklisted = len(blacklist)
-    initial = extraction.ExtractionResult(
-        choices=original_choices, cost=extraction.dag_cost(xg, original_choices), bound=None, status="input",
-        seconds=0.0, method="input",
-    )
+    initial = _selection(xg, original_choices, "input")
     t = time.perf_counter()
     state.chosen = _extract(xg, frozenset(forbidden), frozenset(blacklist), initial, greedy, opts, notes,
                             [guided] if guided is not None else [])
@@ -449,6 +491,9 @@ def optimize_with_details(model: ModelLike, **options: Any) -> OptimizeResult:
     times["import"] = time.perf_counter() - t
 
     cost = _cost_model(opts, notes)
+    observe = getattr(cost.inner, "observe_graph", None)
+    if observe is not None:  # a measuring model sizes its cache state by the weights one inference reads
+        observe(graph)
     cost_before = graph_cost(graph, cost)
 
     state = _Search(graph)
@@ -483,6 +528,13 @@ def optimize_with_details(model: ModelLike, **options: Any) -> OptimizeResult:
         t = time.perf_counter()
         report = verify_mod.verify(original_model, out_model, seed=opts.seed)
         times["verify"] = time.perf_counter() - t
+    latency = None
+    if optimized is not graph and cost_after < cost_before and opts.latency_check > 0 and _measuring(cost):
+        t = time.perf_counter()
+        kept, out_model, latency = _keep_if_faster(graph, optimized, out_model, cost.inner, opts, notes)
+        times["latency_check"] = time.perf_counter() - t
+        if kept is graph:
+            optimized, cost_after = graph, cost_before
 
     if isinstance(model, Graph):
         output: Any = optimized
@@ -491,7 +543,9 @@ def optimize_with_details(model: ModelLike, **options: Any) -> OptimizeResult:
         output = Path(output_path)
     else:
         output = out_model
-    return OptimizeResult(output, optimized, graph, cost_before, cost_after, stats, chosen, times, report, notes, opts)
+    describe = getattr(cost.inner, "describe", None)
+    return OptimizeResult(output, optimized, graph, cost_before, cost_after, stats, chosen, times, report, notes, opts,
+                          latency, describe() if describe is not None else None)
 
 
 def optimize(model: ModelLike, **options: Any) -> Any:
@@ -500,9 +554,12 @@ def optimize(model: ModelLike, **options: Any) -> Any:
     `model` is an `onnx.ModelProto`, a path to an .onnx file, or a `tensat.ir.Graph`. A ModelProto or a path gives
     back a ModelProto (or, with `output=PATH`, writes it atomically there and returns the path); a Graph gives a
     Graph. Options: node_limit (50000), iter_limit (15), time_limit (60 s of exploration), k_multi (1: iterations
-    in which multi-pattern rules run), guided_rounds (4: rounds extending the extracted graph's merges), extractor ("ilp" or "greedy"), solver ("highs" or "cbc"), ilp_time_limit
-    (60 s), cost ("analytic" or "measured"), device ("auto", "cpu" or "cuda": where measured costs are taken), verify (True: compare against the input in onnxruntime and raise
-    VerificationError on a mismatch), seed (0), input_shapes ({"x": [1, 3, 224, 224]} for dynamic dims).
+    in which multi-pattern rules run), guided_rounds (4: rounds extending the extracted graph's merges), extractor
+    ("ilp" or "greedy"), solver ("highs" or "cbc"), ilp_time_limit (60 s), cost ("analytic" or "measured"), device
+    ("auto", "cpu" or "cuda": where measured costs are taken), latency_check (20 s: with measured costs, time the
+    optimized model against the input end to end and keep the input unless the optimized one is faster; 0 skips
+    it), verify (True: compare against the input in onnxruntime and raise VerificationError on a mismatch), seed
+    (0), input_shapes ({"x": [1, 3, 224, 224]} for dynamic dims).
     Use `optimize_with_details` for costs, e-graph growth and time per phase.
     """
     return optimize_with_details(model, **options).output

@@ -46,6 +46,17 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    """Parse a number flag value that may be 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+    return value
+
+
 def _add_optimize(sub: Any) -> None:
     p = sub.add_parser("optimize", help="optimize an ONNX model by equality saturation",
                        description="Optimize an ONNX model: explore rewrites in an e-graph, extract the cheapest "
@@ -76,6 +87,9 @@ def _add_optimize(sub: Any) -> None:
                    help="cost model: analytic roofline, or per-op latency measured in onnxruntime (default analytic)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="device whose latency the measured cost model uses; auto = CUDA where it loads, else CPU")
+    p.add_argument("--latency-check", metavar="SECONDS", type=non_negative_float, default=20.0,
+                   help="with --cost measured, time the optimized model against the input end to end for up to "
+                        "this long and keep the input unless the optimized one runs faster (default 20; 0 skips)")
     p.add_argument("--no-verify", action="store_true",
                    help="skip the numerical check of the optimized model against the input in onnxruntime")
     p.add_argument("--seed", type=int, default=0, help="seed of the random verification inputs (default 0)")
@@ -101,8 +115,8 @@ def _run_optimize(args: argparse.Namespace) -> int:
         source, input_shapes=shapes, node_limit=args.node_limit, iter_limit=args.iter_limit,
         time_limit=args.time_limit, k_multi=args.k_multi, guided_rounds=args.guided_rounds,
         extractor=args.extractor, solver=args.solver,
-        ilp_time_limit=args.ilp_time_limit, cost=args.cost, device=args.device, verify=not args.no_verify,
-        seed=args.seed,
+        ilp_time_limit=args.ilp_time_limit, cost=args.cost, device=args.device, latency_check=args.latency_check,
+        verify=not args.no_verify, seed=args.seed,
     )
     onnx_io.save_model(result.output, args.output)
     if args.stats:
@@ -129,6 +143,11 @@ def _print_summary(result: Any, output: str) -> None:
     if result.verification is not None:
         v = result.verification
         print(f"verified  max abs error {v.max_abs_error:.2e}, max rel error {v.max_rel_error:.2e}")
+    if result.latency is not None:
+        lat = result.latency
+        low, high = lat.interval
+        print(f"latency   {lat.baseline_ms:.4g} -> {lat.candidate_ms:.4g} ms end to end ({lat.speedup:.3f}x, 95% "
+              f"interval {low:.3f}-{high:.3f}, {lat.pairs} pairs of blocks)")
     for w in result.warnings:
         print(f"warning   {w}")
     print(f"wrote     {output}")

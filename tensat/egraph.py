@@ -21,8 +21,8 @@ from tensat import ops
 from tensat.ir import Graph, Node
 
 MATCH_LIMIT = 1000  # egg's BackoffScheduler defaults
-GUIDED = "guided/"  # prefix of a multi-pattern rule's guided copy (matching only e-classes marked chosen)
 BAN_LENGTH = 5
+GUIDED = "guided/"  # prefix of a multi-pattern rule's guided copy (matching only e-classes marked chosen)
 FILL_MIN_SECONDS = 1.0  # the fill may always take this long (within the time limit), however fast exploration was
 
 CostFn = Callable[[Node, Sequence[tuple[int, ...]], Sequence[bool]], float]

@@ -16,6 +16,7 @@ takes when it has the core (memory and cache contention still show, as they woul
 from __future__ import annotations
 
 import os
+import random
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -158,3 +159,77 @@ def time_models(
         if timed.runs >= 5 and time.perf_counter() - start > max_seconds:
             break
     return timed.stats()
+
+
+def block_ratios(a: Sequence[float], b: Sequence[float], block: int) -> list[float]:
+    """Median of each block of `a` over the median of the matching block of `b` (samples in the order taken)."""
+    out = []
+    for k in range(0, min(len(a), len(b)) - block + 1, block):
+        out.append(statistics.median(a[k:k + block]) / statistics.median(b[k:k + block]))
+    return out
+
+
+def median_interval(values: Sequence[float], seed: int = 0, draws: int = 2000) -> tuple[float, float]:
+    """A 95% bootstrap interval of the median of `values`."""
+    if len(values) < 2:
+        v = values[0] if values else float("nan")
+        return v, v
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
+    return meds[int(0.025 * draws)], meds[int(0.975 * draws) - 1]
+
+
+@dataclass
+class LatencyComparison:
+    """A candidate model's end-to-end latency against a baseline's, timed in interleaved blocks of runs.
+
+    `speedup` is the median over pairs of blocks of (baseline block median / candidate block median): pairing
+    blocks taken back to back cancels the load from other processes, which moves both alike."""
+
+    baseline_ms: float
+    candidate_ms: float
+    speedup: float
+    interval: tuple[float, float]  # 95% bootstrap interval of `speedup`
+    pairs: int
+    block: int
+    seconds: float
+
+    @property
+    def measurably_slower(self) -> bool:
+        """The candidate is slower beyond noise: the whole interval lies below 1."""
+        return self.interval[1] < 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"baseline_ms": self.baseline_ms, "candidate_ms": self.candidate_ms, "speedup": self.speedup,
+                "interval": list(self.interval), "pairs": self.pairs, "block": self.block, "seconds": self.seconds}
+
+
+BLOCK_SECONDS = 0.02  # a block of runs lasts about this long (at most MAX_BLOCK runs, at least one)
+MAX_BLOCK = 10
+
+
+def compare_latency(
+    baseline: ModelSource, candidate: ModelSource, *, provider: str = "cpu", threads: int | None = 1,
+    clock: str = "wall", max_seconds: float = 20.0, pairs: int = 40, min_pairs: int = 5, seed: int = 0,
+) -> LatencyComparison:
+    """Time `candidate` against `baseline` on the same seeded inputs, in alternating blocks of runs, until `pairs`
+    pairs of blocks are taken or `max_seconds` have passed (with at least `min_pairs`); see `LatencyComparison`.
+
+    A block holds as many runs as fit in about `BLOCK_SECONDS` (1 to `MAX_BLOCK`), so small models are timed in
+    a steady cache state and large ones still give enough pairs within the time limit."""
+    start = time.perf_counter()
+    timed = Interleaved([baseline, candidate], provider=provider, threads=threads, seed=seed, clock=clock)
+    t = time.perf_counter()
+    for run in timed.runs_of:
+        run()
+    single = (time.perf_counter() - t) / 2
+    timed.block = max(1, min(MAX_BLOCK, int(BLOCK_SECONDS / max(single, 1e-9))))
+    while timed.runs < pairs * timed.block:
+        timed.turn()
+        if timed.runs >= min_pairs * timed.block and time.perf_counter() - start > max_seconds:
+            break
+    base, cand = timed.stats()
+    ratios = block_ratios(base.samples_ms, cand.samples_ms, timed.block)
+    return LatencyComparison(base.median_ms, cand.median_ms, statistics.median(ratios),
+                             median_interval(ratios, seed), len(ratios), timed.block,
+                             time.perf_counter() - start)

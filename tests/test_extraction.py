@@ -556,7 +556,7 @@ def test_local_search_valid_never_worse_and_priced_exactly(case: tuple[EGraph, f
 
     from extraction import local_search
     from extraction.greedy import _forbidden_mask, selection_cost
-    from extraction.local import _delta, _refcounts, _tree_choice
+    from extraction.local import _delta, _reached, _refcounts, _tree_choice
 
     eg, forbidden = case
     if brute_force(eg, forbidden) is None:
@@ -573,7 +573,7 @@ def test_local_search_valid_never_worse_and_priced_exactly(case: tuple[EGraph, f
     arr = _tree_choice(ix, banned, False)
     for c, n in start.choices.items():
         arr[ix.class_pos[c]] = ix.node_pos[n]
-    refs, pos = _refcounts(ix, arr)
+    refs, pos = _refcounts(ix, arr, _reached(ix, arr))
     base = selection_cost(ix, arr)
     usable = [n for n in range(len(ix.node_ids)) if not banned[n]]
     for _ in range(20):

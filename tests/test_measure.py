@@ -18,6 +18,8 @@ import numpy as np
 import onnx
 import pytest
 
+import tensat
+import tensat.api as api
 from tensat import ops
 from tensat.cost import graph_cost
 from tensat.costcache import CostCache, CostEntry, default_cache_dir
@@ -26,7 +28,7 @@ from tensat.cost_report import (
 )
 from tensat.errors import TensatError
 from tensat.ir import Graph, Node
-from tensat.latency import Interleaved, time_models
+from tensat.latency import Interleaved, compare_latency, time_models
 from tensat.measure import (
     ALIGNMENT, NCHWC_DOMAIN, MeasuredCost, Progress, Unit, cuda_available, graph_working_set, make_measured_cost,
     pricing_unit, replicate, resolve_device, time_rounds, unit_model,
@@ -355,6 +357,70 @@ def test_fresh_cost_report_notes_how_it_was_taken(tmp_path):
     assert report.latency[0].runs >= 4 and math.isfinite(report.rows[0].per_node_ms)
     cached = cost_report(g, cost_model(tmp_path), runs=4, block=2, fresh=False, per_node=False)
     assert not any("afresh" in n for n in cached.notes) and math.isnan(cached.rows[0].per_node_ms)
+
+
+# -- the end-to-end latency check ----------------------------------------------------------------------------------
+
+
+def relu_chain(length: int) -> Graph:
+    """relu applied `length` times to a small input: the same function for every length, slower the longer."""
+    g = Graph()
+    y = g.input("x", (1, 64))
+    for _ in range(length):
+        y = g.add("relu", [y])
+    g.output("y", y)
+    return g
+
+
+def test_compare_latency_tells_the_slower_model():
+    fast, slow = export_model(relu_chain(1)), export_model(relu_chain(300))
+    slower = compare_latency(fast, slow, max_seconds=2.0)
+    assert slower.speedup < 1 and slower.measurably_slower and slower.candidate_ms > slower.baseline_ms
+    assert slower.interval[0] <= slower.speedup <= slower.interval[1]
+    assert 5 <= slower.pairs <= 40 and 1 <= slower.block <= 10
+    faster = compare_latency(slow, fast, max_seconds=2.0, clock="cpu")
+    assert faster.speedup > 1 and not faster.measurably_slower
+    assert set(faster.to_dict()) == {"baseline_ms", "candidate_ms", "speedup", "interval", "pairs", "block", "seconds"}
+
+
+def test_the_latency_check_keeps_the_input_when_the_optimized_graph_runs_slower(tmp_path):
+    cost = cost_model(tmp_path)
+    opts = api.Options(cost="measured", latency_check=2.0)
+    fast, slow = relu_chain(1), relu_chain(300)
+    notes: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        kept, model, latency = api._keep_if_faster(fast, slow, export_model(slow), cost, opts, notes)
+    assert kept is fast and latency.speedup < 1 and len(model.graph.node) == 1
+    assert len(notes) == 1 and "ran slower than the input" in notes[0] and "keeping the input graph" in notes[0]
+    notes.clear()
+    kept, model, latency = api._keep_if_faster(slow, fast, export_model(fast), cost, opts, notes)
+    assert kept is fast and latency.speedup > 1 and len(model.graph.node) == 1 and not notes
+
+
+def test_optimizing_with_measured_costs_times_the_result_against_the_input(monkeypatch, tmp_path):
+    monkeypatch.setattr(api, "make_cost_model", lambda name, device="auto": cost_model(tmp_path))
+    g = Graph()
+    x = g.input("x", (4, 1024))
+    weight = g.weight(w(1024, 1024))  # 4 MiB, read twice
+    g.output("y", g.add("add", [g.add("matmul", [x, weight]), g.add("matmul", [x, weight])]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        result = tensat.optimize_with_details(g, cost="measured", latency_check=1.0, iter_limit=2, time_limit=10,
+                                              ilp_time_limit=5)
+        unchecked = tensat.optimize_with_details(g, cost="measured", latency_check=0, iter_limit=2, time_limit=10,
+                                                 ilp_time_limit=5)
+    assert unchecked.cost_after < unchecked.cost_before and unchecked.latency is None  # one matmul is shared
+    assert unchecked.measurement["stats"]["cached"] > 0
+    assert unchecked.measurement["working_set_mib"] == 4  # the weights one inference reads, each counted once
+    latency = result.latency
+    assert latency is not None and latency.pairs >= 5 and "latency_check" in result.times
+    assert result.to_dict()["latency_check"]["pairs"] == latency.pairs
+    kept_input = any("ran slower than the input" in note for note in result.warnings)
+    assert kept_input == (latency.speedup < 1)
+    assert (result.graph.op_count() == g.op_count()) == kept_input
+    with pytest.raises(TensatError, match="latency_check"):
+        tensat.optimize_with_details(g, cost="measured", latency_check=-1)
 
 
 # -- the cache ---------------------------------------------------------------------------------------------------
