@@ -9,6 +9,8 @@ check is never offered to the extractor.
 from __future__ import annotations
 
 import time
+import weakref
+from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -81,6 +83,58 @@ class DecodedNode:
     eclass: int
 
 
+class _Blank:
+    """An egglog e-graph with declarations and rules registered and nothing else, kept for reuse: registering some
+    150 rules costs egglog about 0.3 s, more than exploring a small graph. The registered state is saved with an
+    egglog push; a new user pops back to it (dropping the previous user's e-nodes, snapshots and combined
+    rulesets) and pushes it again. One user at a time: a kept e-graph is handed out only once its last user is
+    gone. `depth` counts the snapshots the user pushed and has not popped."""
+
+    def __init__(self, program: Sequence[str]) -> None:
+        self.egraph = bindings.EGraph()
+        for text in program:
+            for command in self.egraph.parse_program(text):
+                self.egraph.run_program(command)
+        self.egraph.run_program(*self.egraph.parse_program("(push)"))
+        self.depth = 0
+        self.user: weakref.ref[Any] | None = None
+
+    def reset(self) -> None:
+        """Back to the registered state, the previous user's e-graph freed."""
+        for command in self.egraph.parse_program("(pop)\n" * (self.depth + 1) + "(push)"):
+            self.egraph.run_program(command)
+        self.depth = 0
+
+
+_BLANKS: OrderedDict[str, _Blank] = OrderedDict()
+BLANKS_KEPT = 1  # registered e-graphs kept for reuse: egglog holds about 0.7 MB per registered rule
+
+
+def _release(blank: _Blank) -> None:
+    """Its user is gone: free that user's e-graph now rather than at the next reuse."""
+    blank.reset()
+    blank.user = None
+
+
+def _blank_egraph(program: Sequence[str], user: Any) -> _Blank:
+    """An egglog e-graph with `program` (declarations and rules) run in it and nothing else, for `user`."""
+    key = "\n".join(program)
+    blank = _BLANKS.get(key)
+    if blank is not None and (blank.user is None or blank.user() is None):
+        _BLANKS.move_to_end(key)
+        blank.reset()
+    else:
+        blank = _Blank(program)
+        if key in _BLANKS:  # the kept one is in use: this one serves once
+            return blank
+        _BLANKS[key] = blank
+        while len(_BLANKS) > BLANKS_KEPT:
+            _BLANKS.popitem(last=False)
+    blank.user = weakref.ref(user)
+    weakref.finalize(user, _release, blank)
+    return blank
+
+
 class TensorEGraph:
     """An egglog e-graph holding one IR graph and the rules that rewrite it."""
 
@@ -90,22 +144,22 @@ class TensorEGraph:
         self.rules = list(rules) if rules is not None else rewrites.select_rules(present)
         self._strings: list[str] = []
         self._string_ids: dict[str, int] = {}
-        self.egraph = bindings.EGraph()
-        self._run(ops.egg_declarations())
-        self._run("(function node-of (i64) T :no-merge)\n(function chosen-of (i64) T :no-merge)\n(relation chosen (T))")
-        self._run("\n".join(ops.egg_shape_rules()))
         self._ruleset_of: dict[str, str] = {}
+        program = [ops.egg_declarations(),
+                   "(function node-of (i64) T :no-merge)\n(function chosen-of (i64) T :no-merge)\n(relation chosen (T))",
+                   "\n".join(ops.egg_shape_rules(present.union(*(r.produced_ops() for r in self.rules))))]
         for k, rule in enumerate(self.rules):
             name = f"rule-{k}"
             self._ruleset_of[rule.name] = name
-            self._run(f"(ruleset {name})\n{rewrites.to_egglog(rule, name)}")
+            program.append(f"(ruleset {name})\n{rewrites.to_egglog(rule, name)}")
             if rule.multi:  # the same rule, matching only pairs of e-classes a guided round marked as chosen
                 guided = f"guided-{k}"
                 self._ruleset_of[GUIDED + rule.name] = guided
-                self._run(f"(ruleset {guided})\n{rewrites.to_egglog(rule, guided, 'chosen', GUIDED + rule.name)}")
+                program.append(f"(ruleset {guided})\n{rewrites.to_egglog(rule, guided, 'chosen', GUIDED + rule.name)}")
+        self._blank = _blank_egraph(program, self)
+        self.egraph = self._blank.egraph
         self._chosen_base = 0
         self._checkpoints: list[tuple[int, dict[tuple[str, ...], str]]] = []
-        self._depth = 0  # egglog snapshots pushed and not popped
         self._backoff = Backoff()  # kept across explore calls: a guided round does not unban what the search banned
         self._clock = 0  # iterations run so far, the backoff's clock
         self._rulesets: dict[tuple[str, ...], str] = {}
@@ -173,13 +227,18 @@ class TensorEGraph:
         self._run("(run-schedule (saturate shapes))")
         return base
 
+    @property
+    def _depth(self) -> int:
+        """egglog snapshots pushed and not popped."""
+        return self._blank.depth
+
     def _push(self) -> None:
         self._run("(push)")
-        self._depth += 1
+        self._blank.depth += 1
 
     def _pop(self) -> None:
         self._run("(pop)")
-        self._depth -= 1
+        self._blank.depth -= 1
 
     def checkpoint(self) -> None:
         """Mark the e-graph's state (egglog push), for `rollback`."""

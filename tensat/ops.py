@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -652,6 +652,7 @@ def egg_declarations() -> str:
     return "\n".join(lines)
 
 
-def egg_shape_rules() -> list[str]:
-    """Every op's egglog shape rules."""
-    return [rule for op in REGISTRY.values() for rule in op.egg_shape_rules(op)]
+def egg_shape_rules(names: Iterable[str] | None = None) -> list[str]:
+    """The egglog shape rules of the ops called `names` (default: every op)."""
+    wanted = None if names is None else set(names)
+    return [rule for name, op in REGISTRY.items() if wanted is None or name in wanted for rule in op.egg_shape_rules(op)]

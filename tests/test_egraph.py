@@ -8,6 +8,7 @@ import pytest
 import extraction
 import rewrites
 from tensat.cost import AnalyticCost, graph_cost
+import tensat.egraph as egraph_mod
 from tensat.egraph import TensorEGraph
 from tensat.ir import Graph, OpaqueSpec
 
@@ -206,6 +207,28 @@ def test_exploration_is_deterministic():
         rebuilt = extract_and_rebuild(te)
         runs.append(([(i.enodes, i.eclasses) for i in stats.iterations], rebuilt.summary()))
     assert runs[0] == runs[1]
+
+
+def test_a_reused_egraph_explores_like_a_fresh_one():
+    """A TensorEGraph takes over the registered rules of one that is gone (egglog pop back to them): it starts
+    from the input graph alone, whatever its predecessor explored, and grows exactly like a fresh e-graph."""
+    def run(te: TensorEGraph) -> tuple:
+        stats = te.explore(k_multi=1)
+        return [(i.enodes, i.eclasses, dict(i.matches)) for i in stats.iterations], extract_and_rebuild(te).summary()
+
+    egraph_mod._BLANKS.clear()
+    first = TensorEGraph(qkv_graph(n=4))
+    kept = first.egraph
+    fresh = TensorEGraph(qkv_graph(n=4))  # the kept e-graph is in use: a separate one
+    assert fresh.egraph is not kept
+    start = fresh.size()
+    expected = run(fresh)
+    first.explore(k_multi=1)
+    first.checkpoint()  # snapshots and e-nodes left behind
+    del first
+    reused = TensorEGraph(qkv_graph(n=4))
+    assert reused.egraph is kept and reused.size() == start
+    assert run(reused) == expected
 
 
 def test_rule_selection_by_present_ops():

@@ -17,7 +17,7 @@ from tensat.verify import run_model
 
 SMALL = SMALL_SIZES
 
-FAST = dict(ilp_time_limit=5, time_limit=20)
+FAST = dict(ilp_time_limit=5, time_limit=20, iter_limit=6)
 
 
 def test_small_configs_cover_every_benchmark():
