@@ -312,11 +312,13 @@ def _extract(
 
 
 LOCAL_SEARCH_SHARE = 0.2  # of the ILP time limit, for each start of the local search
+LOCAL_SEARCH_MIN_SECONDS = 3.0  # it stops by itself when no move improves: only searches that pay take this long
 
 
 def _local_search_seconds(opts: Options) -> float:
-    """The local search's time limit for one start."""
-    return max(0.5, LOCAL_SEARCH_SHARE * opts.ilp_time_limit)
+    """The local search's time limit for one start: a share of the ILP's, but at least enough for a few passes
+    over a NasRNN-size e-graph on a loaded machine (a tighter limit makes the result depend on the load)."""
+    return max(LOCAL_SEARCH_MIN_SECONDS, LOCAL_SEARCH_SHARE * opts.ilp_time_limit)
 
 
 def _selection(xg: extraction.EGraph, choices: dict[str, str], method: str) -> extraction.ExtractionResult:

@@ -131,7 +131,7 @@ def _blank_egraph(program: Sequence[str], user: Any) -> _Blank:
         while len(_BLANKS) > BLANKS_KEPT:
             _BLANKS.popitem(last=False)
     blank.user = weakref.ref(user)
-    weakref.finalize(user, _release, blank)
+    weakref.finalize(user, _release, blank).atexit = False  # nothing to free at exit
     return blank
 
 
