@@ -35,26 +35,26 @@ def positive_int(text: str) -> int:
     return value
 
 
-def positive_float(text: str) -> float:
-    """Parse a positive number flag value."""
+def _float_flag(text: str, zero_ok: bool) -> float:
+    """Parse a number flag value that must be positive (or, with `zero_ok`, may also be 0)."""
+    want = "a number >= 0" if zero_ok else "a positive number"
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+        raise argparse.ArgumentTypeError(f"must be {want}, got {text!r}") from None
+    if not (value >= 0 if zero_ok else value > 0):
+        raise argparse.ArgumentTypeError(f"must be {want}, got {text}")
     return value
+
+
+def positive_float(text: str) -> float:
+    """Parse a positive number flag value."""
+    return _float_flag(text, zero_ok=False)
 
 
 def non_negative_float(text: str) -> float:
     """Parse a number flag value that may be 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
-    return value
+    return _float_flag(text, zero_ok=True)
 
 
 def _add_optimize(sub: Any) -> None:

@@ -93,17 +93,23 @@ class _Blank:
     def __init__(self, program: Sequence[str]) -> None:
         self.egraph = bindings.EGraph()
         for text in program:
-            for command in self.egraph.parse_program(text):
-                self.egraph.run_program(command)
-        self.egraph.run_program(*self.egraph.parse_program("(push)"))
+            _run(self.egraph, text)
+        _run(self.egraph, "(push)")
         self.depth = 0
         self.user: weakref.ref[Any] | None = None
 
     def reset(self) -> None:
         """Back to the registered state, the previous user's e-graph freed."""
-        for command in self.egraph.parse_program("(pop)\n" * (self.depth + 1) + "(push)"):
-            self.egraph.run_program(command)
+        _run(self.egraph, "(pop)\n" * (self.depth + 1) + "(push)")
         self.depth = 0
+
+
+def _run(egraph: bindings.EGraph, text: str) -> list[Any]:
+    """Run an egglog program, command by command; the outputs of all commands."""
+    out: list[Any] = []
+    for command in egraph.parse_program(text):
+        out.extend(egraph.run_program(command))
+    return out
 
 
 _BLANKS: OrderedDict[str, _Blank] = OrderedDict()
@@ -111,7 +117,7 @@ BLANKS_KEPT = 1  # registered e-graphs kept for reuse: egglog holds about 0.7 MB
 
 
 def _release(blank: _Blank) -> None:
-    """Its user is gone: free that user's e-graph now rather than at the next reuse."""
+    """Its user is gone: back to the registered state now (freeing the user's e-graph), ready for the next user."""
     blank.reset()
     blank.user = None
 
@@ -120,9 +126,8 @@ def _blank_egraph(program: Sequence[str], user: Any) -> _Blank:
     """An egglog e-graph with `program` (declarations and rules) run in it and nothing else, for `user`."""
     key = "\n".join(program)
     blank = _BLANKS.get(key)
-    if blank is not None and (blank.user is None or blank.user() is None):
+    if blank is not None and blank.user is None:  # released: already reset
         _BLANKS.move_to_end(key)
-        blank.reset()
     else:
         blank = _Blank(program)
         if key in _BLANKS:  # the kept one is in use: this one serves once
@@ -175,10 +180,7 @@ class TensorEGraph:
     # -- egglog plumbing ----------------------------------------------------------------------------------------
 
     def _run(self, text: str) -> list[Any]:
-        out: list[Any] = []
-        for command in self.egraph.parse_program(text):
-            out.extend(self.egraph.run_program(command))
-        return out
+        return _run(self.egraph, text)
 
     def _string(self, s: str) -> str:
         if s not in self._string_ids:
