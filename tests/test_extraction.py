@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -346,6 +347,19 @@ def test_time_limit_status_is_honest(limit: float, solver: str) -> None:
     _consistent(res, greedy.cost)
     assert res.status != "optimal"
     assert res.seconds <= limit + 1.0
+
+
+@pytest.mark.skipif(not DATA.exists(), reason="extraction-gym data not available")
+def test_model_building_stops_at_its_deadline() -> None:
+    """A model that could not be solved in time is not built: the deadline bounds building too."""
+    from extraction import ilp
+
+    eg = load_egraph(DATA / "vgg.json")
+    ix = eg.index
+    red = ilp._reduce(ix, ilp._forbidden_mask(ix, frozenset()), greedy_dag(eg).cost)
+    with pytest.raises(ilp._OutOfTime):
+        ilp._Model(ix, red, deadline=time.perf_counter())
+    assert ilp._Model(ix, red).prob.numConstraints() > 0
 
 
 @pytest.mark.skipif(not DATA.exists(), reason="extraction-gym data not available")
