@@ -28,7 +28,7 @@ class ENode:
 class ExtractionResult:
     """A selection of one e-node per e-class reachable from the roots, with its DAG cost.
 
-    ``status`` is "optimal" (proven), "feasible" (solver stopped with a gap), "fallback"
+    ``status`` is "optimal" (proven), "feasible" (valid, not proven optimal), "fallback"
     (greedy returned because the ILP failed or found nothing better) or "greedy".
     """
 

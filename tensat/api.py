@@ -6,7 +6,7 @@ import math
 import os
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
 
@@ -298,7 +298,8 @@ def _extract(
             continue
         first_pass = time.perf_counter() - now
         if ilp.status != "fallback" and ilp.cost <= best.cost + 1e-12:
-            best = ilp
+            # a cycle-filtered pass proves nothing about the whole e-graph: its bound is the sub-problem's
+            best = ilp if label == "whole" else replace(ilp, bound=None, status="feasible")
         elif ilp.bound is not None and label == "whole":  # the ILP's proven bound holds for the search's result too
             best.bound = max(best.bound or 0.0, min(ilp.bound, best.cost))
         proven = label == "whole" and ilp.status == "optimal"

@@ -173,6 +173,36 @@ def test_a_greedy_crash_keeps_the_input_selection(monkeypatch: pytest.MonkeyPatc
     _valid(result, graph)
 
 
+def test_a_proof_on_the_cycle_filtered_e_graph_is_not_claimed_for_the_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The filtered pass proves its sub-problem optimal, the whole e-graph's pass crashes: the result is the
+    filtered pass's, flagged unproven, with no bound (the sub-problem's bound does not hold for the whole)."""
+    xg = extraction.EGraph.from_json({"nodes": {
+        "r0": {"op": "f", "children": ["a0"], "eclass": "r", "cost": 1.0},
+        "a0": {"op": "x", "children": [], "eclass": "a", "cost": 1.0},
+        "a1": {"op": "g", "children": ["b0"], "eclass": "a", "cost": 1.0},
+        "b0": {"op": "k", "children": ["a0"], "eclass": "b", "cost": 1.0},
+    }, "root_eclasses": ["r"]})
+    real = extraction.ilp_extract
+    passes: list[frozenset[str]] = []
+
+    def whole_pass_crashes(eg: Any, **kw: Any) -> extraction.ExtractionResult:
+        passes.append(kw["forbidden"])
+        if "a1" not in kw["forbidden"]:
+            raise RuntimeError("solver crashed")
+        return real(eg, **kw)
+
+    monkeypatch.setattr(extraction, "ilp_extract", whole_pass_crashes)
+    greedy = extraction.greedy_dag(xg)
+    notes: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        best = api._extract(xg, frozenset(), frozenset({"a1"}), greedy, greedy, api.Options(ilp_time_limit=5), notes)
+    assert passes == [frozenset({"a1"}), frozenset()]
+    assert best.method == "ilp" and best.cost == pytest.approx(2.0)
+    assert best.status != "optimal" and best.bound is None, best
+    assert any("whole e-graph failed" in n for n in notes) and any("did not prove optimality" in n for n in notes)
+
+
 # -------------------------------------------------------------------------------------------------------------------
 # exploration and the rest of the search
 

@@ -37,6 +37,9 @@ def test_benchmark_graph_optimizes_end_to_end(name):
     assert [o.name for o in out.graph.output] == [o.name for o in model.graph.output]
     assert result.exploration.iterations, "no exploration iteration ran"
     assert set(result.times) >= {"import", "explore", "extract", "verify"}
+    ex = result.extraction
+    assert ex.bound is None or ex.bound <= ex.cost * (1 + 1e-9)
+    assert ex.status != "optimal" or ex.gap() == 0.0
 
 
 def _attention_with_opaque_ops() -> onnx.ModelProto:
