@@ -167,6 +167,7 @@ class TensorEGraph:
         self._checkpoints: list[tuple[int, dict[tuple[str, ...], str]]] = []
         self._backoff = Backoff()  # kept across explore calls: a guided round does not unban what the search banned
         self._clock = 0  # iterations run so far, the backoff's clock
+        self._explored = 0.0  # seconds of the explore calls so far: a later call's fill may take as long
         self._rulesets: dict[tuple[str, ...], str] = {}
         self._single = [r.name for r in self.rules if not r.multi]
         self._single_set = set(self._single)
@@ -306,7 +307,7 @@ class TensorEGraph:
         rolled back with egglog's pop. With `fill`, the rules of the overshooting iteration are then re-applied in
         groups (single-pattern rules first, then bisecting), keeping each group that fits, so the e-graph fills
         up to the limit instead of stopping one whole iteration short; the fill spends at most as long as the
-        exploration had so far (at least FILL_MIN_SECONDS), within the time limit.
+        exploration had so far, earlier calls included (at least FILL_MIN_SECONDS), within the time limit.
 
         Work per iteration is bounded the way egg's BackoffScheduler (which Tensat ran on) bounds it: a rule with
         more matches than its threshold (MATCH_LIMIT, doubled at each ban) is not applied and is banned for
@@ -362,7 +363,7 @@ class TensorEGraph:
                 if not fill:
                     break
                 elapsed = time.perf_counter() - start
-                budget = min(max(elapsed, FILL_MIN_SECONDS), time_limit - elapsed)
+                budget = min(max(self._explored + elapsed, FILL_MIN_SECONDS), time_limit - elapsed)
                 applied = [n for n in names if n not in banned]
                 groups = [[n for n in applied if n in self._single], [n for n in applied if n not in self._single]]
                 matches = self._fill([g for g in groups if g], node_limit, time.perf_counter() + budget,
@@ -387,6 +388,7 @@ class TensorEGraph:
             stats.stop_reason = "iter_limit"
         self._clock += iter_limit
         stats.seconds = time.perf_counter() - start
+        self._explored += stats.seconds
         return stats
 
     def _schedule(self, names: Sequence[str], backoff: "Backoff", unthrottled_multi: bool) -> list[tuple[str, list[str], int | None]]:
