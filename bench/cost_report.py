@@ -256,7 +256,7 @@ def markdown(records: list[dict[str, Any]], checks: dict[str, Any] | None, mach:
         measured = o["measured"]["measured"] if o["measured"] else "-"
         low, high = c["block_ratio_ci95"]
         check = o.get("latency_check")
-        kept = "input" if any("ran slower than the input" in w for w in o["warnings"]) else "optimized"
+        kept = "input" if check and check["speedup"] < 1.0 else "optimized"  # the rule of api._keep_if_faster
         checked = f"{check['speedup']:.3f}x, {kept} kept" if check else "-"
         lines.append(
             f"| {r['model']} | {o['cost_before']:.3f} -> {o['cost_after']:.3f} | {checked} | {c['cpu_ms'][0]:.3f} / "

@@ -448,6 +448,8 @@ class _Model:
 
     def __init__(self, ix: _Index, red: _Reduced, deadline: float = math.inf) -> None:
         """Build the model; raises _OutOfTime once ``deadline`` (a perf_counter time) has passed."""
+        if time.perf_counter() > deadline:
+            raise _OutOfTime
         self.ix = ix
         live = [n for n in range(len(ix.node_ids)) if red.alive[n]]
         self.live = live
@@ -671,8 +673,6 @@ def ilp_extract(eg: EGraph, *, solver: str = "highs", time_limit: float = 60.0,
     bound = red.lower_bound
 
     try:
-        if deadline - time.perf_counter() < 0.1:
-            raise _OutOfTime
         model = _Model(ix, red, deadline - 0.1)
     except _OutOfTime:  # no time left to build a model and solve it: return the incumbent
         info["model"] = "not built: no time left to solve"

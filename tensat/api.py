@@ -21,6 +21,7 @@ from tensat.ir import Graph, Node
 
 if TYPE_CHECKING:
     from tensat.latency import LatencyComparison
+    from tensat.measure import MeasuredCost
 
 ModelLike = Union[onnx.ModelProto, str, os.PathLike, Graph]
 
@@ -217,14 +218,17 @@ def _cost_model(opts: Options, notes: list[str]) -> _FallbackCost:
     return _FallbackCost(inner, notes)
 
 
-def _measuring(cost: _FallbackCost) -> bool:
-    """Whether the run's costs come from timing ops on a device (not the analytic fallback)."""
+def _measured(cost: _FallbackCost, opts: Options) -> MeasuredCost | None:
+    """The run's cost model if it times ops on a device, or None (analytic costs, or the analytic fallback)."""
+    if opts.cost != "measured":
+        return None
     from tensat.measure import MeasuredCost
 
-    return isinstance(cost.inner, MeasuredCost)
+    return cost.inner if isinstance(cost.inner, MeasuredCost) else None
 
 
-def _keep_if_faster(graph: Graph, optimized: Graph, optimized_model: onnx.ModelProto, cost: Any, opts: Options,
+def _keep_if_faster(graph: Graph, optimized: Graph, optimized_model: onnx.ModelProto, cost: MeasuredCost,
+                    opts: Options,
                     notes: list[str]) -> tuple[Graph, onnx.ModelProto, LatencyComparison | None]:
     """The optimized graph and its model, or the input graph and its model if the optimized one ran slower.
 
@@ -494,9 +498,9 @@ def optimize_with_details(model: ModelLike, **options: Any) -> OptimizeResult:
     times["import"] = time.perf_counter() - t
 
     cost = _cost_model(opts, notes)
-    observe = getattr(cost.inner, "observe_graph", None)
-    if observe is not None:  # a measuring model sizes its cache state by the weights one inference reads
-        observe(graph)
+    measured = _measured(cost, opts)
+    if measured is not None:  # it sizes its cache state by the weights one inference reads
+        measured.observe_graph(graph)
     cost_before = graph_cost(graph, cost)
 
     state = _Search(graph)
@@ -532,9 +536,9 @@ def optimize_with_details(model: ModelLike, **options: Any) -> OptimizeResult:
         report = verify_mod.verify(original_model, out_model, seed=opts.seed)
         times["verify"] = time.perf_counter() - t
     latency = None
-    if optimized is not graph and cost_after < cost_before and opts.latency_check > 0 and _measuring(cost):
+    if measured is not None and optimized is not graph and cost_after < cost_before and opts.latency_check > 0:
         t = time.perf_counter()
-        kept, out_model, latency = _keep_if_faster(graph, optimized, out_model, cost.inner, opts, notes)
+        kept, out_model, latency = _keep_if_faster(graph, optimized, out_model, measured, opts, notes)
         times["latency_check"] = time.perf_counter() - t
         if kept is graph:
             optimized, cost_after = graph, cost_before
@@ -546,9 +550,8 @@ def optimize_with_details(model: ModelLike, **options: Any) -> OptimizeResult:
         output = Path(output_path)
     else:
         output = out_model
-    describe = getattr(cost.inner, "describe", None)
     return OptimizeResult(output, optimized, graph, cost_before, cost_after, stats, chosen, times, report, notes, opts,
-                          latency, describe() if describe is not None else None)
+                          latency, measured.describe() if measured is not None else None)
 
 
 def optimize(model: ModelLike, **options: Any) -> Any:

@@ -12,7 +12,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import tensat
 from bench.models import SMALL_SIZES, build_model, model_names
-from tensat.cli import main
+from tensat.api import Options
+from tensat.cli import build_parser, main
 from tensat.verify import run_model
 
 SMALL = SMALL_SIZES
@@ -94,6 +95,16 @@ def test_api_returns_the_form_it_was_given(tmp_path: Path):
     graph = import_model(model)
     optimized = tensat.optimize(graph, **FAST)
     assert isinstance(optimized, tensat.Graph)
+
+
+def test_cli_defaults_are_the_api_defaults():
+    """`tensat optimize` without flags runs exactly as `tensat.optimize` with no options."""
+    args = build_parser().parse_args(["optimize", "in.onnx", "-o", "out.onnx"])
+    defaults = Options()
+    for name in ("node_limit", "iter_limit", "time_limit", "k_multi", "guided_rounds", "extractor", "solver",
+                 "ilp_time_limit", "cost", "device", "latency_check", "seed"):
+        assert getattr(args, name) == getattr(defaults, name), name
+    assert (not args.no_verify) == defaults.verify
 
 
 def test_cli_optimizes_a_builtin_model(tmp_path: Path, capsys):
