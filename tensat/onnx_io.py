@@ -14,6 +14,7 @@ captured tensors appended to its IR inputs; the exporter renames them back to wh
 
 from __future__ import annotations
 
+import heapq
 import math
 import os
 import re
@@ -33,7 +34,7 @@ from tensat.errors import ModelError, TensatError
 from tensat.files import atomic_write_bytes, fsync_dir
 from tensat.ir import FLOAT, Graph, OpaqueSpec
 
-MIN_OPSET = 9
+MIN_OPSET = 7
 MAX_IR_VERSION = 13
 PROTO_LIMIT = 2**31 - 2**26  # protobuf's 2 GiB message limit, with headroom for everything but tensors
 _LARGE_TENSOR = 1 << 20  # tensors above this many bytes are stripped from the copy used for shape inference
@@ -101,7 +102,9 @@ def _opsets(model: ModelProto) -> dict[str, int]:
 
 
 def ir_version_for(opsets: Mapping[str, int], dtypes: Sequence[str] = ()) -> int:
-    """The IR version matching `opsets` (onnx's VERSION_TABLE), raised for newer tensor types, capped at 13."""
+    """The IR version matching `opsets` (onnx's VERSION_TABLE), raised for newer tensor types, capped at 13.
+
+    At least 4: opsets 7-8 shipped with IR 3, which requires every initializer to be listed as a graph input."""
     ids = [helper.make_opsetid(d, v) for d, v in sorted(opsets.items())]
     version = helper.find_min_ir_version_for(ids, ignore_unknown=True)
     for dtype in dtypes:
@@ -111,7 +114,7 @@ def ir_version_for(opsets: Mapping[str, int], dtypes: Sequence[str] = ()) -> int
             version = max(version, 10)
         elif dtype.startswith("float4"):
             version = max(version, 11)
-    return min(max(version, 3), MAX_IR_VERSION)
+    return min(max(version, 4), MAX_IR_VERSION)
 
 
 def _subgraphs(attr: AttributeProto) -> list[GraphProto]:
@@ -361,7 +364,8 @@ def _check_opsets(model: ModelProto) -> None:
 
 
 def _check_structure(graph: GraphProto) -> None:
-    """Dangling inputs and cycles, reported by name (before the checker's less specific messages)."""
+    """Dangling inputs and cycles, reported by name (before the checker's less specific messages); nodes out of
+    topological order are sorted in place (the checker rejects them, onnxruntime and the zoo's files do not)."""
     available = {v.name for v in graph.input} | {t.name for t in graph.initializer}
     available |= {s.values.name for s in graph.sparse_initializer}
     producer: dict[str, int] = {}
@@ -377,29 +381,51 @@ def _check_structure(graph: GraphProto) -> None:
         if out.name not in available and out.name not in producer:
             raise ModelError(f"graph output '{out.name}' is not produced by any node")
     deps: list[set[int]] = []
-    users: dict[int, list[int]] = {}
-    for index, node in enumerate(graph.node):
+    for node in graph.node:
         names = [n for n in node.input if n]
         for attr in node.attribute:
             for sub in _subgraphs(attr):
                 names += _free_names(sub)
-        d = {producer[n] for n in names if n in producer and n not in available}
-        deps.append(d)
+        deps.append({producer[n] for n in names if n in producer and n not in available})
+    order = _topological_order(deps)
+    if len(order) < len(graph.node):
+        stuck = _on_cycle(deps, set(range(len(graph.node))) - set(order))
+        raise ModelError(f"the graph has a cycle through {_label(graph.node[stuck], stuck)}")
+    if order != sorted(order):
+        nodes = [graph.node[i] for i in order]
+        del graph.node[:]
+        graph.node.extend(nodes)
+
+
+def _topological_order(deps: Sequence[set[int]]) -> list[int]:
+    """Kahn's algorithm, stable: of the nodes whose producers are all placed, the first in file order goes next
+    (a sorted graph keeps its order). Nodes on or after a cycle are left out."""
+    users: dict[int, list[int]] = {}
+    for index, d in enumerate(deps):
         for j in d:
             users.setdefault(j, []).append(index)
     pending = [len(d) for d in deps]
     ready = [i for i, p in enumerate(pending) if p == 0]
-    done = 0
+    heapq.heapify(ready)
+    order: list[int] = []
     while ready:
-        i = ready.pop()
-        done += 1
+        i = heapq.heappop(ready)
+        order.append(i)
         for u in users.get(i, ()):
             pending[u] -= 1
             if pending[u] == 0:
-                ready.append(u)
-    if done < len(graph.node):
-        stuck = min(i for i, p in enumerate(pending) if p > 0)
-        raise ModelError(f"the graph has a cycle through {_label(graph.node[stuck], stuck)}")
+                heapq.heappush(ready, u)
+    return order
+
+
+def _on_cycle(deps: Sequence[set[int]], stuck: set[int]) -> int:
+    """A node on a cycle among the `stuck` ones (each has a stuck producer: walk producers until one repeats)."""
+    seen: set[int] = set()
+    i = min(stuck)
+    while i not in seen:
+        seen.add(i)
+        i = min(deps[i] & stuck)
+    return i
 
 
 def _check_external(model: ModelProto, base_dir: str | None) -> bool:
@@ -616,7 +642,8 @@ def load_model(
     """Read (path or proto), validate, fix input shapes and shape-infer a model; errors are one-line ModelErrors.
 
     External data is read only from the model's own directory. The result holds all weights in memory, every
-    graph input has a concrete shape and `graph.value_info` holds the inferred types.
+    graph input has a concrete shape, its nodes are in topological order (sorted before the checker, which
+    rejects any other order) and `graph.value_info` holds the inferred types.
     """
     model, base_dir, path = _read(source)
     where = f"'{path}'" if path else "the given proto"
@@ -1228,8 +1255,24 @@ def _batchnorm(c: _Importer, node: NodeProto) -> list[Any]:
     if any(node.output[1:]) or int(c.attrs.get("training_mode", 0)):
         raise _Unsupported("training batchnorm")
     x = c.data(0)
+    epsilon = float(c.attrs.get("epsilon", 1e-5))
+    if not int(c.attrs.get("spatial", 1)):
+        return [_batchnorm_per_activation(c, x, epsilon)]
     params = [c.data(k) for k in range(1, 5)]
-    return [c.op("batchnorm", [x, *params], epsilon=float(c.attrs.get("epsilon", 1e-5)))]
+    return [c.op("batchnorm", [x, *params], epsilon=epsilon)]
+
+
+def _batchnorm_per_activation(c: _Importer, x: int, epsilon: float) -> int:
+    """Opset 7-8 BatchNormalization with `spatial=0`: parameters shaped like one sample (C, D1, ...) normalize
+    each activation; with constant parameters that is x * a + b (a, b folded here), which stays optimizable."""
+    scale, shift, mean, var = (np.asarray(c.param(k), dtype=np.float64) for k in range(1, 5))
+    sample = c.shape(x)[1:]
+    if any(p.shape != sample for p in (scale, shift, mean, var)):
+        raise _Unsupported("per-activation batchnorm parameters do not have the shape of one sample")
+    a = scale / np.sqrt(var + epsilon)
+    b = shift - mean * a
+    y = c.op("mul", [x, c.weight(a.astype(np.float32).reshape((1, *sample)))])
+    return c.op("add", [y, c.weight(b.astype(np.float32).reshape((1, *sample)))])
 
 
 def _identity(c: _Importer, node: NodeProto) -> list[Any]:
@@ -1237,11 +1280,37 @@ def _identity(c: _Importer, node: NodeProto) -> list[Any]:
 
 
 def _dropout(c: _Importer, node: NodeProto) -> list[Any]:
-    if len(node.output) > 1 and node.output[1]:
-        raise _Unsupported("dropout mask")
+    """Inference Dropout: the data passes through; a mask that is read becomes a constant of the data's shape.
+
+    From opset 12 the spec defines the inference mask as all true. Before, it leaves it open and onnxruntime (the
+    runtime tensat verifies against) writes zeros (float zeros at opsets 7-9, where the mask has the data's type;
+    false at 10-11), so that is the constant; an unread mask is dropped."""
     if c.present(2) and bool(np.asarray(c.param(2)).reshape(-1)[0]):
         raise _Unsupported("training dropout")
-    return [c.value(0)]
+    x = c.value(0)
+    if len(node.output) < 2 or not node.output[1]:
+        return [x]
+    dtype = np.dtype(np.bool_) if c.opset >= 10 else np.dtype(c.graph.nodes[x].dtype)
+    fill = np.ones if c.opset >= 12 else np.zeros
+    return [x, fill(c.shape(x), dtype=dtype)]
+
+
+def _gather(c: _Importer, node: NodeProto) -> list[Any]:
+    """Gather of one constant index: a slice of size 1, reshaped without the axis for a scalar index (taking one
+    channel or row); any other index stays opaque."""
+    x = c.data(0, True)
+    index = c.param(1)
+    if index.dtype.kind not in "iu" or index.size != 1 or index.ndim > 1:
+        raise _Unsupported("Gather of several or non-integer indices")
+    shape = c.shape(x)
+    axis = _axis(int(c.attrs.get("axis", 0)), len(shape))
+    k = int(index.reshape(-1)[0])
+    if not -shape[axis] <= k < shape[axis]:
+        raise _Unsupported("Gather index out of range")
+    y = c.slice(x, axis, k % shape[axis], 1)
+    if index.ndim == 0:
+        y = c.reshape(y, shape[:axis] + shape[axis + 1 :])
+    return [y]
 
 
 def _shape(c: _Importer, node: NodeProto) -> list[Any]:
@@ -1283,6 +1352,7 @@ IMPORTERS: dict[str, Callable[[_Importer, NodeProto], list[Any]]] = {
     "BatchNormalization": _batchnorm,
     "Identity": _identity,
     "Dropout": _dropout,
+    "Gather": _gather,
     "Shape": _shape,
     "Size": _size,
 }
@@ -1377,6 +1447,9 @@ class _Exporter:
                 uses[j] = uses.get(j, 0) + 1
         self.uses = uses
         self.output_ids = {n for _, n in g.outputs}
+        self.readers = self._consumers(emitted)
+        self.gemms = self._find_gemms(emitted)
+        self.squeezed = self._find_squeezable(emitted)
         for i in self.live:
             n = g.nodes[i]
             if n.op == "input":
@@ -1393,9 +1466,13 @@ class _Exporter:
             n = g.nodes[i]
             if n.op == "opaque":
                 self.opaque_groups.setdefault((n.attr["key"], n.inputs), {})[n.attr["index"]] = i
+        fused = set(self.gemms.values())
         for i in emitted:
             n = g.nodes[i]
-            if i in self.absorbed or (n.op == "slice" and i in self.splits and self.splits[i] is None):
+            if i in self.absorbed or i in fused or (n.op == "slice" and i in self.splits and self.splits[i] is None):
+                continue
+            if i in self.gemms:
+                _ex_gemm(self, i)
                 continue
             EXPORTERS[n.op](self, i)
         self._emit_output_aliases()
@@ -1477,7 +1554,87 @@ class _Exporter:
             if i not in self.names:
                 base = n.attr["name"] if n.op == "weight" else f"{n.op}_{i}_folded"
                 self.names[i] = self.namer(base)
-            self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(self.consts[i]), self.names[i]))
+            array = self.consts[i]
+            if i in self.squeezed:
+                keep = 2 if any(g.nodes[k].op == "matmul" for k in self.readers.get(i, ())) else 1
+                array = array.reshape(_without_leading_ones(array.shape, keep))
+            self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), self.names[i]))
+
+    def _consumers(self, emitted: Sequence[int]) -> dict[int, list[int]]:
+        """Emitted nodes reading each node, in order."""
+        readers: dict[int, list[int]] = {}
+        for i in emitted:
+            for j in self.graph.nodes[i].inputs:
+                readers.setdefault(j, []).append(i)
+        return readers
+
+    def _find_squeezable(self, emitted: Sequence[int]) -> set[int]:
+        """Constants that are a vector behind leading 1s read only as broadcast operands of Add/Mul, or a matrix
+        behind leading 1s read only as the right operand of MatMuls, whose other operand has the output's rank.
+
+        The importer gives a low-rank constant operand (a bias of shape (N,), a (K, N) weight of a batched product)
+        the rank of the other operand, so the e-graph's shape rules stay simple; broadcasting makes the leading
+        ones redundant, and onnxruntime's kernels and fusions (a 2-D packed weight, MatMul+Add into Gemm, bias
+        fusions) look for the constant in its usual shape. Exported without them, the constant is what the
+        exporter of the input model wrote. (Other constants keep their shape: a (1, T, C) position embedding
+        stays as the input had it.)"""
+        g = self.graph
+        readers = self.readers
+        out = set()
+        for j, users in readers.items():
+            if j not in self.consts or j in self.output_ids or not users:
+                continue
+            shape = self.consts[j].shape
+            keep = 2 if any(g.nodes[i].op == "matmul" for i in users) else 1
+            stripped = _without_leading_ones(shape, keep)
+            if len(stripped) == len(shape) or len(stripped) != keep:
+                continue
+            ok = True
+            for i in users:
+                n = g.nodes[i]
+                others = [k for k in n.inputs if k != j]
+                if (
+                    n.op not in ("add", "mul", "matmul")
+                    or (n.op == "matmul" and n.inputs[0] == j)
+                    or not others
+                    or any(len(g.nodes[k].shape) != len(n.shape) for k in others)
+                ):
+                    ok = False
+                    break
+            if ok:
+                out.add(j)
+        return out
+
+    def _find_gemms(self, emitted: Sequence[int]) -> dict[int, int]:
+        """Add nodes that export with the MatMul they read as one Gemm: add id -> matmul id.
+
+        A 2-D MatMul of a computed operand by a constant, read only by an Add of a constant bias that broadcasts
+        to the product's shape: the importer lowers a Gemm to exactly this, and the Gemm is what onnxruntime runs
+        fastest (it fuses MatMul+Add into Gemm itself where it can; exporting the Gemm keeps that fusion whatever
+        shape the bias took in the e-graph)."""
+        g = self.graph
+        out: dict[int, int] = {}
+        for i in emitted:
+            n = g.nodes[i]
+            if n.op != "add" or len(n.shape) != 2 or n.dtype != FLOAT:
+                continue
+            for m, bias in ((n.inputs[0], n.inputs[1]), (n.inputs[1], n.inputs[0])):
+                mm = g.nodes[m]
+                if (
+                    mm.op == "matmul"
+                    and m not in self.consts
+                    and bias in self.consts
+                    and self.uses.get(m) == 1
+                    and m not in self.output_ids
+                    and len(g.nodes[mm.inputs[0]].shape) == 2
+                    and mm.inputs[0] not in self.consts
+                    and mm.inputs[1] in self.consts
+                    and len(self.consts[mm.inputs[1]].shape) == 2
+                    and _broadcasts_to(self.consts[bias].shape, n.shape)
+                ):
+                    out[i] = m
+                    break
+        return out
 
     def _zero_bias(self, i: int) -> bool:
         b = self.graph.nodes[i].inputs[2]
@@ -1730,6 +1887,31 @@ def _ex_opaque(e: _Exporter, i: int) -> None:
     node.name = e.node_namer(spec.name or key.split("@")[0])
     e.nodes.append(node)
     e.domains.add(spec.domain)
+
+
+def _without_leading_ones(shape: Sequence[int], keep: int = 1) -> tuple[int, ...]:
+    """`shape` without its leading 1s (at least `keep` dimensions kept)."""
+    k = 0
+    while k < len(shape) - keep and shape[k] == 1:
+        k += 1
+    return tuple(shape[k:])
+
+
+def _broadcasts_to(shape: Sequence[int], target: Sequence[int]) -> bool:
+    """Whether a tensor of `shape` broadcasts (unidirectionally, as Gemm's C) to `target`."""
+    if len(shape) > len(target):
+        return False
+    return all(d in (1, t) for d, t in zip(reversed(shape), reversed(target)))
+
+
+def _ex_gemm(e: _Exporter, i: int) -> None:
+    """A MatMul by a constant and the Add of a constant bias (see `_Exporter._find_gemms`) as one Gemm."""
+    g = e.graph
+    n = g.nodes[i]
+    m = e.gemms[i]
+    bias = n.inputs[1] if n.inputs[0] == m else n.inputs[0]
+    a, b = g.nodes[m].inputs
+    e.emit("Gemm", [e.tensor(a), e.tensor(b), e.tensor(bias)], [e.tensor(i)], f"gemm_{i}")
 
 
 def _ex_const(e: _Exporter, array: np.ndarray, base: str) -> str:
