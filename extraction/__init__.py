@@ -9,13 +9,14 @@ from .api import extract
 from .egraph import EGraph, ENode, ExtractionResult, dag_cost, find_cycle, load_egraph, validate
 from .cycles import filter_cycles
 from .greedy import greedy_dag
-from .ilp import ilp_extract
-from .local import local_search
+from .ilp import GAP_TOLERANCE, ilp_extract
+from .local import local_search, tree_costs
 
 __all__ = [
     "EGraph",
     "ENode",
     "ExtractionResult",
+    "GAP_TOLERANCE",
     "dag_cost",
     "extract",
     "filter_cycles",
@@ -24,5 +25,6 @@ __all__ = [
     "ilp_extract",
     "load_egraph",
     "local_search",
+    "tree_costs",
     "validate",
 ]

@@ -8,6 +8,7 @@ import sys
 from .api import extract
 from .cycles import filter_cycles
 from .egraph import load_egraph
+from .ilp import GAP_TOLERANCE
 
 
 def _positive(text: str) -> float:
@@ -20,6 +21,16 @@ def _positive(text: str) -> float:
     return value
 
 
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``extract`` command's arguments on ``parser``."""
     parser.add_argument("egraph", metavar="EGRAPH.json", help="e-graph in egraph-serialize JSON format")
@@ -28,6 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--solver", choices=("highs", "cbc"), default="highs", help="ILP solver (default highs)")
     parser.add_argument("--time-limit", type=_positive, default=60.0, metavar="S",
                         help="overall ILP time limit in seconds (default 60)")
+    parser.add_argument("--gap-tolerance", type=_non_negative, default=GAP_TOLERANCE, metavar="REL",
+                        help=f"stop once the cost is proven within this relative gap (default {GAP_TOLERANCE:g}); "
+                             "status optimal means optimal within it")
+    parser.add_argument("--stall-seconds", type=_positive, default=None, metavar="S",
+                        help="stop when no cheaper selection has been found for S seconds (default: no window)")
     parser.add_argument("--forbid", action="append", default=[], metavar="NODE_ID",
                         help="e-node id that must not be chosen (repeatable)")
     parser.add_argument("--filter-cycles", action="store_true",
@@ -52,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
         forbidden |= blacklist
     kw: dict[str, object] = {"forbidden": frozenset(forbidden)}
     if args.extractor == "ilp":
-        kw.update(solver=args.solver, time_limit=args.time_limit)
+        kw.update(solver=args.solver, time_limit=args.time_limit, gap_tolerance=args.gap_tolerance,
+                  stall_seconds=args.stall_seconds)
     try:
         res = extract(eg, args.extractor, **kw)
     except ValueError as e:
@@ -66,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"cost     {res.cost:.6g}")
     print(f"status   {res.status}")
     print(f"bound    {bound}" + ("" if gap is None else f"  (gap {100 * gap:.3g}%)"))
-    print(f"time     {res.seconds:.2f} s")
+    print(f"time     {res.seconds:.2f} s" + (f"  (stop: {res.info['stop']})" if "stop" in res.info else ""))
     return 0
 
 

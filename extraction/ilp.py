@@ -18,6 +18,11 @@ acyclic term of a class (a greatest fixpoint, kept as integer bitmasks). With it
   class of S must pick a node needing no class of S. One cut forbids every cycle through S.
 
 The greedy selection is the warm start (a HiGHS MIP start), the pruning bound and the fallback.
+
+Stop rules (``ilp_extract``): the incumbent within ``gap_tolerance`` of the best bound, no cheaper
+incumbent for ``stall_seconds``, or the time limit. HiGHS is watched inside its search through
+highspy callbacks: an acyclic improving solution of a relaxation becomes the incumbent at once, and
+the search is interrupted as soon as a rule holds; CBC is checked between calls.
 """
 
 from __future__ import annotations
@@ -383,9 +388,10 @@ class _HiGHSWarm(pulp.HiGHS):
     """pulp.HiGHS plus a MIP start (PuLP's HiGHS interface has none; highspy has) and a bulk
     model transfer (PuLP adds columns and rows one call at a time, ~1 s on bert)."""
 
-    def __init__(self, start: dict[str, float] | None = None, **kw: Any) -> None:
+    def __init__(self, start: dict[str, float] | None = None, watch: Any = None, **kw: Any) -> None:
         super().__init__(**kw)
         self.start = start
+        self.watch = watch  # called back on improving solutions and at interrupt checks (see _Model.solve)
 
     def buildSolverModel(self, lp: pulp.LpProblem) -> None:  # noqa: N802 (PuLP's method name)
         inf = highspy.kHighsInf
@@ -426,6 +432,10 @@ class _HiGHSWarm(pulp.HiGHS):
                     idx.append(v.index)
                     val.append(self.start[v.name])
             lp.solverModel.setSolution(len(idx), np.array(idx, dtype=np.int32), np.array(val, dtype=np.float64))
+        if self.watch is not None:
+            h = lp.solverModel
+            h.cbMipImprovingSolution.subscribe(lambda e: self.watch.improving(e.data_out.mip_solution))
+            h.cbMipInterrupt.subscribe(lambda e: e.interrupt() if self.watch.interrupt(e.data_out.mip_dual_bound) else None)
         super().callSolver(lp)
 
 
@@ -437,6 +447,57 @@ class _Solve:
     proven: bool  # relaxation solved to optimality
     others: list[list[int]] = field(default_factory=list)  # other selections met on the way (HiGHS)
     runtime: float | None = None  # the solver's own clock (HiGHS)
+    interrupted: bool = False  # stopped by a stop rule (gap reached or stall), not by its own criteria
+
+
+class _Stop:
+    """The run's incumbent (best valid acyclic selection) and the rules that end the search early.
+
+    Stop when the incumbent is within ``tol`` (relative) of the best lower bound, or when the
+    incumbent has not improved for ``stall`` seconds (None: never). HiGHS calls back with each
+    improving solution of the current relaxation (an acyclic one can become the incumbent) and polls
+    ``interrupt`` during its search; between solver calls the main loop asks the same questions.
+    """
+
+    def __init__(self, ix: _Index, t0: float, choice: list[int], cost: float, tol: float,
+                 stall: float | None) -> None:
+        self.ix, self.t0, self.tol, self.stall = ix, t0, tol, stall
+        self.choice, self.cost = choice, cost
+        self.bound = 0.0  # best lower bound known (costs are >= 0)
+        self.last = t0  # when the incumbent last improved (the run's start for the initial one)
+        self.trace: list[tuple[float, float, str]] = [(0.0, cost, "initial")]
+        self.reason: str | None = None
+
+    def offer(self, choice: list[int], cost: float | None, source: str) -> bool:
+        """Adopt a valid selection if it is cheaper than the incumbent; True if adopted."""
+        if cost is None or cost >= self.cost - 1e-12:
+            return False
+        now = time.perf_counter()
+        self.choice, self.cost, self.last = choice, cost, now
+        self.trace.append((round(now - self.t0, 3), cost, source))
+        return True
+
+    def raise_bound(self, bound: float | None) -> None:
+        """Record a valid lower bound."""
+        if bound is not None and math.isfinite(bound):
+            self.bound = max(self.bound, bound)
+
+    def closed(self, bound: float) -> bool:
+        """True when ``bound`` proves the incumbent optimal within the gap tolerance."""
+        return _closed(self.cost, bound + self.tol * abs(self.cost))
+
+    def left(self, now: float) -> float:
+        """Seconds left in the stall window (inf without one)."""
+        return math.inf if self.stall is None else self.last + self.stall - now
+
+    def interrupt(self, dual_bound: float) -> bool:
+        """Polled by the solver: record its bound, and say whether a stop rule now holds."""
+        self.raise_bound(dual_bound)
+        if self.closed(self.bound):
+            self.reason = "gap"
+        elif self.left(time.perf_counter()) <= 0:
+            self.reason = "stall"
+        return self.reason is not None
 
 
 class _OutOfTime(Exception):
@@ -482,6 +543,30 @@ class _Model:
                         prob += x[n] <= a[k], f"kid{n}_{k}"
         self.prob = prob
         self.cut_keys: set[tuple[int, ...]] = set()
+        self.stop: _Stop | None = None  # set by ilp_extract: incumbent, gap tolerance, stall window
+        self._cols: tuple[np.ndarray, np.ndarray] | None = None
+
+    def _choice_of(self, values: Any) -> list[int]:
+        """The selection of a solver solution vector (column values)."""
+        if self._cols is None:
+            nodes = np.array(list(self.x), dtype=np.int64)
+            self._cols = nodes, np.array([v.index for v in self.x.values()], dtype=np.int64)
+        nodes, cols = self._cols
+        choice = [-1] * len(self.ix.class_ids)
+        ncls = self.ix.node_class
+        for n in nodes[np.asarray(values)[cols] > 0.5].tolist():
+            choice[ncls[n]] = n
+        return choice
+
+    def improving(self, values: Any) -> None:
+        """HiGHS found a better solution of the relaxation: the incumbent if it is acyclic and cheaper."""
+        if self.stop is not None:
+            choice = self._choice_of(values)
+            self.stop.offer(choice, selection_cost(self.ix, choice), "solver")
+
+    def interrupt(self, dual_bound: float) -> bool:
+        """HiGHS asks whether to stop (gap within tolerance, or stalled)."""
+        return self.stop is not None and self.stop.interrupt(dual_bound)
 
     def add_cluster_cut(self, classes: list[int]) -> bool:
         """Cut off every selection in which each active class of S picks a node needing S.
@@ -531,9 +616,13 @@ class _Model:
     def solve(self, solver: str, seconds: float, start: dict[str, float] | None) -> _Solve:
         """One solver call on the model with all cuts so far; status read honestly."""
         prob = self.prob
+        tol = self.stop.tol if self.stop is not None else _GAP_REL
+        if self.stop is not None:
+            self.stop.reason = None
         if solver == "highs":
-            s: pulp.LpSolver = _HiGHSWarm(start=start, msg=False, timeLimit=max(seconds, 0.01), threads=1,
-                                          gapRel=_GAP_REL, gapAbs=1e-9, mip_improving_solution_save=True)
+            s: pulp.LpSolver = _HiGHSWarm(start=start, watch=self if self.stop is not None else None, msg=False,
+                                          timeLimit=max(seconds, 0.01), threads=1, gapRel=tol, gapAbs=1e-9,
+                                          mip_improving_solution_save=True)
         else:
             if start is not None:
                 for v in prob.variables():
@@ -544,7 +633,7 @@ class _Model:
             with warnings.catch_warnings():  # PuLP 3.3 flags its bundled CBC as deprecated for 4.0
                 warnings.simplefilter("ignore", DeprecationWarning)
                 s = pulp.PULP_CBC_CMD(msg=False, timeLimit=max(1, math.floor(seconds - _CBC_SLACK)), logPath=log_path,
-                                      warmStart=start is not None, gapRel=_GAP_REL, gapAbs=1e-9)
+                                      warmStart=start is not None, gapRel=tol, gapAbs=1e-9)
         bound: float | None = None
         runtime: float | None = None
         if solver == "highs":
@@ -554,6 +643,8 @@ class _Model:
                 if math.isfinite(db):
                     bound = db
                 runtime = float(prob.solverModel.getRunTime())
+                if prob.solverModel.getInfo().primal_solution_status != 2:  # kSolutionStatusFeasible
+                    prob.assignStatus(pulp.LpStatusNotSolved, pulp.LpSolutionNoSolutionFound)
         else:
             try:
                 prob.solve(s)
@@ -562,14 +653,15 @@ class _Model:
                 return _Solve(None, None, None, False)
             finally:
                 os.unlink(log_path)
+        interrupted = self.stop is not None and self.stop.reason is not None
         sol = prob.sol_status  # LpStatus says "Optimal" on a time limit too; sol_status does not
         proven = sol == pulp.LpSolutionOptimal
         if sol not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
-            return _Solve(None, None, bound, False, runtime=runtime)
+            return _Solve(None, None, bound, False, runtime=runtime, interrupted=interrupted)
         objective = float(pulp.value(prob.objective) or 0.0)
         if proven:
-            # Proven within the relative gap: the dual bound (or objective / (1 + gap)) is valid.
-            lo = objective - _GAP_REL * abs(objective) - 1e-9
+            # Proven within the relative gap: the dual bound (or objective * (1 - gap)) is valid.
+            lo = objective - tol * abs(objective) - 1e-9
             bound = max(lo, bound) if bound is not None else max(lo, 0.0)
             bound = min(bound, objective)
         choice = [-1] * len(self.ix.class_ids)
@@ -586,11 +678,16 @@ class _Model:
                     if vals[i] > 0.5:
                         ch[self.ix.node_class[n]] = n
                 others.append(ch)
-        return _Solve(choice, objective, bound, proven, others, runtime)
+        return _Solve(choice, objective, bound, proven, others, runtime, interrupted)
 
 
 _CBC_SLACK = 0.5  # CBC's time limit is in whole seconds and it overshoots it a little
-_GAP_REL = 1e-6  # relative MIP gap asked of the solvers; "optimal" means proven within it
+# Default relative gap at which a run stops and calls its result optimal. Tensat's costs are measured
+# kernel runtimes stored as float32 (about 7 significant digits) whose run-to-run noise is of the order
+# of 1% of a kernel's time: two extractions within 1e-4 of each other are indistinguishable under the
+# model, so closing the last 1e-4 buys nothing (and on these e-graphs can cost most of the search).
+GAP_TOLERANCE = 1e-4
+_GAP_REL = GAP_TOLERANCE  # the solvers' own gap when no stop rules are attached (a bare _Model.solve)
 
 
 def _cbc_log(path: str) -> tuple[float | None, float | None]:
@@ -618,8 +715,8 @@ def _cbc_log(path: str) -> tuple[float | None, float | None]:
 
 
 def _closed(cost: float, bound: float) -> bool:
-    """True when ``bound`` proves ``cost`` optimal within the solver gap (plus float slack)."""
-    return cost - bound <= _GAP_REL * abs(cost) + 2e-9
+    """True when ``bound`` (already raised by any allowed gap) reaches ``cost``, up to float slack."""
+    return cost - bound <= 1e-12 * abs(cost) + 2e-9
 
 
 def _repair(ix: _Index, red: _Reduced, choice: list[int], scale: float) -> list[int] | None:
@@ -632,6 +729,7 @@ def _repair(ix: _Index, red: _Reduced, choice: list[int], scale: float) -> list[
 
 def ilp_extract(eg: EGraph, *, solver: str = "highs", time_limit: float = 60.0,
                 forbidden: frozenset[str] = frozenset(), initial: ExtractionResult | None = None,
+                gap_tolerance: float = GAP_TOLERANCE, stall_seconds: float | None = None,
                 ) -> ExtractionResult:
     """Minimum DAG-cost acyclic extraction by ILP with lazy cycle cuts, within ``time_limit`` seconds.
 
@@ -639,15 +737,30 @@ def ilp_extract(eg: EGraph, *, solver: str = "highs", time_limit: float = 60.0,
     (pulp.PULP_CBC_CMD). The time limit is overall: solver calls get what is left after the greedy
     start, pruning (which always runs, about 1.5 s on a 20k-node e-graph) and model building (about
     1 s there; abandoned at the deadline, when no time would be left to solve).
-    ``initial`` (default: the greedy result) is warm start, pruning bound and fallback. Status
-    "optimal": proven (relative gap <= 1e-6); "feasible": a valid selection cheaper than the initial
-    one, not proven; "fallback": the initial selection, the ILP having found nothing cheaper
-    (``bound`` is still a valid lower bound). Raises ValueError if no valid extraction exists.
+    ``initial`` (default: the greedy result) is warm start, pruning bound and fallback.
+
+    The run stops at the first of: the incumbent (best valid selection) within ``gap_tolerance``
+    (relative) of the best lower bound; no cheaper incumbent for ``stall_seconds`` (None: no stall
+    window; counted from the start of the run, so the initial selection's window includes pruning);
+    the time limit. HiGHS is watched during its search (callbacks), CBC between calls, each CBC call
+    capped at the stall window left. ``info["stop"]`` says which rule ended the run ("gap", "stall",
+    "time", or "no new cuts"/"no solution" when the solver had nothing more to offer) and
+    ``info["incumbents"]`` when each incumbent appeared (seconds, cost, source).
+
+    Status "optimal": proven within ``gap_tolerance`` (cost - bound <= gap_tolerance * cost; use 0
+    for an exact proof up to float slack); "feasible": a valid selection cheaper than the initial
+    one, not proven; "fallback": the initial selection, the ILP having found nothing cheaper.
+    ``bound`` is always a valid lower bound, the best known when the run stopped. Raises ValueError
+    if no valid extraction exists.
     """
     t0 = time.perf_counter()
     deadline = t0 + time_limit
     if solver not in ("highs", "cbc"):
         raise ValueError(f"unknown solver {solver!r} (use 'highs' or 'cbc')")
+    if not gap_tolerance >= 0:
+        raise ValueError(f"gap_tolerance must be >= 0, not {gap_tolerance!r}")
+    if stall_seconds is not None and not stall_seconds > 0:
+        raise ValueError(f"stall_seconds must be > 0 or None, not {stall_seconds!r}")
     ix = eg.index
     banned = _forbidden_mask(ix, forbidden)
     base = initial if initial is not None else greedy_dag(eg, forbidden)
@@ -657,26 +770,28 @@ def ilp_extract(eg: EGraph, *, solver: str = "highs", time_limit: float = 60.0,
         base_choice[ix.class_pos[c]] = ix.node_pos[n]
     red = _reduce(ix, banned, base.cost)
     info: dict[str, Any] = {"prune": red.stats, "prune_seconds": round(time.perf_counter() - t0, 3),
-                            "iterations": 0, "cuts": 0}
+                            "iterations": 0, "cuts": 0, "gap_tolerance": gap_tolerance,
+                            "stall_seconds": stall_seconds}
     if forbidden:
         info["forbidden"] = frozenset(forbidden)
 
     # Incumbent: the initial selection carried into the pruned problem, or greedy on it if cheaper.
-    best_choice, best_cost, improved = base_choice, base.cost, False
+    stop = _Stop(ix, t0, base_choice, base.cost, gap_tolerance, stall_seconds)
     start = _map_choice(ix, red, base_choice)
     pruned_greedy = acyclic_choice(ix, [not al for al in red.alive])
     pg_cost = selection_cost(ix, pruned_greedy) if pruned_greedy is not None else None
-    if pg_cost is not None and (start is None or pg_cost < best_cost - 1e-12):
+    if pg_cost is not None and (start is None or pg_cost < stop.cost - 1e-12):
         start = pruned_greedy
-        if pg_cost < best_cost - 1e-12:
-            best_choice, best_cost, improved = pruned_greedy, pg_cost, True
-    bound = red.lower_bound
+        stop.offer(pruned_greedy, pg_cost, "pruned greedy")  # type: ignore[arg-type]
+    stop.raise_bound(red.lower_bound)
 
     try:
         model = _Model(ix, red, deadline - 0.1)
     except _OutOfTime:  # no time left to build a model and solve it: return the incumbent
         info["model"] = "not built: no time left to solve"
-        return _finish(eg, ix, best_choice, base, bound, improved, t0, info, forbidden)
+        info["stop"] = "gap" if stop.closed(stop.bound) else "time"
+        return _finish(eg, base, t0, info, forbidden, stop)
+    model.stop = stop
     info["variables"] = len(model.prob.variables())
     info["constraints"] = model.prob.numConstraints()
     info["conflict_rows"] = sum(len(v) for v in model.conflicts.values())
@@ -686,53 +801,72 @@ def ilp_extract(eg: EGraph, *, solver: str = "highs", time_limit: float = 60.0,
     # the last call (repair, validation): estimated from the model size, then measured.
     overhead = 2e-5 * (info["variables"] + info["constraints"])
     tail = 0.05 + 2e-5 * len(model.live)
-    while not _closed(best_cost, bound):
-        remaining = deadline - time.perf_counter() - overhead - tail
-        if remaining <= (1.0 + _CBC_SLACK if solver == "cbc" else 0.05):  # CBC takes whole seconds
+    min_call = 1.0 + _CBC_SLACK if solver == "cbc" else 0.05  # CBC takes whole seconds
+    reason = "time"
+    while True:
+        if stop.closed(stop.bound):
+            reason = "gap"
             break
-        values = model.start_values(best_choice) or model.start_values(start)
+        now = time.perf_counter()
+        remaining = deadline - now - overhead - tail
+        if remaining <= min_call:
+            reason = "time"
+            break
+        if stop.left(now) <= 0:
+            reason = "stall"
+            break
+        values = model.start_values(stop.choice) or model.start_values(start)
         call_start = time.perf_counter()
-        res = model.solve(solver, remaining, values)
+        seconds = min(remaining, max(stop.left(now), min_call + 0.01))
+        res = model.solve(solver, seconds, values)
         if res.runtime is not None:
             overhead = max(0.02, time.perf_counter() - call_start - res.runtime)
         info["iterations"] += 1
-        if res.bound is not None:
-            bound = max(bound, res.bound)
+        stop.raise_bound(res.bound)
         if res.choice is None:
+            if res.interrupted:
+                continue  # a stop rule held: the checks above name it
+            reason = "no solution"
             break
         cycles = model.needs_cycles(res.choice)
         if not cycles:
-            cst = selection_cost(ix, res.choice)
-            if cst is not None and cst <= best_cost + 1e-12:
-                best_choice, best_cost, improved = res.choice, cst, True
+            stop.offer(res.choice, selection_cost(ix, res.choice), "solver")
+            if res.proven:
+                reason = "gap"
+                break
+            if res.interrupted or seconds < remaining or stop.last >= call_start:
+                continue  # a stop rule held, or a slice (CBC) ended: the checks above decide
+            reason = "time"
             break
         new = sum(model.add_cluster_cut(cyc) for cyc in cycles)
         for other in res.others:  # cyclic incumbents HiGHS met during the search: cut them too
             if all(other[c] >= 0 for c in _reachable(ix, other)):
                 new += sum(model.add_cluster_cut(cyc) for cyc in model.needs_cycles(other))
         info["cuts"] = len(model.cut_keys)
-        rep = _repair(ix, red, res.choice, max(best_cost, 1e-9))
-        rc = selection_cost(ix, rep) if rep is not None else None
-        if rc is not None and rc < best_cost - 1e-12:
-            best_choice, best_cost, improved = rep, rc, True  # type: ignore[assignment]
+        rep = _repair(ix, red, res.choice, max(stop.cost, 1e-9))
+        stop.offer(rep, selection_cost(ix, rep) if rep is not None else None, "repair")  # type: ignore[arg-type]
         _log.debug("iteration %d: objective %s bound %s proven %s, %d cycles (%d new cuts), best %s, %.2fs",
-                   info["iterations"], res.objective, res.bound, res.proven, len(cycles), new, best_cost,
+                   info["iterations"], res.objective, res.bound, res.proven, len(cycles), new, stop.cost,
                    time.perf_counter() - t0)
         if not new:
+            reason = "no new cuts"
             break
+    info["stop"] = reason
+    return _finish(eg, base, t0, info, forbidden, stop)
 
-    return _finish(eg, ix, best_choice, base, bound, improved, t0, info, forbidden)
 
-
-def _finish(eg: EGraph, ix: _Index, choice: list[int], base: ExtractionResult, bound: float, improved: bool,
-            t0: float, info: dict[str, Any], forbidden: frozenset[str]) -> ExtractionResult:
-    """Build, classify honestly and validate the result."""
-    chosen = reachable_selection(eg, _to_choices(ix, choice))
+def _finish(eg: EGraph, base: ExtractionResult, t0: float, info: dict[str, Any], forbidden: frozenset[str],
+            stop: _Stop) -> ExtractionResult:
+    """Build, classify honestly (optimal = proven within the gap tolerance) and validate the result."""
+    ix = eg.index
+    chosen = reachable_selection(eg, _to_choices(ix, stop.choice))
     cost = dag_cost(eg, chosen)
-    bound = min(bound, cost)
-    if _closed(cost, bound):
+    bound = min(stop.bound, cost)
+    info["incumbents"] = stop.trace
+    info["incumbent_seconds"] = stop.trace[-1][0]
+    if _closed(cost, bound + stop.tol * abs(cost)):
         status = "optimal"
-    elif improved and cost < base.cost - 1e-12:
+    elif cost < base.cost - 1e-12:
         status = "feasible"
     else:
         status = "fallback"

@@ -31,9 +31,27 @@ def _tree_choice(ix: _Index, banned: list[bool], height: bool) -> list[int]:
     """Per e-class, the root e-node of its cheapest tree (cost + children's trees) or, with `height`, of its lowest
     tree (1 + the highest child's); -1 where none exists. Knuth's generalization of Dijkstra: a class is settled
     only after all children of its chosen e-node, so the choices form an acyclic selection on their own."""
+    return _trees(ix, banned, height)[0]
+
+
+def tree_costs(eg: EGraph, forbidden: frozenset[str] = frozenset()) -> dict[str, float]:
+    """Each e-node's cheapest-tree cost: its own cost plus the cheapest trees of its child e-classes (inf where a
+    child has none). A class reached along two paths counts twice, as a tree does not share. This prices an e-node
+    together with the work it needs below it, so a fused node (doing its children's work) is compared with the
+    unfused chain it replaces, not with the chain's last node alone."""
+    ix = eg.index
+    banned = _forbidden_mask(ix, forbidden)
+    value = _trees(ix, banned, False)[1]
+    inf = float("inf")
+    return {nid: (inf if banned[n] else ix.cost[n] + sum(value[k] for k in ix.kids[n]))
+            for n, nid in enumerate(ix.node_ids)}
+
+
+def _trees(ix: _Index, banned: list[bool], height: bool) -> tuple[list[int], list[float]]:
+    """`_tree_choice`'s choices and each e-class's tree value (inf where it has no tree)."""
     kids, ncls, cost = ix.kids, ix.node_class, ix.cost
     pending = [len(k) for k in kids]
-    value = [0.0] * len(ix.class_ids)
+    value = [float("inf")] * len(ix.class_ids)
     choice = [-1] * len(ix.class_ids)
     heap = [(1.0 if height else cost[n], n) for n, k in enumerate(kids) if not k and not banned[n]]
     heapq.heapify(heap)
@@ -51,7 +69,7 @@ def _tree_choice(ix: _Index, banned: list[bool], height: bool) -> list[int]:
                 else:
                     pv = cost[p] + sum(value[k] for k in kids[p])
                 heapq.heappush(heap, (pv, p))
-    return choice
+    return choice, value
 
 
 def _moves(ix: _Index, banned: list[bool], choice: list[int], reached: list[int]) -> list[dict[int, int]]:
