@@ -83,13 +83,15 @@ def _add_optimize(sub: Any) -> None:
     p.add_argument("--solver", choices=("highs", "cbc"), default="highs", help="ILP solver (default highs)")
     p.add_argument("--ilp-time-limit", type=positive_float, default=60.0,
                    help="ILP solver time limit in seconds (default 60)")
-    p.add_argument("--cost", choices=("analytic", "measured"), default="analytic",
-                   help="cost model: analytic roofline, or per-op latency measured in onnxruntime (default analytic)")
+    p.add_argument("--cost", choices=("analytic", "measured"), default="measured",
+                   help="cost model: per-op latency measured in onnxruntime on the target device, cached (default), "
+                        "or the analytic roofline estimate (quick and reproducible)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="device whose latency the measured cost model uses; auto = CUDA where it loads, else CPU")
     p.add_argument("--latency-check", metavar="SECONDS", type=non_negative_float, default=20.0,
-                   help="with --cost measured, time the optimized model against the input end to end for up to "
-                        "this long and keep the input unless the optimized one runs faster (default 20; 0 skips)")
+                   help="time the optimized model against the input end to end, at one thread and at every core, "
+                        "for up to this long, and keep the input unless the optimized one runs faster (default 20; "
+                        "0 skips)")
     p.add_argument("--no-verify", action="store_true",
                    help="skip the numerical check of the optimized model against the input in onnxruntime")
     p.add_argument("--seed", type=int, default=0, help="seed of the random verification inputs (default 0)")
@@ -144,10 +146,14 @@ def _print_summary(result: Any, output: str) -> None:
         v = result.verification
         print(f"verified  max abs error {v.max_abs_error:.2e}, max rel error {v.max_rel_error:.2e}")
     if result.latency is not None:
-        lat = result.latency
-        low, high = lat.interval
-        print(f"latency   {lat.baseline_ms:.4g} -> {lat.candidate_ms:.4g} ms end to end ({lat.speedup:.3f}x, 95% "
-              f"interval {low:.3f}-{high:.3f}, {lat.pairs} pairs of blocks)")
+        for threads, lat in result.latency.by_threads.items():
+            low, high = lat.interval
+            print(f"latency   {lat.baseline_ms:.4g} -> {lat.candidate_ms:.4g} ms end to end at {threads} thread"
+                  f"{'s' if threads > 1 else ''} ({lat.speedup:.3f}x, 95% interval {low:.3f}-{high:.3f}, "
+                  f"{lat.pairs} pairs of blocks)")
+        if not result.latency.kept:
+            print("kept      the input model: the optimized one was not measurably faster, or measurably slower "
+                  "at some thread count")
     for w in result.warnings:
         print(f"warning   {w}")
     print(f"wrote     {output}")

@@ -18,13 +18,17 @@ from egglog import bindings
 
 import rewrites
 from extraction import EGraph as XGraph
-from extraction import ENode
+from extraction import ENode, tree_costs
 from tensat import ops
+from tensat.cost import AnalyticCost
 from tensat.ir import Graph, Node
 
 MATCH_LIMIT = 1000  # egg's BackoffScheduler defaults
 BAN_LENGTH = 5
 GUIDED = "guided/"  # prefix of a multi-pattern rule's guided copy (matching only e-classes marked chosen)
+UNCHOSEN_MS = 1e-9  # added to the cost of e-nodes the input graph does not use: a tie-break, not a price
+PRICE_BATCH = 32  # e-nodes priced per prefetch call when pricing has a time limit
+COMPETITIVE_SLACK_MS = 0.005  # an estimate this close to its e-class's cheapest is competitive whatever the ratio
 FILL_MIN_SECONDS = 1.0  # the fill may always take this long (within the time limit), however fast exploration was
 
 CostFn = Callable[[Node, Sequence[tuple[int, ...]], Sequence[bool]], float]
@@ -466,11 +470,25 @@ class TensorEGraph:
 
     # -- export and rebuild -------------------------------------------------------------------------------------
 
-    def export(self, node_cost: CostFn) -> tuple[XGraph, dict[str, DecodedNode], set[str]]:
+    def export(self, node_cost: CostFn, competitive: float | None = None, price_seconds: float | None = None,
+               ) -> tuple[XGraph, dict[str, DecodedNode], set[str]]:
         """The e-graph for the extractor: costs from `node_cost`, roots the graph outputs.
 
         Returns the extraction e-graph, the decoded e-node behind every node id, and the ids of e-nodes that must
-        not be chosen (their shape does not check, or a child has no shape).
+        not be chosen (their shape does not check, or a child has no shape). Every e-node the input graph does not
+        use costs `UNCHOSEN_MS` more, so that of equal-cost graphs the extraction keeps the input's own operand
+        order and layout (onnxruntime's fusions match operands in the order exporters write them).
+
+        With `competitive` (for a cost model that measures, where every price takes time), only e-nodes that can
+        appear in a competitive selection are priced by `node_cost`: those whose cheapest tree under the analytic
+        estimate (the e-node and the work it needs below it) is at most `competitive` times the cheapest tree of
+        their e-class (plus `COMPETITIVE_SLACK_MS`). The others (a depthwise convolution turned dense, a merge of
+        its groups) are priced at their estimate times the largest ratio of price to estimate among the priced
+        ones: dominated in their own e-class, never worth a measurement.
+        With `price_seconds` as well, pricing (through `node_cost.prefetch`, in batches) stops once it has taken
+        that long: the input graph's own e-nodes come first, then the others, costliest estimate first (where a
+        wrong price would cost most); those left are priced like the dominated ones, so they are chosen only
+        where they win by far.
         """
         eg = self.egraph
         frozen = eg.freeze()
@@ -524,20 +542,73 @@ class TensorEGraph:
                 dtype = dn.attrs.get("dtype", "float32")
                 node = Node(dn.op, (), tuple(dn.attrs.items()), out_shape, dtype)  # type: ignore[arg-type]
                 to_price[nid] = (node, child_shapes, [c in const for c in dn.children])  # type: ignore[assignment]
-        prefetch = getattr(node_cost, "prefetch", None)
-        if prefetch is not None:
-            prefetch(list(to_price.values()))
-        for nid, (node, child_shapes, flags) in to_price.items():
-            costs[nid] = float(node_cost(node, child_shapes, flags))
-        nodes = {
-            nid: ENode(ops.get(dn.op).egg, costs[nid], str(dn.eclass), tuple(str(c) for c in dn.children))
-            for nid, dn in decoded.items()
-        }
         node_of = {eg.value_to_i64(r.inputs[0]): cid(r.output) for r in frozen.functions["node-of"].rows}
         self._node_of = node_of
         self._chosen_of = {eg.value_to_i64(r.inputs[0]): cid(r.output) for r in frozen.functions["chosen-of"].rows}
+        dominated: dict[str, float] = {}
+        prefetch = getattr(node_cost, "prefetch", None)
+        original = set(self.original_selection(decoded).values())
+        if competitive:
+            dominated, order = self._dominated(decoded, to_price, costs, forbidden, competitive, original)
+            if prefetch is not None:
+                unpriced = self._prefetch(prefetch, order, to_price, price_seconds)
+                dominated.update({nid: self._estimate[nid] for nid in unpriced})
+        elif prefetch is not None:
+            prefetch(list(to_price.values()))
+        scale = 1.0
+        for nid, (node, child_shapes, flags) in to_price.items():
+            if nid not in dominated:
+                costs[nid] = float(node_cost(node, child_shapes, flags))
+                if dominated and self._estimate[nid] > 0:
+                    scale = max(scale, costs[nid] / self._estimate[nid])
+        for nid, estimate in dominated.items():
+            costs[nid] = estimate * scale
+        nodes = {
+            nid: ENode(ops.get(dn.op).egg, costs[nid] + (0.0 if nid in original else UNCHOSEN_MS), str(dn.eclass),
+                       tuple(str(c) for c in dn.children))
+            for nid, dn in decoded.items()
+        }
         roots = list(dict.fromkeys(str(node_of[n]) for _, n in self.graph.outputs))
         return XGraph(nodes, roots), decoded, forbidden
+
+    def _dominated(
+        self, decoded: dict[str, DecodedNode], to_price: dict[str, tuple[Node, list[tuple[int, ...]], list[bool]]],
+        costs: dict[str, float], forbidden: set[str], ratio: float, original: set[str],
+    ) -> tuple[dict[str, float], list[str]]:
+        """E-nodes of `to_price` whose cheapest tree under the analytic estimate (the e-node with the work it needs
+        below it) exceeds `ratio` times the cheapest tree of their e-class, with their estimates (never one of
+        `original`, the input graph's own); and the others in pricing order (see `export`)."""
+        analytic = AnalyticCost()
+        self._estimate = {nid: float(analytic(*item)) for nid, item in to_price.items()}
+        estimated = XGraph({nid: ENode(ops.get(dn.op).egg, self._estimate.get(nid, costs.get(nid, 0.0)),
+                                       str(dn.eclass), tuple(str(c) for c in dn.children))
+                            for nid, dn in decoded.items()},
+                           [str(self._node_of[n]) for _, n in self.graph.outputs])
+        tree = tree_costs(estimated, frozenset(forbidden))
+        cheapest: dict[int, float] = {}
+        for nid, dn in decoded.items():
+            cheapest[dn.eclass] = min(cheapest.get(dn.eclass, tree[nid]), tree[nid])
+        dominated = {nid: est for nid, est in self._estimate.items()
+                     if tree[nid] > ratio * cheapest[decoded[nid].eclass] + COMPETITIVE_SLACK_MS
+                     and nid not in original}
+        order = sorted((nid for nid in to_price if nid not in dominated),
+                       key=lambda nid: (nid not in original, -self._estimate[nid]))
+        return dominated, order
+
+    @staticmethod
+    def _prefetch(prefetch: Callable[[Any], None], order: Sequence[str],
+                  to_price: dict[str, tuple[Node, list[tuple[int, ...]], list[bool]]],
+                  seconds: float | None) -> list[str]:
+        """Prefetch the prices of `order` in batches until `seconds` have passed; the ids left unpriced."""
+        if seconds is None:
+            prefetch([to_price[nid] for nid in order])
+            return []
+        start = time.perf_counter()
+        for k in range(0, len(order), PRICE_BATCH):
+            if k and time.perf_counter() - start > seconds:
+                return list(order[k:])
+            prefetch([to_price[nid] for nid in order[k:k + PRICE_BATCH]])
+        return []
 
     @staticmethod
     def _constant_classes(decoded: dict[str, DecodedNode]) -> set[int]:

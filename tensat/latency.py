@@ -217,19 +217,33 @@ def compare_latency(
 
     A block holds as many runs as fit in about `BLOCK_SECONDS` (1 to `MAX_BLOCK`), so small models are timed in
     a steady cache state and large ones still give enough pairs within the time limit."""
+    return compare_many(baseline, [candidate], provider=provider, threads=threads, clock=clock,
+                        max_seconds=max_seconds, pairs=pairs, min_pairs=min_pairs, seed=seed)[0]
+
+
+def compare_many(
+    baseline: ModelSource, candidates: Sequence[ModelSource], *, provider: str = "cpu", threads: int | None = 1,
+    clock: str = "wall", max_seconds: float = 20.0, pairs: int = 40, min_pairs: int = 5, seed: int = 0,
+) -> list[LatencyComparison]:
+    """`compare_latency` for several candidates at once: the baseline and every candidate take turns, block by
+    block, so each candidate's ratio to the baseline comes from blocks taken back to back."""
     start = time.perf_counter()
-    timed = Interleaved([baseline, candidate], provider=provider, threads=threads, seed=seed, clock=clock)
+    models = [baseline, *candidates]
+    timed = Interleaved(models, provider=provider, threads=threads, seed=seed, clock=clock)
     t = time.perf_counter()
     for run in timed.runs_of:
         run()
-    single = (time.perf_counter() - t) / 2
+    single = (time.perf_counter() - t) / len(models)
     timed.block = max(1, min(MAX_BLOCK, int(BLOCK_SECONDS / max(single, 1e-9))))
     while timed.runs < pairs * timed.block:
         timed.turn()
         if timed.runs >= min_pairs * timed.block and time.perf_counter() - start > max_seconds:
             break
-    base, cand = timed.stats()
-    ratios = block_ratios(base.samples_ms, cand.samples_ms, timed.block)
-    return LatencyComparison(base.median_ms, cand.median_ms, statistics.median(ratios),
-                             median_interval(ratios, seed), len(ratios), timed.block,
-                             time.perf_counter() - start)
+    base, *cands = timed.stats()
+    seconds = time.perf_counter() - start
+    out = []
+    for cand in cands:
+        ratios = block_ratios(base.samples_ms, cand.samples_ms, timed.block)
+        out.append(LatencyComparison(base.median_ms, cand.median_ms, statistics.median(ratios),
+                                     median_interval(ratios, seed), len(ratios), timed.block, seconds))
+    return out

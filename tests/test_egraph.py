@@ -157,6 +157,62 @@ def test_conv_relu_fusion_and_conv_merge():
     outputs_equal(g, rebuilt, {"x": RNG.standard_normal((1, 8, 10, 10)).astype(np.float32)})
 
 
+class _Counting:
+    """A cost model that measures: the analytic estimate, counting what it is asked to price."""
+
+    def __init__(self) -> None:
+        self.priced: list[tuple[str, int | None, int | None]] = []
+
+    def prefetch(self, items) -> None:
+        for node, _, _ in items:
+            self.priced.append((node.op, node.attr.get("group"), node.attr.get("act")))
+
+    def __call__(self, node, shapes, const=()) -> float:
+        return COST(node, shapes, const)
+
+
+def _depthwise_graph() -> Graph:
+    """A depthwise conv (groups = channels), whose dense and group-merged forms the rules add to its e-class."""
+    g = Graph()
+    x = g.input("x", (1, 64, 28, 28))
+    dw = g.add("conv2d", [x, w(g, 64, 1, 3, 3, name="dw"), g.weight(np.zeros(64, np.float32), "dw_b")],
+               strides=(1, 1), pads=(1, 1, 1, 1), dilations=(1, 1), group=64, act=0)
+    g.output("y", g.add("relu", [dw]))
+    return g
+
+
+def test_measured_export_prices_only_competitive_enodes():
+    te = TensorEGraph(_depthwise_graph())
+    te.explore(k_multi=1, iter_limit=4)
+    everything, competitive = _Counting(), _Counting()
+    xg_all, decoded, _ = te.export(everything)
+    xg, decoded, forbidden = te.export(competitive, competitive=4.0)
+    assert len(competitive.priced) < len(everything.priced)
+    dense = [nid for nid, dn in decoded.items() if dn.op == "conv2d" and dn.attrs["group"] == 1]
+    assert dense, "the rules should offer the depthwise conv as a dense one"
+    assert ("conv2d", 64, 2) in competitive.priced  # the depthwise conv with its relu fused does its child's work
+    assert ("conv2d", 1, 0) in everything.priced and ("conv2d", 1, 0) not in competitive.priced
+    for nid in dense:  # dominated: priced by the estimate scaled up, never below the measured model's price
+        assert xg.nodes[nid].cost >= xg_all.nodes[nid].cost
+    original = te.original_selection(decoded)
+    assert extraction.dag_cost(xg, original) == pytest.approx(extraction.dag_cost(xg_all, original))
+
+
+def test_pricing_time_limit_prices_the_input_first_and_the_rest_pessimistically():
+    te = TensorEGraph(_depthwise_graph())
+    te.explore(k_multi=1, iter_limit=4)
+    xg_all, decoded, _ = te.export(_Counting())
+    timed = _Counting()
+    xg, decoded, _ = te.export(timed, competitive=1e9, price_seconds=0.0)  # nothing dominated; one batch priced
+    assert len(timed.priced) == egraph_mod.PRICE_BATCH < sum(1 for n in xg_all.nodes.values() if n.cost > 0)
+    original = set(te.original_selection(decoded).values())
+    for nid, node in xg.nodes.items():
+        if nid in original:  # the input's own e-nodes are priced first, at their price
+            assert node.cost == pytest.approx(xg_all.nodes[nid].cost)
+        else:  # the others at their estimate or above
+            assert node.cost >= xg_all.nodes[nid].cost - 1e-9
+
+
 @pytest.mark.parametrize("fill", [False, True])
 def test_node_limit_holds(fill):
     g = qkv_graph(n=6)
@@ -312,8 +368,8 @@ def test_guided_rounds_merge_all_time_steps_of_a_shared_weight():
     from tensat import api
 
     model = nasrnn(steps=3, hidden=512)  # at full width a product's cost is its weight read, so merges pay
-    without = api.optimize_with_details(model, guided_rounds=0, ilp_time_limit=2)
-    with_rounds = api.optimize_with_details(model, ilp_time_limit=2)
+    without = api.optimize_with_details(model, guided_rounds=0, ilp_time_limit=2, cost="analytic", latency_check=0)
+    with_rounds = api.optimize_with_details(model, ilp_time_limit=2, cost="analytic", latency_check=0)
     assert with_rounds.verification.ok and with_rounds.exploration.guided_rounds >= 1
     assert with_rounds.cost_after < without.cost_after
     for result, steps in ((without, 2), (with_rounds, 3)):

@@ -40,7 +40,7 @@ from tensat.onnx_io import export_model, save_model
 from tensat.verify import run_model
 
 REPO = Path(__file__).resolve().parent.parent
-FAST = dict(iter_limit=3, time_limit=10.0, ilp_time_limit=10.0)
+FAST = dict(iter_limit=3, time_limit=10.0, ilp_time_limit=10.0, cost="analytic", latency_check=0)
 
 
 def _graph() -> Graph:
@@ -402,7 +402,7 @@ def test_a_wrong_extracted_graph_raises_verification_error_and_writes_nothing(
     src, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
     save_model(export_model(graph), src)
     out.write_bytes(b"previous result")
-    assert main(["optimize", str(src), "-o", str(out), "-q"]) == 1
+    assert main(["optimize", str(src), "-o", str(out), "-q", "--cost", "analytic"]) == 1
     assert out.read_bytes() == b"previous result"
     assert sorted(os.listdir(tmp_path)) == ["in.onnx", "out.onnx"]
 
@@ -448,7 +448,7 @@ def test_ctrl_c_during_the_search_propagates_and_writes_nothing(monkeypatch: pyt
     save_model(export_model(_graph()), src)
     with pytest.raises(KeyboardInterrupt):
         tensat.optimize(str(src), output=str(out), **FAST)
-    assert main(["optimize", str(src), "-o", str(out), "-q"]) == 130
+    assert main(["optimize", str(src), "-o", str(out), "-q", "--cost", "analytic"]) == 130
     assert sorted(os.listdir(tmp_path)) == ["in.onnx"]
 
 
@@ -498,7 +498,7 @@ def test_ctrl_c_while_writing_leaves_no_partial_file(
         monkeypatch.setattr(os, "fsync", interrupt)
     else:
         monkeypatch.setattr(os, "replace", lambda a, b: interrupt() if str(b) == str(out) else real_replace(a, b))
-    assert main(["optimize", str(src), "-o", str(out), "-q"]) == 130
+    assert main(["optimize", str(src), "-o", str(out), "-q", "--cost", "analytic"]) == 130
     assert "interrupted" in capsys.readouterr().err
     monkeypatch.undo()
     assert sorted(os.listdir(tmp_path)) == (["in.onnx", "out.onnx"] if existing else ["in.onnx"])
@@ -663,7 +663,8 @@ def test_dynamic_dims_without_shapes_is_a_one_line_error(tmp_path: Path, capsys:
     assert err.startswith("tensat: error:") and "\n" not in err, err
     assert "dynamic dimension (batch)" in err and "--input-shape x=" in err
     assert not out.exists()
-    assert main(["optimize", src, "-o", str(out), "-q", "--input-shape", "x=4,8"]) == 0 and out.exists()
+    assert main(["optimize", src, "-o", str(out), "-q", "--input-shape", "x=4,8", "--cost", "analytic"]) == 0
+    assert out.exists()
 
 
 def _external_model(directory: Path) -> Path:
@@ -711,7 +712,7 @@ def test_a_model_with_external_data_over_the_proto_limit_works_through_the_cli(
     save_model(_external_matmul(0.25), src)
     assert (tmp_path / "in" / "big.onnx.data").exists()
     out = tmp_path / "out" / "big.opt.onnx"
-    assert main(["optimize", str(src), "-o", str(out), "-q"]) == 0
+    assert main(["optimize", str(src), "-o", str(out), "-q", "--cost", "analytic"]) == 0
     assert sorted(os.listdir(tmp_path / "out")) == ["big.opt.onnx", "big.opt.onnx.data"]
     feeds = {"x": np.random.default_rng(1).standard_normal((2, 64)).astype(np.float32)}
     np.testing.assert_allclose(run_model(str(out), feeds)["y"], run_model(str(src), feeds)["y"], rtol=1e-5)
@@ -789,7 +790,7 @@ def test_a_corrupted_cost_cache_is_rebuilt_and_the_optimization_runs(quick_measu
     graph = _graph()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        result = tensat.optimize_with_details(graph, cost="measured", **FAST)
+        result = tensat.optimize_with_details(graph, **{**FAST, "cost": "measured"})
     assert any("damaged" in str(w.message) for w in caught), [str(w.message) for w in caught]
     assert not [w for w in result.warnings if "cost model" in w], result.warnings
     assert list(quick_measured.parent.glob(f"{quick_measured.name}.corrupt-*"))

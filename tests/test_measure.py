@@ -28,7 +28,7 @@ from tensat.cost_report import (
 )
 from tensat.errors import TensatError
 from tensat.ir import Graph, Node
-from tensat.latency import Interleaved, compare_latency, time_models
+from tensat.latency import Interleaved, compare_latency, compare_many, time_models
 from tensat.measure import (
     ALIGNMENT, NCHWC_DOMAIN, MeasuredCost, Progress, Unit, cuda_available, graph_working_set, make_measured_cost,
     pricing_unit, replicate, resolve_device, time_rounds, unit_model,
@@ -211,7 +211,7 @@ def test_a_second_optimize_run_in_a_new_process_measures_nothing(tmp_path):
         a = g.add("matmul", [x, g.weight(rng.standard_normal((16, 16)).astype(np.float32))])
         b = g.add("matmul", [x, g.weight(rng.standard_normal((16, 16)).astype(np.float32))])
         g.output("y", g.add("add", [a, b]))
-        tensat.optimize_with_details(g, cost="measured", ilp_time_limit=10, time_limit=10)
+        tensat.optimize_with_details(g, cost="measured", ilp_time_limit=10, time_limit=10, latency_check=0)
         print(made[0].stats.measured)
     """)
     runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
@@ -383,19 +383,28 @@ def test_compare_latency_tells_the_slower_model():
     assert set(faster.to_dict()) == {"baseline_ms", "candidate_ms", "speedup", "interval", "pairs", "block", "seconds"}
 
 
-def test_the_latency_check_keeps_the_input_when_the_optimized_graph_runs_slower(tmp_path):
-    cost = cost_model(tmp_path)
-    opts = api.Options(cost="measured", latency_check=2.0)
-    fast, slow = relu_chain(1), relu_chain(300)
+def test_compare_many_ranks_every_candidate_against_one_baseline():
+    base, quicker, slower = (export_model(relu_chain(n)) for n in (100, 1, 300))
+    to_quicker, to_slower = compare_many(base, [quicker, slower], max_seconds=3.0, clock="cpu")
+    assert to_quicker.speedup > 1 > to_slower.speedup and to_slower.measurably_slower
+    assert to_quicker.baseline_ms == to_slower.baseline_ms and to_quicker.pairs == to_slower.pairs >= 5
+
+
+def test_the_latency_check_keeps_the_input_unless_the_optimized_model_runs_faster():
+    opts = api.Options(latency_check=2.0)
+    fast, slow = export_model(relu_chain(1)), export_model(relu_chain(300))
     notes: list[str] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        kept, model, latency = api._keep_if_faster(fast, slow, export_model(slow), cost, opts, notes)
-    assert kept is fast and latency.speedup < 1 and len(model.graph.node) == 1
-    assert len(notes) == 1 and "ran slower than the input" in notes[0] and "keeping the input graph" in notes[0]
+        check = api._end_to_end_check(fast, slow, "cpu", opts, notes)
+    assert check is not None and not check.kept and set(check.by_threads) == set(api.check_threads())
+    assert all(c.speedup < 1 for c in check.by_threads.values()) and check.by_threads[1].measurably_slower
+    assert len(notes) == 1 and "did not run measurably faster" in notes[0] and "keeping the input model" in notes[0]
     notes.clear()
-    kept, model, latency = api._keep_if_faster(slow, fast, export_model(fast), cost, opts, notes)
-    assert kept is fast and latency.speedup > 1 and len(model.graph.node) == 1 and not notes
+    check = api._end_to_end_check(slow, fast, "cpu", opts, notes)
+    assert check is not None and check.kept and not notes
+    assert all(c.speedup > 1 for c in check.by_threads.values()) and check.by_threads[1].interval[0] > 1
+    assert set(check.to_dict()) == {"kept", *(f"threads={t}" for t in api.check_threads())}
 
 
 def test_optimizing_with_measured_costs_times_the_result_against_the_input(monkeypatch, tmp_path):
@@ -413,11 +422,12 @@ def test_optimizing_with_measured_costs_times_the_result_against_the_input(monke
     assert unchecked.cost_after < unchecked.cost_before and unchecked.latency is None  # one matmul is shared
     assert unchecked.measurement["stats"]["cached"] > 0
     assert unchecked.measurement["working_set_mib"] == 4  # the weights one inference reads, each counted once
-    latency = result.latency
-    assert latency is not None and latency.pairs >= 5 and "latency_check" in result.times
-    assert result.to_dict()["latency_check"]["pairs"] == latency.pairs
-    kept_input = any("ran slower than the input" in note for note in result.warnings)
-    assert kept_input == (latency.speedup < 1)
+    check = result.latency
+    assert check is not None and "latency_check" in result.times
+    assert all(c.pairs >= 5 for c in check.by_threads.values())
+    assert result.to_dict()["latency_check"]["threads=1"]["pairs"] == check.by_threads[1].pairs
+    kept_input = any("did not run measurably faster" in note for note in result.warnings)
+    assert kept_input == (not check.kept) == (not api._faster(check.by_threads))
     assert (result.graph.op_count() == g.op_count()) == kept_input
     with pytest.raises(TensatError, match="latency_check"):
         tensat.optimize_with_details(g, cost="measured", latency_check=-1)

@@ -10,6 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+import extraction
 import tensat
 from bench.models import SMALL_SIZES, build_model, model_names
 from tensat.api import Options
@@ -18,7 +19,7 @@ from tensat.verify import run_model
 
 SMALL = SMALL_SIZES
 
-FAST = dict(ilp_time_limit=5, time_limit=20, iter_limit=6)
+FAST = dict(ilp_time_limit=5, time_limit=20, iter_limit=6, cost="analytic", latency_check=0)
 
 
 def test_small_configs_cover_every_benchmark():
@@ -40,7 +41,7 @@ def test_benchmark_graph_optimizes_end_to_end(name):
     assert set(result.times) >= {"import", "explore", "extract", "verify"}
     ex = result.extraction
     assert ex.bound is None or ex.bound <= ex.cost * (1 + 1e-9)
-    assert ex.status != "optimal" or ex.gap() == 0.0
+    assert ex.status != "optimal" or ex.gap() <= extraction.GAP_TOLERANCE
 
 
 def _attention_with_opaque_ops() -> onnx.ModelProto:
@@ -132,7 +133,7 @@ def test_cli_optimizes_a_file_with_input_shape(tmp_path: Path):
     out = tmp_path / "bert.opt.onnx"
     assert main(["optimize", str(src), "-o", str(out), "-q"]) == 1
     assert not out.exists()
-    assert main(["optimize", str(src), "-o", str(out), "-q", "--input-shape", "x=16,64"]) == 0
+    assert main(["optimize", str(src), "-o", str(out), "-q", "--input-shape", "x=16,64", "--cost", "analytic"]) == 0
     feeds = {"x": np.random.default_rng(3).standard_normal((16, 64)).astype(np.float32)}
     want = run_model(model, feeds)
     got = run_model(onnx.load(str(out)), feeds)
