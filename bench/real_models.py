@@ -1,0 +1,503 @@
+"""A corpus of real-architecture ONNX models, exported from PyTorch, to try tensat on.
+
+    python -m bench.real_models export                      # every model -> bench/corpus/ (skips existing ones)
+    python -m bench.real_models export --only bert,resnet50 # a subset (names as listed by `list`)
+    python -m bench.real_models export --force --out DIR    # re-export everything into DIR
+    python -m bench.real_models list                        # the model names, exporters and opsets
+
+The models are built from transformers configs (plus a compact DenseNet written here) with seeded random weights,
+in eval mode, at batch 1 with static input shapes, and exported with the dynamo exporter (its default opset) and,
+for some, with the TorchScript exporter at opsets 13-17 too.  Unlike bench/models.py, which writes the paper's
+graphs op by op, these graphs carry the exporters' own idioms: decomposed LayerNorm, attention-mask arithmetic,
+Shape/Gather/Unsqueeze chains, Transpose-wrapped channels-last norms, pre-activation BatchNorm and so on.
+
+Every export is checked in onnxruntime against the PyTorch outputs, and bench/corpus/manifest.json records per
+model its architecture, source, exporter, opset, inputs, node count, file size, export time, onnxruntime latency
+and that check's largest difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import onnx
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "corpus"
+MANIFEST = "manifest.json"
+SEED = 0
+VOCAB = 8192
+
+__all__ = ["ENTRIES", "Entry", "export", "main"]
+
+
+@dataclass(frozen=True)
+class Built:
+    """A model ready to export: the wrapped module, its example inputs, and the ONNX input/output names."""
+
+    module: Any
+    inputs: tuple[Any, ...]
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """A model family: how to build it, and where it comes from (a transformers class or "torch")."""
+
+    key: str
+    description: str
+    source: str
+    build: Callable[[], Built]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One corpus model: an architecture exported by one exporter at one opset (None: the exporter's default)."""
+
+    name: str
+    arch: Architecture
+    exporter: str
+    opset: int | None
+
+
+def _wrap(model: Any, input_names: Sequence[str], output_names: Sequence[str], **kwargs: Any) -> Any:
+    """An ``nn.Module`` whose forward takes positional tensors and returns a tuple of the named output tensors.
+
+    transformers 5.x models take many keyword arguments (``use_cache``, ``return_dict``, ...), and the TorchScript
+    exporter binds positional inputs to the wrong ones; the wrapper passes every input by keyword instead.
+    """
+    import torch  # bench extra, not a runtime dependency
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            out = self.model(**dict(zip(input_names, tensors)), return_dict=True, **kwargs)
+            return tuple(getattr(out, name) for name in output_names)
+
+    return Wrapped().eval()
+
+
+def _tokens(seq: int, vocab: int = VOCAB, padded: int = 0) -> tuple[Any, Any]:
+    """Seeded token ids of shape (1, seq) and an attention mask whose last ``padded`` positions are 0."""
+    import torch  # bench extra, not a runtime dependency
+
+    gen = torch.Generator().manual_seed(SEED)
+    ids = torch.randint(0, vocab, (1, seq), generator=gen, dtype=torch.int64)
+    mask = torch.ones(1, seq, dtype=torch.int64)
+    if padded:
+        mask[:, -padded:] = 0
+    return ids, mask
+
+
+def _image(size: int) -> Any:
+    """A seeded (1, 3, size, size) float32 image."""
+    import torch  # bench extra, not a runtime dependency
+
+    gen = torch.Generator().manual_seed(SEED)
+    return torch.randn(1, 3, size, size, generator=gen)
+
+
+def _hf(config: Any, cls_name: str) -> Any:
+    """The transformers model ``cls_name`` built from ``config`` with seeded random weights, in eval mode."""
+    import torch  # bench extra, not a runtime dependency
+    import transformers
+
+    torch.manual_seed(SEED)
+    return _realistic(getattr(transformers, cls_name)(config)).eval()
+
+
+def _realistic(model: Any) -> Any:
+    """Give a freshly initialized model the parameter statistics of a trained one where its init is degenerate.
+
+    transformers initializes every bias to 0 and every norm scale to 1, and the class token and ViT's position
+    embeddings to std 0.02. Zero biases are a no-op any simplifier removes (an Add of zeros, a gain no trained
+    model offers), and the class token's row is then near-constant, so a LayerNorm over it amplifies rounding
+    differences between equivalent graphs a hundredfold. Biases and norm shifts get seeded values of std 0.05,
+    norm scales 1 + 0.1 noise, the class token and position embeddings std 0.5."""
+    import torch  # bench extra, not a runtime dependency
+
+    gen = torch.Generator().manual_seed(SEED + 2)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("cls_token", "embeddings.position_embeddings")):
+                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+            elif bool(torch.all(p == 0)):
+                p.copy_(0.05 * torch.randn(p.shape, generator=gen))
+            elif bool(torch.all(p == 1)):
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=gen))
+    return model
+
+
+def _trained_like(model: Any, convs: bool = True) -> Any:
+    """Give a convnet the weight scales and BatchNorm statistics of a trained one, in place.
+
+    transformers initializes some convnets (MobileNetV2, EfficientNet) with std 0.02 weights, under which the
+    activations vanish to ~1e-20 and any numerical check passes trivially; and a fresh BatchNorm (mean 0, var 1,
+    scale 1, shift 0) is an identity.  With ``convs``, convs get He-normal weights (fan in; not for residual
+    nets, whose HF init is already scaled and whose activations He-normal blows up); every BatchNorm gets seeded
+    non-trivial statistics.
+    """
+    import torch  # bench extra, not a runtime dependency
+    from torch import nn
+
+    gen = torch.Generator().manual_seed(SEED + 1)
+    with torch.no_grad():
+        for module in model.modules():
+            if convs and isinstance(module, nn.Conv2d):
+                fan_in = module.weight[0].numel()
+                module.weight.copy_(torch.randn(module.weight.shape, generator=gen) * (2.0 / fan_in) ** 0.5)
+            elif isinstance(module, nn.BatchNorm2d):
+                n = module.num_features
+                module.running_mean.copy_(0.1 * torch.randn(n, generator=gen))
+                module.running_var.copy_(torch.rand(n, generator=gen) + 0.5)
+                module.weight.copy_(0.5 * torch.rand(n, generator=gen) + 0.5)
+                module.bias.copy_(0.1 * torch.randn(n, generator=gen))
+    return model.eval()
+
+
+def _bert() -> Built:
+    from transformers import BertConfig  # bench extra, not a runtime dependency
+
+    config = BertConfig(vocab_size=VOCAB, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                        intermediate_size=1024, max_position_embeddings=512, attn_implementation="eager")
+    names, outs = ("input_ids", "attention_mask"), ("last_hidden_state", "pooler_output")
+    return Built(_wrap(_hf(config, "BertModel"), names, outs), _tokens(128, padded=16), names, outs)
+
+
+def _t5_encoder() -> Built:
+    from transformers import T5Config  # bench extra, not a runtime dependency
+
+    config = T5Config(vocab_size=VOCAB, d_model=256, d_kv=64, d_ff=1024, num_layers=4, num_heads=4,
+                      attn_implementation="eager")
+    names, outs = ("input_ids", "attention_mask"), ("last_hidden_state",)
+    return Built(_wrap(_hf(config, "T5EncoderModel"), names, outs), _tokens(128, padded=16), names, outs)
+
+
+def _gpt2() -> Built:
+    from transformers import GPT2Config  # bench extra, not a runtime dependency
+
+    config = GPT2Config(vocab_size=VOCAB, n_positions=256, n_embd=256, n_layer=4, n_head=4,
+                        attn_implementation="eager")
+    # With no attention mask, transformers looks for packed sequences in the position ids with torch.diff, which
+    # the TorchScript exporter cannot export; an all-ones mask (as HF's own decoder exports take) avoids that.
+    names, outs = ("input_ids", "attention_mask"), ("logits",)
+    model = _wrap(_hf(config, "GPT2LMHeadModel"), names, outs, use_cache=False)
+    return Built(model, _tokens(64), names, outs)
+
+
+def _llama() -> Built:
+    from transformers import LlamaConfig  # bench extra, not a runtime dependency
+
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         attn_implementation="eager")
+    # An attention mask for the same reason as GPT-2's.
+    names, outs = ("input_ids", "attention_mask"), ("last_hidden_state",)
+    model = _wrap(_hf(config, "LlamaModel"), names, outs, use_cache=False)
+    return Built(model, _tokens(64), names, outs)
+
+
+def _vit() -> Built:
+    from transformers import ViTConfig  # bench extra, not a runtime dependency
+
+    config = ViTConfig(image_size=224, patch_size=16, hidden_size=384, num_hidden_layers=4, num_attention_heads=6,
+                       intermediate_size=1536, attn_implementation="eager")
+    names, outs = ("pixel_values",), ("last_hidden_state", "pooler_output")
+    return Built(_wrap(_hf(config, "ViTModel"), names, outs), (_image(224),), names, outs)
+
+
+def _swin() -> Built:
+    from transformers import SwinConfig  # bench extra, not a runtime dependency
+
+    config = SwinConfig(image_size=224, patch_size=4, embed_dim=64, depths=[2, 2, 2, 2], num_heads=[2, 4, 8, 16],
+                        window_size=7, attn_implementation="eager")
+    names, outs = ("pixel_values",), ("last_hidden_state", "pooler_output")
+    return Built(_wrap(_hf(config, "SwinModel"), names, outs), (_image(224),), names, outs)
+
+
+def _resnet50() -> Built:
+    from transformers import ResNetConfig  # bench extra, not a runtime dependency
+
+    config = ResNetConfig(embedding_size=64, hidden_sizes=[256, 512, 1024, 2048], depths=[3, 4, 6, 3],
+                          layer_type="bottleneck")
+    names, outs = ("pixel_values",), ("pooler_output",)
+    return Built(_wrap(_trained_like(_hf(config, "ResNetModel"), convs=False), names, outs), (_image(160),), names, outs)
+
+
+def _regnet_x() -> Built:
+    from transformers import RegNetConfig  # bench extra, not a runtime dependency
+
+    # RegNetX-400MF: ResNeXt-style stages of grouped 3x3 convs (group width 16), no squeeze-excitation.
+    config = RegNetConfig(embedding_size=32, hidden_sizes=[32, 64, 160, 384], depths=[1, 2, 7, 12],
+                          groups_width=16, layer_type="x")
+    names, outs = ("pixel_values",), ("pooler_output",)
+    return Built(_wrap(_trained_like(_hf(config, "RegNetModel"), convs=False), names, outs), (_image(224),), names, outs)
+
+
+def _mobilenet_v2() -> Built:
+    from transformers import MobileNetV2Config  # bench extra, not a runtime dependency
+
+    config = MobileNetV2Config(image_size=224, depth_multiplier=1.0, num_labels=1000)
+    names, outs = ("pixel_values",), ("logits",)
+    model = _trained_like(_hf(config, "MobileNetV2ForImageClassification"))
+    return Built(_wrap(model, names, outs), (_image(224),), names, outs)
+
+
+def _efficientnet_b0() -> Built:
+    from transformers import EfficientNetConfig  # bench extra, not a runtime dependency
+
+    # hidden_dim defaults to B7's 2560; B0's head conv has 1280 channels.
+    config = EfficientNetConfig(image_size=224, width_coefficient=1.0, depth_coefficient=1.0, hidden_dim=1280)
+    names, outs = ("pixel_values",), ("pooler_output",)
+    model = _trained_like(_hf(config, "EfficientNetModel"))
+    return Built(_wrap(model, names, outs), (_image(224),), names, outs)
+
+
+def _convnext() -> Built:
+    from transformers import ConvNextConfig  # bench extra, not a runtime dependency
+
+    config = ConvNextConfig(hidden_sizes=[64, 128, 256, 512], depths=[2, 2, 4, 2], image_size=224)
+    names, outs = ("pixel_values",), ("pooler_output",)
+    return Built(_wrap(_hf(config, "ConvNextModel"), names, outs), (_image(224),), names, outs)
+
+
+def _densenet_module(growth: int, blocks: Sequence[int], init_features: int, bn_size: int) -> Any:
+    """A torchvision-style DenseNet: pre-activation dense layers concatenated per block, BN-ReLU-Conv-AvgPool
+    transitions that halve the channels, and a final BN-ReLU-GlobalAvgPool-Linear head."""
+    import torch  # bench extra, not a runtime dependency
+    from torch import nn
+
+    class DenseLayer(nn.Module):
+        def __init__(self, cin: int) -> None:
+            super().__init__()
+            self.body = nn.Sequential(
+                nn.BatchNorm2d(cin), nn.ReLU(), nn.Conv2d(cin, bn_size * growth, 1, bias=False),
+                nn.BatchNorm2d(bn_size * growth), nn.ReLU(),
+                nn.Conv2d(bn_size * growth, growth, 3, padding=1, bias=False))
+
+        def forward(self, features: list[torch.Tensor]) -> torch.Tensor:
+            return self.body(torch.cat(features, 1))
+
+    class DenseBlock(nn.Module):
+        def __init__(self, layers: int, cin: int) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(DenseLayer(cin + i * growth) for i in range(layers))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            features = [x]
+            for layer in self.layers:
+                features.append(layer(features))
+            return torch.cat(features, 1)
+
+    class DenseNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            stages: list[nn.Module] = [nn.Conv2d(3, init_features, 7, stride=2, padding=3, bias=False),
+                                       nn.BatchNorm2d(init_features), nn.ReLU(),
+                                       nn.MaxPool2d(3, stride=2, padding=1)]
+            channels = init_features
+            for i, layers in enumerate(blocks):
+                stages.append(DenseBlock(layers, channels))
+                channels += layers * growth
+                if i + 1 < len(blocks):
+                    stages += [nn.BatchNorm2d(channels), nn.ReLU(), nn.Conv2d(channels, channels // 2, 1, bias=False),
+                               nn.AvgPool2d(2, stride=2)]
+                    channels //= 2
+            stages += [nn.BatchNorm2d(channels), nn.ReLU()]
+            self.features = nn.Sequential(*stages)
+            self.classifier = nn.Linear(channels, 1000)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+            pooled = torch.flatten(nn.functional.adaptive_avg_pool2d(self.features(x), 1), 1)
+            return (self.classifier(pooled),)
+
+    torch.manual_seed(SEED)
+    return _trained_like(DenseNet())
+
+
+def _densenet() -> Built:
+    model = _densenet_module(growth=16, blocks=(6, 12, 16, 12), init_features=32, bn_size=4)
+    return Built(model, (_image(224),), ("pixel_values",), ("logits",))
+
+
+ARCHITECTURES: dict[str, Architecture] = {a.key: a for a in [
+    Architecture("bert", "BERT encoder with pooler (4 layers, width 256, seq 128)", "transformers.BertModel", _bert),
+    Architecture("t5_encoder", "T5 encoder: RMS-style T5LayerNorm, relative position bias (4 layers, width 256, "
+                 "seq 128)", "transformers.T5EncoderModel", _t5_encoder),
+    Architecture("gpt2", "GPT-2 decoder with causal mask and LM head (4 layers, width 256, seq 64)",
+                 "transformers.GPT2LMHeadModel", _gpt2),
+    Architecture("llama", "Llama decoder: RMSNorm, rotary, SiLU gate, grouped-query attention (4 layers, width 256, "
+                 "seq 64)", "transformers.LlamaModel", _llama),
+    Architecture("vit", "ViT-S/16-style encoder with pooler (4 layers, width 384, 224x224)",
+                 "transformers.ViTModel", _vit),
+    Architecture("swin", "Swin transformer, shifted windows (depths 2-2-2-2, width 64, 224x224)",
+                 "transformers.SwinModel", _swin),
+    Architecture("resnet50", "ResNet-50 bottleneck (160x160)", "transformers.ResNetModel", _resnet50),
+    Architecture("regnet_x", "RegNetX-400MF, ResNeXt-style grouped convs (224x224)", "transformers.RegNetModel",
+                 _regnet_x),
+    Architecture("mobilenet_v2", "MobileNetV2 classifier: depthwise convs, ReLU6 (224x224)", "transformers.MobileNetV2ForImageClassification",
+                 _mobilenet_v2),
+    Architecture("efficientnet_b0", "EfficientNet-B0: depthwise convs, SiLU, squeeze-excitation (224x224)",
+                 "transformers.EfficientNetModel", _efficientnet_b0),
+    Architecture("convnext", "ConvNeXt: depthwise 7x7, channels-last LayerNorm between permutes (depths 2-2-4-2, "
+                 "width 64, 224x224)", "transformers.ConvNextModel", _convnext),
+    Architecture("densenet", "DenseNet-121-style, pre-activation BatchNorm, growth 16 (blocks 6-12-16-12, 224x224)",
+                 "torch", _densenet),
+]}
+
+# Every architecture with the dynamo exporter at its default opset; ten also with TorchScript, opsets 13-17 twice.
+_TORCHSCRIPT_OPSETS = {"bert": 13, "resnet50": 13, "t5_encoder": 14, "mobilenet_v2": 14, "gpt2": 15,
+                       "efficientnet_b0": 15, "vit": 16, "densenet": 16, "llama": 17, "convnext": 17}
+
+ENTRIES: dict[str, Entry] = {
+    **{key: Entry(key, arch, "dynamo", None) for key, arch in ARCHITECTURES.items()},
+    **{f"{key}_ts{opset}": Entry(f"{key}_ts{opset}", ARCHITECTURES[key], "torchscript", opset)
+       for key, opset in _TORCHSCRIPT_OPSETS.items()},
+}
+
+
+def _ort_check(path: Path, built: Built, expected: Sequence[np.ndarray]) -> tuple[float, float]:
+    """Run the exported model in onnxruntime (CPU): its median latency in ms and its largest absolute difference
+    from the PyTorch outputs."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    feeds = {name: t.numpy() for name, t in zip(built.input_names, built.inputs)}
+    outs = sess.run(None, feeds)
+    diff = max(float(np.max(np.abs(o.astype(np.float64) - e.astype(np.float64)))) for o, e in zip(outs, expected))
+    times = []
+    for _ in range(10):
+        start = time.perf_counter()
+        sess.run(None, feeds)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)) * 1e3, diff
+
+
+def export(entry: Entry, out_dir: Path) -> dict[str, Any]:
+    """Build, export and check one corpus model; its manifest record."""
+    import torch  # bench extra, not a runtime dependency
+
+    built = entry.arch.build()
+    with torch.no_grad():
+        expected = [t.numpy() for t in built.module(*built.inputs)]
+    path = out_dir / f"{entry.name}.onnx"
+    start = time.perf_counter()
+    with torch.no_grad():
+        if entry.exporter == "dynamo":
+            torch.onnx.export(built.module, built.inputs, str(path), dynamo=True, external_data=False,
+                              input_names=list(built.input_names), output_names=list(built.output_names),
+                              opset_version=entry.opset)
+        else:
+            torch.onnx.export(built.module, built.inputs, str(path), dynamo=False, opset_version=entry.opset,
+                              input_names=list(built.input_names), output_names=list(built.output_names))
+    seconds = time.perf_counter() - start
+    model = onnx.load(str(path))
+    onnx.checker.check_model(model)
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    latency_ms, diff = _ort_check(path, built, expected)
+    return {
+        "name": entry.name,
+        "architecture": entry.arch.description,
+        "source": entry.arch.source,
+        "exporter": entry.exporter,
+        "opset": opset,
+        "inputs": [{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+                   for n, t in zip(built.input_names, built.inputs)],
+        "outputs": [{"name": n, "shape": list(e.shape)} for n, e in zip(built.output_names, expected)],
+        "nodes": len(model.graph.node),
+        "op_types": dict(sorted(Counter(n.op_type for n in model.graph.node).items())),
+        "file_bytes": path.stat().st_size,
+        "export_seconds": round(seconds, 2),
+        "ort_ms": round(latency_ms, 2),
+        "max_abs_diff_vs_torch": diff,
+        "torch": torch.__version__,
+    }
+
+
+def _load_manifest(out_dir: Path) -> dict[str, dict[str, Any]]:
+    path = out_dir / MANIFEST
+    if not path.exists():
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return {m["name"]: m for m in json.load(f)["models"]}
+
+
+def _save_manifest(out_dir: Path, records: dict[str, dict[str, Any]]) -> None:
+    order = {name: i for i, name in enumerate(ENTRIES)}
+    models = sorted(records.values(), key=lambda m: (order.get(m["name"], len(order)), m["name"]))
+    tmp = out_dir / (MANIFEST + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"seed": SEED, "models": models}, f, indent=1)
+        f.write("\n")
+    tmp.replace(out_dir / MANIFEST)
+
+
+def export_all(out_dir: Path, names: Sequence[str], force: bool) -> int:
+    """Export ``names`` into ``out_dir`` (skipping those already there unless ``force``); the failure count."""
+    import warnings
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    records = _load_manifest(out_dir)
+    failures = 0
+    for name in names:
+        entry = ENTRIES[name]
+        if not force and name in records and (out_dir / f"{name}.onnx").exists():
+            print(f"{name}: already exported, skipped")
+            continue
+        start = time.perf_counter()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                record = export(entry, out_dir)
+        except Exception as exc:  # one model's export failing must not stop the corpus
+            failures += 1
+            message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            print(f"{name}: FAILED ({type(exc).__name__}: {message})", file=sys.stderr)
+            continue
+        records[name] = record
+        _save_manifest(out_dir, records)
+        print(f"{name}: {record['exporter']} opset {record['opset']}, {record['nodes']} nodes, "
+              f"{record['file_bytes'] / 1e6:.1f} MB, export {record['export_seconds']:.1f} s, "
+              f"ort {record['ort_ms']:.1f} ms, max |diff| {record['max_abs_diff_vs_torch']:.1e} "
+              f"({time.perf_counter() - start:.1f} s)", flush=True)
+    return failures
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: `export` the corpus or `list` its models."""
+    parser = argparse.ArgumentParser(prog="python -m bench.real_models", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    exp = sub.add_parser("export", help="export the corpus models as ONNX, with a manifest")
+    exp.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory (default bench/corpus/)")
+    exp.add_argument("--only", help="comma-separated model names (default: all)")
+    exp.add_argument("--force", action="store_true", help="re-export models already in the output directory")
+    sub.add_parser("list", help="list the corpus models")
+    args = parser.parse_args(argv)
+    if args.command == "list":
+        for entry in ENTRIES.values():
+            opset = entry.opset if entry.opset is not None else "default"
+            print(f"{entry.name:24} {entry.exporter:12} opset {opset:8} {entry.arch.source}")
+        return 0
+    names = list(ENTRIES) if not args.only else [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ENTRIES]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(ENTRIES)}")
+    return 1 if export_all(args.out, names, args.force) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

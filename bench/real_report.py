@@ -1,0 +1,262 @@
+"""The real-model report: tensat against its input, onnxsim and onnxslim on every model of the corpus.
+
+    python -m bench.real_report                     # every corpus model -> bench/results/real_models.md and .json
+    python -m bench.real_report --only bert,gpt2    # a subset
+    python -m bench.real_report --render            # rewrite the markdown from the JSON
+
+The corpus is what `python -m bench.real_models export` wrote (PyTorch exports of transformers and torch models)
+plus the hand-built model-zoo-style files of `bench.zoo_models`, saved beside them. For each model:
+
+- tensat runs as a user runs it, `tensat optimize MODEL -o OUT` with default settings, in a fresh process: once
+  with an empty cost cache (the first run on a machine) and once more with the cache the first run filled;
+- onnxsim and onnxslim simplify the same file (what a user would pick instead);
+- the input and the three results are then timed end to end in onnxruntime, interleaved block by block, at one
+  intra-op thread and at every core: each speedup is the median over pairs of blocks of (input / result), with a
+  95% bootstrap interval (`tensat.latency.compare_many`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import onnx
+
+from bench.machine import header, machine_info
+from bench.real_models import DEFAULT_OUT as CORPUS
+from bench.real_models import MANIFEST
+from tensat.files import atomic_write_json, atomic_write_text
+from tensat.latency import compare_many
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PEERS = ("onnxsim", "onnxslim")
+OPTIMIZE_TIMEOUT = 600.0
+
+
+def corpus_models(corpus: Path) -> dict[str, Path]:
+    """Every model file of the corpus: the PyTorch exports of the manifest, then the zoo-style files (written here
+    from `bench.zoo_models` when missing)."""
+    from bench import zoo_models
+
+    models: dict[str, Path] = {}
+    manifest = corpus / MANIFEST
+    if manifest.exists():
+        for rec in json.loads(manifest.read_text(encoding="utf-8"))["models"]:
+            path = corpus / f"{rec['name']}.onnx"
+            if path.exists():
+                models[rec["name"]] = path
+    for name in zoo_models.zoo_names(whole=True):
+        path = corpus / f"zoo_{name}.onnx"
+        if not path.exists():
+            onnx.save(zoo_models.build_zoo_model(name), str(path))
+        models[f"zoo_{name}"] = path
+    return models
+
+
+def _run_tensat(src: Path, out: Path, cache_dir: Path) -> dict[str, Any]:
+    """`tensat optimize SRC -o OUT --stats` in a fresh process with `cache_dir` as the cost cache."""
+    stats = out.with_suffix(".stats.json")
+    env = dict(os.environ, TENSAT_CACHE_DIR=str(cache_dir))
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "tensat", "optimize", str(src), "-o", str(out), "--stats",
+                           str(stats), "-q"], capture_output=True, text=True, env=env, timeout=OPTIMIZE_TIMEOUT)
+    seconds = time.perf_counter() - t
+    if proc.returncode != 0:
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        return {"ok": False, "seconds": seconds, "error": lines[-1] if lines else f"exit {proc.returncode}"}
+    data = json.loads(stats.read_text(encoding="utf-8"))
+    return {"ok": True, "seconds": seconds, "stats": data}
+
+
+def _run_peer(peer: str, src: Path, out: Path) -> dict[str, Any]:
+    """Simplify `src` with onnxsim or onnxslim as their Python APIs do by default; the result is checked and saved."""
+    model = onnx.load(str(src))
+    t = time.perf_counter()
+    try:
+        if peer == "onnxsim":
+            import onnxsim
+
+            result, ok = onnxsim.simplify(model)
+            if not ok:
+                raise RuntimeError("onnxsim's own check failed")
+        else:
+            import onnxslim
+
+            result = onnxslim.slim(model)
+    except Exception as exc:  # noqa: BLE001 - a peer failing is a result to report
+        return {"ok": False, "seconds": time.perf_counter() - t, "error": f"{type(exc).__name__}: {exc}"[:300]}
+    seconds = time.perf_counter() - t
+    onnx.save(result, str(out))
+    return {"ok": True, "seconds": seconds, "ops": len(result.graph.node)}
+
+
+def _speedups(src: Path, results: dict[str, Path], seconds: float) -> dict[str, dict[str, Any]]:
+    """Each result timed against the input at one thread and at every core (see the module docstring)."""
+    names = list(results)
+    out: dict[str, dict[str, Any]] = {name: {} for name in names}
+    for threads in sorted({1, os.cpu_count() or 1}):
+        clock = "cpu" if threads == 1 else "wall"
+        comparisons = compare_many(src, [results[n] for n in names], threads=threads, clock=clock,
+                                   max_seconds=seconds, pairs=60)
+        for name, c in zip(names, comparisons):
+            out[name][f"threads={threads}"] = {"speedup": c.speedup, "interval": list(c.interval),
+                                               "baseline_ms": c.baseline_ms, "ms": c.candidate_ms, "pairs": c.pairs}
+    return out
+
+
+def run_model(name: str, src: Path, work: Path, seconds: float) -> dict[str, Any]:
+    """Every figure of one model's row."""
+    from tensat.errors import TensatError
+    from tensat.onnx_io import import_model
+
+    rec: dict[str, Any] = {"model": name, "ops_before": len(onnx.load(str(src), load_external_data=False).graph.node)}
+    try:
+        import_model(str(src))
+        rec["import"] = "ok"
+    except TensatError as exc:
+        rec["import"] = str(exc)
+    cache = work / f"{name}.cache"
+    cache.mkdir()
+    out = work / f"{name}.tensat.onnx"
+    rec["tensat_first"] = _run_tensat(src, out, cache)
+    rec["tensat_warm"] = _run_tensat(src, work / f"{name}.tensat2.onnx", cache)
+    results: dict[str, Path] = {}
+    if rec["tensat_first"]["ok"]:
+        stats = rec["tensat_first"]["stats"]
+        rec["ops_after"] = len(onnx.load(str(out), load_external_data=False).graph.node)
+        rec["predicted"] = stats["speedup"]
+        rec["kept_input"] = bool(stats.get("latency_check") and not stats["latency_check"]["kept"])
+        rec["warnings"] = stats["warnings"]
+        results["tensat"] = out
+    for peer in PEERS:
+        path = work / f"{name}.{peer}.onnx"
+        rec[peer] = _run_peer(peer, src, path)
+        if rec[peer]["ok"]:
+            results[peer] = path
+    rec["latency"] = _speedups(src, results, seconds) if results else {}
+    return rec
+
+
+def geomean(values: Sequence[float]) -> float:
+    """The geometric mean (nan for none)."""
+    return math.exp(statistics.fmean(math.log(v) for v in values)) if values else float("nan")
+
+
+def _cell(rec: dict[str, Any], who: str, threads: str) -> str:
+    lat = rec.get("latency", {}).get(who, {}).get(threads)
+    if lat is None:
+        return "—"
+    low, high = lat["interval"]
+    return f"{lat['speedup']:.3f} ({low:.3f}-{high:.3f})"
+
+
+def summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The targets' figures over the corpus."""
+    out: dict[str, Any] = {"models": len(records),
+                           "optimized": sum(1 for r in records if r["tensat_first"]["ok"])}
+    for who in ("tensat", *PEERS):
+        for threads in sorted({k for r in records for k in r.get("latency", {}).get(who, {})}):
+            values = [r["latency"][who][threads]["speedup"] for r in records if threads in r["latency"].get(who, {})]
+            slower = [r["model"] for r in records if threads in r["latency"].get(who, {})
+                      and r["latency"][who][threads]["interval"][1] < 1.0]
+            out[f"{who} {threads}"] = {"geomean": geomean(values), "measurably_slower": slower,
+                                       "at_least_1.05": sum(1 for v in values if v >= 1.05)}
+    firsts = [r["tensat_first"]["seconds"] for r in records if r["tensat_first"]["ok"]]
+    warms = [r["tensat_warm"]["seconds"] for r in records if r["tensat_warm"]["ok"]]
+    out["first_run_max_s"] = max(firsts, default=float("nan"))
+    out["warm_run_max_s"] = max(warms, default=float("nan"))
+    return out
+
+
+def markdown(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
+    """The report: the machine, one row per model, and the summary against the targets."""
+    threads = sorted({k for r in records for who in r.get("latency", {}) for k in r["latency"][who]})
+    head = ["model", "import", "ops before -> after", "predicted", "tensat first / warm (s)", "kept input"]
+    for t in threads:
+        head += [f"tensat {t}", f"onnxsim {t}", f"onnxslim {t}"]
+    head += ["onnxsim / onnxslim (s)"]
+    lines = [
+        "# tensat on real models",
+        "",
+        header(info),
+        "",
+        "Default settings (`tensat optimize MODEL -o OUT`, measured costs, end-to-end check). Speedups are end to "
+        "end in onnxruntime (CPU, all graph optimizations on) over the input model: median over pairs of "
+        "interleaved blocks, with a 95% bootstrap interval; `threads=N` is the intra-op thread count. First: a "
+        "fresh process with an empty cost cache; warm: a second process with the cache the first filled.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for r in records:
+        first, warm = r["tensat_first"], r["tensat_warm"]
+        status = "ok" if r["import"] == "ok" else r["import"][:60]
+        if not first["ok"]:
+            status += f"; optimize failed: {first['error'][:80]}"
+        ops = f"{r['ops_before']} -> {r.get('ops_after', '—')}"
+        predicted = f"{r['predicted']:.3f}" if "predicted" in r else "—"
+        times = f"{first['seconds']:.1f} / {warm['seconds']:.1f}"
+        row = [r["model"], status, ops, predicted, times, "yes" if r.get("kept_input") else "no"]
+        for t in threads:
+            row += [_cell(r, "tensat", t), _cell(r, "onnxsim", t), _cell(r, "onnxslim", t)]
+        peers = " / ".join(f"{r[p]['seconds']:.1f}" if r[p]["ok"] else "failed" for p in PEERS)
+        row.append(peers)
+        lines.append("| " + " | ".join(row) + " |")
+    s = summary(records)
+    lines += ["", "## Summary", "", f"- {s['optimized']} of {s['models']} models optimized and verified.",
+              f"- Longest default run: {s['first_run_max_s']:.1f} s the first time, {s['warm_run_max_s']:.1f} s "
+              f"with a warm cost cache."]
+    for key, value in s.items():
+        if isinstance(value, dict):
+            slower = ", ".join(value["measurably_slower"]) or "none"
+            lines.append(f"- {key}: geometric-mean speedup {value['geomean']:.3f}x; {value['at_least_1.05']} "
+                         f"model(s) at 1.05x or more; measurably slower: {slower}.")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.real_report", description=__doc__.split("\n\n")[0])
+    p.add_argument("--corpus", type=Path, default=CORPUS, help="the corpus directory (default bench/corpus)")
+    p.add_argument("--out-dir", type=Path, default=RESULTS, help="where to write real_models.md/.json")
+    p.add_argument("--only", help="comma-separated model names")
+    p.add_argument("--seconds", type=float, default=30.0,
+                   help="end-to-end timing per model and thread count, at most (default 30)")
+    p.add_argument("--render", action="store_true", help="rewrite the markdown from the JSON only")
+    args = p.parse_args(argv)
+    json_path, md_path = args.out_dir / "real_models.json", args.out_dir / "real_models.md"
+    if args.render:
+        data = json.loads(json_path.read_text(encoding="utf-8"))
+        atomic_write_text(md_path, markdown(data["results"], data["machine"]))
+        return 0
+    models = corpus_models(args.corpus)
+    if args.only:
+        wanted = args.only.split(",")
+        missing = [n for n in wanted if n not in models]
+        if missing:
+            print(f"error: not in the corpus: {', '.join(missing)}", file=sys.stderr)
+            return 1
+        models = {n: models[n] for n in wanted}
+    info = machine_info()
+    records = []
+    with tempfile.TemporaryDirectory(prefix="tensat-real-") as tmp:
+        for name, path in models.items():
+            print(f"[{name}]", file=sys.stderr, flush=True)
+            rec = run_model(name, path, Path(tmp), args.seconds)
+            records.append(rec)
+            atomic_write_json(json_path, {"machine": info, "summary": summary(records), "results": records})
+    atomic_write_text(md_path, markdown(records, info))
+    print(json.dumps(summary(records), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
