@@ -109,7 +109,11 @@ class Interleaved:
 
         self.timer = clock_function(clock, provider, threads)
         protos = [m if isinstance(m, ModelProto) else load(os.fspath(m), load_external_data=False) for m in models]
-        sessions = [make_session(m, provider, threads) for m in models]
+        # Several sessions with more than one thread each: after a run, a session's pool spins on the cores the next
+        # session needs (two copies of one model timed this way differed by up to 2x on 2 cores), so idle threads
+        # sleep instead, for every model alike.
+        spinning = threads == 1
+        self.sessions = sessions = [make_session(m, provider, threads, spinning=spinning) for m in models]
         feeds = random_inputs(protos[0], seed)
         self.runs_of = [runner(sess, feeds, provider) for sess in sessions]
         for run in self.runs_of:

@@ -48,9 +48,11 @@ def _structure(model: ModelProto | str | os.PathLike[str]) -> ModelProto:
         raise ModelError(f"cannot read model '{os.fspath(model)}': {_first_line(e)}") from None
 
 
-def make_session(model: ModelProto | str | os.PathLike[str], provider: str = "cpu", threads: int | None = None) -> Any:
+def make_session(model: ModelProto | str | os.PathLike[str], provider: str = "cpu", threads: int | None = None,
+                 spinning: bool = True) -> Any:
     """An onnxruntime InferenceSession for `model` on `provider` ("cpu" or "cuda"), quiet, with `threads` intra-op
-    threads (default: onnxruntime's choice). Models over 2 GiB go through a temporary file with external data."""
+    threads (default: onnxruntime's choice). Models over 2 GiB go through a temporary file with external data.
+    Without `spinning`, idle intra-op threads sleep instead of spinning (see `tensat.latency.Interleaved`)."""
     ort = _ort()
     try:
         providers = _PROVIDERS[provider]
@@ -60,6 +62,8 @@ def make_session(model: ModelProto | str | os.PathLike[str], provider: str = "cp
     options.log_severity_level = 3
     if threads is not None:
         options.intra_op_num_threads = int(threads)
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if isinstance(model, (str, os.PathLike)):
         return ort.InferenceSession(os.fspath(model), options, providers=providers)
     from tensat.onnx_io import _is_large, _write_external

@@ -383,6 +383,18 @@ def test_compare_latency_tells_the_slower_model():
     assert set(faster.to_dict()) == {"baseline_ms", "candidate_ms", "speedup", "interval", "pairs", "block", "seconds"}
 
 
+def test_multi_threaded_interleaved_sessions_do_not_spin_between_runs():
+    model = export_model(relu_chain(2))
+    entry = "session.intra_op.allow_spinning"
+    assert make_session(model, threads=2, spinning=False).get_session_options().get_session_config_entry(entry) == "0"
+    timed = Interleaved([model, model], threads=2)
+    assert all(s.get_session_options().get_session_config_entry(entry) == "0" for s in timed.sessions)
+    single = Interleaved([model, model], threads=1)
+    for s in single.sessions:  # one thread per session: onnxruntime's default, spinning
+        with pytest.raises(RuntimeError):
+            s.get_session_options().get_session_config_entry(entry)
+
+
 def test_compare_many_ranks_every_candidate_against_one_baseline():
     base, quicker, slower = (export_model(relu_chain(n)) for n in (100, 1, 300))
     to_quicker, to_slower = compare_many(base, [quicker, slower], max_seconds=3.0, clock="cpu")
