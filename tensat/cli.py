@@ -152,8 +152,7 @@ def _print_summary(result: Any, output: str) -> None:
                   f"{'s' if threads > 1 else ''} ({lat.speedup:.3f}x, 95% interval {low:.3f}-{high:.3f}, "
                   f"{lat.pairs} pairs of blocks)")
         if not result.latency.kept:
-            print("kept      the input model: the optimized one was not measurably faster, or measurably slower "
-                  "at some thread count")
+            print("kept      the input model: the optimized one was not measurably faster at every thread count")
     for w in result.warnings:
         print(f"warning   {w}")
     print(f"wrote     {output}")

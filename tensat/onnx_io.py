@@ -1197,7 +1197,9 @@ def _transpose(c: _Importer, node: NodeProto) -> list[Any]:
 
 
 def _reshape(c: _Importer, node: NodeProto) -> list[Any]:
-    x = c.data(0, True)
+    if not c.present(0):
+        raise _Unsupported("input 0 missing")
+    x = c.value(0)
     shape = c.shape(x)
     target = _ints(c.param(1))
     allowzero = int(c.attrs.get("allowzero", 0))
@@ -1211,7 +1213,9 @@ def _reshape(c: _Importer, node: NodeProto) -> list[Any]:
         if known == 0 or math.prod(shape) % known:
             raise _Unsupported("bad -1")
         out[out.index(-1)] = math.prod(shape) // known
-    return [c.reshape(x, out)]
+    if tuple(out) == shape:  # a no-op on a tensor of any type (an exporter's view of an index tensor)
+        return [x]
+    return [c.reshape(c.data(0, True), out)]
 
 
 def _flatten(c: _Importer, node: NodeProto) -> list[Any]:
@@ -1558,7 +1562,7 @@ class _Exporter:
             if i in self.squeezed:
                 keep = 2 if any(g.nodes[k].op == "matmul" for k in self.readers.get(i, ())) else 1
                 array = array.reshape(_without_leading_ones(array.shape, keep))
-            self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), self.names[i]))
+            self.initializers.append(numpy_helper.from_array(_contiguous(array), self.names[i]))
 
     def _consumers(self, emitted: Sequence[int]) -> dict[int, list[int]]:
         """Emitted nodes reading each node, in order."""
@@ -1889,6 +1893,12 @@ def _ex_opaque(e: _Exporter, i: int) -> None:
     e.domains.add(spec.domain)
 
 
+def _contiguous(array: np.ndarray) -> np.ndarray:
+    """`array` in C order with its own shape (np.ascontiguousarray turns a scalar into shape (1,), and
+    onnxruntime's fusions look for scalars: a GELU's exponent, a LayerNorm's epsilon)."""
+    return np.require(array, requirements="C")
+
+
 def _without_leading_ones(shape: Sequence[int], keep: int = 1) -> tuple[int, ...]:
     """`shape` without its leading 1s (at least `keep` dimensions kept)."""
     k = 0
@@ -1917,7 +1927,7 @@ def _ex_gemm(e: _Exporter, i: int) -> None:
 def _ex_const(e: _Exporter, array: np.ndarray, base: str) -> str:
     """A float initializer for a weight transform's constant operand."""
     name = e.namer(base)
-    e.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+    e.initializers.append(numpy_helper.from_array(_contiguous(array), name))
     return name
 
 

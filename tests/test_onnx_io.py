@@ -401,6 +401,20 @@ def _big_enough_model() -> onnx.ModelProto:
     return make([helper.make_node("Add", ["x", "w"], ["y"])], [vi("x", [64])], [vi("y", [64])], [init("w", randn(64))])
 
 
+def test_a_no_op_reshape_of_any_type_is_dropped_and_scalars_keep_their_rank() -> None:
+    emb = randn(16, 4)
+    nodes = [
+        helper.make_node("Reshape", ["ids", "shape"], ["ids2"]),  # an exporter's view(-1, seq): a no-op here
+        helper.make_node("Gather", ["emb", "ids2"], ["e"]),
+        helper.make_node("Pow", ["e", "three"], ["y"]),
+    ]
+    model = make(nodes, [vi("ids", [1, 8], TP.INT64)], [vi("y", [1, 8, 4])],
+                 [init("emb", emb), init("shape", np.array([1, 8], np.int64)), init("three", np.float32(3.0))])
+    graph, out = roundtrip(model)
+    assert [n.op_type for n in out.graph.node] == ["Gather", "Pow"]
+    assert [list(t.dims) for t in out.graph.initializer if t.name == "three"] == [[]]
+
+
 def test_bad_inputs_raise_one_line_model_errors(tmp_path) -> None:
     for source, needle in _bad_cases(tmp_path):
         with pytest.raises(ModelError) as err:
