@@ -362,7 +362,7 @@ def _extract(
     return best
 
 
-ILP_STALL_SECONDS = 5.0  # the ILP stops when its incumbent has not improved for this long (it starts from the
+ILP_STALL_SECONDS = 2.0  # the ILP stops when its incumbent has not improved for this long (it starts from the
 # local search's selection, which the solver seldom improves on: a search that has not paid by then rarely does)
 LOCAL_SEARCH_SHARE = 0.2  # of the ILP time limit, for each start of the local search
 LOCAL_SEARCH_MIN_SECONDS = 3.0  # it stops by itself when no move improves: only searches that pay take this long
