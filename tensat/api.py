@@ -232,7 +232,8 @@ COMPETITIVE_RATIO = 4.0  # with measured costs, e-nodes estimated above this man
 # estimate's error could reverse
 
 
-PRICE_SECONDS = 20.0  # with measured costs, one export measures new prices for at most about this long
+PRICE_SECONDS = 8.0  # with measured costs, one export measures new prices for at most about this long (a later
+# run measures the next ones: the cache fills over runs, and no run spends more than this on it)
 
 
 def _export(te: TensorEGraph, cost: CostModel, opts: Options) -> tuple[extraction.EGraph, dict[str, Any], set[str]]:
@@ -263,12 +264,11 @@ LATENCY_RESOLUTION = 0.01  # two sessions of one model can differ by about this 
 
 
 def _faster(by_threads: Mapping[int, LatencyComparison]) -> bool:
-    """Faster beyond the timing's resolution (95% interval above 1 + `LATENCY_RESOLUTION`) at one thread count at
-    least, and at the others with a median speedup of 1 or more and an interval reaching no lower than half the
-    resolution below 1: a candidate whose gain is within what two sessions of one model differ by is not worth a
-    graph that differs from the user's."""
-    return (any(c.interval[0] > 1.0 + LATENCY_RESOLUTION for c in by_threads.values())
-            and all(c.speedup >= 1.0 and c.interval[0] >= 1.0 - LATENCY_RESOLUTION / 2 for c in by_threads.values()))
+    """Measurably faster (95% interval above 1) at every thread count, and beyond the timing's resolution (above
+    1 + `LATENCY_RESOLUTION`) at one at least: a candidate whose gain is within what two sessions of one model
+    differ by is not worth a graph that differs from the user's, and may time slower in the user's own session."""
+    return (all(c.interval[0] > 1.0 for c in by_threads.values())
+            and any(c.interval[0] > 1.0 + LATENCY_RESOLUTION for c in by_threads.values()))
 
 
 def _end_to_end_check(original: onnx.ModelProto, optimized: onnx.ModelProto, device: str, opts: Options,
@@ -295,8 +295,7 @@ def _end_to_end_check(original: onnx.ModelProto, optimized: onnx.ModelProto, dev
         figures = ", ".join(f"{c.speedup:.3f}x at {t} thread{'s' if t > 1 else ''} (95% interval "
                             f"{c.interval[0]:.3f}-{c.interval[1]:.3f})" for t, c in by_threads.items())
         _warn(notes, f"the optimized graph did not run measurably faster than the input in onnxruntime at every "
-                     f"thread count "
-                     f"({figures}); keeping the input model")
+                     f"thread count ({figures}); keeping the input model")
     return LatencyCheck(by_threads, kept)
 
 
