@@ -49,10 +49,11 @@ def _structure(model: ModelProto | str | os.PathLike[str]) -> ModelProto:
 
 
 def make_session(model: ModelProto | str | os.PathLike[str], provider: str = "cpu", threads: int | None = None,
-                 spinning: bool = True) -> Any:
+                 spinning: bool = True, optimizations: bool = True) -> Any:
     """An onnxruntime InferenceSession for `model` on `provider` ("cpu" or "cuda"), quiet, with `threads` intra-op
     threads (default: onnxruntime's choice). Models over 2 GiB go through a temporary file with external data.
-    Without `spinning`, idle intra-op threads sleep instead of spinning (see `tensat.latency.Interleaved`)."""
+    Without `spinning`, idle intra-op threads sleep instead of spinning (see `tensat.latency.Interleaved`); without
+    `optimizations`, onnxruntime runs the graph as written (no fusions: what the graph itself computes)."""
     ort = _ort()
     try:
         providers = _PROVIDERS[provider]
@@ -64,6 +65,8 @@ def make_session(model: ModelProto | str | os.PathLike[str], provider: str = "cp
         options.intra_op_num_threads = int(threads)
     if not spinning:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if not optimizations:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     if isinstance(model, (str, os.PathLike)):
         return ort.InferenceSession(os.fspath(model), options, providers=providers)
     from tensat.onnx_io import _is_large, _write_external
@@ -114,10 +117,11 @@ def random_inputs(model: ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def run_model(
-    model: ModelProto | str | os.PathLike[str], feeds: Mapping[str, np.ndarray], provider: str = "cpu"
+    model: ModelProto | str | os.PathLike[str], feeds: Mapping[str, np.ndarray], provider: str = "cpu",
+    optimizations: bool = True,
 ) -> dict[str, np.ndarray]:
     """Run `model` on `feeds` (extra feeds ignored), returning every output by name."""
-    session = make_session(model, provider)
+    session = make_session(model, provider, optimizations=optimizations)
     names = {i.name for i in session.get_inputs()}
     missing = names - set(feeds)
     if missing:
@@ -205,8 +209,10 @@ def compare_models(
     rtol: float = RTOL,
     atol: float = ATOL,
     provider: str = "cpu",
+    optimizations: bool = True,
 ) -> VerifyReport:
-    """Run both models on the same seeded random inputs and compare outputs by name (see module docstring).
+    """Run both models on the same seeded random inputs and compare outputs by name (see module docstring);
+    `optimizations` False runs both as written, without onnxruntime's graph optimizations.
 
     Interface mismatches (output names, shapes, dtypes, inputs) and a failure of the optimized model in
     onnxruntime give a failed report; a failure of the original raises ModelError."""
@@ -232,13 +238,13 @@ def compare_models(
     if unknown:
         return fail(f"the optimized model has an input '{unknown[0]}' the original does not have")
     try:
-        expected = run_model(original, feeds, provider)
+        expected = run_model(original, feeds, provider, optimizations)
     except ModelError:
         raise
     except Exception as e:  # noqa: BLE001 - onnxruntime raises several exception types
         raise ModelError(f"the original model fails in onnxruntime: {_first_line(e)}") from None
     try:
-        actual = run_model(optimized, feeds, provider)
+        actual = run_model(optimized, feeds, provider, optimizations)
     except Exception as e:  # noqa: BLE001
         return fail(f"the optimized model fails in onnxruntime: {_first_line(e)}")
     worst_abs = worst_rel = 0.0

@@ -61,6 +61,17 @@ def _graph() -> Graph:
     return g
 
 
+def _shared_weight_graph() -> Graph:
+    """Three products of one weight: merged (inputs stacked, one product, read back through slices) they read the
+    weight once, so the extracted graph uses merges and guided rounds run."""
+    rng = np.random.default_rng(1)
+    g = Graph()
+    weight = g.weight((rng.standard_normal((256, 256)) / 16).astype(np.float32), "w")
+    for k in range(3):
+        g.output(f"y{k}", g.add("tanh", [g.add("matmul", [g.input(f"x{k}", (1, 256)), weight])]))
+    return g
+
+
 def _optimize(graph: Graph | str | onnx.ModelProto, **options: Any) -> tensat.OptimizeResult:
     """optimize_with_details with FAST limits, RuntimeWarnings silenced (they are checked in result.warnings)."""
     with warnings.catch_warnings():
@@ -405,6 +416,34 @@ def test_a_wrong_extracted_graph_raises_verification_error_and_writes_nothing(
     assert main(["optimize", str(src), "-o", str(out), "-q", "--cost", "analytic"]) == 1
     assert out.read_bytes() == b"previous result"
     assert sorted(os.listdir(tmp_path)) == ["in.onnx", "out.onnx"]
+
+
+def test_outputs_that_differ_only_through_onnxruntime_fusions_return_the_input(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The same function as written, different outputs with onnxruntime's fusions: the input model is returned."""
+    import tensat.verify as verify_mod
+
+    real = verify_mod.compare_models
+    calls: list[bool] = []
+
+    def fused_differently(original: Any, optimized: Any, **kw: Any) -> Any:
+        report = real(original, optimized, **kw)
+        calls.append(kw.get("optimizations", True))
+        if kw.get("optimizations", True) and original is not optimized:
+            return verify_mod.VerifyReport(False, 1e-3, 1e-3, report.outputs, 0.0, "output 'c' differs: max abs 1e-3")
+        return report
+
+    monkeypatch.setattr(verify_mod, "compare_models", fused_differently)
+    graph = _graph()
+    src, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    save_model(export_model(graph), src)
+    result = tensat.optimize_with_details(str(src), output=str(out), **FAST)
+    assert calls[:2] == [True, False]
+    _warned(result, "computes the input's function", "graph optimizations off", "keeping the input model")
+    assert result.cost_after == result.cost_before and result.verification.ok and result.latency is None
+    loaded = onnx.load(str(out))
+    assert [n.op_type for n in loaded.graph.node] == [n.op_type for n in onnx.load(str(src)).graph.node]
 
 
 def test_a_costlier_extracted_graph_is_replaced_by_the_input(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -833,6 +872,22 @@ def test_a_locked_cost_cache_is_waited_for_and_the_optimization_runs(quick_measu
     _valid(result, graph)
 
 
+def test_guided_rounds_are_skipped_when_the_extracted_graph_uses_no_merge(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = TensorEGraph.explore
+    guided: list[bool] = []
+
+    def explore(self: TensorEGraph, **kw: Any) -> Any:
+        guided.append(bool(kw.get("guided")))
+        return real(self, **kw)
+
+    monkeypatch.setattr(TensorEGraph, "explore", explore)
+    result = _optimize(_graph())  # its gains are fusions (a conv with its relu), no merge to extend
+    assert result.cost_after < result.cost_before and guided == [False]
+    guided.clear()
+    _optimize(_shared_weight_graph())
+    assert guided[0] is False and True in guided
+
+
 def test_a_failing_guided_round_keeps_the_explored_egraph(monkeypatch: pytest.MonkeyPatch) -> None:
     real = TensorEGraph.explore
 
@@ -842,7 +897,7 @@ def test_a_failing_guided_round_keeps_the_explored_egraph(monkeypatch: pytest.Mo
         return real(self, **kw)
 
     monkeypatch.setattr(TensorEGraph, "explore", explore)
-    graph = _graph()
+    graph = _shared_weight_graph()
     result = _optimize(graph)
     _warned(result, "guided rounds failed", "egglog panicked")
     assert result.cost_after < result.cost_before
