@@ -37,7 +37,9 @@ from bench.machine import header, machine_info
 from bench.real_models import DEFAULT_OUT as CORPUS
 from bench.real_models import MANIFEST
 from tensat.files import atomic_write_json, atomic_write_text
+from tensat.api import check_threads
 from tensat.latency import compare_many
+from tensat.measure import default_clock
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PEERS = ("onnxsim", "onnxslim")
@@ -113,15 +115,15 @@ def same_computation(a: Path, b: Path) -> bool:
 def _speedups(src: Path, results: dict[str, Path], seconds: float) -> dict[str, dict[str, Any]]:
     """Each result timed against the input at one thread and at every core (see the module docstring); a result
     that is the input itself is reported as 1.0 without timing."""
-    threads_all = sorted({1, os.cpu_count() or 1})
+    threads_all = check_threads()
     out: dict[str, dict[str, Any]] = {name: {} for name in results}
     for name in [n for n, path in results.items() if same_computation(src, path)]:
         for threads in threads_all:
             out[name][f"threads={threads}"] = {"speedup": 1.0, "interval": [1.0, 1.0], "same_model": True}
     names = [n for n in results if not out[n]]
     for threads in threads_all if names else []:
-        clock = "cpu" if threads == 1 else "wall"
-        comparisons = compare_many(src, [results[n] for n in names], threads=threads, clock=clock,
+        comparisons = compare_many(src, [results[n] for n in names], threads=threads,
+                                   clock=default_clock("cpu", threads),
                                    max_seconds=seconds, pairs=60)
         for name, c in zip(names, comparisons):
             out[name][f"threads={threads}"] = {"speedup": c.speedup, "interval": list(c.interval),

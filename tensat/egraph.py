@@ -545,24 +545,24 @@ class TensorEGraph:
         node_of = {eg.value_to_i64(r.inputs[0]): cid(r.output) for r in frozen.functions["node-of"].rows}
         self._node_of = node_of
         self._chosen_of = {eg.value_to_i64(r.inputs[0]): cid(r.output) for r in frozen.functions["chosen-of"].rows}
-        dominated: dict[str, float] = {}
+        estimate: dict[str, float] = {}
+        dominated: set[str] = set()
         prefetch = getattr(node_cost, "prefetch", None)
         original = set(self.original_selection(decoded).values())
         if competitive:
-            dominated, order = self._dominated(decoded, to_price, costs, forbidden, competitive, original)
+            estimate, dominated, order = self._dominated(decoded, to_price, costs, forbidden, competitive, original)
             if prefetch is not None:
-                unpriced = self._prefetch(prefetch, order, to_price, price_seconds)
-                dominated.update({nid: self._estimate[nid] for nid in unpriced})
+                dominated.update(self._prefetch(prefetch, order, to_price, price_seconds))
         elif prefetch is not None:
             prefetch(list(to_price.values()))
         scale = 1.0
         for nid, (node, child_shapes, flags) in to_price.items():
             if nid not in dominated:
                 costs[nid] = float(node_cost(node, child_shapes, flags))
-                if dominated and self._estimate[nid] > 0:
-                    scale = max(scale, costs[nid] / self._estimate[nid])
-        for nid, estimate in dominated.items():
-            costs[nid] = estimate * scale
+                if dominated and estimate[nid] > 0:
+                    scale = max(scale, costs[nid] / estimate[nid])
+        for nid in dominated:
+            costs[nid] = estimate[nid] * scale
         nodes = {
             nid: ENode(ops.get(dn.op).egg, costs[nid] + (0.0 if nid in original else UNCHOSEN_MS), str(dn.eclass),
                        tuple(str(c) for c in dn.children))
@@ -574,13 +574,13 @@ class TensorEGraph:
     def _dominated(
         self, decoded: dict[str, DecodedNode], to_price: dict[str, tuple[Node, list[tuple[int, ...]], list[bool]]],
         costs: dict[str, float], forbidden: set[str], ratio: float, original: set[str],
-    ) -> tuple[dict[str, float], list[str]]:
-        """E-nodes of `to_price` whose cheapest tree under the analytic estimate (the e-node with the work it needs
-        below it) exceeds `ratio` times the cheapest tree of their e-class, with their estimates (never one of
+    ) -> tuple[dict[str, float], set[str], list[str]]:
+        """The analytic estimate of every e-node of `to_price`; those whose cheapest tree under it (the e-node with
+        the work it needs below it) exceeds `ratio` times the cheapest tree of their e-class (never one of
         `original`, the input graph's own); and the others in pricing order (see `export`)."""
         analytic = AnalyticCost()
-        self._estimate = {nid: float(analytic(*item)) for nid, item in to_price.items()}
-        estimated = XGraph({nid: ENode(ops.get(dn.op).egg, self._estimate.get(nid, costs.get(nid, 0.0)),
+        estimate = {nid: float(analytic(*item)) for nid, item in to_price.items()}
+        estimated = XGraph({nid: ENode(ops.get(dn.op).egg, estimate.get(nid, costs.get(nid, 0.0)),
                                        str(dn.eclass), tuple(str(c) for c in dn.children))
                             for nid, dn in decoded.items()},
                            [str(self._node_of[n]) for _, n in self.graph.outputs])
@@ -588,12 +588,12 @@ class TensorEGraph:
         cheapest: dict[int, float] = {}
         for nid, dn in decoded.items():
             cheapest[dn.eclass] = min(cheapest.get(dn.eclass, tree[nid]), tree[nid])
-        dominated = {nid: est for nid, est in self._estimate.items()
+        dominated = {nid for nid in estimate
                      if tree[nid] > ratio * cheapest[decoded[nid].eclass] + COMPETITIVE_SLACK_MS
                      and nid not in original}
         order = sorted((nid for nid in to_price if nid not in dominated),
-                       key=lambda nid: (nid not in original, -self._estimate[nid]))
-        return dominated, order
+                       key=lambda nid: (nid not in original, -estimate[nid]))
+        return estimate, dominated, order
 
     @staticmethod
     def _prefetch(prefetch: Callable[[Any], None], order: Sequence[str],
