@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.machine import header, machine_info
-from bench.models import build_model, model_names
 from tensat.files import atomic_write_json, atomic_write_text
+from tensat.models import build_model, model_names
 
 OUT = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent

@@ -17,8 +17,8 @@ from typing import Any
 
 import tensat
 from bench.machine import header, machine_info
-from bench.models import build_model, model_names
 from tensat.files import atomic_write_json, atomic_write_text
+from tensat.models import build_model, model_names
 
 OUT = Path(__file__).resolve().parent / "results"
 

@@ -7,7 +7,7 @@
 
 The models are built from transformers configs (plus a compact DenseNet written here) with seeded random weights,
 in eval mode, at batch 1 with static input shapes, and exported with the dynamo exporter (its default opset) and,
-for some, with the TorchScript exporter at opsets 13-17 too.  Unlike bench/models.py, which writes the paper's
+for some, with the TorchScript exporter at opsets 13-17 too.  Unlike tensat/models.py, which writes the paper's
 graphs op by op, these graphs carry the exporters' own idioms: decomposed LayerNorm, attention-mask arithmetic,
 Shape/Gather/Unsqueeze chains, Transpose-wrapped channels-last norms, pre-activation BatchNorm and so on.
 

@@ -45,7 +45,7 @@ class Plan:
 
     def command(self) -> str:
         """The command line that reproduces this run (output directory left out)."""
-        from bench.models import model_names
+        from tensat.models import model_names
 
         parts = ["tensat bench"]
         if self.models != model_names():
@@ -74,7 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def parse_models(text: str | None) -> list[str]:
     """The graphs named in a comma-separated list (all of them for None); TensatError on an unknown name."""
-    from bench.models import model_names
+    from tensat.models import model_names
 
     if text is None:
         return model_names()
@@ -258,8 +258,8 @@ def run_plan(plan: Plan) -> dict[str, Any]:
     from bench.explore import markdown as explore_markdown
     from bench.explore import run_one
     from bench.machine import machine_info
-    from bench.models import SMALL_SIZES, build_model
     from tensat import compare
+    from tensat.models import SMALL_SIZES, build_model
 
     settings = compare_settings(plan.quick)
     options = explore_options(plan.quick)

@@ -1,6 +1,6 @@
 """ONNX-model-zoo-style models at opsets 7-13, built by hand (onnx.helper + numpy, seeded random weights).
 
-Model-zoo files are older than the paper's benchmark graphs (``bench/models.py``, opset 17) and use idioms those
+Model-zoo files are older than the paper's benchmark graphs (``tensat/models.py``, opset 17) and use idioms those
 do not: Dropout declaring its mask, opset-12 Dropout with ``ratio``/``training_mode`` inputs, BatchNormalization
 with the opset-7 ``spatial`` attribute, Gemm with ``transA``/``transB``/``alpha``/``beta``, Flatten, LRN, Softmax
 and LogSoftmax with their pre-13 (coerce to 2-D) semantics, Reshape shapes computed by Shape/Gather/Unsqueeze/
@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from bench.models import BIAS_STD, _fire, _Graph, _T, _window_out
+from tensat.models import BIAS_STD, _fire, _Graph, _T, _window_out
 
 __all__ = ["IDIOMS", "ZOO", "ZooModel", "build_zoo_model", "zoo_names"]
 
@@ -56,7 +56,7 @@ def _ch(channels: int, width: float, groups: int = 1) -> int:
 
 
 class _Zoo(_Graph):
-    """`bench.models._Graph` for an older opset: multi-output nodes, Constant nodes, zoo-era finishing."""
+    """`tensat.models._Graph` for an older opset: multi-output nodes, Constant nodes, zoo-era finishing."""
 
     def __init__(self, name: str, seed: int, opset: int) -> None:
         if not 7 <= opset <= 13:

@@ -6,7 +6,7 @@ checks any selection; ``local_search`` polishes a selection by exact-cost moves.
 """
 
 from .api import extract
-from .egraph import EGraph, ENode, ExtractionResult, dag_cost, find_cycle, load_egraph, validate
+from .egraph import EGraph, ENode, ExtractionResult, InputError, dag_cost, find_cycle, load_egraph, validate
 from .cycles import filter_cycles
 from .greedy import greedy_dag
 from .ilp import GAP_TOLERANCE, ilp_extract
@@ -17,6 +17,7 @@ __all__ = [
     "ENode",
     "ExtractionResult",
     "GAP_TOLERANCE",
+    "InputError",
     "dag_cost",
     "extract",
     "filter_cycles",

@@ -4,35 +4,43 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Callable
 
 from .api import extract
 from .cycles import filter_cycles
-from .egraph import load_egraph
+from .egraph import InputError, load_egraph
 from .ilp import GAP_TOLERANCE
 
 
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
-    return value
+DESCRIPTION = "Extract a minimum-cost acyclic term from an e-graph in the egraph-serialize JSON format."
+EPILOG = ("Output: the result (e-graph size, method, cost, status, bound and time) is printed to stdout; nothing is "
+          "written to files. Errors go to stderr.")
 
 
-def _non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
-    return value
+def _number(minimum: float, *, inclusive: bool) -> Callable[[str], float]:
+    """An argparse type: a float > minimum (>= with ``inclusive``)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not (value >= minimum if inclusive else value > minimum):
+            raise argparse.ArgumentTypeError(f"must be {'>=' if inclusive else '>'} {minimum:g}: {text!r}")
+        return value
+
+    return parse
+
+
+_positive = _number(0, inclusive=False)
+_non_negative = _number(0, inclusive=True)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Register the ``extract`` command's arguments on ``parser``."""
+    """Register the ``extract`` command's arguments on ``parser`` (and, where it has none, the epilog saying where
+    the output goes)."""
+    if parser.epilog is None:
+        parser.epilog = EPILOG
     parser.add_argument("egraph", metavar="EGRAPH.json", help="e-graph in egraph-serialize JSON format")
     parser.add_argument("--extractor", choices=("ilp", "greedy"), default="ilp",
                         help="ilp: optimal DAG cost (default); greedy: fast faster-greedy-dag")
@@ -52,29 +60,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the command; prints cost, status, bound and time. Returns 0, or 2 on bad input."""
+    """Run the command: print e-graph size, method, cost, status, bound and time to stdout; return 0.
+
+    Raises InputError (one line, naming the file) when the file cannot be read or holds no valid e-graph."""
     try:
         eg = load_egraph(args.egraph)
     except OSError as e:
-        print(f"error: cannot read {args.egraph}: {e.strerror or e}", file=sys.stderr)
-        return 2
+        raise InputError(f"cannot read {args.egraph}: {e.strerror or e}") from None
     except ValueError as e:
-        print(f"error: {args.egraph}: {_one_line(e)}", file=sys.stderr)
-        return 2
+        raise InputError(f"{args.egraph}: {_one_line(e)}") from None
     forbidden = set(args.forbid)
-    if args.filter_cycles:
-        blacklist = filter_cycles(eg, (), forbidden)
-        print(f"filter   {len(blacklist)} e-nodes blacklisted to break cycles")
-        forbidden |= blacklist
-    kw: dict[str, object] = {"forbidden": frozenset(forbidden)}
-    if args.extractor == "ilp":
-        kw.update(solver=args.solver, time_limit=args.time_limit, gap_tolerance=args.gap_tolerance,
-                  stall_seconds=args.stall_seconds)
     try:
+        if args.filter_cycles:
+            blacklist = filter_cycles(eg, (), forbidden)
+            print(f"filter   {len(blacklist)} e-nodes blacklisted to break cycles")
+            forbidden |= blacklist
+        kw: dict[str, object] = {"forbidden": frozenset(forbidden)}
+        if args.extractor == "ilp":
+            kw.update(solver=args.solver, time_limit=args.time_limit, gap_tolerance=args.gap_tolerance,
+                      stall_seconds=args.stall_seconds)
         res = extract(eg, args.extractor, **kw)
     except ValueError as e:
-        print(f"error: {args.egraph}: {_one_line(e)}", file=sys.stderr)
-        return 2
+        raise InputError(f"{args.egraph}: {_one_line(e)}") from None
     bound = "-" if res.bound is None else f"{res.bound:.6g}"
     gap = res.gap()
     method = f"ilp ({args.solver})" if res.method == "ilp" else res.method
@@ -92,7 +99,12 @@ def _one_line(e: Exception) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m extraction``."""
-    parser = argparse.ArgumentParser(prog="python -m extraction", description=__doc__)
+    """Entry point of ``python -m extraction``: 0 on success, 1 on bad input (one line on stderr), 2 on bad usage."""
+    parser = argparse.ArgumentParser(prog="python -m extraction", description=DESCRIPTION, epilog=EPILOG)
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except InputError as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 1

@@ -40,6 +40,11 @@ class ExtractionResult:
     method: str
     info: dict[str, Any] = field(default_factory=dict)
 
+    def __repr__(self) -> str:
+        bound = "" if self.bound is None else f", bound {self.bound:.6g}"
+        return (f"<ExtractionResult {self.method}, {self.status}: cost {self.cost:.6g}{bound}, "
+                f"{len(self.choices):,} e-classes chosen, {self.seconds:.2f} s>")
+
     def gap(self) -> float | None:
         """Relative gap between cost and proven lower bound (0.0 when proven optimal), or None."""
         if self.bound is None:
@@ -139,6 +144,10 @@ class EGraph:
         if not isinstance(roots, list):
             raise ValueError("e-graph JSON has no 'root_eclasses' list")
         return cls(nodes, [str(r) for r in roots])
+
+
+class InputError(ValueError):
+    """An e-graph file that cannot be read or is not a valid e-graph; the message is one line, naming the file."""
 
 
 def load_egraph(path: str | os.PathLike[str]) -> EGraph:

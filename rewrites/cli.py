@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
 import rewrites
-from rewrites.dsl import Rule, load_rule_files
+from rewrites.dsl import Rule, RuleError, load_rule_files
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,26 +22,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also read rules from PATH (repeatable), e.g. to check new rules before adding them")
 
 
+def _from_files(paths: list[str]) -> list[Rule]:
+    """The rules of the --file paths; RuleError (one line, naming the file) when one cannot be read or parsed."""
+    rules: list[Rule] = []
+    for path in paths:
+        try:
+            loaded = load_rule_files([path])
+        except OSError as exc:
+            raise RuleError(f"cannot read {path}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:
+            raise RuleError(f"{path}: not a UTF-8 text file") from None
+        except RuleError as exc:
+            message = " ".join(str(exc).split())
+            raise RuleError(message if path in message else f"{path}: {message}") from None
+        seen = {r.name for r in rules}
+        for r in loaded:
+            if r.name in seen:
+                raise RuleError(f"duplicate rule name {r.name!r} in {path}")
+        rules += loaded
+    return rules
+
+
 def _selected(args: argparse.Namespace) -> list[Rule]:
     rules = list(rewrites.all_rules())
     if args.file:
-        rules += load_rule_files(args.file)
+        rules += _from_files(args.file)
     if args.only:
         names = set(args.only)
         missing = names - {r.name for r in rules}
         if missing:
-            raise rewrites.RuleError(f"no rule named {', '.join(sorted(missing))}")
+            raise RuleError(f"no rule named {', '.join(sorted(missing))}")
         rules = [r for r in rules if r.name in names]
     return rules
 
 
 def run(args: argparse.Namespace) -> int:
-    """List the rules (or verify them) and report single/multi counts, distinct up to variable renaming."""
-    try:
-        rules = _selected(args)
-    except (rewrites.RuleError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    """List the rules (or verify them) and report single/multi counts, distinct up to variable renaming; 1 when a
+    rule fails verification, else 0.
+
+    Raises RuleError (one line) for a --file that cannot be read or parsed and for an --only name not found."""
+    rules = _selected(args)
     counts = rewrites.rule_counts(rules)
     failures = 0
     if args.verify:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
-import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
@@ -14,10 +14,12 @@ import onnx
 
 import extraction
 import rewrites
-from tensat.cost import AnalyticCost, CostModel, Shape, graph_cost
-from tensat.egraph import ExplorationStats, TensorEGraph
+from tensat.cost import AnalyticCost, CostModel, Shape, runtime_cost
+from tensat.egraph import ExplorationStats, IterationStats, TensorEGraph
 from tensat.errors import TensatError, VerificationError
+from tensat.files import check_writable
 from tensat.ir import Graph, Node
+from tensat.progress import ProgressFn, report
 
 if TYPE_CHECKING:
     from tensat.latency import LatencyComparison
@@ -76,9 +78,15 @@ class Options:
             raise TensatError(f"unknown device {self.device!r}; choose from {', '.join(DEVICES)}")
 
 
-@dataclass
+@dataclass(repr=False)
 class OptimizeResult:
-    """What a run produced and how: the optimized model, costs, e-graph growth and time per phase."""
+    """What a run produced and how: the optimized model, costs, e-graph growth and time per phase.
+
+    Costs and node counts describe the model returned (and written): `cost_before`/`cost_after` price the input
+    and the returned model as onnxruntime runs them (`tensat.cost.runtime_cost`: the fusions it makes on its own
+    are priced fused in both), and `nodes_before`/`nodes_after` count their ONNX nodes. `returned_input` says why
+    the input model itself was returned, or is None when the optimized one was. `summary()` is a readable report.
+    """
 
     output: Any  # the optimized model, in the form it was given (ModelProto for a path)
     graph: Graph
@@ -93,11 +101,47 @@ class OptimizeResult:
     options: Options = field(default_factory=Options)
     latency: LatencyCheck | None = None  # the optimized model timed against the input end to end
     measurement: dict[str, Any] | None = None  # the measured cost model's device, calibration, cache and counters
+    nodes_before: int = 0  # ONNX nodes of the input model
+    nodes_after: int = 0  # ONNX nodes of the returned model
+    returned_input: str | None = None  # why the input model was returned unchanged; None if optimized
 
     @property
     def speedup(self) -> float:
         """Cost ratio before/after under the run's cost model."""
         return self.cost_before / self.cost_after if self.cost_after > 0 else 1.0
+
+    def __repr__(self) -> str:
+        outcome = "input returned" if self.returned_input else "optimized"
+        return (f"<OptimizeResult {outcome}: cost {self.cost_before:.4g} -> {self.cost_after:.4g} ms "
+                f"({self.speedup:.3f}x, {self.options.cost}), ONNX nodes {self.nodes_before} -> {self.nodes_after}, "
+                f"{len(self.warnings)} warning{'' if len(self.warnings) == 1 else 's'}>")
+
+    def summary(self) -> str:
+        """A short multi-line report of the run: what the CLI prints."""
+        ex = self.exploration
+        lines = [f"cost      {self.cost_before:.4f} -> {self.cost_after:.4f} ms ({self.speedup:.3f}x under the "
+                 f"{self.options.cost} cost model, as onnxruntime runs each)",
+                 f"nodes     {self.nodes_before} -> {self.nodes_after} ONNX nodes",
+                 f"e-graph   {ex.enodes:,} e-nodes, {ex.eclasses:,} e-classes after {len(ex.iterations)} iterations "
+                 f"({ex.stop_reason.replace('_', ' ')})"]
+        if self.extraction is not None:
+            x = self.extraction
+            stop = x.info.get("ilp_stop")
+            lines.append(f"extract   {x.method}" + (f" ({stop})" if stop else f" ({x.status})"))
+        lines.append("time      " + ", ".join(f"{k} {v:.2f}s" for k, v in self.times.items()))
+        if self.verification is not None:
+            v = self.verification
+            lines.append(f"verified  max abs error {v.max_abs_error:.2e}, max rel error {v.max_rel_error:.2e}")
+        if self.latency is not None:
+            for threads, lat in self.latency.by_threads.items():
+                low, high = lat.interval
+                lines.append(f"latency   {lat.baseline_ms:.4g} -> {lat.candidate_ms:.4g} ms end to end at {threads} "
+                             f"thread{'s' if threads > 1 else ''} ({lat.speedup:.3f}x, 95% interval {low:.3f}-"
+                             f"{high:.3f})")
+        lines.append("result    " + ("the optimized model" if self.returned_input is None
+                                     else f"the input model, unchanged: {self.returned_input}"))
+        lines += [f"warning   {w}" for w in self.warnings]
+        return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready summary of the run."""
@@ -106,11 +150,13 @@ class OptimizeResult:
             "cost_before": self.cost_before,
             "cost_after": self.cost_after,
             "speedup": self.speedup,
-            "ops_before": self.original_graph.op_count(),
-            "ops_after": self.graph.op_count(),
+            "onnx_nodes_before": self.nodes_before,
+            "onnx_nodes_after": self.nodes_after,
+            "returned_input": self.returned_input,
             "exploration": self.exploration.to_dict(),
             "extraction": None if ex is None else {
                 "method": ex.method, "status": ex.status, "cost": ex.cost, "bound": ex.bound, "seconds": ex.seconds,
+                "ilp_stop": ex.info.get("ilp_stop"),
             },
             "times": dict(self.times),
             "verification": None if self.verification is None else {
@@ -125,20 +171,41 @@ class OptimizeResult:
         }
 
 
-def make_cost_model(name: str, device: str = "auto") -> CostModel:
-    """The cost model called `name`: "analytic" (roofline) or "measured" (onnxruntime on `device`)."""
+def make_cost_model(name: str, device: str = "auto", progress: bool | ProgressFn = False) -> CostModel:
+    """The cost model called `name`: "analytic" (roofline) or "measured" (onnxruntime on `device`; `progress` as
+    in `tensat.measure.MeasuredCost`)."""
     if name == "analytic":
         return AnalyticCost()
     if name == "measured":
         from tensat.measure import make_measured_cost
 
-        return make_measured_cost(device)
+        return make_measured_cost(device, progress=progress)
     raise TensatError(f"unknown cost model {name!r}")
 
 
-def _warn(result_warnings: list[str], message: str) -> None:
-    result_warnings.append(message)
-    warnings.warn(message, RuntimeWarning, stacklevel=3)
+_log = logging.getLogger("tensat")
+
+
+class RunLog:
+    """A run's warnings and progress. Warnings are kept for `OptimizeResult.warnings` (the one channel a caller
+    reads) and also go to the `tensat` logger, which says nothing unless the application configures logging;
+    progress goes to the caller's callback, if any (see `tensat.progress`)."""
+
+    def __init__(self, progress: ProgressFn | None = None) -> None:
+        self.warnings: list[str] = []
+        self.progress = progress
+
+    def warn(self, message: str) -> None:
+        """Record a warning: it says what happened and what the user can do."""
+        self.warnings.append(message)
+        _log.warning(message)
+
+    def say(self, stage: str, detail: str = "") -> None:
+        """Report progress: the stage the run is in and where in it."""
+        report(self.progress, stage, detail)
+
+
+BUG = "a bug in tensat; please report it with the model"
 
 
 def _recoverable(exc: BaseException) -> bool:
@@ -158,11 +225,11 @@ class _FallbackCost:
     estimate, node by node. A node that failed once is always priced analytically, so the input graph and the
     optimized graph are compared on the same footing; `failed` records why, for the run's warning."""
 
-    def __init__(self, inner: CostModel, notes: list[str]) -> None:
+    def __init__(self, inner: CostModel, log: RunLog) -> None:
         self.inner = inner
         self.name = getattr(inner, "name", "cost")
         self.analytic = AnalyticCost()
-        self.notes = notes
+        self.log = log
         self.failed: dict[tuple[Any, ...], str] = {}
         self.prefetch_failed = False
 
@@ -181,8 +248,8 @@ class _FallbackCost:
             prefetch(items)
         except Exception as exc:  # noqa: BLE001 - a measuring model may fail in any way
             if not self.prefetch_failed:
-                _warn(self.notes, f"the {self.name} cost model could not prefetch ({_first_line(exc)}); pricing "
-                                  f"node by node")
+                self.log.warn(f"the {self.name} cost model could not measure ops in a batch ({_first_line(exc)}); "
+                              f"measuring them one by one instead, which is slower")
             self.prefetch_failed = True
 
     def __call__(self, node: Node, in_shapes: Sequence[Shape], const: Sequence[bool] = ()) -> float:
@@ -203,20 +270,21 @@ class _FallbackCost:
         if self.failed:
             ops_failed = sorted({key[0] for key in self.failed})
             first = next(iter(self.failed.values()))
-            _warn(self.notes, f"the {self.name} cost model could not price {len(self.failed)} node(s) "
+            self.log.warn(f"the {self.name} cost model could not price {len(self.failed)} node(s) "
                               f"({', '.join(ops_failed)}; first failure: {first}); used the analytic estimate for them")
 
 
-def _cost_model(opts: Options, notes: list[str]) -> _FallbackCost:
+def _cost_model(opts: Options, log: RunLog) -> _FallbackCost:
     """The run's cost model, guarded; one that cannot be built falls back to the analytic model (with a warning)."""
     try:
-        inner = make_cost_model(opts.cost, opts.device)
+        inner = make_cost_model(opts.cost, opts.device, log.progress or False)
     except TensatError:
         raise
     except Exception as exc:  # noqa: BLE001 - e.g. the measuring backend is missing or fails to start
-        _warn(notes, f"the {opts.cost} cost model is unavailable ({_first_line(exc)}); using the analytic estimate")
+        log.warn(f"the {opts.cost} cost model is unavailable ({_first_line(exc)}); used the analytic estimate "
+                 f"instead (pass cost='analytic' / --cost analytic to choose it)")
         inner = AnalyticCost()
-    return _FallbackCost(inner, notes)
+    return _FallbackCost(inner, log)
 
 
 def _measured(cost: _FallbackCost, opts: Options) -> MeasuredCost | None:
@@ -260,6 +328,14 @@ class LatencyCheck:
     def to_dict(self) -> dict[str, Any]:
         return {"kept": self.kept, **{f"threads={t}": c.to_dict() for t, c in self.by_threads.items()}}
 
+    def __repr__(self) -> str:
+        return f"<LatencyCheck {'kept' if self.kept else 'not kept'}: {self.figures()}>"
+
+    def figures(self) -> str:
+        """The speedup and its interval at each thread count, in words."""
+        return ", ".join(f"{c.speedup:.3f}x at {t} thread{'s' if t > 1 else ''}, 95% interval "
+                         f"{c.interval[0]:.3f}-{c.interval[1]:.3f}" for t, c in self.by_threads.items())
+
 
 LATENCY_RESOLUTION = 0.01  # two sessions of one model can differ by about this much (where their memory lies)
 
@@ -273,7 +349,7 @@ def _faster(by_threads: Mapping[int, LatencyComparison]) -> bool:
 
 
 def _end_to_end_check(original: onnx.ModelProto, optimized: onnx.ModelProto, device: str, opts: Options,
-                      notes: list[str]) -> LatencyCheck | None:
+                      log: RunLog) -> LatencyCheck | None:
     """Time the optimized model against the input (the user's own model) end to end, interleaved, at one thread
     and at every core (`tensat.latency.compare_latency`, `latency_check` seconds in all); the optimized model is
     kept only if `_faster`. Summed per-op costs miss what only a whole graph shows (fusions onnxruntime makes,
@@ -290,30 +366,26 @@ def _end_to_end_check(original: onnx.ModelProto, optimized: onnx.ModelProto, dev
                                             clock=default_clock(device, t),
                                             max_seconds=opts.latency_check / len(threads), seed=opts.seed)
     except Exception as exc:  # noqa: BLE001 - the graph is verified; a failed timing only loses the check
-        _warn(notes, f"the end-to-end latency check failed ({_first_line(exc)}); keeping the optimized graph")
+        log.warn(f"the end-to-end latency check could not run ({_first_line(exc)}); returned the verified "
+                 f"optimized model untimed (latency_check=0 / --latency-check 0 skips the check)")
         return None
     kept = _faster(by_threads)
-    if not kept:
-        figures = ", ".join(f"{c.speedup:.3f}x at {t} thread{'s' if t > 1 else ''} (95% interval "
-                            f"{c.interval[0]:.3f}-{c.interval[1]:.3f})" for t, c in by_threads.items())
-        _warn(notes, f"the optimized graph did not run measurably faster than the input in onnxruntime at every "
-                     f"thread count ({figures}); keeping the input model")
     return LatencyCheck(by_threads, kept)
 
 
-def _greedy(xg: extraction.EGraph, forbidden: set[str], notes: list[str]) -> extraction.ExtractionResult | None:
+def _greedy(xg: extraction.EGraph, forbidden: set[str], log: RunLog) -> extraction.ExtractionResult | None:
     """The greedy DAG extractor's selection, or None (with a warning) if it fails."""
     try:
         return extraction.greedy_dag(xg, forbidden=forbidden)
     except Exception as exc:  # noqa: BLE001 - any extractor failure keeps the input graph's own selection
-        _warn(notes, f"greedy extraction failed ({_first_line(exc)}); keeping the input graph")
+        log.warn(f"greedy extraction failed ({_first_line(exc)}); kept the input graph: {BUG}")
         return None
 
 
 def _extract(
     xg: extraction.EGraph, forbidden: frozenset[str], blacklist: frozenset[str],
     initial: extraction.ExtractionResult, greedy: extraction.ExtractionResult | None, opts: Options,
-    notes: list[str], starts: Sequence[extraction.ExtractionResult] = (),
+    log: RunLog, starts: Sequence[extraction.ExtractionResult] = (),
 ) -> extraction.ExtractionResult:
     """The cheapest selection found within the ILP time limit; never worse than greedy or the input's own.
 
@@ -329,10 +401,11 @@ def _extract(
     if opts.extractor == "greedy":
         return best
     deadline = time.perf_counter() + opts.ilp_time_limit
-    best = polished = _polish(xg, [initial, greedy, *starts], best, forbidden, opts, notes)
+    best = polished = _polish(xg, [initial, greedy, *starts], best, forbidden, opts, log)
     passes = [(forbidden | blacklist, "cycle-filtered"), (forbidden, "whole")] if blacklist else [(forbidden, "whole")]
     proven = False
     first_pass = 0.0
+    stop = ""
     for banned, label in passes:
         now = time.perf_counter()
         remaining = deadline - now
@@ -341,13 +414,16 @@ def _extract(
         if remaining <= 0:
             break
         start = best if not blacklist & set(best.choices.values()) or label == "whole" else initial
+        log.say("extract", f"ILP on the {label} e-graph (at most {remaining:.0f} s)")
         try:
             ilp = extraction.ilp_extract(xg, solver=opts.solver, time_limit=remaining, forbidden=frozenset(banned),
                                          initial=start, stall_seconds=ILP_STALL_SECONDS)
         except Exception as exc:  # noqa: BLE001 - a solver crash or a missing solver binary
-            _warn(notes, f"ILP extraction of the {label} e-graph failed ({_first_line(exc)})")
+            log.warn(f"the ILP solver failed on the {label} e-graph ({_first_line(exc)}); used the best graph found "
+                     f"without it (try solver='cbc' / --solver cbc)")
             continue
         first_pass = time.perf_counter() - now
+        stop = ilp.info.get("stop", "")
         if ilp.status != "fallback" and ilp.cost <= best.cost + 1e-12:
             # a cycle-filtered pass proves nothing about the whole e-graph: its bound is the sub-problem's
             best = ilp if label == "whole" else replace(ilp, bound=None, status="feasible")
@@ -355,16 +431,31 @@ def _extract(
             best.bound = max(best.bound or 0.0, min(ilp.bound, best.cost))
         proven = label == "whole" and ilp.status == "optimal"
     if not proven and best.cost < polished.cost - 1e-12:  # the ILP improved on the search: polish its result too
-        best = _polish(xg, [best], best, forbidden, opts, notes)
-    if not proven:
-        _warn(notes, f"ILP extraction did not prove optimality (time limit {opts.ilp_time_limit:g} s, the whole "
-                     f"e-graph's pass at most as long as the cycle-filtered one's); using the best selection found "
-                     f"({best.method}, cost {best.cost:.6g})")
+        best = _polish(xg, [best], best, forbidden, opts, log)
+    if not proven and stop == "time" and time.perf_counter() >= deadline - 0.05:
+        gap = best.gap()
+        log.warn(f"extraction reached its ILP time limit ({opts.ilp_time_limit:g} s) before proving its graph optimal"
+                 f"{'' if gap is None else f' (within {100 * gap:.2g}% of the bound)'}; a longer ilp_time_limit "
+                 f"(--ilp-time-limit) may find a cheaper graph")
+    best.info["ilp_stop"] = _ilp_stop(proven, stop)
     return best
 
 
 ILP_STALL_SECONDS = 2.0  # the ILP stops when its incumbent has not improved for this long (it starts from the
 # local search's selection, which the solver seldom improves on: a search that has not paid by then rarely does)
+
+
+def _ilp_stop(proven: bool, stop: str) -> str:
+    """Why the ILP stopped, in the user's words."""
+    if proven:
+        return "proven optimal"
+    return "not proven optimal: " + {
+        "gap": "optimal only on the cycle-filtered e-graph",
+        "stall": f"no cheaper graph found for {ILP_STALL_SECONDS:g} s",
+        "time": "time limit", "no new cuts": "no cycle cut left", "no solution": "the solver found no solution",
+    }.get(stop, "the ILP did not run")
+
+
 LOCAL_SEARCH_SHARE = 0.2  # of the ILP time limit, for each start of the local search
 LOCAL_SEARCH_MIN_SECONDS = 3.0  # it stops by itself when no move improves: only searches that pay take this long
 
@@ -381,7 +472,7 @@ def _selection(xg: extraction.EGraph, choices: dict[str, str], method: str) -> e
 
 
 def _polish(xg: extraction.EGraph, starts: Sequence[extraction.ExtractionResult], best: extraction.ExtractionResult,
-            forbidden: frozenset[str], opts: Options, notes: list[str]) -> extraction.ExtractionResult:
+            forbidden: frozenset[str], opts: Options, log: RunLog) -> extraction.ExtractionResult:
     """The cheapest of `best`, the starts and the local search's improvements of each start (see
     `extraction.local_search`).
 
@@ -389,10 +480,11 @@ def _polish(xg: extraction.EGraph, starts: Sequence[extraction.ExtractionResult]
     gains (a gate's two matmuls merged) that block larger ones (one weight read for all time steps) which the
     search finds from the input."""
     for start in starts:
+        log.say("extract", f"local search from the {start.method} graph")
         try:
             found = extraction.local_search(xg, start, forbidden=forbidden, time_limit=_local_search_seconds(opts))
         except Exception as exc:  # noqa: BLE001 - a failed polish keeps the selection it started from
-            _warn(notes, f"local search over the extraction failed ({_first_line(exc)})")
+            log.warn(f"the local search over the extraction failed ({_first_line(exc)}): {BUG}")
             found = start
         if found.cost < best.cost - 1e-12:
             best = found
@@ -404,7 +496,7 @@ GUIDED_ITERATIONS = 2  # per guided round: the guided multi-pattern iteration, t
 
 def _guided_rounds(
     te: TensorEGraph, cost: CostModel, opts: Options, xg: extraction.EGraph, decoded: dict[str, Any],
-    forbidden: set[str], original_choices: dict[str, str], stats: ExplorationStats, notes: list[str],
+    forbidden: set[str], original_choices: dict[str, str], stats: ExplorationStats, log: RunLog,
 ) -> tuple[extraction.EGraph, dict[str, Any], set[str], extraction.ExtractionResult | None]:
     """Extend the merges the extracted graph uses, round by round; returns the last export and the best selection
     found in it (None if no round improved on the input).
@@ -422,7 +514,7 @@ def _guided_rounds(
         best = extraction.local_search(xg, initial, forbidden=frozenset(forbidden), major_only=True,
                                        time_limit=_local_search_seconds(opts))
     except Exception as exc:  # noqa: BLE001 - the rounds are an improvement; the plain pipeline goes on without them
-        _warn(notes, f"guided rounds skipped: the local search failed ({_first_line(exc)})")
+        log.warn(f"guided rounds skipped: the local search failed ({_first_line(exc)}): {BUG}")
         return xg, decoded, forbidden, None
     if best is initial:
         return xg, decoded, forbidden, None
@@ -430,10 +522,11 @@ def _guided_rounds(
     if not any(decoded[n].op == "slice" for n in best.choices.values() if n not in inputs_own):
         best.seconds = time.perf_counter() - t0  # no merge to extend: every merge is read through slices
         return xg, decoded, forbidden, best
-    for _ in range(opts.guided_rounds):
+    for k in range(opts.guided_rounds):
         remaining = opts.time_limit - stats.seconds
         if remaining <= 0:
             break
+        log.say("guided", f"round {k + 1}: extending the extracted graph's merges")
         graph = te.rebuild(best.choices, decoded).compact()
         base = te.guide(graph)
         before = te.enode_count()
@@ -477,44 +570,52 @@ class _Search:
     chosen: extraction.ExtractionResult | None = None
 
 
-def _search(graph: Graph, cost: CostModel, opts: Options, times: dict[str, float], notes: list[str],
+def _search(graph: Graph, cost: CostModel, opts: Options, times: dict[str, float], log: RunLog,
             state: _Search) -> None:
     """Lower, explore, extract and rebuild; the optimized graph is left in `state.graph`."""
     t = time.perf_counter()
+    log.say("explore", f"lowering {graph.op_count()} ops into egglog")
     te = TensorEGraph(graph)
     times["lower"] = time.perf_counter() - t
+
+    def iteration(it: IterationStats) -> None:
+        log.say("explore", f"iteration {it.iteration}: {it.enodes:,} e-nodes, {it.eclasses:,} e-classes")
+
     state.stats = te.explore(node_limit=opts.node_limit, iter_limit=opts.iter_limit, time_limit=opts.time_limit,
-                             k_multi=opts.k_multi)
+                             k_multi=opts.k_multi, on_iteration=iteration)
     stats = state.stats
     times["explore"] = stats.seconds
     if stats.stop_reason == "error":
-        _warn(notes, f"exploration stopped by an egglog error, using the e-graph before it: {stats.error}")
+        log.warn(f"exploration stopped by an egglog error ({stats.error}); extracted from the e-graph before it: "
+                 f"{BUG}")
     elif stats.stop_reason in LIMITS:
         reason = stats.stop_reason
-        _warn(notes, f"exploration stopped at its {reason.replace('_', ' ')} ({getattr(opts, reason):g}) before "
+        log.warn(f"exploration stopped at its {reason.replace('_', ' ')} ({getattr(opts, reason):g}) before "
                      f"saturation ({stats.enodes} e-nodes); raising {reason} (--{reason.replace('_', '-')}) may "
                      f"find a better graph")
 
     t = time.perf_counter()
+    log.say("price", f"pricing {stats.enodes:,} e-nodes")
     xg, decoded, forbidden = _export(te, cost, opts)
     original_choices = te.original_selection(decoded)
-    times["export"] = time.perf_counter() - t
+    times["price"] = time.perf_counter() - t
     guided = None
     if opts.k_multi > 0 and opts.guided_rounds > 0 and stats.stop_reason not in ("node_limit", "time_limit", "error"):
         t = time.perf_counter()
         explored = stats.seconds
         try:
             xg, decoded, forbidden, guided = _guided_rounds(te, cost, opts, xg, decoded, forbidden, original_choices,
-                                                            stats, notes)
+                                                            stats, log)
         except Exception as exc:  # noqa: BLE001 - the rounds are an improvement; extraction goes on without them
-            _warn(notes, f"guided rounds failed ({_first_line(exc)}); extracting from the explored e-graph")
+            log.warn(f"guided rounds failed ({_first_line(exc)}); extracted from the explored e-graph: {BUG}")
             xg, decoded, forbidden = _export(te, cost, opts)  # re-read: e-class ids are per export
             guided = None
         original_choices = te.original_selection(decoded)
         times["explore"] = stats.seconds
         times["guided"] = time.perf_counter() - t - (stats.seconds - explored)
     t = time.perf_counter()
-    greedy = _greedy(xg, forbidden, notes)
+    log.say("extract", "greedy")
+    greedy = _greedy(xg, forbidden, log)
     greedy_seconds = time.perf_counter() - t
     t = time.perf_counter()
     # The greedy selection is acyclic too: sparing its e-nodes keeps a good graph in the filtered e-graph.
@@ -524,23 +625,27 @@ def _search(graph: Graph, cost: CostModel, opts: Options, times: dict[str, float
     stats.blacklisted = len(blacklist)
     initial = _selection(xg, original_choices, "input")
     t = time.perf_counter()
-    state.chosen = _extract(xg, frozenset(forbidden), frozenset(blacklist), initial, greedy, opts, notes,
+    state.chosen = _extract(xg, frozenset(forbidden), frozenset(blacklist), initial, greedy, opts, log,
                             [guided] if guided is not None else [])
     times["extract"] = greedy_seconds + time.perf_counter() - t
     state.graph = te.rebuild(state.chosen.choices, decoded).compact()
 
 
-def optimize_with_details(model: ModelLike, **options: Any) -> OptimizeResult:
-    """Optimize `model` and report how: see `optimize` for the options."""
-    from tensat import onnx_io, verify as verify_mod
+def optimize_with_details(model: ModelLike, *, progress: ProgressFn | None = None, **options: Any) -> OptimizeResult:
+    """Optimize `model` and report how: see `optimize` for the options. `progress(stage, detail)`, if given, is
+    called as the run moves from stage to stage (see `tensat.progress`)."""
+    from tensat import onnx_io
 
     output_path = options.pop("output", None)
     opts = Options(**options)
     opts.check()
+    if output_path is not None:  # before any work: a run must not fail at its very end on a missing directory
+        check_writable(output_path)
     times: dict[str, float] = {}
-    notes: list[str] = []
+    log = RunLog(progress)
 
     t = time.perf_counter()
+    log.say("import", "reading the model")
     if isinstance(model, Graph):
         graph = model
         original_model = onnx_io.export_model(graph) if opts.verify or opts.latency_check > 0 else None
@@ -550,70 +655,107 @@ def optimize_with_details(model: ModelLike, **options: Any) -> OptimizeResult:
     graph = graph.compact()
     times["import"] = time.perf_counter() - t
 
-    cost = _cost_model(opts, notes)
+    cost = _cost_model(opts, log)
     measured = _measured(cost, opts)
     if measured is not None:  # it sizes its cache state by the weights one inference reads
         measured.observe_graph(graph)
-    cost_before = graph_cost(graph, cost)
+    log.say("cost", f"pricing the input's {graph.op_count()} ops")
+    cost_before = runtime_cost(graph, cost)
 
     state = _Search(graph)
     try:
-        _search(graph, cost, opts, times, notes, state)
+        _search(graph, cost, opts, times, log, state)
     except BaseException as exc:  # the search is best effort: the input graph is always a valid answer
         if not _recoverable(exc):
             raise
-        _warn(notes, f"optimization failed ({_first_line(exc)}); keeping the input graph")
+        log.warn(f"optimization failed ({_first_line(exc)}); returned the input model: {BUG}")
         if not state.stats.stop_reason:
             state.stats.stop_reason, state.stats.error = "error", _first_line(exc)
         state.graph, state.chosen = graph, None
     optimized, stats, chosen = state.graph, state.stats, state.chosen
-    cost_after = graph_cost(optimized, cost)
-    if cost_after > cost_before * (1 + 1e-9):
-        _warn(notes, f"extracted graph costs more than the input ({cost_after:.4g} > {cost_before:.4g}); keeping the input")
-        optimized, cost_after = graph, cost_before
+    run = _Outcome(graph, original_model, cost_before)
+    if optimized is not graph:
+        _finish(run, optimized, cost, opts, times, log, measured)
     cost.report()
 
-    t = time.perf_counter()
-    try:
-        out_model = onnx_io.export_model(optimized)
-    except Exception as exc:  # noqa: BLE001 - an optimized graph that cannot be exported is dropped, not shipped
-        if optimized is graph:
-            raise
-        _warn(notes, f"the optimized graph could not be exported ({_first_line(exc)}); keeping the input graph")
-        optimized, cost_after = graph, cost_before
-        out_model = onnx_io.export_model(optimized)
-    times["export_onnx"] = time.perf_counter() - t
-    report = None
-    if opts.verify:
-        t = time.perf_counter()
-        report = _verified(original_model, out_model, opts, notes)
-        if report is None:  # the input is returned: onnxruntime runs it as it always did
-            optimized, cost_after, out_model = graph, cost_before, original_model
-            report = verify_mod.VerifyReport(True, 0.0, 0.0, [o.name for o in original_model.graph.output], 0.0,
-                                             "the input model is returned")
-        times["verify"] = time.perf_counter() - t
-    check = None
-    if opts.latency_check > 0 and original_model is not None and out_model is not original_model:
-        t = time.perf_counter()
-        device = measured.device if measured is not None else _check_device(opts)
-        check = _end_to_end_check(original_model, out_model, device, opts, notes)
-        times["latency_check"] = time.perf_counter() - t
-        if check is not None and not check.kept:
-            optimized, cost_after, out_model = graph, cost_before, original_model
+    out_model = run.model if run.model is not None else onnx_io.export_model(graph)
+    if run.returned_input is not None and opts.verify and run.report is None:
+        from tensat.verify import VerifyReport
 
+        run.report = VerifyReport(True, 0.0, 0.0, [o.name for o in out_model.graph.output], 0.0,
+                                  "the input model is returned")
     if isinstance(model, Graph):
-        output: Any = optimized
+        output: Any = run.graph
     elif output_path is not None:
         onnx_io.save_model(out_model, output_path)
         output = Path(output_path)
     else:
         output = out_model
-    return OptimizeResult(output, optimized, graph, cost_before, cost_after, stats, chosen, times, report, notes, opts,
-                          check, measured.describe() if measured is not None else None)
+    return OptimizeResult(output, run.graph, graph, cost_before, run.cost, stats, chosen, times, run.report,
+                          log.warnings, opts, run.check, measured.describe() if measured is not None else None,
+                          nodes_before=len((original_model or out_model).graph.node),
+                          nodes_after=len(out_model.graph.node), returned_input=run.returned_input)
+
+
+@dataclass
+class _Outcome:
+    """What the run returns: the input (graph, model and cost) until an optimized graph passes every check."""
+
+    graph: Graph
+    model: onnx.ModelProto | None
+    cost: float
+    report: VerifyReport | None = None
+    check: LatencyCheck | None = None
+    returned_input: str | None = "no cheaper graph found"
+
+
+def _finish(run: _Outcome, optimized: Graph, cost: CostModel, opts: Options, times: dict[str, float], log: RunLog,
+            measured: MeasuredCost | None) -> None:
+    """Export the optimized graph, price it as written, verify it and time it against the input; `run` takes it
+    only if it passes each step, and says why not otherwise."""
+    from tensat import onnx_io
+
+    t = time.perf_counter()
+    log.say("export", "writing the optimized graph as ONNX")
+    try:
+        out_model = onnx_io.export_model(optimized)
+        written = onnx_io.import_model(out_model).compact()  # priced as written: the file is what the user runs
+    except Exception as exc:  # noqa: BLE001 - an optimized graph that cannot be exported is dropped, not shipped
+        log.warn(f"the optimized graph could not be exported ({_first_line(exc)}); returned the input model: {BUG}")
+        run.returned_input = "the optimized graph could not be exported"
+        return
+    finally:
+        times["export"] = time.perf_counter() - t
+    cost_after = runtime_cost(written, cost)
+    if cost_after >= run.cost * (1 - extraction.GAP_TOLERANCE):  # a gain within the ILP's own tolerance is none
+        run.returned_input = (f"no graph found that costs less than the input as onnxruntime runs it "
+                              f"({cost_after:.4g} against {run.cost:.4g} ms under the {opts.cost} cost model)")
+        return
+    report = None
+    if opts.verify:
+        t = time.perf_counter()
+        log.say("verify", "running both models in onnxruntime")
+        report = run.report = _verified(run.model, out_model, opts, log)
+        times["verify"] = time.perf_counter() - t
+        if report is None:
+            run.returned_input = "the optimized graph rounds differently under onnxruntime's fused kernels"
+            return
+    check = None
+    if opts.latency_check > 0 and run.model is not None:
+        t = time.perf_counter()
+        log.say("latency", f"timing both models end to end (at most {opts.latency_check:g} s)")
+        device = measured.device if measured is not None else _check_device(opts)
+        check = _end_to_end_check(run.model, out_model, device, opts, log)
+        times["latency_check"] = time.perf_counter() - t
+        run.check = check
+        if check is not None and not check.kept:
+            run.returned_input = f"the optimized graph was not measurably faster end to end ({check.figures()})"
+            return
+    run.graph, run.model, run.cost, run.report, run.returned_input = optimized, out_model, cost_after, report, None
 
 
 def _verified(original: onnx.ModelProto, optimized: onnx.ModelProto, opts: Options,
-              notes: list[str]) -> VerifyReport | None:
+              log: RunLog) -> VerifyReport | None:
     """The optimized model's verification report, or None where the input must be returned instead.
 
     Both models run in onnxruntime as a user runs them, graph optimizations on. Where their outputs differ, both run
@@ -630,7 +772,7 @@ def _verified(original: onnx.ModelProto, optimized: onnx.ModelProto, opts: Optio
     exact = verify_mod.compare_models(original, optimized, seed=opts.seed, optimizations=False)
     if not exact.ok:
         raise VerificationError(report.detail)
-    _warn(notes, f"the optimized graph computes the input's function ({exact.detail} with onnxruntime's graph "
+    log.warn(f"the optimized graph computes the input's function ({exact.detail} with onnxruntime's graph "
                  f"optimizations off), but with them on its {report.detail[0].lower()}{report.detail[1:]}; "
                  f"keeping the input model")
     return None

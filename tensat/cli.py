@@ -5,9 +5,17 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 from tensat.errors import TensatError
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with tensat's error style: a usage error is one line on stderr, `tensat: error: ...`, naming the
+    command's --help, and exit status 2 (argparse's own block of usage text is left to --help)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"tensat: error: {message} (see `{self.prog} --help`)\n")
 
 
 def parse_input_shape(text: str) -> tuple[str, list[int]]:
@@ -87,7 +95,8 @@ def _add_optimize(sub: Any) -> None:
                    help="cost model: per-op latency measured in onnxruntime on the target device, cached (default), "
                         "or the analytic roofline estimate (quick and reproducible)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="device whose latency the measured cost model uses; auto = CUDA where it loads, else CPU")
+                   help="device whose latency the measured cost model uses and the end-to-end check times on "
+                        "(default auto: CUDA where it loads and a GPU exists, else CPU)")
     p.add_argument("--latency-check", metavar="SECONDS", type=non_negative_float, default=20.0,
                    help="time the optimized model against the input end to end, at one thread and at every core, "
                         "for up to this long, and keep the input unless the optimized one runs faster (default 20; "
@@ -97,14 +106,30 @@ def _add_optimize(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random verification inputs (default 0)")
     p.add_argument("--stats", metavar="FILE", help="write the run's statistics (growth per iteration, costs, "
                                                    "times) as JSON to FILE")
-    p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("-q", "--quiet", action="store_true", help="print nothing on success, and no progress")
+    out.add_argument("--progress", action="store_true",
+                     help="report progress on stderr even when it is not a terminal (on a terminal it always is)")
+
+
+def progress_reporter(args: argparse.Namespace) -> Any:
+    """The CLI's progress reporter on stderr: on a terminal unless --quiet; elsewhere only with --progress."""
+    from tensat.progress import StderrProgress, stream_is_tty
+
+    if getattr(args, "quiet", False) or not (getattr(args, "progress", False) or stream_is_tty(sys.stderr)):
+        return None
+    return StderrProgress()
 
 
 def _run_optimize(args: argparse.Namespace) -> int:
     from tensat import api, onnx_io
+    from tensat.files import check_writable
 
+    for path in (args.output, args.stats):  # before any work, not after it
+        if path:
+            check_writable(path)
     if args.model:
-        from bench.models import build_model
+        from tensat.models import build_model
 
         try:
             source: Any = build_model(args.model)
@@ -113,49 +138,26 @@ def _run_optimize(args: argparse.Namespace) -> int:
     else:
         source = args.input
     shapes = dict(args.input_shape) if args.input_shape else None
-    result = api.optimize_with_details(
-        source, input_shapes=shapes, node_limit=args.node_limit, iter_limit=args.iter_limit,
-        time_limit=args.time_limit, k_multi=args.k_multi, guided_rounds=args.guided_rounds,
-        extractor=args.extractor, solver=args.solver,
-        ilp_time_limit=args.ilp_time_limit, cost=args.cost, device=args.device, latency_check=args.latency_check,
-        verify=not args.no_verify, seed=args.seed,
-    )
+    progress = progress_reporter(args)
+    try:
+        result = api.optimize_with_details(
+            source, progress=progress, input_shapes=shapes, node_limit=args.node_limit, iter_limit=args.iter_limit,
+            time_limit=args.time_limit, k_multi=args.k_multi, guided_rounds=args.guided_rounds,
+            extractor=args.extractor, solver=args.solver, ilp_time_limit=args.ilp_time_limit, cost=args.cost,
+            device=args.device, latency_check=args.latency_check, verify=not args.no_verify, seed=args.seed,
+        )
+    finally:
+        if progress is not None:
+            progress.close()
     onnx_io.save_model(result.output, args.output)
     if args.stats:
         from tensat.files import atomic_write_json
 
         atomic_write_json(args.stats, result.to_dict())
     if not args.quiet:
-        _print_summary(result, args.output)
+        print(result.summary())
+        print(f"wrote     {args.output}")
     return 0
-
-
-def _print_summary(result: Any, output: str) -> None:
-    ex = result.exploration
-    extraction = result.extraction
-    print(f"cost      {result.cost_before:.4f} -> {result.cost_after:.4f} ms ({result.speedup:.3f}x, "
-          f"{result.options.cost} model)")
-    print(f"ops       {result.original_graph.op_count()} -> {result.graph.op_count()}")
-    print(f"e-graph   {ex.enodes} e-nodes, {ex.eclasses} e-classes after {len(ex.iterations)} iterations "
-          f"({ex.stop_reason})")
-    if extraction is not None:
-        print(f"extract   {extraction.method} ({extraction.status})")
-    times = ", ".join(f"{k} {v:.2f}s" for k, v in result.times.items())
-    print(f"time      {times}")
-    if result.verification is not None:
-        v = result.verification
-        print(f"verified  max abs error {v.max_abs_error:.2e}, max rel error {v.max_rel_error:.2e}")
-    if result.latency is not None:
-        for threads, lat in result.latency.by_threads.items():
-            low, high = lat.interval
-            print(f"latency   {lat.baseline_ms:.4g} -> {lat.candidate_ms:.4g} ms end to end at {threads} thread"
-                  f"{'s' if threads > 1 else ''} ({lat.speedup:.3f}x, 95% interval {low:.3f}-{high:.3f}, "
-                  f"{lat.pairs} pairs of blocks)")
-        if not result.latency.kept:
-            print("kept      the input model: the optimized one was not measurably faster at every thread count")
-    for w in result.warnings:
-        print(f"warning   {w}")
-    print(f"wrote     {output}")
 
 
 def _add_extract(sub: Any) -> None:
@@ -241,16 +243,15 @@ def _add_models(sub: Any) -> None:
 
 
 def _run_models(args: argparse.Namespace) -> int:
-    from bench.models import model_names
+    from tensat.models import catalog, format_catalog
 
-    for name in model_names():
-        print(name)
+    print(format_catalog(catalog()))
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `tensat` command."""
-    parser = argparse.ArgumentParser(prog="tensat", description="Tensor-graph superoptimization by equality "
+    parser = Parser(prog="tensat", description="Tensor-graph superoptimization by equality "
                                                                 "saturation.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_optimize(sub)
@@ -264,6 +265,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def one_line(exc: BaseException) -> str:
+    """An error's message on one line (whitespace runs, newlines included, become single spaces)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: returns the process exit code (0 success, 1 failure, 2 bad usage)."""
     parser = build_parser()
@@ -272,6 +278,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("give either a model file or --model, not both")
     handlers = {"optimize": _run_optimize, "rules": _run_rules, "compare": _run_compare, "models": _run_models,
                 "profile": _run_profile, "cost-report": _run_cost_report, "bench": _run_bench}
+    from extraction import InputError
+    from rewrites import RuleError
+
     try:
         if args.command == "extract":
             from extraction import cli as extraction_cli
@@ -280,8 +289,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             return handlers[args.command](args)
-    except TensatError as exc:
-        print(f"tensat: error: {exc}", file=sys.stderr)
+    except (TensatError, RuleError, InputError) as exc:
+        print(f"tensat: error: {one_line(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("tensat: interrupted", file=sys.stderr)

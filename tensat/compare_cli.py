@@ -62,7 +62,11 @@ def add_arguments(parser: argparse.ArgumentParser, require_source: bool = True) 
     out.add_argument("--json", metavar="FILE", help="also write the comparison as JSON to FILE")
     out.add_argument("--out-dir", metavar="DIR", default=None,
                      help="with --all: where compare.md and compare.json go (default bench/results)")
-    out.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
+    chatty = out.add_mutually_exclusive_group()
+    chatty.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
+    chatty.add_argument("--progress", action="store_true",
+                        help="progress messages on stderr even when it is not a terminal (on a terminal they always "
+                             "are)")
 
 
 def _settings(args: argparse.Namespace) -> Any:
@@ -80,8 +84,11 @@ def _settings(args: argparse.Namespace) -> Any:
     )
 
 
-def _progress(quiet: bool) -> Any:
-    if quiet:
+def _progress(args: argparse.Namespace) -> Any:
+    """Progress lines on stderr: on a terminal unless --quiet; elsewhere only with --progress."""
+    from tensat.progress import stream_is_tty
+
+    if args.quiet or not (args.progress or stream_is_tty(sys.stderr)):
         return None
 
     def say(message: str) -> None:
@@ -97,14 +104,14 @@ def _write(path: Path | str, text: str) -> None:
     atomic_write_text(path, text)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Compare on the chosen model(s), print the table; 0 when every optimized graph verified, else 1."""
+def compare(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any], str]:
+    """Compare on the chosen model(s): the rows, the JSON document (`tensat.compare.report`) and the markdown."""
     from tensat import compare
 
     settings = _settings(args)
-    progress = _progress(args.quiet)
+    progress = _progress(args)
     if args.all or args.model:
-        from bench.models import model_names
+        from tensat.models import model_names
 
         names = model_names() if args.all else args.model
         unknown = [n for n in names if n not in model_names()]
@@ -116,13 +123,17 @@ def run(args: argparse.Namespace) -> int:
     rows = []
     for name, source in sources:
         if source is None:
-            from bench.models import build_model
+            from tensat.models import build_model
 
             source = build_model(name)
         rows.append(compare.compare_model(source, name, settings, progress))
     machine = compare.machine_info()
-    doc = compare.report(rows, settings, machine)
-    text = compare.markdown(rows, settings, machine)
+    return rows, compare.report(rows, settings, machine), compare.markdown(rows, settings, machine)
+
+
+def finish(args: argparse.Namespace, rows: list[Any], doc: dict[str, Any], text: str) -> int:
+    """Write the files asked for, print the markdown; 0 when every optimized graph verified, else 1."""
+    progress = _progress(args)
     if args.all or args.out_dir:
         out_dir = Path(args.out_dir) if args.out_dir else default_results_dir()
         _write(out_dir / "compare.md", text)
@@ -133,3 +144,9 @@ def run(args: argparse.Namespace) -> int:
         _write(args.json, json.dumps(doc, indent=2, sort_keys=True) + "\n")
     print(text)
     return 0 if all(r.verified for r in rows) else 1
+
+
+def run(args: argparse.Namespace) -> int:
+    """Compare on the chosen model(s), write the files asked for and print the table; 0 when every optimized graph
+    verified, else 1."""
+    return finish(args, *compare(args))

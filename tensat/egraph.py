@@ -47,6 +47,11 @@ class IterationStats:
     partial: bool = False  # the full iteration overshot the node limit; only the rules that fit were applied
     banned: list[str] = field(default_factory=list)  # rules over their match threshold, not applied
 
+    def __repr__(self) -> str:
+        return (f"<iteration {self.iteration}{' (multi-pattern)' if self.multi else ''}: {self.enodes:,} e-nodes, "
+                f"{self.eclasses:,} e-classes, {sum(self.matches.values()):,} matches, {self.seconds:.3f} s"
+                f"{', partial' if self.partial else ''}{f', {len(self.banned)} rules banned' if self.banned else ''}>")
+
 
 @dataclass
 class ExplorationStats:
@@ -70,6 +75,11 @@ class ExplorationStats:
     @property
     def eclasses(self) -> int:
         return self.iterations[-1].eclasses if self.iterations else self.initial_eclasses
+
+    def __repr__(self) -> str:
+        return (f"<exploration: {self.initial_enodes:,} -> {self.enodes:,} e-nodes, {self.eclasses:,} e-classes in "
+                f"{len(self.iterations)} iterations, {self.stop_reason.replace('_', ' ') or 'not run'}, "
+                f"{self.seconds:.2f} s>")
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -302,7 +312,7 @@ class TensorEGraph:
 
     def explore(
         self, *, node_limit: int = 50_000, iter_limit: int = 15, time_limit: float = 60.0, k_multi: int = 1,
-        fill: bool = True, guided: bool = False,
+        fill: bool = True, guided: bool = False, on_iteration: Callable[[IterationStats], None] | None = None,
     ) -> ExplorationStats:
         """Apply the rules to saturation or a limit, one iteration at a time.
 
@@ -318,6 +328,7 @@ class TensorEGraph:
         BAN_LENGTH (doubled) iterations; when nothing else changes, bans are lifted. Multi-pattern rules run only
         in the first `k_multi` iterations, unthrottled in the first (their matches there are pairs of input
         nodes). The time limit is checked between iterations (an egglog iteration cannot be interrupted).
+        `on_iteration` is called with each iteration's statistics as it ends (for progress reports).
 
         With `guided` (a guided round, after `guide`), the first iteration runs only the multi-pattern rules, and
         only on pairs of e-classes marked chosen; the single-pattern rules follow. This extends the merges the
@@ -380,6 +391,8 @@ class TensorEGraph:
             seconds = time.perf_counter() - t0
             stats.iterations.append(
                 IterationStats(it + 1, enodes, eclasses, seconds, multi, matches, partial, sorted(banned)))
+            if on_iteration is not None:
+                on_iteration(stats.iterations[-1])
             if partial:
                 break
             if unchanged:

@@ -14,6 +14,19 @@ class WriteError(TensatError, OSError):
     command line that is still an OSError for callers that catch those."""
 
 
+def check_writable(path: str | os.PathLike) -> None:
+    """Raise a one-line TensatError now if `path` could not be written later: its directory is missing or not
+    writable, or `path` is a directory. A run checks its outputs before it starts, not after its work is done."""
+    target = Path(path)
+    directory = target.parent if str(target.parent) else Path(".")
+    if not directory.is_dir():
+        raise TensatError(f"cannot write {target}: directory {directory} does not exist")
+    if target.is_dir():
+        raise TensatError(f"cannot write {target}: it is a directory")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise TensatError(f"cannot write {target}: directory {directory} is not writable")
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write `data` to `path` via a temporary file in the same directory, fsync, then rename over `path`.
 
@@ -22,8 +35,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """
     target = Path(path)
     directory = target.parent if str(target.parent) else Path(".")
-    if not directory.is_dir():
-        raise TensatError(f"cannot write {target}: directory {directory} does not exist")
+    check_writable(target)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
     except OSError as exc:

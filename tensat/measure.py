@@ -70,6 +70,7 @@ from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 from tensat import ops
 from tensat.cost import AnalyticCost
+from tensat.progress import ProgressFn, clock, report, stream_is_tty
 from tensat.costcache import CostCache, CostEntry
 from tensat.errors import TensatError
 from tensat.ir import Graph, Node
@@ -689,13 +690,15 @@ def time_pair(
 
 
 class Progress:
-    """A one-line progress bar on stderr; silent when disabled or stderr is not a terminal."""
+    """Progress of measuring: a one-line bar on stderr when `enabled` is True and stderr is a terminal, or
+    reports to a `tensat.progress` callback (stage "cost") when `enabled` is one; silent otherwise."""
 
-    def __init__(self, total: int, label: str, enabled: bool = True) -> None:
+    def __init__(self, total: int, label: str, enabled: bool | ProgressFn = True) -> None:
         self.total = max(int(total), 0)
         self.label = label
         self.done = 0
-        self.enabled = enabled and self.total > 0 and _stderr_is_tty()
+        self.sink = enabled if callable(enabled) else None
+        self.enabled = bool(enabled) and self.total > 0 and (self.sink is not None or stream_is_tty(sys.stderr))
         self.start = time.perf_counter()
         self._last = 0.0
         self._shown = False
@@ -708,12 +711,15 @@ class Progress:
             self._draw(note)
 
     def _draw(self, note: str) -> None:
+        elapsed = time.perf_counter() - self.start
+        eta = elapsed / self.done * (self.total - self.done) if self.done else 0.0
+        if self.sink is not None:
+            report(self.sink, "cost", f"{self.label}: {self.done}/{self.total} windows, eta {clock(eta)}")
+            return
         width = 28
         frac = self.done / self.total if self.total else 1.0
         bar = "#" * int(width * frac) + "." * (width - int(width * frac))
-        elapsed = time.perf_counter() - self.start
-        eta = elapsed / self.done * (self.total - self.done) if self.done else 0.0
-        text = f"\r{self.label} [{bar}] {self.done}/{self.total} {_clock(elapsed)} eta {_clock(eta)} {note[:28]:<28}"
+        text = f"\r{self.label} [{bar}] {self.done}/{self.total} {clock(elapsed)} eta {clock(eta)} {note[:28]:<28}"
         sys.stderr.write(text)
         sys.stderr.flush()
         self._shown = True
@@ -723,18 +729,6 @@ class Progress:
             sys.stderr.write("\n")
             sys.stderr.flush()
             self._shown = False
-
-
-def _stderr_is_tty() -> bool:
-    try:
-        return sys.stderr.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
-def _clock(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 60}:{seconds % 60:02d}"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -803,8 +797,8 @@ class MeasuredCost:
     name = "measured"
 
     def __init__(
-        self, device: str = "auto", cache_path: str | os.PathLike[str] | None = None, progress: bool = True,
-        threads: int = 1, working_set: int | None = None, max_seconds: float = 1.5,
+        self, device: str = "auto", cache_path: str | os.PathLike[str] | None = None,
+        progress: bool | ProgressFn = True, threads: int = 1, working_set: int | None = None, max_seconds: float = 1.5,
         cache: CostCache | None = None, clock: str | None = None, windows: int | None = None,
         chunk: int = CHUNK,
     ) -> None:
@@ -1285,7 +1279,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def make_measured_cost(
-    device: str = "auto", cache_path: str | os.PathLike[str] | None = None, progress: bool = True, *,
+    device: str = "auto", cache_path: str | os.PathLike[str] | None = None, progress: bool | ProgressFn = True, *,
     threads: int | None = None, working_set: int | None = None,
 ) -> MeasuredCost:
     """The measured cost model on `device` ("auto", "cpu" or "cuda"), caching in `cache_path` (default: the user

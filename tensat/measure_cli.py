@@ -103,7 +103,7 @@ def _source(args: argparse.Namespace) -> tuple[Any, str]:
     if getattr(args, "input", None) and getattr(args, "model", None):
         raise TensatError("give either a model file or --model, not both")
     if args.model:
-        from bench.models import build_model
+        from tensat.models import build_model
 
         try:
             return build_model(args.model), args.model

@@ -326,7 +326,7 @@ def test_merged_input_nodes_keep_an_acyclic_original_selection_and_cycles_are_fi
 def test_the_whole_egraph_pass_recovers_an_enode_cycle_filtering_removed() -> None:
     """Extraction solves the filtered e-graph, then the whole one: a needed e-node the filter dropped comes back."""
     from extraction import ENode, EGraph, ExtractionResult
-    from tensat.api import Options, _extract
+    from tensat.api import Options, RunLog, _extract
 
     # a = x@w (pa, 10) or slice(m) (sa, 1); m = merged matmul (mm, 1) or concat(a) (mc, 0); root r = f(a)
     nodes = {"x": ENode("input", 0.0, "x", ()), "pa": ENode("matmul", 10.0, "a", ("x",)),
@@ -336,7 +336,7 @@ def test_the_whole_egraph_pass_recovers_an_enode_cycle_filtering_removed() -> No
     original = {"x": "x", "a": "pa", "r": "r"}
     initial = ExtractionResult(choices=original, cost=11.0, bound=None, status="input", seconds=0.0, method="input")
     # the greedy stand-in found nothing better than the input; the filter dropped "sa", which the optimum needs
-    best = _extract(xg, frozenset(), frozenset({"sa"}), initial, initial, Options(ilp_time_limit=20), [])
+    best = _extract(xg, frozenset(), frozenset({"sa"}), initial, initial, Options(ilp_time_limit=20), RunLog())
     assert best.cost == 3.0 and best.choices["a"] == "sa" and best.choices["m"] == "mm"
 
 
@@ -364,7 +364,7 @@ def test_guided_round_merges_only_pairs_of_chosen_eclasses():
 
 
 def test_guided_rounds_merge_all_time_steps_of_a_shared_weight():
-    from bench.models import nasrnn
+    from tensat.models import nasrnn
     from tensat import api
 
     model = nasrnn(steps=3, hidden=512)  # at full width a product's cost is its weight read, so merges pay

@@ -19,6 +19,7 @@ from extraction import (
     EGraph,
     ENode,
     ExtractionResult,
+    InputError,
     dag_cost,
     extract,
     greedy_dag,
@@ -27,7 +28,7 @@ from extraction import (
     tree_costs,
     validate,
 )
-from extraction.cli import add_arguments, run
+from extraction.cli import add_arguments, main, run
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "extraction-gym-tensat"  # the shared data folder beside the checkout
@@ -512,9 +513,10 @@ def test_cli_bad_input(tmp_path: Path, content: str | bytes | None) -> None:
     elif content is not None:
         path.write_text(content)
     proc = _cli(tmp_path, str(path))
-    assert proc.returncode == 2
+    assert proc.returncode == 1
     assert proc.stdout == ""
-    assert proc.stderr.startswith("error:") and proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith(f"python -m extraction: error: {'cannot read ' if content is None else ''}{path}")
+    assert proc.stderr.count("\n") == 1
     assert "Traceback" not in proc.stderr
 
 
@@ -528,7 +530,69 @@ def test_cli_in_process(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert run(parser.parse_args([str(path), "--forbid", "b1"])) == 0
     out = capsys.readouterr().out
     assert "cost     10" in out  # r0 + a1 once b1 is forbidden (a0 -> b0 -> a is a cycle)
-    assert run(parser.parse_args([str(tmp_path / "missing.json")])) == 2
+    missing = tmp_path / "missing.json"
+    with pytest.raises(InputError, match=r"^cannot read .*missing\.json: No such file or directory$"):
+        run(parser.parse_args([str(missing)]))
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(InputError, match=r"bad\.json: not valid JSON"):
+        run(parser.parse_args([str(tmp_path / "bad.json")]))
+    assert capsys.readouterr().out == ""
+
+
+def test_cli_main_reports_bad_input_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(tmp_path / "missing.json")]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"python -m extraction: error: cannot read {tmp_path / 'missing.json'}: " \
+                           "No such file or directory\n"
+    (tmp_path / "cyclic.json").write_text(json.dumps(
+        {"nodes": {"a": {"op": "f", "cost": 1, "eclass": "c", "children": ["a"]}}, "root_eclasses": ["c"]}))
+    assert main([str(tmp_path / "cyclic.json"), "--extractor", "greedy"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"python -m extraction: error: {tmp_path / 'cyclic.json'}: ") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("flag, value", [("--time-limit", "0"), ("--time-limit", "x"), ("--stall-seconds", "-1"),
+                                         ("--gap-tolerance", "-0.1"), ("--gap-tolerance", "nan")])
+def test_cli_rejects_bad_flag_values_as_usage_errors(flag: str, value: str, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["g.json", flag, value])
+    assert exc.value.code == 2
+    assert f"argument {flag}:" in capsys.readouterr().err
+
+
+def test_cli_accepts_boundary_flag_values() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["g.json", "--gap-tolerance", "0", "--time-limit", "0.5", "--stall-seconds", "2"])
+    assert (args.gap_tolerance, args.time_limit, args.stall_seconds) == (0.0, 0.5, 2.0)
+
+
+def test_cli_help_says_where_the_result_goes(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "printed to stdout" in text and "nothing is written to files" in text
+    assert all(word in text for word in ("cost", "status", "bound", "time"))
+
+
+def test_tensat_extract_help_says_where_the_result_goes(capsys) -> None:
+    from tensat.cli import main as tensat_main
+
+    with pytest.raises(SystemExit):
+        tensat_main(["extract", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "printed to stdout" in text and "nothing is written to files" in text
+
+
+def test_tensat_extract_bad_input_is_one_error_line(tmp_path: Path, capsys) -> None:
+    """Needs tensat/cli.py to catch extraction.InputError (exit 1, `tensat: error: ...`)."""
+    from tensat.cli import main as tensat_main
+
+    assert tensat_main(["extract", str(tmp_path / "missing.json")]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("tensat: error: cannot read ") and captured.err.count("\n") == 1
 
 
 def test_filter_cycles_leaves_no_cycle_and_keeps_protected_nodes():

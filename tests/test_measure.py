@@ -200,7 +200,7 @@ def test_a_second_optimize_run_in_a_new_process_measures_nothing(tmp_path):
         from tensat.measure import MeasuredCost
         import tensat.api as api
         made = []
-        def make(name, device="auto"):
+        def make(name, device="auto", progress=False):
             made.append(MeasuredCost("cpu", cache_path={str(tmp_path / 'c.sqlite3')!r}, progress=False,
                                      max_seconds=0.01))
             return made[-1]
@@ -405,22 +405,19 @@ def test_compare_many_ranks_every_candidate_against_one_baseline():
 def test_the_latency_check_keeps_the_input_unless_the_optimized_model_runs_faster():
     opts = api.Options(latency_check=2.0)
     fast, slow = export_model(relu_chain(1)), export_model(relu_chain(300))
-    notes: list[str] = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        check = api._end_to_end_check(fast, slow, "cpu", opts, notes)
+    log = api.RunLog()
+    check = api._end_to_end_check(fast, slow, "cpu", opts, log)
     assert check is not None and not check.kept and set(check.by_threads) == set(api.check_threads())
     assert all(c.speedup < 1 for c in check.by_threads.values()) and check.by_threads[1].measurably_slower
-    assert len(notes) == 1 and "did not run measurably faster" in notes[0] and "keeping the input model" in notes[0]
-    notes.clear()
-    check = api._end_to_end_check(slow, fast, "cpu", opts, notes)
-    assert check is not None and check.kept and not notes
+    assert not log.warnings and "x at 1 thread, 95% interval" in check.figures()
+    check = api._end_to_end_check(slow, fast, "cpu", opts, log)
+    assert check is not None and check.kept and not log.warnings
     assert all(c.speedup > 1 for c in check.by_threads.values()) and check.by_threads[1].interval[0] > 1
     assert set(check.to_dict()) == {"kept", *(f"threads={t}" for t in api.check_threads())}
 
 
 def test_optimizing_with_measured_costs_times_the_result_against_the_input(monkeypatch, tmp_path):
-    monkeypatch.setattr(api, "make_cost_model", lambda name, device="auto": cost_model(tmp_path))
+    monkeypatch.setattr(api, "make_cost_model", lambda name, device="auto", progress=False: cost_model(tmp_path))
     g = Graph()
     x = g.input("x", (4, 1024))
     weight = g.weight(w(1024, 1024))  # 4 MiB, read twice
@@ -525,7 +522,7 @@ def test_fusion_groups_follow_onnxruntime():
 
 @pytest.mark.parametrize("name", ["nasrnn", "squeezenet", "resnext50", "bert"])
 def test_group_count_matches_onnxruntime_nodes(name, tmp_path):
-    from bench.models import build_model
+    from tensat.models import build_model
     from tensat.onnx_io import import_model
     from tests.test_pipeline import SMALL
 

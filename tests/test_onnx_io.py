@@ -3,7 +3,6 @@ with one-line messages."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import numpy as np
@@ -18,7 +17,6 @@ from tensat.ir import Graph
 from tensat.onnx_io import EXPORTERS, IMPORTERS, export_model, import_model, load_model, save_model
 from tensat.verify import random_inputs, run_model
 
-HAVE_BENCH = importlib.util.find_spec("bench") is not None and importlib.util.find_spec("bench.models") is not None
 RNG = np.random.default_rng(1234)
 
 
@@ -84,7 +82,7 @@ def ops_of(graph: Graph) -> dict[str, int]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# bench models
+# built-in benchmark models (tensat.models)
 
 
 BENCH_SIZES = {
@@ -99,10 +97,9 @@ BENCH_SIZES = {
 }
 
 
-@pytest.mark.skipif(not HAVE_BENCH, reason="bench/models.py not present")
 @pytest.mark.parametrize("name", sorted(BENCH_SIZES))
 def test_bench_model_roundtrip(name: str) -> None:
-    from bench.models import build_model
+    from tensat.models import build_model
 
     model = build_model(name, **BENCH_SIZES[name])
     graph, _ = roundtrip(model)

@@ -12,9 +12,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 import extraction
 import tensat
-from bench.models import SMALL_SIZES, build_model, model_names
 from tensat.api import Options
 from tensat.cli import build_parser, main
+from tensat.models import SMALL_SIZES, build_model, model_names
 from tensat.verify import run_model
 
 SMALL = SMALL_SIZES
@@ -38,7 +38,8 @@ def test_benchmark_graph_optimizes_end_to_end(name):
     assert [i.name for i in out.graph.input] == [i.name for i in model.graph.input]
     assert [o.name for o in out.graph.output] == [o.name for o in model.graph.output]
     assert result.exploration.iterations, "no exploration iteration ran"
-    assert set(result.times) >= {"import", "explore", "extract", "verify"}
+    assert set(result.times) >= {"import", "explore", "extract"}
+    assert "verify" in result.times or result.returned_input is not None
     ex = result.extraction
     assert ex.bound is None or ex.bound <= ex.cost * (1 + 1e-9)
     assert ex.status != "optimal" or ex.gap() <= extraction.GAP_TOLERANCE

@@ -14,7 +14,6 @@ from onnx import TensorProto, helper, numpy_helper
 
 import extraction
 import rewrites
-from bench.models import build_model
 from rewrites.dsl import canonical_form, evaluate_sides, parse_rules
 from rewrites.verify import verify_all, verify_rule
 from tensat import ops
@@ -22,6 +21,7 @@ from tensat.cli import main
 from tensat.cost import AnalyticCost, graph_cost
 from tensat.egraph import TensorEGraph
 from tensat.ir import Graph, Node
+from tensat.models import build_model
 from tensat.onnx_io import export_model, import_model
 
 RNG = np.random.default_rng(3)
@@ -79,6 +79,51 @@ def test_cli_lists_rules_with_counts(capsys):
     assert f"single-pattern: {counts['single']} ({counts['single_distinct']} distinct" in out
     assert f"multi-pattern:  {counts['multi']} ({counts['multi_distinct']} distinct" in out
     assert "conv-enlarge-merge" in out
+
+
+def _rules_args(*argv: str):
+    import argparse
+
+    from rewrites import cli as rules_cli
+
+    parser = argparse.ArgumentParser()
+    rules_cli.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_rules_cli_raises_one_line_rule_errors_naming_the_file(tmp_path, capsys):
+    from rewrites import cli as rules_cli
+
+    bad = tmp_path / "bad.rules"
+    bad.write_text("(rule a (foo ?a)\n (bar ?a))\n")
+    binary = tmp_path / "binary.rules"
+    binary.write_bytes(b"\xff\xfe(rule")
+    cases = [
+        ((f"--file={tmp_path / 'missing.rules'}",), f"cannot read {tmp_path / 'missing.rules'}: No such file"),
+        ((f"--file={tmp_path}",), f"cannot read {tmp_path}: "),
+        ((f"--file={bad}",), f"{bad}: unknown operator 'foo' in pattern"),
+        ((f"--file={binary}",), f"{binary}: not a UTF-8 text file"),
+        (("--only", "no-such-rule"), "no rule named no-such-rule"),
+    ]
+    for argv, message in cases:
+        with pytest.raises(rewrites.RuleError) as exc:
+            rules_cli.run(_rules_args(*argv))
+        assert str(exc.value).startswith(message) and "\n" not in str(exc.value)
+    one = tmp_path / "one.rules"
+    one.write_text("(rule mine (relu ?x) (relu ?x))\n")
+    with pytest.raises(rewrites.RuleError, match="duplicate rule name 'mine' in .*two.rules"):
+        (tmp_path / "two.rules").write_text(one.read_text())
+        rules_cli.run(_rules_args("--file", str(one), "--file", str(tmp_path / "two.rules")))
+    assert capsys.readouterr() == ("", "")
+
+
+def test_tensat_rules_errors_are_one_line(tmp_path, capsys):
+    """Needs tensat/cli.py to catch rewrites.RuleError (exit 1, `tensat: error: ...`)."""
+    for argv in (["rules", "--file", str(tmp_path / "missing.rules")], ["rules", "--only", "no-such-rule"]):
+        assert main(argv) == 1
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        assert captured.err.startswith("tensat: error: ") and captured.err.count("\n") == 1
 
 
 # ---------------------------------------------------------------------------------------------------------------

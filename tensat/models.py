@@ -11,6 +11,10 @@ Tanh, MaxPool, AveragePool (always ``count_include_pad=0``), GlobalAveragePool,
 Add, Mul, MatMul, Concat, Reshape (int64 shape initializer), Transpose and
 Flatten.  Node names are unique; a node's output tensor carries the node's name,
 except for graph outputs, which have short names (``logits``, ``y``, ``h``, ...).
+
+Public API: :func:`build_model` and :func:`model_names` build the graphs;
+:func:`catalog` / :func:`describe` report their inputs, node and parameter counts as
+:class:`ModelInfo`, and :func:`format_catalog` prints those as a table.
 """
 
 from __future__ import annotations
@@ -27,7 +31,10 @@ OPSET = 17
 IR_VERSION = 8
 BIAS_STD = 0.01
 
-__all__ = ["MODELS", "SMALL_SIZES", "build_model", "model_names", "example_inputs", "OPSET", "IR_VERSION"]
+__all__ = [
+    "IR_VERSION", "MODELS", "OPSET", "SMALL_SIZES", "ModelInfo", "build_model", "catalog", "describe",
+    "example_inputs", "format_catalog", "model_names",
+]
 
 
 @dataclass(frozen=True)
@@ -213,7 +220,7 @@ class _Graph:
             helper.make_tensor_value_info(t.name, TensorProto.FLOAT, list(t.shape)) for t in outputs)
         self.graph.doc_string = doc
         self.proto.ir_version = IR_VERSION
-        self.proto.producer_name = "tensat.bench.models"
+        self.proto.producer_name = "tensat.models"
         self.proto.opset_import.append(helper.make_opsetid("", OPSET))
         return self.proto
 
@@ -593,13 +600,17 @@ def model_names() -> list[str]:
     return list(MODELS)
 
 
-def build_model(name: str, *, seed: int = 0, **kwargs: object) -> onnx.ModelProto:
-    """Build benchmark ``name`` with seeded weights; ``kwargs`` go to its builder."""
+def _builder(name: str) -> Callable[..., onnx.ModelProto]:
+    """The builder of model ``name``; ValueError (one line, listing the valid names) for an unknown one."""
     try:
-        builder = MODELS[name]
+        return MODELS[name]
     except KeyError:
         raise ValueError(f"unknown model {name!r}; valid names: {', '.join(MODELS)}") from None
-    return builder(seed=seed, **kwargs)
+
+
+def build_model(name: str, *, seed: int = 0, **kwargs: object) -> onnx.ModelProto:
+    """Build benchmark ``name`` with seeded weights; ``kwargs`` go to its builder."""
+    return _builder(name)(seed=seed, **kwargs)
 
 
 def example_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
@@ -613,3 +624,90 @@ def example_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarra
         shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
         feeds[vi.name] = rng.standard_normal(shape, dtype=np.float32)
     return feeds
+
+
+# One line per model, for its default size (what `catalog` builds).
+_DESCRIPTIONS: dict[str, str] = {
+    "bert": "BERT attention stack (Tensat wiring): 8 layers, 16 heads, hidden 1024, 64 tokens, no softmax/norm",
+    "resnext50": "ResNeXt-50 (32 groups, conv bias instead of batch norm), 224x224 image",
+    "nasnet_a": "NasNet-A (Tensat's nasneta.rs): 3 stages of 5 normal + 1 reduction cell, 224x224 image",
+    "nasrnn": "NasRNN cell (Zoph & Le) unrolled 5 steps, hidden 512, weights shared across steps",
+    "inception_v3": "Inception-v3 (torchvision layout, conv bias instead of batch norm), 299x299 image",
+    "squeezenet": "SqueezeNet 1.1 (Fire modules), 224x224 image",
+    "vgg19": "VGG-19: 16 3x3 convs and FC 4096-4096-1000, 224x224 image",
+    "resnet50": "ResNet-50 (control with little to gain; conv bias instead of batch norm), 224x224 image",
+}
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a built-in model is, as built at its default size: graph inputs, ONNX node and weight counts."""
+
+    name: str
+    description: str
+    inputs: dict[str, tuple[int, ...]]
+    onnx_nodes: int
+    parameters: int
+
+
+def _info(name: str, model: onnx.ModelProto) -> ModelInfo:
+    graph = model.graph
+    init = {t.name for t in graph.initializer}
+    inputs = {vi.name: tuple(d.dim_value for d in vi.type.tensor_type.shape.dim)
+              for vi in graph.input if vi.name not in init}
+    params = sum(math.prod(t.dims) for t in graph.initializer if t.data_type == TensorProto.FLOAT)
+    return ModelInfo(name, _DESCRIPTIONS[name], inputs, len(graph.node), params)
+
+
+def catalog(names: Sequence[str] | None = None) -> list[ModelInfo]:
+    """:class:`ModelInfo` for ``names`` (default: every model, in :func:`model_names` order).
+
+    Each model is built at its default size with seed 0 to count its nodes and weights
+    (a few seconds for all of them).  ValueError for an unknown name, before building anything.
+    """
+    if isinstance(names, str):
+        raise TypeError("catalog() takes a sequence of model names, not a string; use describe(name)")
+    names = model_names() if names is None else list(names)
+    for name in names:
+        _builder(name)
+    return [_info(name, build_model(name)) for name in names]
+
+
+def describe(name: str) -> ModelInfo:
+    """:class:`ModelInfo` for model ``name``; ValueError listing the valid names for an unknown one."""
+    return catalog([name])[0]
+
+
+def _format_inputs(inputs: dict[str, tuple[int, ...]]) -> str:
+    """``x 1x3x224x224``; three or more consecutive inputs of one shape become ``x0..x4 1x512``."""
+    runs: list[tuple[list[str], tuple[int, ...]]] = []
+    for name, shape in inputs.items():
+        if runs and runs[-1][1] == shape:
+            runs[-1][0].append(name)
+        else:
+            runs.append(([name], shape))
+    parts = []
+    for names, shape in runs:
+        dims = "x".join(map(str, shape)) or "scalar"
+        if len(names) >= 3:
+            parts.append(f"{names[0]}..{names[-1]} {dims}")
+        else:
+            parts.extend(f"{n} {dims}" for n in names)
+    return ", ".join(parts)
+
+
+def format_catalog(infos: Sequence[ModelInfo]) -> str:
+    """An aligned plain-text table of ``infos``: name, ONNX nodes, parameters (millions), inputs, description."""
+    header = ("name", "ONNX nodes", "parameters", "inputs", "description")
+    rows = [(i.name, str(i.onnx_nodes), f"{i.parameters / 1e6:.1f}M", _format_inputs(i.inputs), i.description)
+            for i in infos]
+    widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header))]
+    right = {1, 2}  # numeric columns
+
+    def line(cells: Sequence[str]) -> str:
+        text = "  ".join(cell.rjust(w) if c in right else cell.ljust(w)
+                         for c, (cell, w) in enumerate(zip(cells, widths)))
+        return text.rstrip()
+
+    rule = ["-" * w for w in widths]
+    return "\n".join(line(r) for r in [header, rule, *rows])

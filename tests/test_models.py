@@ -1,8 +1,10 @@
-"""Tests for the benchmark model builders in bench/models.py."""
+"""Tests for the built-in benchmark models in tensat/models.py: builders and catalog."""
 
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
 
 import numpy as np
 import onnx
@@ -10,8 +12,10 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from bench import models
-from bench.models import MODELS, build_model, example_inputs, model_names
+from tensat import models
+from tensat.models import (
+    MODELS, ModelInfo, build_model, catalog, describe, example_inputs, format_catalog, model_names,
+)
 
 ALLOWED_OPS = {
     "Conv", "Relu", "Sigmoid", "Tanh", "MaxPool", "AveragePool", "GlobalAveragePool", "Add",
@@ -204,3 +208,101 @@ def test_full_size_model(name: str) -> None:
 @pytest.mark.slow
 def test_full_size_vgg19_runs() -> None:
     _check_outputs("vgg19", {}, _run(build_model("vgg19")))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# catalog, describe, format_catalog
+
+
+@functools.cache
+def _catalog() -> tuple[ModelInfo, ...]:
+    return tuple(catalog())
+
+
+def _float_params(model: onnx.ModelProto) -> int:
+    return sum(int(np.prod(t.dims)) for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT)
+
+
+def test_public_api() -> None:
+    for name in ("build_model", "model_names", "catalog", "describe", "ModelInfo", "example_inputs", "MODELS",
+                 "SMALL_SIZES", "format_catalog"):
+        assert name in models.__all__
+    assert all(hasattr(models, name) for name in models.__all__)
+    import tensat.models
+
+    assert tensat.models is models
+    # `import tensat` stays light: the model builders load only on demand, and nothing comes from bench/.
+    code = "import sys, tensat; print('tensat.models' in sys.modules, 'bench' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
+def test_catalog_matches_built_models() -> None:
+    infos = _catalog()
+    assert [i.name for i in infos] == model_names()
+    assert set(models._DESCRIPTIONS) == set(MODELS)
+    for info in infos:
+        assert (info.onnx_nodes, info.parameters) == FULL[info.name]
+        assert info.description and "\n" not in info.description
+    for name in ("squeezenet", "nasrnn"):
+        model = build_model(name)
+        info = next(i for i in infos if i.name == name)
+        assert info.onnx_nodes == len(model.graph.node)
+        assert info.parameters == _float_params(model)
+        assert info.inputs == {k: v.shape for k, v in example_inputs(model).items()}
+
+
+def test_describe() -> None:
+    info = describe("squeezenet")
+    assert info == next(i for i in _catalog() if i.name == "squeezenet")
+    assert info.inputs == {"x": (1, 3, 224, 224)}
+    assert "SqueezeNet" in info.description
+    assert describe("nasrnn").inputs == {f"x{t}": (1, 512) for t in range(5)}
+    assert describe("bert").inputs == {"x": (64, 1024)}
+    with pytest.raises(AttributeError):
+        info.name = "other"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("call", [
+    lambda: describe("alexnet"),
+    lambda: catalog(["squeezenet", "alexnet"]),
+    lambda: build_model("alexnet"),
+])
+def test_unknown_name_lists_valid_names(call) -> None:
+    with pytest.raises(ValueError) as info:
+        call()
+    message = str(info.value)
+    assert "'alexnet'" in message and "\n" not in message
+    assert all(name in message for name in model_names())
+
+
+def test_catalog_rejects_a_string() -> None:
+    with pytest.raises(TypeError):
+        catalog("bert")
+
+
+def test_format_catalog() -> None:
+    infos = [i for i in _catalog() if i.name in ("squeezenet", "nasrnn", "vgg19")]
+    lines = format_catalog(infos).splitlines()
+    assert len(lines) == 2 + len(infos)
+    assert lines[0].split()[:5] == ["name", "ONNX", "nodes", "parameters", "inputs"]
+    assert set(lines[1].replace(" ", "")) == {"-"}
+    rows = {line.split()[0]: line for line in lines[2:]}
+    assert "1.2M" in rows["squeezenet"] and "x 1x3x224x224" in rows["squeezenet"]
+    assert "143.7M" in rows["vgg19"]
+    assert "x0..x4 1x512" in rows["nasrnn"] and "4.2M" in rows["nasrnn"]
+    for info in infos:
+        assert rows[info.name].endswith(info.description)
+    # Aligned: numbers end under their (right-aligned) headers, descriptions start together.
+    for header in ("ONNX nodes", "parameters"):
+        end = lines[0].index(header) + len(header)
+        assert all(line[end - 1] != " " and line[end:end + 1] in ("", " ") for line in lines[2:])
+    start = lines[0].index("description")
+    assert all(line[start - 1] == " " and line[start] != " " for line in lines[2:])
+
+
+def test_format_catalog_synthetic() -> None:
+    tiny = ModelInfo("tiny", "A tiny graph", {"a": (2, 3), "b": (4,)}, 3, 1_249_999)
+    text = format_catalog([tiny])
+    assert text.splitlines()[2].split() == ["tiny", "3", "1.2M", "a", "2x3,", "b", "4", "A", "tiny", "graph"]
+    assert format_catalog([]).splitlines()[0].startswith("name")
