@@ -19,6 +19,7 @@ Public API: :func:`build_model` and :func:`model_names` build the graphs;
 
 from __future__ import annotations
 
+import contextvars
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -59,6 +60,9 @@ def _window_out(size: int, kernel: int, stride: int, pad: int) -> int:
     return out
 
 
+_STRUCTURE_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("structure_only", default=False)
+
+
 class _Graph:
     """Incremental ONNX graph builder that tracks shapes and draws seeded weights."""
 
@@ -96,6 +100,12 @@ class _Graph:
         return name
 
     def randn(self, name: str, shape: Sequence[int], std: float) -> str:
+        if _STRUCTURE_ONLY.get():  # a catalog entry counts weights; drawing them is most of a big model's build time
+            name = self.unique(name)
+            tensor = self.graph.initializer.add()
+            tensor.name, tensor.data_type = name, TensorProto.FLOAT
+            tensor.dims.extend(shape)
+            return name
         data = self.rng.standard_normal(tuple(shape), dtype=np.float32)
         data *= np.float32(std)
         return self.const(name, data)
@@ -662,15 +672,19 @@ def _info(name: str, model: onnx.ModelProto) -> ModelInfo:
 def catalog(names: Sequence[str] | None = None) -> list[ModelInfo]:
     """:class:`ModelInfo` for ``names`` (default: every model, in :func:`model_names` order).
 
-    Each model is built at its default size with seed 0 to count its nodes and weights
-    (a few seconds for all of them).  ValueError for an unknown name, before building anything.
+    Each model's structure is built at its default size to count its nodes and weights (its
+    random weights are not drawn, so this is quick).  ValueError for an unknown name, before building anything.
     """
     if isinstance(names, str):
         raise TypeError("catalog() takes a sequence of model names, not a string; use describe(name)")
     names = model_names() if names is None else list(names)
     for name in names:
         _builder(name)
-    return [_info(name, build_model(name)) for name in names]
+    token = _STRUCTURE_ONLY.set(True)
+    try:
+        return [_info(name, build_model(name)) for name in names]
+    finally:
+        _STRUCTURE_ONLY.reset(token)
 
 
 def describe(name: str) -> ModelInfo:
