@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGET_ERROR = 0.05
 REPEAT_TOL = 0.10
 NOTES = """
-How a group is measured (tensat/measure.py): K copies of it in one model (each with its own weights, so that
+How a group is measured (tensat/measure/): K copies of it in one model (each with its own weights, so that
 the copies' weights span the graph's weight working set), alternated with a null model, (t_unit - t_null) / K
 plus one node's dispatch cost; where the copies do not span the working set the rest is evicted from the caches
 before every timed run and the inputs and output buffers are touched again (inside a graph an op's weights are
@@ -90,7 +90,7 @@ def cache_checks(cache_dir: str) -> dict[str, Any]:
         sys.exit(run_profile(p.parse_args(sys.argv[1:] if len(sys.argv) > 1 else {argv!r})))
     """
     count = """
-        from tensat.costcache import CostCache
+        from tensat.measure.cache import CostCache
         print(CostCache().count())
     """
     t = time.perf_counter()

@@ -10,19 +10,9 @@ import subprocess
 from importlib import metadata
 from typing import Any
 
+from tensat.measure import cpu_name as cpu_model
+
 PACKAGES = ("tensat", "egglog", "onnx", "onnxruntime-gpu", "onnxruntime", "pulp", "highspy", "numpy")
-
-
-def cpu_model() -> str:
-    """The CPU's model name (from /proc/cpuinfo where there is one)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def gpu_models() -> list[str]:

@@ -370,11 +370,9 @@ ENTRIES: dict[str, Entry] = {
 def _ort_check(path: Path, built: Built, expected: Sequence[np.ndarray]) -> tuple[float, float]:
     """Run the exported model in onnxruntime (CPU): its median latency in ms and its largest absolute difference
     from the PyTorch outputs."""
-    import onnxruntime as ort
+    from tensat.session import make_session
 
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    sess = make_session(path, "cpu")
     feeds = {name: t.numpy() for name, t in zip(built.input_names, built.inputs)}
     outs = sess.run(None, feeds)
     diff = max(float(np.max(np.abs(o.astype(np.float64) - e.astype(np.float64)))) for o, e in zip(outs, expected))

@@ -265,15 +265,8 @@ def machine_info() -> dict[str, Any]:
     """The machine and the versions the numbers were taken with."""
     from importlib import metadata
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    from tensat.measure import cpu_name
+
     versions: dict[str, str] = {"python": platform.python_version()}
     for pkg in ("tensat", "egglog", "numpy", "onnx", "onnxruntime", "onnxruntime-gpu", "highspy", "pulp"):
         try:
@@ -281,7 +274,7 @@ def machine_info() -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             continue
     return {
-        "cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(), "versions": versions,
+        "cpu": cpu_name(), "cores": os.cpu_count(), "platform": platform.platform(), "versions": versions,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
 

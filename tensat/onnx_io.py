@@ -225,13 +225,9 @@ def _onnx_schema(op_type: str, domain: str, opset: int) -> Any:
 
 
 def _ort_session(model: ModelProto) -> Any:
-    import onnxruntime
+    from tensat.session import make_session
 
-    onnxruntime.set_default_logger_severity(3)
-    options = onnxruntime.SessionOptions()
-    options.log_severity_level = 3
-    options.intra_op_num_threads = 1
-    return onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return make_session(model.SerializeToString(), "cpu", threads=1)
 
 
 def _single_node_model(node: NodeProto, arrays: Sequence[np.ndarray | None], opsets: Mapping[str, int]) -> ModelProto:

@@ -11,7 +11,6 @@ outputs by a sizeable fraction of their scale, do not. Integer and boolean outpu
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -21,21 +20,10 @@ import onnx
 from onnx import ModelProto, helper
 
 from tensat.errors import ModelError, VerificationError
+from tensat.session import make_session
 
 RTOL = 1e-4
 ATOL = 1e-6
-
-_PROVIDERS = {
-    "cpu": ["CPUExecutionProvider"],
-    "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
-}
-
-
-def _ort() -> Any:
-    import onnxruntime
-
-    onnxruntime.set_default_logger_severity(3)
-    return onnxruntime
 
 
 def _structure(model: ModelProto | str | os.PathLike[str]) -> ModelProto:
@@ -46,37 +34,6 @@ def _structure(model: ModelProto | str | os.PathLike[str]) -> ModelProto:
         return onnx.load(os.fspath(model), load_external_data=False)
     except Exception as e:  # noqa: BLE001 - missing file, protobuf errors
         raise ModelError(f"cannot read model '{os.fspath(model)}': {_first_line(e)}") from None
-
-
-def make_session(model: ModelProto | str | os.PathLike[str], provider: str = "cpu", threads: int | None = None,
-                 spinning: bool = True, optimizations: bool = True) -> Any:
-    """An onnxruntime InferenceSession for `model` on `provider` ("cpu" or "cuda"), quiet, with `threads` intra-op
-    threads (default: onnxruntime's choice). Models over 2 GiB go through a temporary file with external data.
-    Without `spinning`, idle intra-op threads sleep instead of spinning (see `tensat.latency.Interleaved`); without
-    `optimizations`, onnxruntime runs the graph as written (no fusions: what the graph itself computes)."""
-    ort = _ort()
-    try:
-        providers = _PROVIDERS[provider]
-    except KeyError:
-        raise ValueError(f"unknown provider '{provider}' (use one of {', '.join(_PROVIDERS)})") from None
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    if threads is not None:
-        options.intra_op_num_threads = int(threads)
-    if not spinning:
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    if not optimizations:
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    if isinstance(model, (str, os.PathLike)):
-        return ort.InferenceSession(os.fspath(model), options, providers=providers)
-    from tensat.onnx_io import _is_large, _write_external
-
-    if not _is_large(model):
-        return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
-    with tempfile.TemporaryDirectory(prefix="tensat-") as tmp:
-        path = os.path.join(tmp, "model.onnx")
-        _write_external(model, path, "model.data")
-        return ort.InferenceSession(path, options, providers=providers)
 
 
 def _initializer_names(model: ModelProto) -> set[str]:

@@ -272,7 +272,7 @@ def test_a_reused_egraph_explores_like_a_fresh_one():
         stats = te.explore(k_multi=1)
         return [(i.enodes, i.eclasses, dict(i.matches)) for i in stats.iterations], extract_and_rebuild(te).summary()
 
-    egraph_mod._BLANKS.clear()
+    egraph_mod.pool._BLANKS.clear()
     first = TensorEGraph(qkv_graph(n=4))
     kept = first.egraph
     fresh = TensorEGraph(qkv_graph(n=4))  # the kept e-graph is in use: a separate one

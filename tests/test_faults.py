@@ -800,7 +800,7 @@ def test_no_pickle_anywhere() -> None:
 
 
 # -------------------------------------------------------------------------------------------------------------------
-# the measured cost model's cache (tensat/costcache.py): damage and locks never stop an optimization
+# the measured cost model's cache (tensat/measure/cache.py): damage and locks never stop an optimization
 
 
 @pytest.fixture
@@ -816,7 +816,7 @@ def quick_measured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
         return measure.MeasuredCost(device, cache_path, False, max_seconds=0.02)
 
     monkeypatch.setattr(measure, "make_measured_cost", quick)
-    from tensat.costcache import default_cache_path
+    from tensat.measure.cache import default_cache_path
 
     return default_cache_path()
 
@@ -830,7 +830,7 @@ def test_a_corrupted_cost_cache_is_rebuilt_and_the_optimization_runs(quick_measu
     assert any("damaged" in str(w.message) for w in caught), [str(w.message) for w in caught]
     assert not [w for w in result.warnings if "cost model" in w], result.warnings
     assert list(quick_measured.parent.glob(f"{quick_measured.name}.corrupt-*"))
-    from tensat.costcache import CostCache
+    from tensat.measure.cache import CostCache
 
     with CostCache(quick_measured) as cache:
         assert cache.count() > 0
@@ -842,7 +842,7 @@ def test_a_locked_cost_cache_is_waited_for_and_the_optimization_runs(quick_measu
     import threading
     import time
 
-    from tensat.costcache import CostCache
+    from tensat.measure.cache import CostCache
 
     CostCache(quick_measured).close()
     holder = sqlite3.connect(str(quick_measured), isolation_level=None, check_same_thread=False)

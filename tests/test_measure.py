@@ -22,7 +22,7 @@ import tensat
 import tensat.api as api
 from tensat import ops
 from tensat.cost import graph_cost
-from tensat.costcache import CostCache, CostEntry, default_cache_dir
+from tensat.measure.cache import CostCache, CostEntry, default_cache_dir
 from tensat.cost_report import (
     cost_report, fused_graph_cost, fusion_groups, group_unit, interleaved_end_to_end, runtime_nodes,
 )

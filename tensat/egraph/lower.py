@@ -1,0 +1,156 @@
+"""Lowering an IR graph into egglog: the declarations, shape rules and one ruleset per rewrite rule (a guided copy
+for each multi-pattern rule) registered in a pooled e-graph, the graph's nodes as terms of the `node-of` table, and
+the egglog plumbing the exploration and the export share (running commands, snapshots, sizes, attribute values)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import rewrites
+from tensat import ops
+from tensat.egraph.pool import blank_egraph, run_program
+from tensat.ir import Graph, Node
+
+GUIDED = "guided/"  # prefix of a multi-pattern rule's guided copy (matching only e-classes marked chosen)
+
+
+class LoweredGraph:
+    """An IR graph lowered into an egglog e-graph with the rules that rewrite it registered; its shapes are computed
+    in egglog and checked against ops.py."""
+
+    def __init__(self, graph: Graph, rules: Sequence[rewrites.Rule] | None = None) -> None:
+        self.graph = graph
+        present = {graph.nodes[i].op for i in graph.live()}
+        self.rules = list(rules) if rules is not None else rewrites.select_rules(present)
+        self._strings: list[str] = []
+        self._string_ids: dict[str, int] = {}
+        self._ruleset_of: dict[str, str] = {}
+        program = [ops.egg_declarations(),
+                   "(function node-of (i64) T :no-merge)\n(function chosen-of (i64) T :no-merge)\n(relation chosen (T))",
+                   "\n".join(ops.egg_shape_rules(present.union(*(r.produced_ops() for r in self.rules))))]
+        for k, rule in enumerate(self.rules):
+            name = f"rule-{k}"
+            self._ruleset_of[rule.name] = name
+            program.append(f"(ruleset {name})\n{rewrites.to_egglog(rule, name)}")
+            if rule.multi:  # the same rule, matching only pairs of e-classes a guided round marked as chosen
+                guided = f"guided-{k}"
+                self._ruleset_of[GUIDED + rule.name] = guided
+                program.append(f"(ruleset {guided})\n{rewrites.to_egglog(rule, guided, 'chosen', GUIDED + rule.name)}")
+        self._blank = blank_egraph(program, self)
+        self.egraph = self._blank.egraph
+        self._chosen_base = 0
+        self.live = graph.live()
+        commands = [f"(set (node-of {i}) {self._lower(graph.nodes[i])})" for i in self.live]
+        for k in range(0, len(commands), 256):
+            self._run("\n".join(commands[k:k + 256]))
+        self._run("(run-schedule (saturate shapes))")
+        self._check_initial_shapes()
+
+    # -- egglog plumbing ----------------------------------------------------------------------------------------
+
+    def _run(self, text: str) -> list[Any]:
+        return run_program(self.egraph, text)
+
+    @property
+    def _depth(self) -> int:
+        """egglog snapshots pushed and not popped."""
+        return self._blank.depth
+
+    def _push(self) -> None:
+        self._run("(push)")
+        self._blank.depth += 1
+
+    def _pop(self) -> None:
+        self._run("(pop)")
+        self._blank.depth -= 1
+
+    # -- sizes --------------------------------------------------------------------------------------------------
+
+    def enode_count(self) -> int:
+        """E-nodes of tensor constructors, from egglog's table sizes (cheap: no freeze)."""
+        out = self._run("(print-size)")
+        total = 0
+        for line in str(out[-1]).replace("(", " ").replace(")", " ").split("\n"):
+            parts = line.split()
+            if len(parts) == 2 and parts[0] in ops.BY_EGG:
+                total += int(parts[1])
+        return total
+
+    def size(self) -> tuple[int, int]:
+        """(e-nodes, e-classes) of tensor constructors, not counting shape rows."""
+        frozen = self.egraph.freeze()
+        enodes, classes = 0, set()
+        for name, fn in frozen.functions.items():
+            if name in ops.BY_EGG:
+                for row in fn.rows:
+                    if not row.subsumed:
+                        enodes += 1
+                        classes.add(row.output)
+        return enodes, len(classes)
+
+    # -- lowering and attribute values --------------------------------------------------------------------------
+
+    def _string(self, s: str) -> str:
+        if s not in self._string_ids:
+            self._string_ids[s] = len(self._strings)
+            self._strings.append(s)
+        return f'"s{self._string_ids[s]}"'
+
+    def _attr(self, kind: str, value: Any) -> str:
+        if kind == "int":
+            return str(int(value))
+        if kind == "ints":
+            return f"(vec-of {' '.join(str(int(v)) for v in value)})" if value else "(vec-empty)"
+        if kind == "float":
+            return repr(float(value))
+        return self._string(str(value))
+
+    def _decode(self, kind: str, value: Any) -> Any:
+        eg = self.egraph
+        if kind == "int":
+            return eg.value_to_i64(value)
+        if kind == "ints":
+            return tuple(eg.value_to_i64(v) for v in eg.value_to_vec(value))
+        if kind == "float":
+            return eg.value_to_f64(value)
+        return self._strings[int(eg.value_to_string(value)[1:])]
+
+    def _lower(self, node: Node, table: str = "node-of", base: int = 0) -> str:
+        d = ops.get(node.op)
+        attrs = node.attr
+        parts = [self._attr(kind, attrs[name]) for name, kind in d.attrs]
+        children = [f"({table} {base + i})" for i in node.inputs]
+        if d.inputs is None:
+            vec = f"(vec-of {' '.join(children)})" if children else "(vec-empty)"
+            parts.append(vec)
+        else:
+            parts = children + parts
+        return f"({d.egg} {' '.join(parts)})"
+
+    def guide(self, graph: Graph) -> int:
+        """Mark the e-classes of `graph` (a graph extracted from this e-graph) as chosen, for a guided round; returns
+        the id offset under which its nodes are held in the `chosen-of` table (see `chosen_selection`).
+
+        Its terms are e-nodes of the e-graph already, so lowering them adds nothing but the marks."""
+        base = self._chosen_base
+        self._chosen_base += len(graph.nodes)
+        live = graph.live()
+        commands = [f"(set (chosen-of {base + i}) {self._lower(graph.nodes[i], 'chosen-of', base)})" for i in live]
+        commands += [f"(chosen (chosen-of {base + i}))" for i in live]
+        for k in range(0, len(commands), 256):
+            self._run("\n".join(commands[k:k + 256]))
+        self._run("(run-schedule (saturate shapes))")
+        return base
+
+    def _check_initial_shapes(self) -> None:
+        frozen = self.egraph.freeze()
+        node_of = {self.egraph.value_to_i64(r.inputs[0]): r.output for r in frozen.functions["node-of"].rows}
+        shapes = {r.inputs[0]: r.output for r in frozen.functions["shape-of"].rows}
+        for i in self.live:
+            shape = shapes.get(node_of[i])
+            got = None if shape is None else tuple(self.egraph.value_to_i64(v) for v in self.egraph.value_to_vec(shape))
+            if got != self.graph.nodes[i].shape:
+                raise RuntimeError(
+                    f"egglog shape rules disagree with ops.py for node {i} ({self.graph.nodes[i].op}): "
+                    f"{got} vs {self.graph.nodes[i].shape}"
+                )

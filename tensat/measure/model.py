@@ -1,0 +1,538 @@
+"""`MeasuredCost`, the cost model pricing nodes by their latency in onnxruntime (see `tensat.measure`): how many
+copies of a unit one timed model holds, what is evicted before each run, how a unit is planned (blocked layout,
+reorders it causes), timed in windows and priced, and the cache lookups around it."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import onnx
+from onnx import ModelProto
+
+from tensat.cost import AnalyticCost
+from tensat.errors import TensatError
+from tensat.ir import Graph, Node
+from tensat.measure.bar import Progress
+from tensat.measure.cache import CostCache, CostEntry
+from tensat.measure.device import _silenced, default_clock, device_info, fingerprint, resolve_device
+from tensat.measure.timing import Calibration, Runner, Timing, measure_calibration, time_pair
+from tensat.measure.units import (
+    NCHWC_DOMAIN, Shape, Unit, _is_plausibly_blocked, _jsonable, _nbytes, _with_prologue, pricing_unit,
+    prologue_model, reorder_model, replicate, sample_outputs, strip_reorders, unit_model,
+)
+from tensat.progress import ProgressFn
+
+MAX_COPIES = 64
+ROUND_BUDGET_US = 5_000.0  # aim for at most this much unit time per round
+LONG_ROUND_US = 10_000.0  # units slower than this per round, or with more weights than LONG_WEIGHTS, get one window
+LONG_WEIGHTS = 64 * 2**20
+MEMORY_CAP = 256 * 2**20  # bytes of weights + outputs over all copies
+OUT_BUDGET = 4 * 2**20  # bytes of outputs over all copies (an end-to-end run reuses warm buffers)
+DEFAULT_WORKING_SET = 64 * 2**20
+WINDOWS = 2  # timing windows per unit, separated in time by the other units of its chunk
+WINDOW_TOL = 0.05
+CHUNK = 24
+# Ops that either run in the blocked layout (the probe says so) or force reorders around them in a blocked graph;
+# the others (element-wise ops, concat) run on whatever layout their inputs have.
+BREAKING_OPS = {"slice", "transpose", "reshape", "matmul", "conv2d", "opaque", "maxpool", "avgpool", "globalavgpool",
+                "batchnorm"}
+
+
+@dataclass
+class MeasureStats:
+    """What a measured cost model did: units priced now (timed, or a reshape view priced from the calibration),
+    found in the cache, priced by the analytic estimate (opaque ops; units onnxruntime could not run)."""
+
+    measured: int = 0
+    cached: int = 0
+    analytic: int = 0
+    failed: int = 0
+    seconds: float = 0.0
+    analytic_ops: dict[str, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"measured": self.measured, "cached": self.cached, "analytic": self.analytic, "failed": self.failed,
+                "seconds": round(self.seconds, 3), "analytic_ops": dict(self.analytic_ops),
+                "errors": list(self.errors[:20])}
+
+
+def _bucket(nbytes: float) -> int:
+    """Working sets rounded to a power of two MiB (1 to 256)."""
+    mib = max(nbytes / 2**20, 1.0)
+    return int(min(2 ** round(math.log2(mib)), 256))
+
+
+def graph_working_set(graph: Graph) -> int:
+    """Bytes of the distinct weights the graph's inference reads (after weight-only subgraphs are folded)."""
+    const = graph.weight_only()
+    seen: set[int] = set()
+    for i in graph.live():
+        n = graph.nodes[i]
+        if n.is_leaf or i in const:
+            continue
+        seen.update(j for j in n.inputs if j in const)
+    return sum(_nbytes(graph.nodes[j].shape, graph.nodes[j].dtype) for j in seen)
+
+
+class MeasuredCost:
+    """A `CostModel` pricing nodes by their latency in onnxruntime on one device (see the module docstring).
+
+    `prefetch(items)` measures every missing cost at once behind one progress bar; `__call__` returns cached costs
+    (measuring on the spot if something was not prefetched). `unit_cost` prices a fused group of nodes. `windows`
+    fixes the number of timing windows of every unit (default: `WINDOWS`, one for long units); `chunk` is how many
+    units are planned at once, their windows taken in turn.
+    """
+
+    name = "measured"
+
+    def __init__(
+        self, device: str = "auto", cache_path: str | os.PathLike[str] | None = None,
+        progress: bool | ProgressFn = True, threads: int = 1, working_set: int | None = None, max_seconds: float = 1.5,
+        cache: CostCache | None = None, clock: str | None = None, windows: int | None = None,
+        chunk: int = CHUNK,
+    ) -> None:
+        if int(threads) < 1:
+            raise TensatError(f"threads must be positive, got {threads}")
+        if windows is not None and int(windows) < 1:
+            raise TensatError(f"windows must be positive, got {windows}")
+        self.windows = None if windows is None else int(windows)
+        self.chunk = max(1, int(chunk))
+        self.device = resolve_device(device)
+        self.threads = int(threads)
+        self.clock = clock or default_clock(self.device, self.threads)
+        self.progress = progress
+        self.max_seconds = max_seconds
+        self.info = device_info(self.device, self.threads, self.clock)
+        self.fingerprint = fingerprint(self.info)
+        self.cache = cache if cache is not None else CostCache(cache_path)
+        self.working_set = working_set
+        self.stats = MeasureStats()
+        self._memo: dict[str, float] = {}
+        self._details: dict[str, Mapping[str, Any]] = {}
+        self._runner: Runner | None = None
+        self._calibration: Calibration | None = None
+        self._analytic = AnalyticCost()
+        self._flagged: set[str] = set()
+
+    # -- configuration ------------------------------------------------------------------------------------------
+
+    def observe_graph(self, graph: Graph) -> None:
+        """Take the working set (bytes of weights one inference reads) from the graph being optimized."""
+        self.working_set = graph_working_set(graph)
+
+    @property
+    def runner(self) -> Runner:
+        if self._runner is None:
+            self._runner = Runner(self.device, self.threads, self.clock)
+        return self._runner
+
+    @property
+    def calibration(self) -> Calibration:
+        """The device's calibration constants (measured and stored on first use)."""
+        if self._calibration is None:
+            found = self.cache.device(self.fingerprint)
+            cal = found[1] if found else None
+            if cal and {"node_us", "run_us", "block"} <= set(cal):
+                self._calibration = Calibration(float(cal["node_us"]), float(cal["run_us"]), int(cal["block"]))
+            else:
+                self._calibration = self.calibrate()
+                self.cache.put_device(self.fingerprint, self.info, self._calibration.to_dict())
+        return self._calibration
+
+    def calibrate(self) -> Calibration:
+        """Measure the per-node dispatch cost, the per-run overhead and the NCHWc block size on this device."""
+        return measure_calibration(self.runner, self.clock)
+
+    # -- signatures ---------------------------------------------------------------------------------------------
+
+    def _ws_bucket(self) -> int:
+        return _bucket(self.working_set if self.working_set is not None else DEFAULT_WORKING_SET)
+
+    def _key(self, unit: Unit) -> str:
+        sig = unit.signature()
+        if unit.weighted:
+            sig = f"{sig}|ws={self._ws_bucket()}MiB"
+        return sig
+
+    @staticmethod
+    def _reorder_key(kind: str, shape: Sequence[int]) -> str:
+        return json.dumps({"reorder": kind, "shape": list(shape)}, separators=(",", ":"))
+
+    # -- pricing ------------------------------------------------------------------------------------------------
+
+    def __call__(self, node: Node, in_shapes: Sequence[Shape], const: Sequence[bool] = ()) -> float:
+        if node.is_leaf or (node.op != "opaque" and in_shapes and len(const) == len(in_shapes) and all(const)):
+            return 0.0
+        if node.op == "opaque":
+            return self._opaque(node, in_shapes, const)
+        return self.unit_cost(pricing_unit(node, in_shapes, const))
+
+    def _opaque(self, node: Node, in_shapes: Sequence[Shape], const: Sequence[bool]) -> float:
+        key = f"opaque|{node.attr.get('key')}|{json.dumps(_jsonable(list(in_shapes)))}"
+        if key not in self._flagged:
+            self._flagged.add(key)
+            self.stats.analytic += 1
+            self.stats.analytic_ops["opaque"] = self.stats.analytic_ops.get("opaque", 0) + 1
+        return float(self._analytic(node, in_shapes, const))
+
+    def unit_cost(self, unit: Unit) -> float:
+        """The cost of `unit` in milliseconds (measured now if it is not cached)."""
+        key = self._key(unit)
+        if key not in self._memo:
+            self.prefetch_units([unit])
+        return self._memo[key]
+
+    def detail(self, unit: Unit) -> Mapping[str, Any]:
+        """How the cost of a priced unit was made up (raw timing, copies, reorders, fallbacks)."""
+        return self._details.get(self._key(unit), {})
+
+    def prefetch(self, items: Iterable[tuple[Node, Sequence[Shape], Sequence[bool]]]) -> None:
+        """Measure (or load from the cache) the cost of every item not yet known, behind one progress bar."""
+        items = list(items)
+        if self.working_set is None:
+            self.working_set = self._estimate_working_set(items)
+        units = []
+        for node, shapes, const in items:
+            if node.is_leaf or node.op == "opaque" or (shapes and len(const) == len(shapes) and all(const)):
+                continue
+            units.append(pricing_unit(node, shapes, const))
+        self.prefetch_units(units)
+
+    @staticmethod
+    def _estimate_working_set(items: Sequence[tuple[Node, Sequence[Shape], Sequence[bool]]]) -> int:
+        """Without `observe_graph`: the bytes of every weight operand priced (shared weights counted per use)."""
+        total = 0
+        for node, shapes, const in items:
+            total += sum(_nbytes(s, node.dtype) for s, c in zip(shapes, const) if c)
+        return total or DEFAULT_WORKING_SET
+
+    def prefetch_units(self, units: Iterable[Unit], between: Callable[[], None] | None = None) -> None:
+        """Load or measure every unit not yet known.
+
+        Units are measured in chunks; each unit is timed in `WINDOWS` windows separated by the other units of its
+        chunk (a third window where the first two disagree by more than `WINDOW_TOL`), and its cost is the median
+        of the window medians, so a burst of load from other processes does not stay in the cache. Every other
+        window goes through the chunk backwards, so each unit's windows centre on the chunk's middle. `between`, if
+        given, is called after every window (the accuracy report times end-to-end runs there).
+        """
+        todo: dict[str, Unit] = {}
+        for u in units:
+            k = self._key(u)
+            if k not in self._memo and k not in todo:
+                todo[k] = u
+        if not todo:
+            return
+        found = self.cache.get_many(self.fingerprint, todo)
+        for k, entry in found.items():
+            self._memo[k] = entry.ms
+            self._details[k] = entry.detail or {}
+            self.stats.cached += 1
+            todo.pop(k)
+        if not todo:
+            return
+        start = time.perf_counter()
+        order = sorted(todo.items(), key=lambda kv: (kv[1].label(), kv[0]))
+        windows = self.windows or WINDOWS
+        bar = Progress(len(order) * windows, f"measuring {len(order)} op costs on {self.device}", self.progress)
+        try:
+            for c in range(0, len(order), self.chunk):
+                chunk = order[c:c + self.chunk]
+                plans: dict[str, _Plan | CostEntry] = {}
+                for k, unit in chunk:
+                    plans[k] = self._plan(unit)
+                for w in range(windows):
+                    for k, unit in chunk if w % 2 == 0 else chunk[::-1]:
+                        plan = plans[k]
+                        if w < (plan.windows_wanted if isinstance(plan, _Plan) else 1):
+                            self._window(plan)
+                            if between is not None:
+                                between()
+                        bar.step(unit.label())
+                extra = [k for k, _ in chunk if isinstance(plans[k], _Plan) and plans[k].disagree()]
+                bar.total += len(extra)
+                for k in extra:
+                    self._window(plans[k])
+                    if between is not None:
+                        between()
+                    bar.step(todo[k].label())
+                entries = {k: self._entry(plans[k]) for k, _ in chunk}
+                for k, entry in entries.items():
+                    self._memo[k] = entry.ms
+                    self._details[k] = entry.detail or {}
+                self.cache.put_many(self.fingerprint, entries)
+        finally:
+            bar.close()
+            self.stats.seconds += time.perf_counter() - start
+
+    # -- measuring ----------------------------------------------------------------------------------------------
+
+    def _analytic_us(self, unit: Unit) -> float:
+        shapes = unit.shapes()
+        total = 0.0
+        for n, out in zip(unit.nodes, shapes):
+            ins = [unit.externals[i][0] if kind == "x" else shapes[i] for kind, i in n.inputs]
+            consts = [unit.externals[i][1] if kind == "x" else False for kind, i in n.inputs]
+            node = Node(n.op, (), n.attrs, out, unit.dtype)
+            total += self._analytic(node, ins, consts) * 1e3
+        return total
+
+    def copies_for(self, unit: Unit) -> int:
+        """How many copies of `unit` one timed model holds (working set, time budget, memory)."""
+        wbytes = unit.weight_bytes()
+        out_bytes = _nbytes(unit.out_shape, unit.dtype)
+        est = max(self._analytic_us(unit), 1.0)
+        k_time = max(1, int(ROUND_BUDGET_US // est))
+        if wbytes > 0:
+            ws = self.working_set if self.working_set is not None else DEFAULT_WORKING_SET
+            k = math.ceil(_bucket(ws) * 2**20 / wbytes)
+        else:
+            k = 8
+        k_mem = max(1, MEMORY_CAP // max(wbytes + out_bytes, 1))
+        k_out = max(1, OUT_BUDGET // max(out_bytes, 1))
+        return int(max(1, min(k, k_time, k_mem, k_out, MAX_COPIES)))
+
+    def evict_bytes(self, weight_bytes: int, copies: int) -> int:
+        """Bytes to evict before a timed run of `copies` copies of a unit with `weight_bytes` of weights: the rest
+        of the working set, which inside the graph passes through the caches between two runs of the unit (none
+        for a unit without weights: its data is all recently computed tensors)."""
+        if weight_bytes <= 0:
+            return 0
+        return max(0, self._ws_bucket() * 2**20 - copies * weight_bytes)
+
+    def _fallback(self, unit: Unit, exc: BaseException) -> CostEntry:
+        label = unit.label()
+        self.stats.failed += 1
+        self.stats.analytic_ops[label] = self.stats.analytic_ops.get(label, 0) + 1
+        message = f"{label}: {_first_line(exc)}"
+        self.stats.errors.append(message)
+        return CostEntry(self._analytic_us(unit) / 1e3, 0.0, 0, label, {"fallback": "analytic", "error": message})
+
+    def _plan(self, unit: Unit) -> "_Plan | CostEntry":
+        """How `unit` is timed: copies, eviction, and on CPU the blocked-layout model (or the reorders it causes)."""
+        cal = self.calibration
+        if unit.ops == ("reshape",):
+            return self._reshape_entry(unit, cal)
+        try:
+            with _silenced():
+                plan = _Plan(unit, self.copies_for(unit))
+                plan.evict_bytes = self.evict_bytes(unit.weight_bytes(), plan.copies)
+                if self.windows is not None:
+                    plan.windows_wanted = self.windows
+                elif self._analytic_us(unit) * plan.copies > LONG_ROUND_US or unit.weight_bytes() > LONG_WEIGHTS:
+                    plan.windows_wanted = 1
+                tensors = [*(e[0] for e in unit.externals), unit.out_shape]
+                if self.device == "cpu" and cal.block and any(len(s) == 4 for s in tensors):
+                    found = self._blocked_model(unit)
+                    if found is not None:
+                        plan.model, plan.null_model = found
+                    plan.blocked = found is not None
+                    if not plan.blocked and any(op in BREAKING_OPS for op in unit.ops):
+                        plan.add_us = self._boundary_us(unit)
+                return plan
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises many types; never stop the optimization
+            return self._fallback(unit, exc)
+
+    def _window(self, plan: "_Plan | CostEntry") -> None:
+        """One timing window of a planned unit (a unit that fails falls back to the analytic estimate)."""
+        if not isinstance(plan, _Plan) or plan.failure is not None:
+            return
+        r = self.runner
+        try:
+            with _silenced():
+                base = plan.model if plan.model is not None else unit_model(plan.unit)
+                model = replicate(base, plan.copies) if plan.copies > 1 else base
+                run = r.bound(r.session(model))
+                del model, base
+                if plan.null_model is None:
+                    null = r.null(plan.copies)
+                else:
+                    k = plan.copies
+                    null = r.bound(r.session(replicate(plan.null_model, k) if k > 1 else plan.null_model))
+                budget = self.max_seconds / plan.windows_wanted
+                plan.windows.append(time_pair(run, null, plan.copies, max_seconds=budget, clock=r.clock,
+                                              before=r.cold_weights(run, plan.evict_bytes)))
+        except Exception as exc:  # noqa: BLE001
+            plan.failure = self._fallback(plan.unit, exc)
+
+    def _entry(self, plan: "_Plan | CostEntry") -> CostEntry:
+        """The cost of a timed unit: median of its window medians plus the per-node cost and the reorders it
+        causes."""
+        if isinstance(plan, CostEntry):
+            return plan
+        if plan.failure is not None:
+            return plan.failure
+        cal = self.calibration
+        medians = [w.median_us for w in plan.windows]
+        raw = statistics.median(medians)
+        dispatch = cal.node_us if plan.null_model is None else 0.0  # see _blocked_model
+        us = max(raw + dispatch + plan.add_us, cal.node_us)
+        self.stats.measured += 1
+        detail: dict[str, Any] = {
+            "raw_us": round(raw, 4), "windows_us": [round(m, 4) for m in medians], "copies": plan.copies,
+            "rounds": sum(w.rounds for w in plan.windows), "node_us": cal.node_us,
+            "boundary_us": round(plan.add_us, 4), "nchwc": plan.blocked,
+            "seconds": round(sum(w.seconds for w in plan.windows), 3),
+        }
+        if plan.unit.weighted:
+            detail["working_set_mib"] = self._ws_bucket()
+            detail["evict_mib"] = round(plan.evict_bytes / 2**20, 1)
+        spread = max(w.spread for w in plan.windows)
+        return CostEntry(us / 1e3, spread, detail["rounds"], plan.unit.label(), detail)
+
+    def _measure(self, unit: Unit) -> CostEntry:
+        """Plan and time one unit now, in its windows back to back (no progress bar)."""
+        plan = self._plan(unit)
+        for _ in range(plan.windows_wanted if isinstance(plan, _Plan) else 0):
+            self._window(plan)
+        if isinstance(plan, _Plan) and plan.disagree():
+            self._window(plan)
+        return self._entry(plan)
+
+    def _reshape_entry(self, unit: Unit, cal: Calibration) -> CostEntry:
+        us = cal.node_us
+        boundary = 0.0
+        shape, const, dtype = unit.externals[0]
+        if cal.block and not const and _is_plausibly_blocked(shape, dtype):
+            boundary = self._reorder_us("out", shape)
+        detail = {"view": True, "node_us": cal.node_us, "boundary_us": boundary}
+        self.stats.measured += 1
+        return CostEntry((us + boundary) / 1e3, 0.0, 0, "reshape", detail)
+
+    def uncached(self, windows: int | None = None, max_seconds: float | None = None,
+                 chunk: int | None = None) -> "MeasuredCost":
+        """A model with the same device, settings and calibration whose costs are kept in memory only (so
+        everything it prices is measured now), optionally with other `windows`, `max_seconds` and `chunk`."""
+        fresh = MeasuredCost(self.device, progress=self.progress, threads=self.threads, working_set=self.working_set,
+                             max_seconds=self.max_seconds if max_seconds is None else max_seconds,
+                             cache=CostCache(":memory:"), clock=self.clock,
+                             windows=self.windows if windows is None else windows,
+                             chunk=self.chunk if chunk is None else chunk)
+        fresh._calibration = self.calibration
+        return fresh
+
+    def _blocked_model(self, unit: Unit) -> tuple[ModelProto, ModelProto | None] | None:
+        """onnxruntime's optimized model of `unit` with the reorders at its inputs and outputs cut off (None when
+        onnxruntime does not run the unit in the blocked layout): it takes and gives blocked tensors, as the unit
+        does between blocked neighbours inside a graph. A residual operand of Conv+Add enters through a 1x1 max pool
+        (`_with_prologue`), so that onnxruntime fuses the Add into the convolution and updates that operand in
+        place, as it does inside a graph (the output is then sampled, `sample_outputs`, as a graph output cannot
+        alias the operand); the pools and the sampling go into the null model (second item), so that their time
+        cancels, the unit's dispatch cost included."""
+        timed, prologue = _with_prologue(unit)
+        with tempfile.TemporaryDirectory(prefix="tensat-probe-") as tmp:
+            path = os.path.join(tmp, "opt.onnx")
+            self.runner.session(unit_model(timed), optimized_path=path)
+            opt = onnx.load(path)
+        if not any(n.domain == NCHWC_DOMAIN and n.op_type not in ("ReorderInput", "ReorderOutput")
+                   for n in opt.graph.node):
+            return None
+        stripped = strip_reorders(opt, self.calibration.block)
+        if not prologue:
+            return stripped, None
+        return sample_outputs(stripped), prologue_model(stripped, len(prologue))
+
+    def _boundary_us(self, unit: Unit) -> float:
+        """Reorders a layout-breaking unit causes between blocked neighbours: out of the blocked layout at each
+        4-D input (for a slice, its share of the tensor) and back into it at a 4-D output."""
+        total = 0.0
+        head = unit.nodes[0]
+        for k, (shape, const, dtype) in enumerate(unit.externals):
+            if const or not _is_plausibly_blocked(shape, dtype):
+                continue
+            share = 1.0
+            if unit.ops == ("slice",):
+                a = dict(head.attrs)
+                share = a["size"] / shape[a["axis"]]
+            total += share * self._reorder_us("out", shape)
+        if _is_plausibly_blocked(unit.out_shape, unit.dtype):
+            total += self._reorder_us("in", unit.out_shape)
+        return total
+
+    def _reorder_us(self, kind: str, shape: Sequence[int]) -> float:
+        """Microseconds of one NCHWc reorder of a tensor of `shape` (cached like any unit)."""
+        shape = tuple(int(d) for d in shape)
+        key = self._reorder_key(kind, shape)
+        if key in self._memo:
+            return self._memo[key] * 1e3
+        found = self.cache.get(self.fingerprint, key)
+        if found is None:
+            cal = self.calibration
+            r = self.runner
+            copies = max(1, min(8, OUT_BUDGET // max(_nbytes(shape), 1)))
+            base = reorder_model(kind, shape, cal.block)
+            model = replicate(base, copies) if copies > 1 else base
+            run = r.bound(r.session(model))
+            timing = time_pair(run, r.null(copies), copies, max_seconds=self.max_seconds, clock=r.clock)
+            us = max(timing.median_us + cal.node_us, 0.0)
+            found = CostEntry(us / 1e3, timing.spread, timing.rounds, f"reorder_{kind}",
+                              {"raw_us": timing.median_us, "copies": copies})
+            self.cache.put(self.fingerprint, key, found)
+        self._memo[key] = found.ms
+        return found.ms * 1e3
+
+    # -- reporting ----------------------------------------------------------------------------------------------
+
+    @property
+    def baseline_ms(self) -> float:
+        """The fixed cost of one end-to-end run (session overhead beyond its nodes), in milliseconds."""
+        return self.calibration.run_us / 1e3
+
+    def describe(self) -> dict[str, Any]:
+        """Device, fingerprint, calibration, working set, cache location and counters, JSON-ready."""
+        return {
+            "device": dict(self.info), "fingerprint": self.fingerprint, "calibration": self.calibration.to_dict(),
+            "working_set_mib": self._ws_bucket(), "cache": self.cache.path, "stats": self.stats.to_dict(),
+        }
+
+
+@dataclass
+class _Plan:
+    """A unit being measured: what is timed, in how many copies, the reorders it causes, the windows so far."""
+
+    unit: Unit
+    copies: int
+    model: ModelProto | None = None  # what is timed, when not the unit's own model
+    null_model: ModelProto | None = None  # its null model, when not `null_model(copies)`
+    add_us: float = 0.0
+    blocked: bool = False
+    windows: list[Timing] = field(default_factory=list)
+    failure: CostEntry | None = None
+    windows_wanted: int = WINDOWS
+    evict_bytes: int = 0
+
+    def disagree(self) -> bool:
+        """The first two windows differ by more than WINDOW_TOL (a third window decides)."""
+        if self.failure is not None or len(self.windows) != 2:
+            return False
+        a, b = (w.median_us for w in self.windows)
+        return abs(a - b) > WINDOW_TOL * max(min(a, b), 1e-3) + 0.05
+
+
+def _first_line(exc: BaseException) -> str:
+    for line in str(exc).splitlines():
+        if line.strip():
+            return line.strip()[:200]
+    return type(exc).__name__
+
+
+def make_measured_cost(
+    device: str = "auto", cache_path: str | os.PathLike[str] | None = None, progress: bool | ProgressFn = True, *,
+    threads: int | None = None, working_set: int | None = None,
+) -> MeasuredCost:
+    """The measured cost model on `device` ("auto", "cpu" or "cuda"), caching in `cache_path` (default: the user
+    cache directory, or `$TENSAT_CACHE_DIR`). `threads` defaults to `$TENSAT_MEASURE_THREADS` or 1."""
+    if threads is None:
+        env = os.environ.get("TENSAT_MEASURE_THREADS", "").strip()
+        try:
+            threads = int(env) if env else 1
+        except ValueError:
+            raise TensatError(f"TENSAT_MEASURE_THREADS must be an integer, got {env!r}") from None
+    return MeasuredCost(device, cache_path, progress, threads=threads, working_set=working_set)

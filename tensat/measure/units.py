@@ -1,0 +1,334 @@
+"""Units, what the measured cost model times: one IR node (with its fused activation) or a small group of nodes
+onnxruntime runs as one kernel, and the ONNX models built around them (the unit itself, K copies side by side,
+onnxruntime's blocked-layout model with its boundary reorders cut off, reorders, null models, calibration chains)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import onnx
+from onnx import ModelProto, TensorProto, helper, numpy_helper
+
+from tensat import ops
+from tensat.ir import Graph, Node
+
+Shape = tuple[int, ...]
+
+NCHWC_DOMAIN = "com.microsoft.nchwc"
+POOL_1X1 = (("kernel", (1, 1)), ("strides", (1, 1)), ("pads", (0, 0, 0, 0)))
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (tuple, list)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class UnitNode:
+    """One node of a unit: op, attributes, and inputs as ("x", k) = external k or ("n", i) = unit node i."""
+
+    op: str
+    attrs: tuple[tuple[str, Any], ...]
+    inputs: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A small subgraph timed as one: nodes in topological order (the last is the output), external inputs as
+    (shape, is_weight, dtype)."""
+
+    nodes: tuple[UnitNode, ...]
+    externals: tuple[tuple[Shape, bool, str], ...]
+
+    @staticmethod
+    def single(node: Node, in_shapes: Sequence[Sequence[int]], const: Sequence[bool]) -> "Unit":
+        """The unit of one node."""
+        flags = list(const) + [False] * (len(in_shapes) - len(const))
+        ext = tuple((tuple(int(d) for d in s), bool(c), node.dtype) for s, c in zip(in_shapes, flags))
+        un = UnitNode(node.op, tuple(node.attrs), tuple(("x", k) for k in range(len(in_shapes))))
+        return Unit((un,), ext)
+
+    @property
+    def ops(self) -> tuple[str, ...]:
+        return tuple(n.op for n in self.nodes)
+
+    @property
+    def weighted(self) -> bool:
+        return any(c for _, c, _ in self.externals)
+
+    def shapes(self) -> list[Shape]:
+        """Output shape of every node."""
+        out: list[Shape] = []
+        for n in self.nodes:
+            ins = [self.externals[i][0] if kind == "x" else out[i] for kind, i in n.inputs]
+            attrs = dict(n.attrs)
+            out.append(tuple(attrs["shape"]) if n.op == "opaque" else ops.shape_of(n.op, ins, attrs))
+        return out
+
+    @property
+    def out_shape(self) -> Shape:
+        return self.shapes()[-1]
+
+    @property
+    def dtype(self) -> str:
+        return self.externals[0][2] if self.externals else "float32"
+
+    def weight_bytes(self) -> int:
+        return sum(_nbytes(s, d) for s, c, d in self.externals if c)
+
+    def signature(self) -> str:
+        """Canonical JSON text naming what is timed."""
+        nodes = [[n.op, [[k, _jsonable(v)] for k, v in n.attrs], [list(i) for i in n.inputs]] for n in self.nodes]
+        ext = [[list(s), int(c), d] for s, c, d in self.externals]
+        return json.dumps({"nodes": nodes, "ext": ext}, sort_keys=True, separators=(",", ":"))
+
+    def label(self) -> str:
+        return "+".join(self.ops)
+
+
+def pricing_unit(node: Node, in_shapes: Sequence[Sequence[int]], const: Sequence[bool]) -> Unit:
+    """The unit that prices one node: `Unit.single`, except that a convolution with a fused ReLU is timed as the
+    plain convolution. onnxruntime applies the ReLU in the convolution's output loop at no measurable cost, and
+    two separate measurements would differ by noise alone, which could make the extractor prefer a plain
+    convolution followed by a ReLU that onnxruntime then has to run on its own."""
+    unit = Unit.single(node, in_shapes, const)
+    if node.op != "conv2d" or node.attr.get("act") != ops.ACT_RELU:
+        return unit
+    head = unit.nodes[0]
+    attrs = tuple((k, ops.ACT_NONE if k == "act" else v) for k, v in head.attrs)
+    return Unit((UnitNode(head.op, attrs, head.inputs),), unit.externals)
+
+
+def _nbytes(shape: Sequence[int], dtype: str = "float32") -> int:
+    try:
+        size = np.dtype(dtype).itemsize
+    except TypeError:
+        size = 4
+    return int(math.prod(shape)) * size
+
+
+def _random_array(rng: np.random.Generator, shape: Sequence[int], dtype: str) -> np.ndarray:
+    dt = np.dtype(dtype)
+    if dt.kind == "f":
+        return ((rng.random(tuple(shape), dtype=np.float32) - 0.5) * 0.2).astype(dt, copy=False)
+    if dt.kind in "iu":
+        return rng.integers(0, 4, size=tuple(shape)).astype(dt)
+    if dt.kind == "b":
+        return rng.random(tuple(shape)) < 0.5
+    raise ValueError(f"cannot make data of type {dtype}")
+
+
+def unit_model(unit: Unit, seed: int = 0) -> ModelProto:
+    """The one-copy ONNX model of `unit`: weights as initializers, other inputs as graph inputs x0, x1, ..."""
+    rng = np.random.default_rng(seed)
+    g = Graph(opset_imports={"": 17}, name="unit")
+    ext_ids = []
+    for k, (shape, const, dtype) in enumerate(unit.externals):
+        if const:
+            ext_ids.append(g.weight(_random_array(rng, shape, dtype), f"w{k}"))
+        else:
+            ext_ids.append(g.input(f"x{k}", shape, dtype))
+    built: list[int] = []
+    for n in unit.nodes:
+        ins = [ext_ids[i] if kind == "x" else built[i] for kind, i in n.inputs]
+        built.append(g.add(n.op, ins, **dict(n.attrs)))
+    g.output("y", built[-1])
+    from tensat.onnx_io import export_model
+
+    return export_model(g)
+
+
+_FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
+
+
+def replicate(model: ModelProto, copies: int) -> ModelProto:
+    """`copies` copies of a one-output model side by side: graph inputs and integer initializers shared, float
+    initializers (the weights) distinct per copy, outputs y__0, y__1, ..."""
+    g1 = model.graph
+    shared = {i.name for i in g1.input} | {t.name for t in g1.initializer if t.data_type not in _FLOAT_TYPES}
+    inits = [t for t in g1.initializer if t.data_type not in _FLOAT_TYPES]
+    floats = [(t, numpy_helper.to_array(t)) for t in g1.initializer if t.data_type in _FLOAT_TYPES]
+    nodes, outputs = [], []
+    for k in range(copies):
+        def rn(name: str) -> str:
+            return name if not name or name in shared else f"{name}__{k}"
+
+        for t, arr in floats:
+            value = arr if k == 0 else (arr * np.asarray(1.0 + k / 1024.0, dtype=arr.dtype)).astype(arr.dtype)
+            inits.append(numpy_helper.from_array(value, rn(t.name)))
+        for n in g1.node:
+            c = onnx.NodeProto()
+            c.CopyFrom(n)
+            del c.input[:]
+            del c.output[:]
+            c.input.extend(rn(i) for i in n.input)
+            c.output.extend(rn(o) for o in n.output)
+            if n.name:
+                c.name = f"{n.name}__{k}"
+            nodes.append(c)
+        for o in g1.output:
+            v = onnx.ValueInfoProto()
+            v.CopyFrom(o)
+            v.name = rn(o.name)
+            outputs.append(v)
+    graph = helper.make_graph(nodes, g1.name, list(g1.input), outputs, initializer=inits)
+    out = helper.make_model(graph, opset_imports=list(model.opset_import), producer_name="tensat-measure")
+    out.ir_version = model.ir_version
+    return out
+
+
+def reorder_model(kind: str, shape: Sequence[int], block: int) -> ModelProto:
+    """A model of one NCHWc reorder: "in" = NCHW x -> blocked, "out" = blocked (channels padded) -> NCHW y."""
+    n, c = shape[0], shape[1]
+    padded = [n, -(-c // block) * block, *shape[2:]]
+    if kind == "in":
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, padded)
+        node = helper.make_node("ReorderInput", ["x"], ["y"], domain=NCHWC_DOMAIN)
+    else:
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, padded)
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))
+        node = helper.make_node("ReorderOutput", ["x"], ["y"], domain=NCHWC_DOMAIN, channels=int(c))
+    graph = helper.make_graph([node], f"reorder_{kind}", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(NCHWC_DOMAIN, 1)])
+    model.ir_version = 8
+    return model
+
+
+def strip_reorders(model: ModelProto, block: int) -> ModelProto:
+    """onnxruntime's optimized `model` with its boundary reorders cut off: a ReorderInput of a graph input becomes a
+    blocked graph input, a ReorderOutput giving a graph output becomes a blocked graph output (channels padded to
+    `block`)."""
+    g = model.graph
+    dims = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim] for vi in [*g.input, *g.output]}
+    inputs = {vi.name for vi in g.input}
+    outputs = {vi.name for vi in g.output}
+
+    def padded(shape: Sequence[int]) -> list[int]:
+        return [shape[0], -(-shape[1] // block) * block, *shape[2:]]
+
+    blocked_in: dict[str, list[int]] = {}
+    renamed_out: dict[str, str] = {}
+    nodes = []
+    for n in g.node:
+        nchwc = n.domain == NCHWC_DOMAIN
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        if nchwc and n.op_type == "ReorderInput" and n.input[0] in inputs and not attrs.get("channels_last", 0):
+            blocked_in[n.output[0]] = padded(dims[n.input[0]])
+        elif nchwc and n.op_type == "ReorderOutput" and n.output[0] in outputs and not attrs.get("channels_last", 0):
+            renamed_out[n.output[0]] = n.input[0]
+        else:
+            nodes.append(n)
+    used = {i for n in nodes for i in n.input}
+    kept = [vi for vi in g.input if vi.name in used]
+    kept += [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in blocked_in.items()
+             if name in used]
+    outs = [helper.make_tensor_value_info(renamed_out[vi.name], TensorProto.FLOAT, padded(dims[vi.name]))
+            if vi.name in renamed_out else vi for vi in g.output]
+    used_inits = [t for t in g.initializer if t.name in used]
+    out = helper.make_model(helper.make_graph(nodes, g.name, kept, outs, initializer=used_inits),
+                            opset_imports=list(model.opset_import), producer_name="tensat-measure")
+    out.ir_version = model.ir_version
+    return out
+
+
+def sample_outputs(model: ModelProto) -> ModelProto:
+    """`model` with each 4-D graph output read by a strided 1x1 max pool (blocked) taking one pixel, the pools'
+    outputs as the graph outputs: the tensors become buffers onnxruntime allocates and may update in place."""
+    g = model.graph
+    nodes, outs = list(g.node), []
+    for vi in g.output:
+        dims = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        name = f"{vi.name}__sample"
+        nodes.append(helper.make_node("MaxPool", [vi.name], [name], domain=NCHWC_DOMAIN, kernel_shape=[1, 1],
+                                      strides=dims[2:], pads=[0, 0, 0, 0]))
+        outs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, [*dims[:2], 1, 1]))
+    out = helper.make_model(helper.make_graph(nodes, g.name, list(g.input), outs, initializer=list(g.initializer)),
+                            opset_imports=list(model.opset_import), producer_name="tensat-measure")
+    out.ir_version = model.ir_version
+    return out
+
+
+def prologue_model(stripped: ModelProto, count: int) -> ModelProto:
+    """The null model of a unit with a prologue: the first `count` nodes of its stripped model (the pools
+    `_with_prologue` put first), their outputs sampled (`sample_outputs`) as the unit's output is."""
+    g = stripped.graph
+    pools = list(g.node)[:count]
+    inputs = {vi.name: vi for vi in g.input}
+    outs = [helper.make_tensor_value_info(n.output[0], TensorProto.FLOAT,
+                                          [d.dim_value for d in inputs[n.input[0]].type.tensor_type.shape.dim])
+            for n in pools]
+    out = helper.make_model(helper.make_graph(pools, "prologue", [inputs[n.input[0]] for n in pools], outs),
+                            opset_imports=list(stripped.opset_import), producer_name="tensat-measure")
+    out.ir_version = stripped.ir_version
+    return sample_outputs(out)
+
+
+def _tiny_model(op: str = "Relu", shape: Sequence[int] = (1, 1)) -> ModelProto:
+    """A one-node model `op` over one float tensor of `shape` (the CUDA probe's, and the null model's copy)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))
+    graph = helper.make_graph([helper.make_node(op, ["x"], ["y"])], "tiny", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def chain_model(length: int) -> ModelProto:
+    """`length` one-element Relus in a chain (to measure the per-node dispatch cost)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])
+    names = ["x"] + [f"t{k}" for k in range(length - 1)] + ["y"]
+    nodes = [helper.make_node("Relu", [names[k]], [names[k + 1]]) for k in range(length)]
+    model = helper.make_model(helper.make_graph(nodes, "chain", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def null_model(copies: int) -> ModelProto:
+    """`copies` one-element Relus side by side on one input: the interface cost of a K-copy unit model."""
+    return replicate(_tiny_model(), copies)
+
+
+def _is_plausibly_blocked(shape: Sequence[int], dtype: str = "float32") -> bool:
+    """A 4-D float tensor whose channels the NCHWc layout accepts (a multiple of 4)."""
+    return len(shape) == 4 and np.dtype(dtype).kind == "f" and shape[1] % 4 == 0 and shape[1] > 0
+
+
+def _with_prologue(unit: Unit) -> tuple[Unit, list[Unit]]:
+    """Inside a graph, the residual operand of a Conv+Add arrives in the blocked layout and onnxruntime fuses the
+    Add into the convolution; a graph input would not. So feed such operands through a 1x1 max pool (which runs
+    blocked), returning the unit to optimize and the prologue pools (one unit each)."""
+    if "conv2d" not in unit.ops:
+        return unit, []
+    targets: list[int] = []
+    for n in unit.nodes:
+        if n.op != "add":
+            continue
+        for kind, i in n.inputs:
+            shape, const, dtype = unit.externals[i] if kind == "x" else ((), True, "")
+            if kind == "x" and not const and _is_plausibly_blocked(shape, dtype) and i not in targets:
+                targets.append(i)
+    if not targets:
+        return unit, []
+    where = {i: k for k, i in enumerate(targets)}
+    head = [UnitNode("maxpool", POOL_1X1, (("x", i),)) for i in targets]
+    body = []
+    for n in unit.nodes:
+        refs = []
+        for kind, i in n.inputs:
+            if kind == "n":
+                refs.append(("n", i + len(head)))
+            elif n.op == "add" and i in where:
+                refs.append(("n", where[i]))
+            else:
+                refs.append((kind, i))
+        body.append(UnitNode(n.op, n.attrs, tuple(refs)))
+    prologue = [Unit((UnitNode("maxpool", POOL_1X1, (("x", 0),)),), (unit.externals[i],)) for i in targets]
+    return Unit(tuple(head + body), unit.externals), prologue

@@ -1,0 +1,75 @@
+"""The one place onnxruntime sessions are made: quiet, on a named provider, with the caller's settings.
+
+Verification, latency timing, the ONNX importer's constant folding and the measured cost model all create their
+sessions here, so provider names, logging and protobuf's 2 GiB limit are handled once. onnxruntime is imported on
+first use: importing tensat does not load it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any, Sequence
+
+from onnx import ModelProto
+
+PROVIDERS = {
+    "cpu": ["CPUExecutionProvider"],
+    "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+}
+
+
+def onnxruntime_module() -> Any:
+    """onnxruntime, with its default logger limited to errors (it warns about things tensat handles)."""
+    import onnxruntime
+
+    onnxruntime.set_default_logger_severity(3)
+    return onnxruntime
+
+
+def make_session(
+    model: ModelProto | bytes | str | os.PathLike[str], provider: str | Sequence[str] = "cpu",
+    threads: int | None = None, spinning: bool = True, optimizations: bool = True, *, log_severity: int = 3,
+    optimized_path: str | None = None, profile_prefix: str | None = None, disabled_optimizers: Sequence[str] = (),
+) -> Any:
+    """An onnxruntime InferenceSession for `model` (a proto, its serialized bytes or a path) on `provider` ("cpu",
+    "cuda" with CPU fallback, or a list of onnxruntime provider names), logging at `log_severity`, with `threads`
+    intra-op threads (default: onnxruntime's choice). Models over 2 GiB go through a temporary file with external
+    data. Without `spinning`, idle intra-op threads sleep instead of spinning (see `tensat.latency.Interleaved`);
+    without `optimizations`, onnxruntime runs the graph as written (no fusions: what the graph itself computes).
+    `optimized_path` saves onnxruntime's optimized model there, `profile_prefix` turns on its profiler, and
+    `disabled_optimizers` names graph transformers to leave out."""
+    ort = onnxruntime_module()
+    if isinstance(provider, str):
+        try:
+            providers = PROVIDERS[provider]
+        except KeyError:
+            raise ValueError(f"unknown provider '{provider}' (use one of {', '.join(PROVIDERS)})") from None
+    else:
+        providers = list(provider)
+    options = ort.SessionOptions()
+    options.log_severity_level = log_severity
+    if threads is not None:
+        options.intra_op_num_threads = int(threads)
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if not optimizations:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if optimized_path:
+        options.optimized_model_filepath = optimized_path
+    if profile_prefix:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
+    extra: dict[str, Any] = {"disabled_optimizers": list(disabled_optimizers)} if disabled_optimizers else {}
+    if isinstance(model, (str, os.PathLike)):
+        return ort.InferenceSession(os.fspath(model), options, providers=providers, **extra)
+    if isinstance(model, bytes):
+        return ort.InferenceSession(model, options, providers=providers, **extra)
+    from tensat.onnx_io import _is_large, _write_external
+
+    if not _is_large(model):
+        return ort.InferenceSession(model.SerializeToString(), options, providers=providers, **extra)
+    with tempfile.TemporaryDirectory(prefix="tensat-") as tmp:
+        path = os.path.join(tmp, "model.onnx")
+        _write_external(model, path, "model.data")
+        return ort.InferenceSession(path, options, providers=providers, **extra)
