@@ -19,6 +19,7 @@ from tensat.egraph import ExplorationStats, IterationStats, TensorEGraph
 from tensat.errors import TensatError, VerificationError
 from tensat.files import check_writable
 from tensat.ir import Graph, Node
+from tensat.options import Options
 from tensat.progress import ProgressFn, report
 
 if TYPE_CHECKING:
@@ -27,56 +28,6 @@ if TYPE_CHECKING:
     from tensat.verify import VerifyReport
 
 ModelLike = Union[onnx.ModelProto, str, os.PathLike, Graph]
-
-EXTRACTORS = ("ilp", "greedy")
-SOLVERS = ("highs", "cbc")
-COSTS = ("analytic", "measured")
-DEVICES = ("auto", "cpu", "cuda")
-LATENCY_CHECK_SECONDS = 20.0
-
-
-@dataclass(frozen=True)
-class Options:
-    """Every knob of one optimization run (the CLI flags map one to one)."""
-
-    node_limit: int = 50_000
-    iter_limit: int = 15
-    time_limit: float = 60.0
-    k_multi: int = 1
-    guided_rounds: int = 4
-    extractor: str = "ilp"
-    solver: str = "highs"
-    ilp_time_limit: float = 60.0
-    cost: str = "measured"
-    device: str = "auto"
-    latency_check: float = LATENCY_CHECK_SECONDS
-    verify: bool = True
-    seed: int = 0
-    input_shapes: Mapping[str, Sequence[int]] | None = None
-
-    def check(self) -> None:
-        """Reject out-of-range options with a one-line error."""
-        if self.node_limit < 1:
-            raise TensatError(f"node_limit must be positive, got {self.node_limit}")
-        if self.iter_limit < 0:
-            raise TensatError(f"iter_limit must be >= 0, got {self.iter_limit}")
-        if self.time_limit <= 0 or self.ilp_time_limit <= 0:
-            raise TensatError("time limits must be positive")
-        if not self.latency_check >= 0:
-            raise TensatError(f"latency_check must be >= 0 seconds, got {self.latency_check}")
-        if self.k_multi not in (0, 1, 2):
-            raise TensatError(f"k_multi must be 0, 1 or 2, got {self.k_multi}")
-        if self.guided_rounds < 0:
-            raise TensatError(f"guided_rounds must be >= 0, got {self.guided_rounds}")
-        if self.extractor not in EXTRACTORS:
-            raise TensatError(f"unknown extractor {self.extractor!r}; choose from {', '.join(EXTRACTORS)}")
-        if self.solver not in SOLVERS:
-            raise TensatError(f"unknown solver {self.solver!r}; choose from {', '.join(SOLVERS)}")
-        if self.cost not in COSTS:
-            raise TensatError(f"unknown cost model {self.cost!r}; choose from {', '.join(COSTS)}")
-        if self.device not in DEVICES:
-            raise TensatError(f"unknown device {self.device!r}; choose from {', '.join(DEVICES)}")
-
 
 @dataclass(repr=False)
 class OptimizeResult:
