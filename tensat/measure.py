@@ -72,7 +72,7 @@ from tensat import ops
 from tensat.cost import AnalyticCost
 from tensat.progress import ProgressFn, clock, report, stream_is_tty
 from tensat.costcache import CostCache, CostEntry
-from tensat.errors import TensatError
+from tensat.errors import TensatError, one_line
 from tensat.ir import Graph, Node
 
 Shape = tuple[int, ...]
@@ -1033,7 +1033,7 @@ class MeasuredCost:
         label = unit.label()
         self.stats.failed += 1
         self.stats.analytic_ops[label] = self.stats.analytic_ops.get(label, 0) + 1
-        message = f"{label}: {_first_line(exc)}"
+        message = f"{label}: {one_line(exc, limit=200)}"
         self.stats.errors.append(message)
         return CostEntry(self._analytic_us(unit) / 1e3, 0.0, 0, label, {"fallback": "analytic", "error": message})
 
@@ -1269,13 +1269,6 @@ def _with_prologue(unit: Unit) -> tuple[Unit, list[Unit]]:
         body.append(UnitNode(n.op, n.attrs, tuple(refs)))
     prologue = [Unit((UnitNode("maxpool", POOL_1X1, (("x", 0),)),), (unit.externals[i],)) for i in targets]
     return Unit(tuple(head + body), unit.externals), prologue
-
-
-def _first_line(exc: BaseException) -> str:
-    for line in str(exc).splitlines():
-        if line.strip():
-            return line.strip()[:200]
-    return type(exc).__name__
 
 
 def make_measured_cost(
