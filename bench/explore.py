@@ -19,8 +19,10 @@ import tensat
 from bench.machine import header, machine_info
 from tensat.files import atomic_write_json, atomic_write_text
 from tensat.models import build_model, model_names
+from tensat.options import add_option_flags
 
 OUT = Path(__file__).resolve().parent / "results"
+EXPLORE_LIMITS = ("node_limit", "time_limit", "ilp_time_limit")  # set by flags; the runs record them
 
 
 def run_one(model: Any, k_multi: int, **options: Any) -> dict[str, Any]:
@@ -90,12 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--models", default=",".join(model_names()), help="comma-separated benchmark graphs")
     parser.add_argument("--k", default="0,1,2", help="comma-separated k_multi values")
-    parser.add_argument("--node-limit", type=int, default=50_000)
-    parser.add_argument("--time-limit", type=float, default=60.0)
-    parser.add_argument("--ilp-time-limit", type=float, default=60.0)
+    add_option_flags(parser, EXPLORE_LIMITS)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
-    options = {"node_limit": args.node_limit, "time_limit": args.time_limit, "ilp_time_limit": args.ilp_time_limit}
+    options = {name: getattr(args, name) for name in EXPLORE_LIMITS}
     records = []
     for name in args.models.split(","):
         model = build_model(name)

@@ -24,9 +24,11 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from tensat.errors import TensatError
+from tensat.options import Options
 
 K_MULTI = (0, 1, 2)
-EXPLORE_OPTIONS: dict[str, Any] = {"node_limit": 50_000, "time_limit": 60.0, "ilp_time_limit": 60.0}
+EXPLORE_OPTIONS: dict[str, Any] = {name: getattr(Options, name)  # tensat's defaults, recorded with the runs
+                                   for name in ("node_limit", "time_limit", "ilp_time_limit")}
 QUICK_TENSAT: dict[str, Any] = {"time_limit": 20.0, "ilp_time_limit": 10.0}
 QUICK_BUDGET = 20
 

@@ -2,7 +2,8 @@
 
 Knows nothing of tensors: any e-graph with per-node costs works. ``greedy_dag`` is fast and always
 valid; ``ilp_extract`` is optimal (proven where it says so) within a time limit; ``validate``
-checks any selection; ``local_search`` polishes a selection by exact-cost moves.
+checks any selection; ``local_search`` polishes a selection by exact-cost moves; ``extract_best`` runs them all
+as a portfolio (greedy, cycle filter, local search, two ILP passes) and returns the cheapest selection found.
 """
 
 from .api import extract
@@ -11,6 +12,7 @@ from .cycles import filter_cycles
 from .greedy import greedy_dag
 from .ilp import GAP_TOLERANCE, ilp_extract
 from .local import local_search, tree_costs
+from .portfolio import extract_best
 
 __all__ = [
     "EGraph",
@@ -20,6 +22,7 @@ __all__ = [
     "InputError",
     "dag_cost",
     "extract",
+    "extract_best",
     "filter_cycles",
     "find_cycle",
     "greedy_dag",

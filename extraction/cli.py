@@ -8,7 +8,7 @@ from typing import Callable
 
 from .api import extract
 from .cycles import filter_cycles
-from .egraph import InputError, load_egraph
+from .egraph import InputError, load_egraph, one_line
 from .ilp import GAP_TOLERANCE
 
 
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:
         raise InputError(f"cannot read {args.egraph}: {e.strerror or e}") from None
     except ValueError as e:
-        raise InputError(f"{args.egraph}: {_one_line(e)}") from None
+        raise InputError(f"{args.egraph}: {one_line(e, limit=None)}") from None
     forbidden = set(args.forbid)
     try:
         if args.filter_cycles:
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
                       stall_seconds=args.stall_seconds)
         res = extract(eg, args.extractor, **kw)
     except ValueError as e:
-        raise InputError(f"{args.egraph}: {_one_line(e)}") from None
+        raise InputError(f"{args.egraph}: {one_line(e, limit=None)}") from None
     bound = "-" if res.bound is None else f"{res.bound:.6g}"
     gap = res.gap()
     method = f"ilp ({args.solver})" if res.method == "ilp" else res.method
@@ -92,10 +92,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"bound    {bound}" + ("" if gap is None else f"  (gap {100 * gap:.3g}%)"))
     print(f"time     {res.seconds:.2f} s" + (f"  (stop: {res.info['stop']})" if "stop" in res.info else ""))
     return 0
-
-
-def _one_line(e: Exception) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
 
 
 def main(argv: list[str] | None = None) -> int:

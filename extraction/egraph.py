@@ -150,6 +150,19 @@ class InputError(ValueError):
     """An e-graph file that cannot be read or is not a valid e-graph; the message is one line, naming the file."""
 
 
+def one_line(error: BaseException, *, typed: bool = False, limit: int | None = 300) -> str:
+    """An error's message on one line: its first non-empty line, whitespace runs made single spaces, cut to `limit`
+    characters ("..." marks a cut); the type's name when there is no message. `typed` prefixes the type's name
+    (`RuntimeError: ...`), for a failure inside an extractor, where the type says as much as the message.
+    (tensat.errors.one_line is the same for tensat, which this package does not import.)"""
+    text = next((" ".join(line.split()) for line in str(error).splitlines() if line.strip()), "")
+    if limit is not None and len(text) > limit:
+        text = text[: limit - 3] + "..."
+    if not text:
+        return type(error).__name__
+    return f"{type(error).__name__}: {text}" if typed else text
+
+
 def load_egraph(path: str | os.PathLike[str]) -> EGraph:
     """Read an egraph-serialize JSON file; ValueError on malformed content, OSError on I/O."""
     with open(path, "rb") as f:

@@ -1,4 +1,10 @@
-"""`tensat.optimize`: ONNX in, e-graph, exploration, extraction, verified ONNX out."""
+"""`tensat.optimize`: ONNX in, e-graph, exploration, extraction, verified ONNX out.
+
+A run is a sequence of named stages over one state object (`_Run`): import, pricing the input, then the search
+(lower, explore, price, guided rounds, extract, rebuild) and the checks of its result (export, pricing as written,
+verify, latency check). `_perform` runs them: it times each stage into `OptimizeResult.times` and is the one place a
+failure degrades the run, to what the failing stage's fallback leaves (at worst the input model, with a warning).
+"""
 
 from __future__ import annotations
 
@@ -6,19 +12,20 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, Union
 
 import onnx
 
 import extraction
 import rewrites
 from tensat.cost import AnalyticCost, CostModel, Shape, runtime_cost
-from tensat.egraph import ExplorationStats, IterationStats, TensorEGraph
-from tensat.errors import TensatError, VerificationError
+from tensat.egraph import DecodedNode, ExplorationStats, IterationStats, TensorEGraph
+from tensat.errors import BUG, TensatError, VerificationError, one_line
 from tensat.files import check_writable
 from tensat.ir import Graph, Node
+from tensat.options import Options
 from tensat.progress import ProgressFn, report
 
 if TYPE_CHECKING:
@@ -27,55 +34,6 @@ if TYPE_CHECKING:
     from tensat.verify import VerifyReport
 
 ModelLike = Union[onnx.ModelProto, str, os.PathLike, Graph]
-
-EXTRACTORS = ("ilp", "greedy")
-SOLVERS = ("highs", "cbc")
-COSTS = ("analytic", "measured")
-DEVICES = ("auto", "cpu", "cuda")
-LATENCY_CHECK_SECONDS = 20.0
-
-
-@dataclass(frozen=True)
-class Options:
-    """Every knob of one optimization run (the CLI flags map one to one)."""
-
-    node_limit: int = 50_000
-    iter_limit: int = 15
-    time_limit: float = 60.0
-    k_multi: int = 1
-    guided_rounds: int = 4
-    extractor: str = "ilp"
-    solver: str = "highs"
-    ilp_time_limit: float = 60.0
-    cost: str = "measured"
-    device: str = "auto"
-    latency_check: float = LATENCY_CHECK_SECONDS
-    verify: bool = True
-    seed: int = 0
-    input_shapes: Mapping[str, Sequence[int]] | None = None
-
-    def check(self) -> None:
-        """Reject out-of-range options with a one-line error."""
-        if self.node_limit < 1:
-            raise TensatError(f"node_limit must be positive, got {self.node_limit}")
-        if self.iter_limit < 0:
-            raise TensatError(f"iter_limit must be >= 0, got {self.iter_limit}")
-        if self.time_limit <= 0 or self.ilp_time_limit <= 0:
-            raise TensatError("time limits must be positive")
-        if not self.latency_check >= 0:
-            raise TensatError(f"latency_check must be >= 0 seconds, got {self.latency_check}")
-        if self.k_multi not in (0, 1, 2):
-            raise TensatError(f"k_multi must be 0, 1 or 2, got {self.k_multi}")
-        if self.guided_rounds < 0:
-            raise TensatError(f"guided_rounds must be >= 0, got {self.guided_rounds}")
-        if self.extractor not in EXTRACTORS:
-            raise TensatError(f"unknown extractor {self.extractor!r}; choose from {', '.join(EXTRACTORS)}")
-        if self.solver not in SOLVERS:
-            raise TensatError(f"unknown solver {self.solver!r}; choose from {', '.join(SOLVERS)}")
-        if self.cost not in COSTS:
-            raise TensatError(f"unknown cost model {self.cost!r}; choose from {', '.join(COSTS)}")
-        if self.device not in DEVICES:
-            raise TensatError(f"unknown device {self.device!r}; choose from {', '.join(DEVICES)}")
 
 
 @dataclass(repr=False)
@@ -205,19 +163,10 @@ class RunLog:
         report(self.progress, stage, detail)
 
 
-BUG = "a bug in tensat; please report it with the model"
-
-
 def _recoverable(exc: BaseException) -> bool:
     """Errors the optimization recovers from: any Exception and a Rust panic inside egglog (pyo3's PanicException
     derives from BaseException), never Ctrl-C or an exit request."""
     return not isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit))
-
-
-def _first_line(exc: BaseException) -> str:
-    """`Type: first line of the message`, for one-line warnings about internal failures."""
-    text = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
-    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
 
 
 class _FallbackCost:
@@ -248,8 +197,8 @@ class _FallbackCost:
             prefetch(items)
         except Exception as exc:  # noqa: BLE001 - a measuring model may fail in any way
             if not self.prefetch_failed:
-                self.log.warn(f"the {self.name} cost model could not measure ops in a batch ({_first_line(exc)}); "
-                              f"measuring them one by one instead, which is slower")
+                self.log.warn(f"the {self.name} cost model could not measure ops in a batch "
+                              f"({one_line(exc, typed=True)}); measuring them one by one instead, which is slower")
             self.prefetch_failed = True
 
     def __call__(self, node: Node, in_shapes: Sequence[Shape], const: Sequence[bool] = ()) -> float:
@@ -258,7 +207,7 @@ class _FallbackCost:
             try:
                 value = float(self.inner(node, in_shapes, const))
             except Exception as exc:  # noqa: BLE001
-                self.failed[key] = _first_line(exc)
+                self.failed[key] = one_line(exc, typed=True)
             else:
                 if math.isfinite(value) and value >= 0:
                     return value
@@ -281,8 +230,8 @@ def _cost_model(opts: Options, log: RunLog) -> _FallbackCost:
     except TensatError:
         raise
     except Exception as exc:  # noqa: BLE001 - e.g. the measuring backend is missing or fails to start
-        log.warn(f"the {opts.cost} cost model is unavailable ({_first_line(exc)}); used the analytic estimate "
-                 f"instead (pass cost='analytic' / --cost analytic to choose it)")
+        log.warn(f"the {opts.cost} cost model is unavailable ({one_line(exc, typed=True)}); used the analytic "
+                 f"estimate instead (pass cost='analytic' / --cost analytic to choose it)")
         inner = AnalyticCost()
     return _FallbackCost(inner, log)
 
@@ -305,12 +254,21 @@ PRICE_SECONDS = 8.0  # with measured costs, one export measures new prices for a
 # run measures the next ones: the cache fills over runs, and no run spends more than this on it)
 
 
-def _export(te: TensorEGraph, cost: CostModel, opts: Options) -> tuple[extraction.EGraph, dict[str, Any], set[str]]:
-    """The e-graph exported for extraction; with a cost model that measures (every price takes time), only
-    competitive e-nodes are priced, within `PRICE_SECONDS` (see `TensorEGraph.export`)."""
-    if isinstance(cost, _FallbackCost) and _measured(cost, opts) is not None:
-        return te.export(cost, competitive=COMPETITIVE_RATIO, price_seconds=PRICE_SECONDS)
-    return te.export(cost)
+@dataclass(frozen=True)
+class Exported:
+    """The e-graph as exported for extraction: the extraction e-graph, the decoded e-node behind each of its node
+    ids, the e-nodes that must not be chosen (see `TensorEGraph.export`) and the input graph's own selection. E-class
+    ids are per export: a selection is read against the export it was made in."""
+
+    egraph: extraction.EGraph
+    decoded: dict[str, DecodedNode]
+    forbidden: frozenset[str]
+    input_choices: dict[str, str]
+
+    def priced(self, choices: dict[str, str], method: str) -> extraction.ExtractionResult:
+        """A selection known to be valid (the input's, or a graph's carried into this export), priced here."""
+        return extraction.ExtractionResult(choices, extraction.dag_cost(self.egraph, choices), None, method, 0.0,
+                                           method)
 
 
 def check_threads() -> tuple[int, ...]:
@@ -366,140 +324,184 @@ def _end_to_end_check(original: onnx.ModelProto, optimized: onnx.ModelProto, dev
                                             clock=default_clock(device, t),
                                             max_seconds=opts.latency_check / len(threads), seed=opts.seed)
     except Exception as exc:  # noqa: BLE001 - the graph is verified; a failed timing only loses the check
-        log.warn(f"the end-to-end latency check could not run ({_first_line(exc)}); returned the verified "
-                 f"optimized model untimed (latency_check=0 / --latency-check 0 skips the check)")
+        log.warn(f"the end-to-end latency check could not run ({one_line(exc, typed=True)}); returned the "
+                 f"verified optimized model untimed (latency_check=0 / --latency-check 0 skips the check)")
         return None
     kept = _faster(by_threads)
     return LatencyCheck(by_threads, kept)
 
 
-def _greedy(xg: extraction.EGraph, forbidden: set[str], log: RunLog) -> extraction.ExtractionResult | None:
-    """The greedy DAG extractor's selection, or None (with a warning) if it fails."""
-    try:
-        return extraction.greedy_dag(xg, forbidden=forbidden)
-    except Exception as exc:  # noqa: BLE001 - any extractor failure keeps the input graph's own selection
-        log.warn(f"greedy extraction failed ({_first_line(exc)}); kept the input graph: {BUG}")
-        return None
+# -------------------------------------------------------------------------------------------------------------------
+# The run: named stages over one state object
 
 
-def _extract(
-    xg: extraction.EGraph, forbidden: frozenset[str], blacklist: frozenset[str],
-    initial: extraction.ExtractionResult, greedy: extraction.ExtractionResult | None, opts: Options,
-    log: RunLog, starts: Sequence[extraction.ExtractionResult] = (),
-) -> extraction.ExtractionResult:
-    """The cheapest selection found within the ILP time limit; never worse than greedy or the input's own.
+@dataclass
+class _Run:
+    """One optimization run, filled in stage by stage: what every stage reads and writes.
 
-    The ILP first solves the cycle-filtered e-graph (`blacklist` removed: no cycle cuts needed, usually fast), then
-    the whole e-graph, warm-started from the best selection so far: filtering can remove e-nodes the best graph
-    needs, lazy cycle cuts cannot. The second pass gets as long as the first took (at least a second, at most
-    what is left of the limit): on the benchmark graphs it rarely improves on the first, and its lazy cuts can
-    run for the whole limit without closing the gap.
-    """
-    if greedy is None:
-        return initial
-    best = greedy if greedy.cost <= initial.cost else initial
-    if opts.extractor == "greedy":
-        return best
-    deadline = time.perf_counter() + opts.ilp_time_limit
-    best = polished = _polish(xg, [initial, greedy, *starts], best, forbidden, opts, log)
-    passes = [(forbidden | blacklist, "cycle-filtered"), (forbidden, "whole")] if blacklist else [(forbidden, "whole")]
-    proven = False
-    first_pass = 0.0
-    stop = ""
-    for banned, label in passes:
-        now = time.perf_counter()
-        remaining = deadline - now
-        if label == "whole" and blacklist:
-            remaining = min(remaining, max(1.0, first_pass))
-        if remaining <= 0:
-            break
-        start = best if not blacklist & set(best.choices.values()) or label == "whole" else initial
-        log.say("extract", f"ILP on the {label} e-graph (at most {remaining:.0f} s)")
-        try:
-            ilp = extraction.ilp_extract(xg, solver=opts.solver, time_limit=remaining, forbidden=frozenset(banned),
-                                         initial=start, stall_seconds=ILP_STALL_SECONDS)
-        except Exception as exc:  # noqa: BLE001 - a solver crash or a missing solver binary
-            log.warn(f"the ILP solver failed on the {label} e-graph ({_first_line(exc)}); used the best graph found "
-                     f"without it (try solver='cbc' / --solver cbc)")
+    What the run returns is the input (graph, model and cost) until an optimized graph, the `candidate`, passes
+    every check; `returned_input` says why the input is returned, and is None once the candidate is accepted."""
+
+    opts: Options
+    log: RunLog
+    source: ModelLike  # the model as given
+    times: dict[str, float] = field(default_factory=dict)
+    # the input and the cost model
+    graph: Graph | None = None  # the input graph, compacted
+    model: onnx.ModelProto | None = None  # the input model (None for a Graph neither verified nor timed)
+    cost: _FallbackCost | None = None
+    measured: MeasuredCost | None = None  # the cost model if it times ops on a device
+    cost_before: float = 0.0
+    # the search
+    te: TensorEGraph | None = None
+    stats: ExplorationStats = field(default_factory=ExplorationStats)
+    exported: Exported | None = None
+    guided: extraction.ExtractionResult | None = None  # the guided rounds' selection, in `exported`
+    chosen: extraction.ExtractionResult | None = None
+    # the optimized graph while it goes through the checks: as written to ONNX, read back, and priced
+    candidate: Graph | None = None
+    candidate_model: onnx.ModelProto | None = None
+    written: Graph | None = None
+    candidate_cost: float = 0.0
+    # the outcome
+    report: VerifyReport | None = None
+    check: LatencyCheck | None = None
+    returned_input: str | None = "no cheaper graph found"
+
+
+def _always(run: _Run) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class _Stage:
+    """A named step of the run. `work(run)` does it; `key` names the entry of `times` it is timed under (None: it
+    records its own times, or none); `when(run)` says whether it runs at all; where it fails, `fallback(run, error)`
+    degrades the run (None: the failure propagates)."""
+
+    key: str | None
+    work: Callable[[_Run], None]
+    fallback: Callable[[_Run, BaseException], None] | None = None
+    when: Callable[[_Run], bool] = _always
+
+
+def _perform(run: _Run, stages: Sequence[_Stage]) -> None:
+    """Run the stages in order: the one place a stage is timed and its failure handled.
+
+    A recoverable failure (`_recoverable`) degrades the run to what the stage's fallback leaves; Ctrl-C, an exit
+    request and the failures of a stage with no fallback propagate. A stage's time excludes what it records under
+    other keys itself (the exploring of a guided round is exploration time; the cycle filter runs inside the
+    extraction)."""
+    for stage in stages:
+        if not stage.when(run):
             continue
-        first_pass = time.perf_counter() - now
-        stop = ilp.info.get("stop", "")
-        if ilp.status != "fallback" and ilp.cost <= best.cost + 1e-12:
-            # a cycle-filtered pass proves nothing about the whole e-graph: its bound is the sub-problem's
-            best = ilp if label == "whole" else replace(ilp, bound=None, status="feasible")
-        elif ilp.bound is not None and label == "whole":  # the ILP's proven bound holds for the search's result too
-            best.bound = max(best.bound or 0.0, min(ilp.bound, best.cost))
-        proven = label == "whole" and ilp.status == "optimal"
-    if not proven and best.cost < polished.cost - 1e-12:  # the ILP improved on the search: polish its result too
-        best = _polish(xg, [best], best, forbidden, opts, log)
-    if not proven and stop == "time" and time.perf_counter() >= deadline - 0.05:
-        gap = best.gap()
-        log.warn(f"extraction reached its ILP time limit ({opts.ilp_time_limit:g} s) before proving its graph optimal"
-                 f"{'' if gap is None else f' (within {100 * gap:.2g}% of the bound)'}; a longer ilp_time_limit "
-                 f"(--ilp-time-limit) may find a cheaper graph")
-    best.info["ilp_stop"] = _ilp_stop(proven, stop)
-    return best
-
-
-ILP_STALL_SECONDS = 2.0  # the ILP stops when its incumbent has not improved for this long (it starts from the
-# local search's selection, which the solver seldom improves on: a search that has not paid by then rarely does)
-
-
-def _ilp_stop(proven: bool, stop: str) -> str:
-    """Why the ILP stopped, in the user's words."""
-    if proven:
-        return "proven optimal"
-    return "not proven optimal: " + {
-        "gap": "optimal only on the cycle-filtered e-graph",
-        "stall": f"no cheaper graph found for {ILP_STALL_SECONDS:g} s",
-        "time": "time limit", "no new cuts": "no cycle cut left", "no solution": "the solver found no solution",
-    }.get(stop, "the ILP did not run")
-
-
-LOCAL_SEARCH_SHARE = 0.2  # of the ILP time limit, for each start of the local search
-LOCAL_SEARCH_MIN_SECONDS = 3.0  # it stops by itself when no move improves: only searches that pay take this long
-
-
-def _local_search_seconds(opts: Options) -> float:
-    """The local search's time limit for one start: a share of the ILP's, but at least enough for a few passes
-    over a NasRNN-size e-graph on a loaded machine (a tighter limit makes the result depend on the load)."""
-    return max(LOCAL_SEARCH_MIN_SECONDS, LOCAL_SEARCH_SHARE * opts.ilp_time_limit)
-
-
-def _selection(xg: extraction.EGraph, choices: dict[str, str], method: str) -> extraction.ExtractionResult:
-    """A selection known to be valid (the input's, or a graph's carried into a new export), priced on `xg`."""
-    return extraction.ExtractionResult(choices, extraction.dag_cost(xg, choices), None, method, 0.0, method)
-
-
-def _polish(xg: extraction.EGraph, starts: Sequence[extraction.ExtractionResult], best: extraction.ExtractionResult,
-            forbidden: frozenset[str], opts: Options, log: RunLog) -> extraction.ExtractionResult:
-    """The cheapest of `best`, the starts and the local search's improvements of each start (see
-    `extraction.local_search`).
-
-    The input's selection is a start as well as greedy's: greedy settles each class alone and so picks small local
-    gains (a gate's two matmuls merged) that block larger ones (one weight read for all time steps) which the
-    search finds from the input."""
-    for start in starts:
-        log.say("extract", f"local search from the {start.method} graph")
+        t = time.perf_counter()
+        recorded = sum(run.times.values())
         try:
-            found = extraction.local_search(xg, start, forbidden=forbidden, time_limit=_local_search_seconds(opts))
-        except Exception as exc:  # noqa: BLE001 - a failed polish keeps the selection it started from
-            log.warn(f"the local search over the extraction failed ({_first_line(exc)}): {BUG}")
-            found = start
-        if found.cost < best.cost - 1e-12:
-            best = found
-    return best
+            stage.work(run)
+        except BaseException as exc:  # noqa: BLE001 - egglog's Rust panics derive from BaseException
+            if stage.fallback is None or not _recoverable(exc):
+                raise
+            stage.fallback(run, exc)
+        if stage.key is not None:
+            run.times[stage.key] = time.perf_counter() - t - (sum(run.times.values()) - recorded)
+
+
+def _reject(run: _Run, reason: str) -> None:
+    """The candidate fails a check: the input is returned, for `reason`."""
+    run.candidate, run.returned_input = None, reason
+
+
+def _has_candidate(run: _Run) -> bool:
+    return run.candidate is not None
+
+
+# -- the input
+
+
+def _import(run: _Run) -> None:
+    """Read the model (or take the Graph given) into the input graph."""
+    from tensat import onnx_io
+
+    run.log.say("import", "reading the model")
+    if isinstance(run.source, Graph):
+        graph = run.source
+        run.model = onnx_io.export_model(graph) if run.opts.verify or run.opts.latency_check > 0 else None
+    else:
+        run.model = onnx_io.load_model(run.source, run.opts.input_shapes)
+        graph = onnx_io.import_model(run.model)
+    run.graph = graph.compact()
+
+
+def _price_input(run: _Run) -> None:
+    """Build the cost model and price the input as onnxruntime runs it."""
+    run.cost = _cost_model(run.opts, run.log)
+    run.measured = _measured(run.cost, run.opts)
+    if run.measured is not None:  # it sizes its cache state by the weights one inference reads
+        run.measured.observe_graph(run.graph)
+    run.log.say("cost", f"pricing the input's {run.graph.op_count()} ops")
+    run.cost_before = runtime_cost(run.graph, run.cost)
+
+
+# -- the search: lower, explore, price, guided rounds, extract, rebuild
+
+
+LIMITS = ("node_limit", "iter_limit", "time_limit")
+
+
+def _lower(run: _Run) -> None:
+    run.log.say("explore", f"lowering {run.graph.op_count()} ops into egglog")
+    run.te = TensorEGraph(run.graph)
+
+
+def _explore(run: _Run) -> None:
+    """Apply the rules to saturation or a limit; timed by egglog's own clock (guided rounds add to it)."""
+    opts, log = run.opts, run.log
+
+    def iteration(it: IterationStats) -> None:
+        log.say("explore", f"iteration {it.iteration}: {it.enodes:,} e-nodes, {it.eclasses:,} e-classes")
+
+    run.stats = stats = run.te.explore(node_limit=opts.node_limit, iter_limit=opts.iter_limit,
+                                       time_limit=opts.time_limit, k_multi=opts.k_multi, on_iteration=iteration)
+    run.times["explore"] = stats.seconds
+    if stats.stop_reason == "error":
+        log.warn(f"exploration stopped by an egglog error ({stats.error}); extracted from the e-graph before it: "
+                 f"{BUG}")
+    elif stats.stop_reason in LIMITS:
+        reason = stats.stop_reason
+        log.warn(f"exploration stopped at its {reason.replace('_', ' ')} ({getattr(opts, reason):g}) before "
+                 f"saturation ({stats.enodes} e-nodes); raising {reason} (--{reason.replace('_', '-')}) may "
+                 f"find a better graph")
+
+
+def _export(run: _Run) -> Exported:
+    """The e-graph exported for extraction; with a cost model that measures (every price takes time), only
+    competitive e-nodes are priced, within `PRICE_SECONDS` (see `TensorEGraph.export`)."""
+    te = run.te
+    if run.measured is not None:
+        xg, decoded, forbidden = te.export(run.cost, competitive=COMPETITIVE_RATIO, price_seconds=PRICE_SECONDS)
+    else:
+        xg, decoded, forbidden = te.export(run.cost)
+    return Exported(xg, decoded, frozenset(forbidden), te.original_selection(decoded))
+
+
+def _price(run: _Run) -> None:
+    run.log.say("price", f"pricing {run.stats.enodes:,} e-nodes")
+    run.exported = _export(run)
+
+
+def _guided_apply(run: _Run) -> bool:
+    """Guided rounds run after an exploration with multi-pattern rules that stopped short of every limit."""
+    return (run.opts.k_multi > 0 and run.opts.guided_rounds > 0
+            and run.stats.stop_reason not in ("node_limit", "time_limit", "error"))
 
 
 GUIDED_ITERATIONS = 2  # per guided round: the guided multi-pattern iteration, then one of single-pattern rules
 
 
-def _guided_rounds(
-    te: TensorEGraph, cost: CostModel, opts: Options, xg: extraction.EGraph, decoded: dict[str, Any],
-    forbidden: set[str], original_choices: dict[str, str], stats: ExplorationStats, log: RunLog,
-) -> tuple[extraction.EGraph, dict[str, Any], set[str], extraction.ExtractionResult | None]:
-    """Extend the merges the extracted graph uses, round by round; returns the last export and the best selection
-    found in it (None if no round improved on the input).
+def _guided_rounds(run: _Run) -> None:
+    """Extend the merges the extracted graph uses, round by round; leaves the last export and the best selection
+    found in it (`run.guided`, None if the search found nothing better than the input).
 
     A multi-pattern iteration merges pairs; a chain (the products of five time steps sharing one weight, merged
     into one) needs one more iteration per link, and a second unrestricted iteration already multiplies the
@@ -508,250 +510,213 @@ def _guided_rounds(
     and searches again; rounds stop when one does not lower the cost (that round's e-nodes are rolled back, so the
     ILP does not pay for a larger e-graph that gained nothing), at the time limit or at the node limit.
     """
+    te, opts, stats, log = run.te, run.opts, run.stats, run.log
     t0 = time.perf_counter()
-    initial = _selection(xg, original_choices, "input")
+    exported = run.exported
+    initial = exported.priced(exported.input_choices, "input")
+    seconds = extraction.portfolio.local_search_seconds(opts.ilp_time_limit)
     try:
-        best = extraction.local_search(xg, initial, forbidden=frozenset(forbidden), major_only=True,
-                                       time_limit=_local_search_seconds(opts))
+        best = extraction.local_search(exported.egraph, initial, forbidden=exported.forbidden, major_only=True,
+                                       time_limit=seconds)
     except Exception as exc:  # noqa: BLE001 - the rounds are an improvement; the plain pipeline goes on without them
-        log.warn(f"guided rounds skipped: the local search failed ({_first_line(exc)}): {BUG}")
-        return xg, decoded, forbidden, None
+        log.warn(f"guided rounds skipped: the local search failed ({one_line(exc, typed=True)}): {BUG}")
+        return
     if best is initial:
-        return xg, decoded, forbidden, None
-    inputs_own = set(original_choices.values())
-    if not any(decoded[n].op == "slice" for n in best.choices.values() if n not in inputs_own):
+        return
+    inputs_own = set(exported.input_choices.values())
+    if not any(exported.decoded[n].op == "slice" for n in best.choices.values() if n not in inputs_own):
         best.seconds = time.perf_counter() - t0  # no merge to extend: every merge is read through slices
-        return xg, decoded, forbidden, best
+        run.guided = best
+        return
     for k in range(opts.guided_rounds):
         remaining = opts.time_limit - stats.seconds
         if remaining <= 0:
             break
         log.say("guided", f"round {k + 1}: extending the extracted graph's merges")
-        graph = te.rebuild(best.choices, decoded).compact()
+        graph = te.rebuild(best.choices, exported.decoded).compact()
         base = te.guide(graph)
         before = te.enode_count()
         te.checkpoint()
         round_stats = te.explore(node_limit=opts.node_limit, iter_limit=GUIDED_ITERATIONS, time_limit=remaining,
                                  guided=True)
         stats.seconds += round_stats.seconds
+        run.times["explore"] = stats.seconds
         found = start = None
         if round_stats.stop_reason != "error" and te.enode_count() != before:
-            new_xg, new_decoded, new_forbidden = _export(te, cost, opts)
-            start = _selection(new_xg, te.chosen_selection(new_decoded, graph, base), "guided")
-            found = extraction.local_search(new_xg, start, forbidden=frozenset(new_forbidden), major_only=True,
-                                            time_limit=_local_search_seconds(opts))
+            new = _export(run)
+            start = new.priced(te.chosen_selection(new.decoded, graph, base), "guided")
+            found = extraction.local_search(new.egraph, start, forbidden=new.forbidden, major_only=True,
+                                            time_limit=seconds)
         if found is None or found is start:  # nothing gained: drop what the round added, keep the previous graph
             te.rollback()
-            xg, decoded, forbidden = _export(te, cost, opts)  # re-read: e-class ids are per export
-            best = _selection(xg, te.chosen_selection(decoded, graph, base), "guided")
+            exported = _export(run)  # re-read: e-class ids are per export
+            best = exported.priced(te.chosen_selection(exported.decoded, graph, base), "guided")
             break
         offset = len(stats.iterations)
         for it in round_stats.iterations:
             it.iteration += offset
         stats.iterations += round_stats.iterations
         stats.guided_rounds += 1
-        xg, decoded, forbidden, best = new_xg, new_decoded, new_forbidden, found
+        exported, best = new, found
         if round_stats.stop_reason == "node_limit":
             break
     best.seconds = time.perf_counter() - t0
     best.method = "guided+local"
-    return xg, decoded, forbidden, best
+    run.exported, run.guided = exported, best
 
 
-LIMITS = ("node_limit", "iter_limit", "time_limit")
+def _without_guided(run: _Run, exc: BaseException) -> None:
+    """The rounds are an improvement: extraction goes on from the explored e-graph without them."""
+    run.log.warn(f"guided rounds failed ({one_line(exc, typed=True)}); extracted from the explored e-graph: {BUG}")
+    run.exported = _export(run)  # re-read: e-class ids are per export
+    run.guided = None
 
 
-@dataclass
-class _Search:
-    """How far the e-graph search got: filled in phase by phase, so a failure keeps what was done."""
+def _extract(run: _Run) -> None:
+    """The extraction portfolio (`extraction.extract_best`) from the input's selection and the guided rounds'."""
+    x, opts = run.exported, run.opts
+    run.chosen = extraction.extract_best(
+        x.egraph, x.priced(x.input_choices, "input"), [run.guided] if run.guided is not None else [],
+        forbidden=x.forbidden, method=opts.extractor, solver=opts.solver, time_limit=opts.ilp_time_limit,
+        warn=run.log.warn, say=lambda detail: run.log.say("extract", detail))
+    filtered = run.chosen.info["cycle_filter"]
+    run.stats.blacklisted = filtered["blacklisted"]
+    run.times["cycle_filter"] = filtered["seconds"]
 
-    graph: Graph
-    stats: ExplorationStats = field(default_factory=ExplorationStats)
-    chosen: extraction.ExtractionResult | None = None
+
+def _rebuild(run: _Run) -> None:
+    run.candidate = run.te.rebuild(run.chosen.choices, run.exported.decoded).compact()
 
 
-def _search(graph: Graph, cost: CostModel, opts: Options, times: dict[str, float], log: RunLog,
-            state: _Search) -> None:
-    """Lower, explore, extract and rebuild; the optimized graph is left in `state.graph`."""
-    t = time.perf_counter()
-    log.say("explore", f"lowering {graph.op_count()} ops into egglog")
-    te = TensorEGraph(graph)
-    times["lower"] = time.perf_counter() - t
+def _search_failed(run: _Run, exc: BaseException) -> None:
+    """The search is best effort: the input graph is always a valid answer."""
+    run.log.warn(f"optimization failed ({one_line(exc, typed=True)}); returned the input model: {BUG}")
+    if not run.stats.stop_reason:
+        run.stats.stop_reason, run.stats.error = "error", one_line(exc, typed=True)
+    run.candidate = run.chosen = None
 
-    def iteration(it: IterationStats) -> None:
-        log.say("explore", f"iteration {it.iteration}: {it.enodes:,} e-nodes, {it.eclasses:,} e-classes")
 
-    state.stats = te.explore(node_limit=opts.node_limit, iter_limit=opts.iter_limit, time_limit=opts.time_limit,
-                             k_multi=opts.k_multi, on_iteration=iteration)
-    stats = state.stats
-    times["explore"] = stats.seconds
-    if stats.stop_reason == "error":
-        log.warn(f"exploration stopped by an egglog error ({stats.error}); extracted from the e-graph before it: "
-                 f"{BUG}")
-    elif stats.stop_reason in LIMITS:
-        reason = stats.stop_reason
-        log.warn(f"exploration stopped at its {reason.replace('_', ' ')} ({getattr(opts, reason):g}) before "
-                     f"saturation ({stats.enodes} e-nodes); raising {reason} (--{reason.replace('_', '-')}) may "
-                     f"find a better graph")
+_SEARCH = (
+    _Stage("lower", _lower),
+    _Stage(None, _explore),
+    _Stage("price", _price),
+    _Stage("guided", _guided_rounds, fallback=_without_guided, when=_guided_apply),
+    _Stage("extract", _extract),
+    _Stage(None, _rebuild),
+)
 
-    t = time.perf_counter()
-    log.say("price", f"pricing {stats.enodes:,} e-nodes")
-    xg, decoded, forbidden = _export(te, cost, opts)
-    original_choices = te.original_selection(decoded)
-    times["price"] = time.perf_counter() - t
-    guided = None
-    if opts.k_multi > 0 and opts.guided_rounds > 0 and stats.stop_reason not in ("node_limit", "time_limit", "error"):
-        t = time.perf_counter()
-        explored = stats.seconds
-        try:
-            xg, decoded, forbidden, guided = _guided_rounds(te, cost, opts, xg, decoded, forbidden, original_choices,
-                                                            stats, log)
-        except Exception as exc:  # noqa: BLE001 - the rounds are an improvement; extraction goes on without them
-            log.warn(f"guided rounds failed ({_first_line(exc)}); extracted from the explored e-graph: {BUG}")
-            xg, decoded, forbidden = _export(te, cost, opts)  # re-read: e-class ids are per export
-            guided = None
-        original_choices = te.original_selection(decoded)
-        times["explore"] = stats.seconds
-        times["guided"] = time.perf_counter() - t - (stats.seconds - explored)
-    t = time.perf_counter()
-    log.say("extract", "greedy")
-    greedy = _greedy(xg, forbidden, log)
-    greedy_seconds = time.perf_counter() - t
-    t = time.perf_counter()
-    # The greedy selection is acyclic too: sparing its e-nodes keeps a good graph in the filtered e-graph.
-    blacklist = extraction.filter_cycles(xg, original_choices.values(), forbidden,
-                                         preferred=greedy.choices.values() if greedy else ())
-    times["cycle_filter"] = time.perf_counter() - t
-    stats.blacklisted = len(blacklist)
-    initial = _selection(xg, original_choices, "input")
-    t = time.perf_counter()
-    state.chosen = _extract(xg, frozenset(forbidden), frozenset(blacklist), initial, greedy, opts, log,
-                            [guided] if guided is not None else [])
-    times["extract"] = greedy_seconds + time.perf_counter() - t
-    state.graph = te.rebuild(state.chosen.choices, decoded).compact()
+
+def _search(run: _Run) -> None:
+    _perform(run, _SEARCH)
+
+
+# -- the checks: the candidate is returned only if it passes each
+
+
+def _export_candidate(run: _Run) -> None:
+    from tensat import onnx_io
+
+    run.log.say("export", "writing the optimized graph as ONNX")
+    run.candidate_model = onnx_io.export_model(run.candidate)
+    run.written = onnx_io.import_model(run.candidate_model).compact()  # priced as written: the file is what runs
+
+
+def _unexportable(run: _Run, exc: BaseException) -> None:
+    """An optimized graph that cannot be exported is dropped, not shipped."""
+    run.log.warn(f"the optimized graph could not be exported ({one_line(exc, typed=True)}); returned the input "
+                 f"model: {BUG}")
+    _reject(run, "the optimized graph could not be exported")
+
+
+def _price_candidate(run: _Run) -> None:
+    """Price the candidate as written; a gain within the ILP's own tolerance is none."""
+    run.candidate_cost = runtime_cost(run.written, run.cost)
+    if run.candidate_cost >= run.cost_before * (1 - extraction.GAP_TOLERANCE):
+        _reject(run, f"no graph found that costs less than the input as onnxruntime runs it "
+                     f"({run.candidate_cost:.4g} against {run.cost_before:.4g} ms under the {run.opts.cost} cost "
+                     f"model)")
+
+
+def _verify(run: _Run) -> None:
+    run.log.say("verify", "running both models in onnxruntime")
+    run.report = _verified(run.model, run.candidate_model, run.opts, run.log)
+    if run.report is None:
+        _reject(run, "the optimized graph rounds differently under onnxruntime's fused kernels")
+
+
+def _latency_check(run: _Run) -> None:
+    opts = run.opts
+    run.log.say("latency", f"timing both models end to end (at most {opts.latency_check:g} s)")
+    device = run.measured.device if run.measured is not None else _check_device(opts)
+    run.check = _end_to_end_check(run.model, run.candidate_model, device, opts, run.log)
+    if run.check is not None and not run.check.kept:
+        _reject(run, f"the optimized graph was not measurably faster end to end ({run.check.figures()})")
+
+
+def _accept(run: _Run) -> None:
+    run.returned_input = None
+
+
+def _report_costs(run: _Run) -> None:
+    run.cost.report()
+
+
+_PIPELINE = (
+    _Stage("import", _import),
+    _Stage(None, _price_input),
+    _Stage(None, _search, fallback=_search_failed),
+    _Stage("export", _export_candidate, fallback=_unexportable, when=_has_candidate),
+    _Stage(None, _price_candidate, when=_has_candidate),
+    _Stage("verify", _verify, when=lambda run: _has_candidate(run) and run.opts.verify),
+    _Stage("latency_check", _latency_check,
+           when=lambda run: _has_candidate(run) and run.opts.latency_check > 0 and run.model is not None),
+    _Stage(None, _accept, when=_has_candidate),
+    _Stage(None, _report_costs),
+)
 
 
 def optimize_with_details(model: ModelLike, *, progress: ProgressFn | None = None, **options: Any) -> OptimizeResult:
     """Optimize `model` and report how: see `optimize` for the options. `progress(stage, detail)`, if given, is
     called as the run moves from stage to stage (see `tensat.progress`)."""
-    from tensat import onnx_io
-
     output_path = options.pop("output", None)
     opts = Options(**options)
     opts.check()
     if output_path is not None:  # before any work: a run must not fail at its very end on a missing directory
         check_writable(output_path)
-    times: dict[str, float] = {}
-    log = RunLog(progress)
+    run = _Run(opts, RunLog(progress), model)
+    _perform(run, _PIPELINE)
+    return _result(run, output_path)
 
-    t = time.perf_counter()
-    log.say("import", "reading the model")
-    if isinstance(model, Graph):
-        graph = model
-        original_model = onnx_io.export_model(graph) if opts.verify or opts.latency_check > 0 else None
+
+def _result(run: _Run, output_path: str | os.PathLike[str] | None) -> OptimizeResult:
+    """The run's result: the accepted candidate, or the input; written to `output_path` if given."""
+    from tensat import onnx_io
+
+    optimized = run.returned_input is None
+    graph = run.candidate if optimized else run.graph
+    if optimized:
+        out_model = run.candidate_model
     else:
-        original_model = onnx_io.load_model(model, opts.input_shapes)
-        graph = onnx_io.import_model(original_model)
-    graph = graph.compact()
-    times["import"] = time.perf_counter() - t
-
-    cost = _cost_model(opts, log)
-    measured = _measured(cost, opts)
-    if measured is not None:  # it sizes its cache state by the weights one inference reads
-        measured.observe_graph(graph)
-    log.say("cost", f"pricing the input's {graph.op_count()} ops")
-    cost_before = runtime_cost(graph, cost)
-
-    state = _Search(graph)
-    try:
-        _search(graph, cost, opts, times, log, state)
-    except BaseException as exc:  # the search is best effort: the input graph is always a valid answer
-        if not _recoverable(exc):
-            raise
-        log.warn(f"optimization failed ({_first_line(exc)}); returned the input model: {BUG}")
-        if not state.stats.stop_reason:
-            state.stats.stop_reason, state.stats.error = "error", _first_line(exc)
-        state.graph, state.chosen = graph, None
-    optimized, stats, chosen = state.graph, state.stats, state.chosen
-    run = _Outcome(graph, original_model, cost_before)
-    if optimized is not graph:
-        _finish(run, optimized, cost, opts, times, log, measured)
-    cost.report()
-
-    out_model = run.model if run.model is not None else onnx_io.export_model(graph)
-    if run.returned_input is not None and opts.verify and run.report is None:
+        out_model = run.model if run.model is not None else onnx_io.export_model(run.graph)
+    report = run.report
+    if not optimized and run.opts.verify and report is None:
         from tensat.verify import VerifyReport
 
-        run.report = VerifyReport(True, 0.0, 0.0, [o.name for o in out_model.graph.output], 0.0,
-                                  "the input model is returned")
-    if isinstance(model, Graph):
-        output: Any = run.graph
+        report = VerifyReport(True, 0.0, 0.0, [o.name for o in out_model.graph.output], 0.0,
+                              "the input model is returned")
+    if isinstance(run.source, Graph):
+        output: Any = graph
     elif output_path is not None:
         onnx_io.save_model(out_model, output_path)
         output = Path(output_path)
     else:
         output = out_model
-    return OptimizeResult(output, run.graph, graph, cost_before, run.cost, stats, chosen, times, run.report,
-                          log.warnings, opts, run.check, measured.describe() if measured is not None else None,
-                          nodes_before=len((original_model or out_model).graph.node),
-                          nodes_after=len(out_model.graph.node), returned_input=run.returned_input)
-
-
-@dataclass
-class _Outcome:
-    """What the run returns: the input (graph, model and cost) until an optimized graph passes every check."""
-
-    graph: Graph
-    model: onnx.ModelProto | None
-    cost: float
-    report: VerifyReport | None = None
-    check: LatencyCheck | None = None
-    returned_input: str | None = "no cheaper graph found"
-
-
-def _finish(run: _Outcome, optimized: Graph, cost: CostModel, opts: Options, times: dict[str, float], log: RunLog,
-            measured: MeasuredCost | None) -> None:
-    """Export the optimized graph, price it as written, verify it and time it against the input; `run` takes it
-    only if it passes each step, and says why not otherwise."""
-    from tensat import onnx_io
-
-    t = time.perf_counter()
-    log.say("export", "writing the optimized graph as ONNX")
-    try:
-        out_model = onnx_io.export_model(optimized)
-        written = onnx_io.import_model(out_model).compact()  # priced as written: the file is what the user runs
-    except Exception as exc:  # noqa: BLE001 - an optimized graph that cannot be exported is dropped, not shipped
-        log.warn(f"the optimized graph could not be exported ({_first_line(exc)}); returned the input model: {BUG}")
-        run.returned_input = "the optimized graph could not be exported"
-        return
-    finally:
-        times["export"] = time.perf_counter() - t
-    cost_after = runtime_cost(written, cost)
-    if cost_after >= run.cost * (1 - extraction.GAP_TOLERANCE):  # a gain within the ILP's own tolerance is none
-        run.returned_input = (f"no graph found that costs less than the input as onnxruntime runs it "
-                              f"({cost_after:.4g} against {run.cost:.4g} ms under the {opts.cost} cost model)")
-        return
-    report = None
-    if opts.verify:
-        t = time.perf_counter()
-        log.say("verify", "running both models in onnxruntime")
-        report = run.report = _verified(run.model, out_model, opts, log)
-        times["verify"] = time.perf_counter() - t
-        if report is None:
-            run.returned_input = "the optimized graph rounds differently under onnxruntime's fused kernels"
-            return
-    check = None
-    if opts.latency_check > 0 and run.model is not None:
-        t = time.perf_counter()
-        log.say("latency", f"timing both models end to end (at most {opts.latency_check:g} s)")
-        device = measured.device if measured is not None else _check_device(opts)
-        check = _end_to_end_check(run.model, out_model, device, opts, log)
-        times["latency_check"] = time.perf_counter() - t
-        run.check = check
-        if check is not None and not check.kept:
-            run.returned_input = f"the optimized graph was not measurably faster end to end ({check.figures()})"
-            return
-    run.graph, run.model, run.cost, run.report, run.returned_input = optimized, out_model, cost_after, report, None
+    return OptimizeResult(output, graph, run.graph, run.cost_before,
+                          run.candidate_cost if optimized else run.cost_before, run.stats, run.chosen, run.times,
+                          report, run.log.warnings, run.opts, run.check,
+                          run.measured.describe() if run.measured is not None else None,
+                          nodes_before=len((run.model or out_model).graph.node), nodes_after=len(out_model.graph.node),
+                          returned_input=run.returned_input)
 
 
 def _verified(original: onnx.ModelProto, optimized: onnx.ModelProto, opts: Options,
@@ -790,13 +755,15 @@ def optimize(model: ModelLike, **options: Any) -> Any:
 
     `model` is an `onnx.ModelProto`, a path to an .onnx file, or a `tensat.ir.Graph`. A ModelProto or a path gives
     back a ModelProto (or, with `output=PATH`, writes it atomically there and returns the path); a Graph gives a
-    Graph. Options: node_limit (50000), iter_limit (15), time_limit (60 s of exploration), k_multi (1: iterations
-    in which multi-pattern rules run), guided_rounds (4: rounds extending the extracted graph's merges), extractor
-    ("ilp" or "greedy"), solver ("highs" or "cbc"), ilp_time_limit (60 s), cost ("measured": per-op latency on the
-    target device, cached; or "analytic"), device ("auto", "cpu" or "cuda": where costs are measured and the result
-    timed), latency_check (20 s: time the optimized model against the input end to end at one thread and at every
-    core, and return the input model unless the optimized one is faster; 0 skips it), verify (True: compare
-    against the input in onnxruntime and raise VerificationError on a mismatch), seed (0), input_shapes ({"x": [1, 3, 224, 224]} for dynamic dims).
+    Graph. The options are the fields of `Options` (each one's default and meaning is in its `metadata["help"]`, as
+    `tensat optimize --help` shows it): node_limit, iter_limit and time_limit (of exploration), k_multi (iterations
+    in which multi-pattern rules run), guided_rounds (rounds extending the extracted graph's merges), extractor
+    ("ilp" or "greedy"), solver ("highs" or "cbc"), ilp_time_limit, cost ("measured": per-op latency on the target
+    device, cached; or "analytic"), device ("auto", "cpu" or "cuda": where costs are measured and the result timed),
+    latency_check (seconds timing the optimized model against the input end to end at one thread and at every core;
+    the input model is returned unless the optimized one is faster; 0 skips it), verify (compare against the input
+    in onnxruntime and raise VerificationError on a mismatch), seed, input_shapes ({"x": [1, 3, 224, 224]} for
+    dynamic dims).
     Use `optimize_with_details` for costs, e-graph growth and time per phase.
     """
     return optimize_with_details(model, **options).output

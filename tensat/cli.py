@@ -7,7 +7,8 @@ import sys
 import warnings
 from typing import Any, NoReturn, Sequence
 
-from tensat.errors import TensatError
+from tensat.errors import TensatError, one_line
+from tensat.options import OPTION_NAMES, add_option_flags, options_from_args
 
 
 class Parser(argparse.ArgumentParser):
@@ -16,53 +17,6 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"tensat: error: {message} (see `{self.prog} --help`)\n")
-
-
-def parse_input_shape(text: str) -> tuple[str, list[int]]:
-    """Parse NAME=d1,d2,... into (name, dims)."""
-    name, sep, dims = text.rpartition("=")
-    if not sep or not name:
-        raise argparse.ArgumentTypeError(f"expected NAME=d1,d2,..., got {text!r}")
-    try:
-        shape = [int(d) for d in dims.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"dimensions must be integers in {text!r}") from None
-    if any(d < 1 for d in shape):
-        raise argparse.ArgumentTypeError(f"dimensions must be positive in {text!r}")
-    return name, shape
-
-
-def positive_int(text: str) -> int:
-    """Parse a positive integer flag value."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def _float_flag(text: str, zero_ok: bool) -> float:
-    """Parse a number flag value that must be positive (or, with `zero_ok`, may also be 0)."""
-    want = "a number >= 0" if zero_ok else "a positive number"
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be {want}, got {text!r}") from None
-    if not (value >= 0 if zero_ok else value > 0):
-        raise argparse.ArgumentTypeError(f"must be {want}, got {text}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """Parse a positive number flag value."""
-    return _float_flag(text, zero_ok=False)
-
-
-def non_negative_float(text: str) -> float:
-    """Parse a number flag value that may be 0."""
-    return _float_flag(text, zero_ok=True)
 
 
 def _add_optimize(sub: Any) -> None:
@@ -74,36 +28,7 @@ def _add_optimize(sub: Any) -> None:
     src.add_argument("--model", metavar="NAME", help="optimize a built-in benchmark graph instead of a file "
                                                      "(see `tensat models`)")
     p.add_argument("-o", "--output", required=True, help="where to write the optimized ONNX model")
-    p.add_argument("--input-shape", metavar="NAME=D1,D2,...", type=parse_input_shape, action="append", default=[],
-                   help="concrete shape for an input with dynamic dims (repeat for several inputs)")
-    p.add_argument("--node-limit", type=positive_int, default=50_000,
-                   help="stop exploring before the e-graph exceeds this many e-nodes (default 50000)")
-    p.add_argument("--iter-limit", type=int, default=15, help="maximum exploration iterations (default 15)")
-    p.add_argument("--time-limit", type=positive_float, default=60.0,
-                   help="exploration time limit in seconds, checked between iterations (default 60)")
-    p.add_argument("--k-multi", type=int, choices=(0, 1, 2), default=1,
-                   help="number of first iterations in which multi-pattern rules run (default 1)")
-    p.add_argument("--guided-rounds", type=int, default=4,
-                   help="rounds after exploration that run the multi-pattern rules on pairs of the extracted graph's "
-                        "e-classes, extending its merges (default 4; 0 disables)")
-    p.add_argument("--extractor", choices=("ilp", "greedy"), default="ilp",
-                   help="extraction method: optimal ILP or greedy DAG (default ilp)")
-    p.add_argument("--solver", choices=("highs", "cbc"), default="highs", help="ILP solver (default highs)")
-    p.add_argument("--ilp-time-limit", type=positive_float, default=60.0,
-                   help="ILP solver time limit in seconds (default 60)")
-    p.add_argument("--cost", choices=("analytic", "measured"), default="measured",
-                   help="cost model: per-op latency measured in onnxruntime on the target device, cached (default), "
-                        "or the analytic roofline estimate (quick and reproducible)")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="device whose latency the measured cost model uses and the end-to-end check times on "
-                        "(default auto: CUDA where it loads and a GPU exists, else CPU)")
-    p.add_argument("--latency-check", metavar="SECONDS", type=non_negative_float, default=20.0,
-                   help="time the optimized model against the input end to end, at one thread and at every core, "
-                        "for up to this long, and keep the input unless the optimized one runs faster (default 20; "
-                        "0 skips)")
-    p.add_argument("--no-verify", action="store_true",
-                   help="skip the numerical check of the optimized model against the input in onnxruntime")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random verification inputs (default 0)")
+    add_option_flags(p, ("input_shapes", *(name for name in OPTION_NAMES if name != "input_shapes")))
     p.add_argument("--stats", metavar="FILE", help="write the run's statistics (growth per iteration, costs, "
                                                    "times) as JSON to FILE")
     out = p.add_mutually_exclusive_group()
@@ -137,15 +62,9 @@ def _run_optimize(args: argparse.Namespace) -> int:
             raise TensatError(str(exc)) from None
     else:
         source = args.input
-    shapes = dict(args.input_shape) if args.input_shape else None
     progress = progress_reporter(args)
     try:
-        result = api.optimize_with_details(
-            source, progress=progress, input_shapes=shapes, node_limit=args.node_limit, iter_limit=args.iter_limit,
-            time_limit=args.time_limit, k_multi=args.k_multi, guided_rounds=args.guided_rounds,
-            extractor=args.extractor, solver=args.solver, ilp_time_limit=args.ilp_time_limit, cost=args.cost,
-            device=args.device, latency_check=args.latency_check, verify=not args.no_verify, seed=args.seed,
-        )
+        result = api.optimize_with_details(source, progress=progress, **options_from_args(args))
     finally:
         if progress is not None:
             progress.close()
@@ -265,11 +184,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def one_line(exc: BaseException) -> str:
-    """An error's message on one line (whitespace runs, newlines included, become single spaces)."""
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: returns the process exit code (0 success, 1 failure, 2 bad usage)."""
     parser = build_parser()
@@ -290,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             warnings.simplefilter("ignore", RuntimeWarning)
             return handlers[args.command](args)
     except (TensatError, RuleError, InputError) as exc:
-        print(f"tensat: error: {one_line(exc)}", file=sys.stderr)
+        print(f"tensat: error: {one_line(exc, limit=None)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("tensat: interrupted", file=sys.stderr)

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tensat.cli import parse_input_shape, positive_float, positive_int
 from tensat.errors import TensatError
+from tensat.options import COSTS, DEVICES, add_option_flags, options_from_args, positive_float, positive_int
 
 
 def default_results_dir() -> Path:
@@ -17,6 +17,10 @@ def default_results_dir() -> Path:
     import bench
 
     return Path(bench.__file__).resolve().parent / "results"
+
+
+TENSAT_OPTIONS = ("node_limit", "iter_limit", "time_limit", "k_multi", "guided_rounds", "extractor", "solver",
+                  "ilp_time_limit")  # the options of tensat's search the comparison takes from flags
 
 
 def add_arguments(parser: argparse.ArgumentParser, require_source: bool = True) -> None:
@@ -27,30 +31,19 @@ def add_arguments(parser: argparse.ArgumentParser, require_source: bool = True) 
                      help="a built-in benchmark graph instead of a file (repeat for several; see `tensat models`)")
     src.add_argument("--all", action="store_true",
                      help="every built-in benchmark graph; writes compare.md and compare.json to --out-dir")
-    parser.add_argument("--input-shape", metavar="NAME=D1,D2,...", type=parse_input_shape, action="append", default=[],
-                        help="concrete shape for an input with dynamic dims (repeat for several inputs)")
+    add_option_flags(parser, ["input_shapes"])
     seq = parser.add_argument_group("sequential search")
     seq.add_argument("--alpha", type=positive_float, default=1.05,
                      help="keep candidates cheaper than alpha times the best cost (default 1.05)")
     seq.add_argument("--budget", type=int, default=100, help="maximum expansions (default 100)")
     seq.add_argument("--seq-time-limit", type=positive_float, default=None,
                      help="also stop the sequential search after this many seconds (default: no limit)")
-    ts = parser.add_argument_group("tensat")
-    ts.add_argument("--node-limit", type=positive_int, default=None, help="e-node limit (default: tensat's)")
-    ts.add_argument("--iter-limit", type=int, default=None, help="iteration limit (default: tensat's)")
-    ts.add_argument("--time-limit", type=positive_float, default=None,
-                    help="exploration time limit in seconds (default: tensat's)")
-    ts.add_argument("--k-multi", type=int, choices=(0, 1, 2), default=None,
-                    help="iterations in which multi-pattern rules run (default: tensat's)")
-    ts.add_argument("--guided-rounds", type=int, default=None,
-                    help="guided rounds extending the extracted graph's merges (default: tensat's)")
-    ts.add_argument("--extractor", choices=("ilp", "greedy"), default=None, help="extraction method")
-    ts.add_argument("--solver", choices=("highs", "cbc"), default=None, help="ILP solver")
-    ts.add_argument("--ilp-time-limit", type=positive_float, default=None, help="ILP time limit in seconds")
+    ts = parser.add_argument_group("tensat", "left out, tensat's own default applies")
+    add_option_flags(ts, TENSAT_OPTIONS, unset=True)
     both = parser.add_argument_group("both")
-    both.add_argument("--cost", choices=("analytic", "measured"), default="analytic",
+    both.add_argument("--cost", choices=COSTS, default="analytic",
                       help="cost model for both searches (default analytic)")
-    both.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+    both.add_argument("--device", choices=DEVICES, default="auto",
                       help="device whose latency the measured cost model uses")
     both.add_argument("--seed", type=int, default=0, help="seed of the verification and timing inputs (default 0)")
     out = parser.add_argument_group("output")
@@ -74,13 +67,12 @@ def _settings(args: argparse.Namespace) -> Any:
 
     if args.budget < 0:
         raise TensatError(f"--budget must be >= 0, got {args.budget}")
-    tensat_opts = {k: getattr(args, k) for k in ("node_limit", "iter_limit", "time_limit", "k_multi", "guided_rounds",
-                                                  "extractor", "solver", "ilp_time_limit") if getattr(args, k) is not None}
+    tensat_opts = options_from_args(args, TENSAT_OPTIONS)
     return Settings(
         cost=args.cost, device=args.device, alpha=args.alpha, budget=args.budget, seq_time_limit=args.seq_time_limit,
         tensat=tensat_opts, latency=not args.no_latency, latency_runs=args.latency_runs,
         latency_seconds=args.latency_seconds, seed=args.seed,
-        input_shapes=dict(args.input_shape) if args.input_shape else None,
+        input_shapes=args.input_shapes,
     )
 
 

@@ -9,9 +9,9 @@ import os
 import time
 from typing import Any, Iterator
 
-from tensat.cli import parse_input_shape, positive_float, positive_int
 from tensat.errors import TensatError
 from tensat.files import atomic_write_json
+from tensat.options import DEVICES, add_option_flags, positive_float, positive_int
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -19,9 +19,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     src.add_argument("input", nargs="?", help="an ONNX model file")
     src.add_argument("--model", metavar="NAME",
                      help="a built-in benchmark graph instead of a file (see `tensat models`)")
-    p.add_argument("--input-shape", metavar="NAME=D1,D2,...", type=parse_input_shape, action="append", default=[],
-                   help="concrete shape for an input with dynamic dims (repeat for several inputs)")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+    add_option_flags(p, ["input_shapes"])
+    p.add_argument("--device", choices=DEVICES, default="auto",
                    help="where to measure: auto = CUDA where it loads, else CPU (default auto)")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="intra-op threads of measuring sessions (default $TENSAT_MEASURE_THREADS or 1)")
@@ -31,12 +30,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 def _add_search(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--node-limit", type=positive_int, default=50_000,
-                   help="exploration e-node limit, as for `tensat optimize` (default 50000)")
-    p.add_argument("--iter-limit", type=int, default=15, help="exploration iterations (default 15)")
-    p.add_argument("--time-limit", type=positive_float, default=60.0, help="exploration seconds (default 60)")
-    p.add_argument("--k-multi", type=int, choices=(0, 1, 2), default=1,
-                   help="iterations in which multi-pattern rules run (default 1)")
+    """The exploration's flags, as for `tensat optimize`."""
+    add_option_flags(p, ("node_limit", "iter_limit", "time_limit", "k_multi"))
 
 
 def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,8 +56,7 @@ def add_cost_report_arguments(parser: argparse.ArgumentParser) -> None:
     opt = parser.add_mutually_exclusive_group()
     opt.add_argument("--optimized", metavar="FILE", help="compare with this optimized model instead of optimizing")
     opt.add_argument("--no-optimize", action="store_true", help="report on the original graph only")
-    parser.add_argument("--ilp-time-limit", type=positive_float, default=60.0,
-                        help="ILP solver seconds when optimizing (default 60)")
+    add_option_flags(parser, ["ilp_time_limit"])
     parser.add_argument("--runs", type=positive_int, default=60,
                         help="at least this many timed end-to-end runs per graph (default 60)")
     parser.add_argument("--cached", action="store_true",
@@ -116,8 +110,7 @@ def _graph(args: argparse.Namespace) -> tuple[Any, str]:
     from tensat.cost_report import load_graph
 
     source, name = _source(args)
-    shapes = dict(args.input_shape) if args.input_shape else None
-    return load_graph(source, shapes), name
+    return load_graph(source, args.input_shapes), name
 
 
 def _cost_model(args: argparse.Namespace) -> Any:
@@ -174,8 +167,7 @@ def run_cost_report(args: argparse.Namespace) -> int:
         cost.observe_graph(graph)
         optimized = None
         if args.optimized:
-            shapes = dict(args.input_shape) if args.input_shape else None
-            optimized = load_graph(args.optimized, shapes)
+            optimized = load_graph(args.optimized, args.input_shapes)
         elif not args.no_optimize:
             from tensat.api import optimize_with_details
 

@@ -30,7 +30,7 @@ import onnx.inliner
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from tensat import __version__, ops
-from tensat.errors import ModelError, TensatError
+from tensat.errors import ModelError, TensatError, one_line
 from tensat.files import atomic_write_bytes, fsync_dir
 from tensat.ir import FLOAT, Graph, OpaqueSpec
 
@@ -51,15 +51,6 @@ _NONDETERMINISTIC = {
 
 # ---------------------------------------------------------------------------------------------------------------
 # Small helpers
-
-
-def _one_line(text: object, limit: int = 300) -> str:
-    """The first non-empty line of `text`, shortened: error messages stay one line."""
-    for line in str(text).splitlines():
-        line = line.strip()
-        if line:
-            return line if len(line) <= limit else line[: limit - 3] + "..."
-    return type(text).__name__ if isinstance(text, BaseException) else "unknown error"
 
 
 def _dtype_name(elem_type: int) -> str:
@@ -295,16 +286,16 @@ def _read(source: Any) -> tuple[ModelProto, str | None, str | None]:
     try:
         size = os.path.getsize(path)
     except OSError as e:
-        raise ModelError(f"cannot read model file '{path}': {_one_line(e.strerror or e)}") from None
+        raise ModelError(f"cannot read model file '{path}': {one_line(e.strerror or e)}") from None
     if size == 0:
         raise ModelError(f"model file '{path}' is empty")
     try:
         model = onnx.load(path, load_external_data=False)
     except OSError as e:
-        raise ModelError(f"cannot read model file '{path}': {_one_line(e.strerror or e)}") from None
+        raise ModelError(f"cannot read model file '{path}': {one_line(e.strerror or e)}") from None
     except Exception as e:  # noqa: BLE001 - protobuf decode errors have no common base class
         raise ModelError(
-            f"'{path}' is not an ONNX model or is truncated (protobuf parse failed: {_one_line(e)})"
+            f"'{path}' is not an ONNX model or is truncated (protobuf parse failed: {one_line(e)})"
         ) from None
     return model, os.path.dirname(os.path.abspath(path)), path
 
@@ -555,11 +546,11 @@ def _run_checker(model: ModelProto, path: str | None, external: bool) -> None:
         else:
             onnx.checker.check_model(model)
     except onnx.checker.ValidationError as e:
-        raise ModelError(f"onnx.checker rejected the model: {_one_line(e)}") from None
+        raise ModelError(f"onnx.checker rejected the model: {one_line(e)}") from None
     except ModelError:
         raise
     except Exception as e:  # noqa: BLE001 - the checker also raises plain C++ errors
-        raise ModelError(f"onnx.checker rejected the model: {_one_line(e)}") from None
+        raise ModelError(f"onnx.checker rejected the model: {one_line(e)}") from None
 
 
 def _fix_input_shapes(model: ModelProto, input_shapes: Mapping[str, Sequence[int]] | None) -> None:
@@ -624,7 +615,7 @@ def _infer(model: ModelProto) -> None:
     try:
         inferred = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=True)
     except Exception as e:  # noqa: BLE001 - inference raises several C++ error types
-        raise ModelError(f"shape inference failed: {_one_line(e)}") from None
+        raise ModelError(f"shape inference failed: {one_line(e)}") from None
     del model.graph.value_info[:]
     model.graph.value_info.extend(inferred.graph.value_info)
     for out, inf in zip(model.graph.output, inferred.graph.output):
@@ -652,7 +643,7 @@ def load_model(
         try:
             model = onnx.inliner.inline_local_functions(model)
         except Exception as e:  # noqa: BLE001
-            raise ModelError(f"cannot inline the model's local functions: {_one_line(e)}") from None
+            raise ModelError(f"cannot inline the model's local functions: {one_line(e)}") from None
         del model.functions[:]
     _fix_input_shapes(model, input_shapes)
     _infer(model)
@@ -660,7 +651,7 @@ def load_model(
         try:
             onnx.external_data_helper.load_external_data_for_model(model, base_dir)
         except Exception as e:  # noqa: BLE001
-            raise ModelError(f"cannot read external data: {_one_line(e)}") from None
+            raise ModelError(f"cannot read external data: {one_line(e)}") from None
     return model
 
 

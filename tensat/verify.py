@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, helper
 
-from tensat.errors import ModelError, VerificationError
+from tensat.errors import ModelError, VerificationError, one_line
 from tensat.session import make_session
 
 RTOL = 1e-4
@@ -33,7 +33,7 @@ def _structure(model: ModelProto | str | os.PathLike[str]) -> ModelProto:
     try:
         return onnx.load(os.fspath(model), load_external_data=False)
     except Exception as e:  # noqa: BLE001 - missing file, protobuf errors
-        raise ModelError(f"cannot read model '{os.fspath(model)}': {_first_line(e)}") from None
+        raise ModelError(f"cannot read model '{os.fspath(model)}': {one_line(e)}") from None
 
 
 def _initializer_names(model: ModelProto) -> set[str]:
@@ -199,11 +199,11 @@ def compare_models(
     except ModelError:
         raise
     except Exception as e:  # noqa: BLE001 - onnxruntime raises several exception types
-        raise ModelError(f"the original model fails in onnxruntime: {_first_line(e)}") from None
+        raise ModelError(f"the original model fails in onnxruntime: {one_line(e)}") from None
     try:
         actual = run_model(optimized, feeds, provider, optimizations)
     except Exception as e:  # noqa: BLE001
-        return fail(f"the optimized model fails in onnxruntime: {_first_line(e)}")
+        return fail(f"the optimized model fails in onnxruntime: {one_line(e)}")
     worst_abs = worst_rel = 0.0
     for name in names:
         ok, err, rel, why = _compare_one(name, actual[name], expected[name], rtol, atol)
@@ -229,13 +229,6 @@ def _describe(sig: tuple[int, tuple[Any, ...] | None]) -> str:
     elem, dims = sig
     name = onnx.TensorProto.DataType.Name(elem).lower() if elem else "untyped"
     return f"{name}[{','.join(str(d) for d in dims)}]" if dims is not None else f"{name}[?]"
-
-
-def _first_line(e: BaseException) -> str:
-    for line in str(e).splitlines():
-        if line.strip():
-            return line.strip()[:300]
-    return type(e).__name__
 
 
 def verify(

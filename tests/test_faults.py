@@ -28,6 +28,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import extraction
 import extraction.ilp as ilp_mod
+import extraction.portfolio as portfolio
 import tensat
 import tensat.api as api
 import tensat.onnx_io as onnx_io
@@ -165,7 +166,7 @@ def test_an_ilp_crash_falls_back_to_the_greedy_selection(monkeypatch: pytest.Mon
     def crash(*args: Any, **kwargs: Any) -> Any:
         raise error
 
-    monkeypatch.setattr(extraction, "ilp_extract", crash)
+    monkeypatch.setattr(portfolio, "ilp_extract", crash)
     graph = _graph()
     result = _optimize(graph, extractor="ilp")
     assert result.extraction is not None and result.extraction.method in ("greedy", "input")
@@ -177,7 +178,7 @@ def test_a_greedy_crash_keeps_the_input_selection(monkeypatch: pytest.MonkeyPatc
     def crash(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("greedy broke")
 
-    monkeypatch.setattr(extraction, "greedy_dag", crash)
+    monkeypatch.setattr(portfolio, "greedy_dag", crash)
     graph = _graph()
     result = _optimize(graph, extractor="greedy")
     assert result.extraction is not None and result.extraction.method == "input"
@@ -203,14 +204,14 @@ def test_a_proof_on_the_cycle_filtered_e_graph_is_not_claimed_for_the_whole(monk
             raise RuntimeError("solver crashed")
         return real(eg, **kw)
 
-    monkeypatch.setattr(extraction, "ilp_extract", whole_pass_crashes)
+    monkeypatch.setattr(portfolio, "ilp_extract", whole_pass_crashes)
     greedy = extraction.greedy_dag(xg)
-    log = api.RunLog()
-    best = api._extract(xg, frozenset(), frozenset({"a1"}), greedy, greedy, api.Options(ilp_time_limit=5), log)
+    warned: list[str] = []
+    best = extraction.extract_best(xg, greedy, blacklist={"a1"}, time_limit=5, warn=warned.append)
     assert passes == [frozenset({"a1"}), frozenset()]
     assert best.method == "ilp" and best.cost == pytest.approx(2.0)
     assert best.status != "optimal" and best.bound is None, best
-    assert any("failed on the whole e-graph" in n for n in log.warnings)
+    assert any("failed on the whole e-graph" in n for n in warned)
     assert best.info["ilp_stop"] == "not proven optimal: optimal only on the cycle-filtered e-graph"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -14,6 +15,8 @@ import extraction
 import tensat
 from tensat.api import Options
 from tensat.cli import build_parser, main
+from tensat.compare_cli import TENSAT_OPTIONS
+from tensat.options import OPTION_NAMES, option_help, options_from_args
 from tensat.models import SMALL_SIZES, build_model, model_names
 from tensat.verify import run_model
 
@@ -102,11 +105,45 @@ def test_api_returns_the_form_it_was_given(tmp_path: Path):
 def test_cli_defaults_are_the_api_defaults():
     """`tensat optimize` without flags runs exactly as `tensat.optimize` with no options."""
     args = build_parser().parse_args(["optimize", "in.onnx", "-o", "out.onnx"])
-    defaults = Options()
-    for name in ("node_limit", "iter_limit", "time_limit", "k_multi", "guided_rounds", "extractor", "solver",
-                 "ilp_time_limit", "cost", "device", "latency_check", "seed"):
-        assert getattr(args, name) == getattr(defaults, name), name
-    assert (not args.no_verify) == defaults.verify
+    assert Options(**options_from_args(args)) == Options()
+
+
+def _option_flags(parser: argparse.ArgumentParser, names: tuple[str, ...]) -> dict[str, argparse.Action]:
+    """The flags of `parser` that parse into the named `Options` fields, by field."""
+    return {a.dest: a for a in parser._actions if a.dest in names}
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+@pytest.mark.parametrize("command, names", [
+    ("optimize", OPTION_NAMES),
+    ("compare", ("input_shapes", *TENSAT_OPTIONS)),  # its --cost, --device and --seed are the comparison's own
+    ("profile", ("input_shapes", "node_limit", "iter_limit", "time_limit", "k_multi")),
+    ("cost-report", ("input_shapes", "node_limit", "iter_limit", "time_limit", "k_multi", "ilp_time_limit")),
+])
+def test_every_command_derives_its_option_flags_from_options(monkeypatch: pytest.MonkeyPatch, command: str,
+                                                             names: tuple[str, ...]) -> None:
+    """Each command's flags for tensat's options are built from the `Options` fields: the help text is the field's
+    and states its default; a changed default changes the flag's default (compare leaves them unset, so tensat's
+    applies) and its help."""
+    flags = _option_flags(_subcommands()[command], names)
+    assert set(flags) == set(names)
+    for name, action in flags.items():
+        assert action.help == option_help(name)
+        f = Options.__dataclass_fields__[name]
+        if "{default}" in f.metadata["help"]:
+            shown = f"{f.default:g}" if isinstance(f.default, float) else str(f.default)
+            assert f"default {shown}" in action.help, action.help
+        else:  # a switch, or a flag that adds to a collection
+            assert action.nargs == 0 or name == "input_shapes", name
+        unset = command == "compare" and name != "input_shapes"
+        assert action.default == (None if unset else f.default), name
+    monkeypatch.setattr(Options.__dataclass_fields__["node_limit"], "default", 1234)
+    action = _option_flags(_subcommands()[command], names)["node_limit"]
+    assert "(default 1234)" in action.help and action.default == (None if command == "compare" else 1234)
 
 
 def test_cli_optimizes_a_builtin_model(tmp_path: Path, capsys):

@@ -39,12 +39,17 @@ def _squeezenet(tmp_path: Path) -> Path:
 
 def test_the_api_reports_every_stage_in_order() -> None:
     seen: list[tuple[str, str]] = []
-    tensat.optimize(build_model("squeezenet", **SMALL_SIZES["squeezenet"]), progress=lambda s, d: seen.append((s, d)),
-                    **FAST)
+    result = tensat.optimize_with_details(build_model("squeezenet", **SMALL_SIZES["squeezenet"]),
+                                          progress=lambda s, d: seen.append((s, d)), **FAST)
     stages = list(dict.fromkeys(s for s, _ in seen))
     assert stages[:3] == ["import", "cost", "explore"] and set(stages) <= set(STAGES)
     assert "extract" in stages and stages.index("extract") > stages.index("explore")
     assert any(re.fullmatch(r"iteration \d+: [\d,]+ e-nodes, [\d,]+ e-classes", d) for s, d in seen if s == "explore")
+    order = ["import", "lower", "explore", "price", "guided", "cycle_filter", "extract", "export", "verify",
+             "latency_check"]  # the stages timed, in the order they run
+    assert list(result.times) == [k for k in order if k in result.times], result.times
+    assert {"import", "lower", "explore", "price", "cycle_filter", "extract"} <= set(result.times)
+    assert all(seconds >= 0 for seconds in result.times.values())
 
 
 def test_a_failing_progress_callback_does_not_break_the_run() -> None:

@@ -10,7 +10,9 @@ from typing import Any, Callable, Sequence
 
 import rewrites
 from tensat.egraph.lower import GUIDED, LoweredGraph
+from tensat.errors import one_line
 from tensat.ir import Graph
+from tensat.options import Options
 
 MATCH_LIMIT = 1000  # egg's BackoffScheduler defaults
 BAN_LENGTH = 5
@@ -141,7 +143,8 @@ class Exploration(LoweredGraph):
     # -- exploration --------------------------------------------------------------------------------------------
 
     def explore(
-        self, *, node_limit: int = 50_000, iter_limit: int = 15, time_limit: float = 60.0, k_multi: int = 1,
+        self, *, node_limit: int = Options.node_limit, iter_limit: int = Options.iter_limit,
+        time_limit: float = Options.time_limit, k_multi: int = Options.k_multi,
         fill: bool = True, guided: bool = False, on_iteration: Callable[[IterationStats], None] | None = None,
     ) -> ExplorationStats:
         """Apply the rules to saturation or a limit, one iteration at a time.
@@ -197,7 +200,7 @@ class Exploration(LoweredGraph):
             except BaseException as exc:  # egglog's errors, and its Rust panics (a failed union of unequal shapes)
                 self._pop()
                 stats.stop_reason = "error"
-                stats.error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                stats.error = one_line(exc, limit=None)
                 break
             matches = self._matches(reports)
             banned = backoff.record(schedule, self._searched(reports), now)

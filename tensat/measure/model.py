@@ -17,7 +17,7 @@ import onnx
 from onnx import ModelProto
 
 from tensat.cost import AnalyticCost
-from tensat.errors import TensatError
+from tensat.errors import TensatError, one_line
 from tensat.ir import Graph, Node
 from tensat.measure.bar import Progress
 from tensat.measure.cache import CostCache, CostEntry
@@ -311,7 +311,7 @@ class MeasuredCost:
         label = unit.label()
         self.stats.failed += 1
         self.stats.analytic_ops[label] = self.stats.analytic_ops.get(label, 0) + 1
-        message = f"{label}: {_first_line(exc)}"
+        message = f"{label}: {one_line(exc, limit=200)}"
         self.stats.errors.append(message)
         return CostEntry(self._analytic_us(unit) / 1e3, 0.0, 0, label, {"fallback": "analytic", "error": message})
 
@@ -514,13 +514,6 @@ class _Plan:
             return False
         a, b = (w.median_us for w in self.windows)
         return abs(a - b) > WINDOW_TOL * max(min(a, b), 1e-3) + 0.05
-
-
-def _first_line(exc: BaseException) -> str:
-    for line in str(exc).splitlines():
-        if line.strip():
-            return line.strip()[:200]
-    return type(exc).__name__
 
 
 def make_measured_cost(
