@@ -95,10 +95,6 @@ STABLE_TOL = 0.02
 WINDOWS = 2  # timing windows per unit, separated in time by the other units of its chunk
 WINDOW_TOL = 0.05
 CHUNK = 24
-# Ops that either run in the blocked layout (the probe says so) or force reorders around them in a blocked graph;
-# the others (element-wise ops, concat) run on whatever layout their inputs have.
-BREAKING_OPS = {"slice", "transpose", "reshape", "matmul", "conv2d", "opaque", "maxpool", "avgpool", "globalavgpool",
-                "batchnorm"}
 POOL_1X1 = (("kernel", (1, 1)), ("strides", (1, 1)), ("pads", (0, 0, 0, 0)))
 
 
@@ -1056,7 +1052,8 @@ class MeasuredCost:
                     if found is not None:
                         plan.model, plan.null_model = found
                     plan.blocked = found is not None
-                    if not plan.blocked and any(op in BREAKING_OPS for op in unit.ops):
+                    # ops that run in the blocked layout or force reorders around them (`OpDef.breaks_layout`)
+                    if not plan.blocked and any(ops.get(op).breaks_layout for op in unit.ops):
                         plan.add_us = self._boundary_us(unit)
                 return plan
         except Exception as exc:  # noqa: BLE001 - onnxruntime raises many types; never stop the optimization

@@ -761,18 +761,20 @@ class _Importer:
         return self.graph.weight(np.asarray(array), f"{base}__{self._temp}")
 
     def op(self, name: str, inputs: Sequence[int], **attrs: Any) -> int:
-        """Add IR op `name`; evaluated at once into a weight when every input is a weight."""
+        """Add IR op `name`; evaluated at once into a weight when every input is a weight (numpy broadcasts the
+        operands of element-wise binary ops and matmuls whatever their ranks; the IR pads them to equal ranks)."""
         nodes = self.graph.nodes
+        broadcast = ops.get(name).kind == "broadcast"
         if all(nodes[i].op == "weight" for i in inputs):
             arrays = [self.graph.weights[nodes[i].attr["name"]] for i in inputs]
-            if name not in ("add", "mul", "matmul"):
+            if not broadcast and name != "matmul":
                 ops.shape_of(name, [a.shape for a in arrays], attrs)
             try:
                 value = ops.evaluate(name, arrays, attrs)
             except ValueError as e:
                 raise ops.ShapeError(str(e)) from None
             return self.weight(value)
-        if name in ("add", "mul"):
+        if broadcast:
             rank = max(len(nodes[i].shape) for i in inputs)
             fixed = []
             for i in inputs:
@@ -999,20 +1001,34 @@ def _axis(axis: int, rank: int) -> int:
     return axis + rank if axis < 0 else axis
 
 
-def _binary(op: str) -> Callable[[_Importer, NodeProto], list[Any]]:
+Lowering = Callable[[_Importer, NodeProto], list[Any]]
+_LOWERINGS: dict[str, Lowering] = {}
+
+
+def _lowering(*op_types: str) -> Callable[[Lowering], Lowering]:
+    """Register the decorated function as the lowering of ONNX nodes of `op_types`: types an OpDef names (`onnx`,
+    `onnx_also`), or ONNX ops that lower to no tensat op (pass-throughs and shape queries)."""
+
+    def register(fn: Lowering) -> Lowering:
+        for op_type in op_types:
+            _LOWERINGS[op_type] = fn
+        return fn
+
+    return register
+
+
+def _plain(op: ops.OpDef) -> Lowering:
+    """The lowering of an op with tensor inputs only: ONNX input k is the op's input k. Element-wise unary ops take
+    float32 only; the others also fold constants of any type (shape arithmetic: Add, Mul of int64 shapes)."""
+    any_dtype = op.kind != "unary"
+
     def lower(c: _Importer, node: NodeProto) -> list[Any]:
-        return [c.op(op, [c.data(0, True), c.data(1, True)])]
+        return [c.op(op.name, [c.data(k, any_dtype) for k in range(op.inputs or 0)])]
 
     return lower
 
 
-def _unary(op: str) -> Callable[[_Importer, NodeProto], list[Any]]:
-    def lower(c: _Importer, node: NodeProto) -> list[Any]:
-        return [c.op(op, [c.data(0)])]
-
-    return lower
-
-
+@_lowering("Sub")
 def _sub(c: _Importer, node: NodeProto) -> list[Any]:
     b = c.param(1)
     if b.dtype != np.float32 and not c.folding:
@@ -1022,6 +1038,7 @@ def _sub(c: _Importer, node: NodeProto) -> list[Any]:
     return [c.op("add", [c.data(0, True), c.weight(-b)])]
 
 
+@_lowering("Sum")
 def _sum(c: _Importer, node: NodeProto) -> list[Any]:
     acc = c.data(0)
     for k in range(1, len(node.input)):
@@ -1029,6 +1046,7 @@ def _sum(c: _Importer, node: NodeProto) -> list[Any]:
     return [acc]
 
 
+@_lowering("Gemm")
 def _gemm(c: _Importer, node: NodeProto) -> list[Any]:
     a, b = c.data(0), c.data(1)
     if len(c.shape(a)) != 2 or len(c.shape(b)) != 2:
@@ -1080,6 +1098,7 @@ def _spatial_pads(
     return begin[0], begin[1], end[0], end[1]
 
 
+@_lowering("Conv")
 def _conv(c: _Importer, node: NodeProto) -> list[Any]:
     x, w = c.data(0), c.data(1)
     sx, sw = c.shape(x), c.shape(w)
@@ -1096,29 +1115,28 @@ def _conv(c: _Importer, node: NodeProto) -> list[Any]:
     return [c.op("conv2d", [x, w, b], strides=strides, pads=pads, dilations=dilations, group=group, act=ops.ACT_NONE)]
 
 
-def _pool(kind: str) -> Callable[[_Importer, NodeProto], list[Any]]:
-    def lower(c: _Importer, node: NodeProto) -> list[Any]:
-        if len(node.output) > 1 and node.output[1]:
-            raise _Unsupported("MaxPool indices")
-        if c.attrs.get("ceil_mode", 0) or c.attrs.get("storage_order", 0):
-            raise _Unsupported("ceil_mode / storage_order")
-        if any(int(d) != 1 for d in c.attrs.get("dilations", [1, 1])):
-            raise _Unsupported("dilated pooling")
-        x = c.data(0)
-        sx = c.shape(x)
-        kernel = [int(k) for k in c.attrs["kernel_shape"]]
-        if len(sx) != 4 or len(kernel) != 2:
-            raise _Unsupported("non-2-D pooling")
-        strides = [int(s) for s in c.attrs.get("strides", [1, 1])]
-        pads = _spatial_pads(c, sx, kernel, strides, [1, 1])
-        if kind == "maxpool":
-            return [c.op("maxpool", [x], kernel=kernel, strides=strides, pads=pads)]
-        cip = int(c.attrs.get("count_include_pad", 0))
-        return [c.op("avgpool", [x], kernel=kernel, strides=strides, pads=pads, count_include_pad=cip)]
-
-    return lower
+@_lowering("MaxPool", "AveragePool")
+def _pool(c: _Importer, node: NodeProto) -> list[Any]:
+    if len(node.output) > 1 and node.output[1]:
+        raise _Unsupported("MaxPool indices")
+    if c.attrs.get("ceil_mode", 0) or c.attrs.get("storage_order", 0):
+        raise _Unsupported("ceil_mode / storage_order")
+    if any(int(d) != 1 for d in c.attrs.get("dilations", [1, 1])):
+        raise _Unsupported("dilated pooling")
+    x = c.data(0)
+    sx = c.shape(x)
+    kernel = [int(k) for k in c.attrs["kernel_shape"]]
+    if len(sx) != 4 or len(kernel) != 2:
+        raise _Unsupported("non-2-D pooling")
+    strides = [int(s) for s in c.attrs.get("strides", [1, 1])]
+    pads = _spatial_pads(c, sx, kernel, strides, [1, 1])
+    if node.op_type == "MaxPool":
+        return [c.op("maxpool", [x], kernel=kernel, strides=strides, pads=pads)]
+    cip = int(c.attrs.get("count_include_pad", 0))
+    return [c.op("avgpool", [x], kernel=kernel, strides=strides, pads=pads, count_include_pad=cip)]
 
 
+@_lowering("GlobalAveragePool")
 def _global_avg(c: _Importer, node: NodeProto) -> list[Any]:
     x = c.data(0)
     if len(c.shape(x)) != 4:
@@ -1126,6 +1144,7 @@ def _global_avg(c: _Importer, node: NodeProto) -> list[Any]:
     return [c.op("globalavgpool", [x])]
 
 
+@_lowering("Concat")
 def _concat(c: _Importer, node: NodeProto) -> list[Any]:
     parts = [c.data(k, True) for k in range(len(node.input))]
     axis = _axis(int(c.attrs["axis"]), len(c.shape(parts[0])))
@@ -1135,6 +1154,7 @@ def _concat(c: _Importer, node: NodeProto) -> list[Any]:
     return [acc]
 
 
+@_lowering("Split")
 def _split(c: _Importer, node: NodeProto) -> list[Any]:
     x = c.data(0, True)
     shape = c.shape(x)
@@ -1162,6 +1182,7 @@ def _split(c: _Importer, node: NodeProto) -> list[Any]:
     return outs
 
 
+@_lowering("Slice")
 def _slice(c: _Importer, node: NodeProto) -> list[Any]:
     x = c.data(0, True)
     shape = c.shape(x)
@@ -1187,6 +1208,7 @@ def _slice(c: _Importer, node: NodeProto) -> list[Any]:
     return [y]
 
 
+@_lowering("Transpose")
 def _transpose(c: _Importer, node: NodeProto) -> list[Any]:
     x = c.data(0, True)
     rank = len(c.shape(x))
@@ -1196,6 +1218,7 @@ def _transpose(c: _Importer, node: NodeProto) -> list[Any]:
     return [c.op("transpose", [x], perm=perm)]
 
 
+@_lowering("Reshape")
 def _reshape(c: _Importer, node: NodeProto) -> list[Any]:
     if not c.present(0):
         raise _Unsupported("input 0 missing")
@@ -1218,6 +1241,7 @@ def _reshape(c: _Importer, node: NodeProto) -> list[Any]:
     return [c.reshape(c.data(0, True), out)]
 
 
+@_lowering("Flatten")
 def _flatten(c: _Importer, node: NodeProto) -> list[Any]:
     x = c.data(0, True)
     shape = c.shape(x)
@@ -1228,6 +1252,7 @@ def _flatten(c: _Importer, node: NodeProto) -> list[Any]:
     return [c.reshape(x, (math.prod(shape[:axis]), math.prod(shape[axis:])))]
 
 
+@_lowering("Squeeze")
 def _squeeze(c: _Importer, node: NodeProto) -> list[Any]:
     x = c.data(0, True)
     shape = c.shape(x)
@@ -1243,6 +1268,7 @@ def _squeeze(c: _Importer, node: NodeProto) -> list[Any]:
     return [c.reshape(x, [d for i, d in enumerate(shape) if i not in axes])]
 
 
+@_lowering("Unsqueeze")
 def _unsqueeze(c: _Importer, node: NodeProto) -> list[Any]:
     x = c.data(0, True)
     shape = c.shape(x)
@@ -1255,6 +1281,7 @@ def _unsqueeze(c: _Importer, node: NodeProto) -> list[Any]:
     return [c.reshape(x, [1 if i in axes_set else next(dims) for i in range(rank)])]
 
 
+@_lowering("BatchNormalization")
 def _batchnorm(c: _Importer, node: NodeProto) -> list[Any]:
     if any(node.output[1:]) or int(c.attrs.get("training_mode", 0)):
         raise _Unsupported("training batchnorm")
@@ -1279,10 +1306,12 @@ def _batchnorm_per_activation(c: _Importer, x: int, epsilon: float) -> int:
     return c.op("add", [y, c.weight(b.astype(np.float32).reshape((1, *sample)))])
 
 
+@_lowering("Identity")
 def _identity(c: _Importer, node: NodeProto) -> list[Any]:
     return [c.value(0)]
 
 
+@_lowering("Dropout")
 def _dropout(c: _Importer, node: NodeProto) -> list[Any]:
     """Inference Dropout: the data passes through; a mask that is read becomes a constant of the data's shape.
 
@@ -1299,6 +1328,7 @@ def _dropout(c: _Importer, node: NodeProto) -> list[Any]:
     return [x, fill(c.shape(x), dtype=dtype)]
 
 
+@_lowering("Gather")
 def _gather(c: _Importer, node: NodeProto) -> list[Any]:
     """Gather of one constant index: a slice of size 1, reshaped without the axis for a scalar index (taking one
     channel or row); any other index stays opaque."""
@@ -1317,6 +1347,7 @@ def _gather(c: _Importer, node: NodeProto) -> list[Any]:
     return [y]
 
 
+@_lowering("Shape")
 def _shape(c: _Importer, node: NodeProto) -> list[Any]:
     shape = c.shape(c.value(0))
     rank = len(shape)
@@ -1327,41 +1358,31 @@ def _shape(c: _Importer, node: NodeProto) -> list[Any]:
     return [np.asarray(shape[start:end], dtype=np.int64)]
 
 
+@_lowering("Size")
 def _size(c: _Importer, node: NodeProto) -> list[Any]:
     return [np.asarray(math.prod(c.shape(c.value(0))), dtype=np.int64)]
 
 
-IMPORTERS: dict[str, Callable[[_Importer, NodeProto], list[Any]]] = {
-    "Add": _binary("add"),
-    "Mul": _binary("mul"),
-    "Sub": _sub,
-    "Sum": _sum,
-    "MatMul": _binary("matmul"),
-    "Gemm": _gemm,
-    "Conv": _conv,
-    "Relu": _unary("relu"),
-    "Sigmoid": _unary("sigmoid"),
-    "Tanh": _unary("tanh"),
-    "MaxPool": _pool("maxpool"),
-    "AveragePool": _pool("avgpool"),
-    "GlobalAveragePool": _global_avg,
-    "Concat": _concat,
-    "Split": _split,
-    "Slice": _slice,
-    "Transpose": _transpose,
-    "Reshape": _reshape,
-    "Flatten": _flatten,
-    "Squeeze": _squeeze,
-    "Unsqueeze": _unsqueeze,
-    "BatchNormalization": _batchnorm,
-    "Identity": _identity,
-    "Dropout": _dropout,
-    "Gather": _gather,
-    "Shape": _shape,
-    "Size": _size,
-}
-"""ONNX op type (default domain) -> lowering to IR. A handler returns one value (IR id or constant array) per
-ONNX output, or raises _Unsupported / ops.ShapeError to keep the node as an opaque op."""
+def _importers() -> dict[str, Lowering]:
+    """Every op's ONNX op types with their lowerings (registered, or plain for an op without attributes), then the
+    registered lowerings of ONNX ops no OpDef names."""
+    table: dict[str, Lowering] = {}
+    for op in ops.REGISTRY.values():
+        for op_type in op.onnx_types:
+            if op_type in _LOWERINGS:
+                table[op_type] = _LOWERINGS[op_type]
+            elif op.attrs or op.inputs is None:
+                raise TypeError(f"{op.name} has attributes: the ONNX layer needs a lowering for {op_type}")
+            else:
+                table[op_type] = _plain(op)
+    for op_type, fn in _LOWERINGS.items():
+        table.setdefault(op_type, fn)
+    return table
+
+
+IMPORTERS: dict[str, Lowering] = _importers()
+"""ONNX op type (default domain) -> lowering to IR, from the registry. A lowering returns one value (IR id or
+constant array) per ONNX output, or raises _Unsupported / ops.ShapeError to keep the node as an opaque op."""
 
 
 def import_model(
@@ -1598,7 +1619,7 @@ class _Exporter:
                 n = g.nodes[i]
                 others = [k for k in n.inputs if k != j]
                 if (
-                    n.op not in ("add", "mul", "matmul")
+                    not (ops.get(n.op).kind == "broadcast" or n.op == "matmul")
                     or (n.op == "matmul" and n.inputs[0] == j)
                     or not others
                     or any(len(g.nodes[k].shape) != len(n.shape) for k in others)
@@ -1776,11 +1797,28 @@ def _output_names(
 # -- exporters: IR op -> ONNX nodes ---------------------------------------------------------------------------------
 
 
+Emitter = Callable[[_Exporter, int], None]
+_EMITTERS: dict[str, Emitter] = {}
+
+
+def _emitter(*names: str) -> Callable[[Emitter], Emitter]:
+    """Register the decorated function as the ONNX emission of IR ops `names` (ops with attributes, opaque)."""
+
+    def register(fn: Emitter) -> Emitter:
+        for name in names:
+            _EMITTERS[name] = fn
+        return fn
+
+    return register
+
+
 def _ex_leaf(e: _Exporter, i: int) -> None:
     """Inputs and weights need no node."""
 
 
-def _ex_simple(op_type: str) -> Callable[[_Exporter, int], None]:
+def _ex_plain(op_type: str) -> Emitter:
+    """The emission of an op with tensor inputs only, as ONNX op `op_type`."""
+
     def export(e: _Exporter, i: int) -> None:
         n = e.graph.nodes[i]
         e.emit(op_type, [e.tensor(j) for j in n.inputs], [e.tensor(i)], f"{n.op}_{i}")
@@ -1788,6 +1826,7 @@ def _ex_simple(op_type: str) -> Callable[[_Exporter, int], None]:
     return export
 
 
+@_emitter("conv2d")
 def _ex_conv(e: _Exporter, i: int) -> None:
     n = e.graph.nodes[i]
     a = n.attr
@@ -1806,25 +1845,27 @@ def _ex_conv(e: _Exporter, i: int) -> None:
         group=a["group"],
     )
     if act != ops.ACT_NONE:
-        op_type = {ops.ACT_RELU: "Relu", ops.ACT_SIGMOID: "Sigmoid", ops.ACT_TANH: "Tanh"}[act]
+        op_type = ops.get(ops.ACT_NAMES[act]).onnx
         e.emit(op_type, [out], [e.tensor(i)], f"conv2d_{i}_{op_type.lower()}")
 
 
+@_emitter("maxpool", "avgpool")
 def _ex_pool(e: _Exporter, i: int) -> None:
     n = e.graph.nodes[i]
     a = n.attr
     attrs: dict[str, Any] = {"kernel_shape": list(a["kernel"]), "strides": list(a["strides"]), "pads": list(a["pads"])}
     if n.op == "avgpool":
         attrs["count_include_pad"] = a["count_include_pad"]
-    op_type = "MaxPool" if n.op == "maxpool" else "AveragePool"
-    e.emit(op_type, [e.tensor(n.inputs[0])], [e.tensor(i)], f"{n.op}_{i}", **attrs)
+    e.emit(ops.get(n.op).onnx, [e.tensor(n.inputs[0])], [e.tensor(i)], f"{n.op}_{i}", **attrs)
 
 
+@_emitter("concat")
 def _ex_concat(e: _Exporter, i: int) -> None:
     n = e.graph.nodes[i]
     e.emit("Concat", [e.tensor(j) for j in e.concat_operands(i)], [e.tensor(i)], f"concat_{i}", axis=n.attr["axis"])
 
 
+@_emitter("slice")
 def _ex_slice(e: _Exporter, i: int) -> None:
     g = e.graph
     n = g.nodes[i]
@@ -1852,17 +1893,20 @@ def _ex_slice(e: _Exporter, i: int) -> None:
         e.emit("Slice", ins, [e.tensor(i)], f"slice_{i}")
 
 
+@_emitter("transpose")
 def _ex_transpose(e: _Exporter, i: int) -> None:
     n = e.graph.nodes[i]
     e.emit("Transpose", [e.tensor(n.inputs[0])], [e.tensor(i)], f"transpose_{i}", perm=list(n.attr["perm"]))
 
 
+@_emitter("reshape")
 def _ex_reshape(e: _Exporter, i: int) -> None:
     n = e.graph.nodes[i]
     shape = e.int64(n.attr["shape"], f"reshape_{i}_shape")
     e.emit("Reshape", [e.tensor(n.inputs[0]), shape], [e.tensor(i)], f"reshape_{i}")
 
 
+@_emitter("batchnorm")
 def _ex_batchnorm(e: _Exporter, i: int) -> None:
     n = e.graph.nodes[i]
     e.emit(
@@ -1874,6 +1918,7 @@ def _ex_batchnorm(e: _Exporter, i: int) -> None:
     )
 
 
+@_emitter("opaque")
 def _ex_opaque(e: _Exporter, i: int) -> None:
     g = e.graph
     n = g.nodes[i]
@@ -1931,6 +1976,7 @@ def _ex_const(e: _Exporter, array: np.ndarray, base: str) -> str:
     return name
 
 
+@_emitter("rsqrt")
 def _ex_rsqrt(e: _Exporter, i: int) -> None:
     n = e.graph.nodes[i]
     dtype = np.dtype(n.dtype)
@@ -1941,6 +1987,7 @@ def _ex_rsqrt(e: _Exporter, i: int) -> None:
     e.emit("Reciprocal", [root], [e.tensor(i)], f"rsqrt_{i}")
 
 
+@_emitter("enlarge")
 def _ex_enlarge(e: _Exporter, i: int) -> None:
     n = e.graph.nodes[i]
     w = e.graph.nodes[n.inputs[0]].shape
@@ -1952,6 +1999,7 @@ def _ex_enlarge(e: _Exporter, i: int) -> None:
         e.emit("Pad", [e.tensor(n.inputs[0]), e.int64(pads, f"enlarge_{i}_pads")], [e.tensor(i)], f"enlarge_{i}")
 
 
+@_emitter("merge")
 def _ex_merge(e: _Exporter, i: int) -> None:
     n = e.graph.nodes[i]
     count = n.attr["count"]
@@ -1961,30 +2009,23 @@ def _ex_merge(e: _Exporter, i: int) -> None:
     e.emit("Mul", [tiled, _ex_const(e, mask, f"merge_{i}_mask")], [e.tensor(i)], f"merge_{i}")
 
 
-EXPORTERS: dict[str, Callable[[_Exporter, int], None]] = {
-    "input": _ex_leaf,
-    "weight": _ex_leaf,
-    "add": _ex_simple("Add"),
-    "mul": _ex_simple("Mul"),
-    "matmul": _ex_simple("MatMul"),
-    "relu": _ex_simple("Relu"),
-    "sigmoid": _ex_simple("Sigmoid"),
-    "tanh": _ex_simple("Tanh"),
-    "globalavgpool": _ex_simple("GlobalAveragePool"),
-    "conv2d": _ex_conv,
-    "maxpool": _ex_pool,
-    "avgpool": _ex_pool,
-    "concat": _ex_concat,
-    "slice": _ex_slice,
-    "transpose": _ex_transpose,
-    "reshape": _ex_reshape,
-    "batchnorm": _ex_batchnorm,
-    "rsqrt": _ex_rsqrt,
-    "enlarge": _ex_enlarge,
-    "merge": _ex_merge,
-    "opaque": _ex_opaque,
-}
-"""IR op name -> ONNX emission (every op in tensat.ops.REGISTRY has one)."""
+def _exporters() -> dict[str, Emitter]:
+    """Every op's emission: none for leaves, registered for ops with attributes, plain (its `onnx` op) otherwise."""
+    table: dict[str, Emitter] = {}
+    for op in ops.REGISTRY.values():
+        if op.leaf:
+            table[op.name] = _ex_leaf
+        elif op.name in _EMITTERS:
+            table[op.name] = _EMITTERS[op.name]
+        elif op.onnx is None or op.attrs or op.inputs is None:
+            raise TypeError(f"the ONNX layer has no emitter for {op.name}")
+        else:
+            table[op.name] = _ex_plain(op.onnx)
+    return table
+
+
+EXPORTERS: dict[str, Emitter] = _exporters()
+"""IR op name -> ONNX emission, for every op in tensat.ops.REGISTRY."""
 
 
 def export_model(graph: Graph) -> ModelProto:

@@ -138,3 +138,18 @@ def test_every_op_has_a_complete_definition():
         assert d.egg_shape_rules(d), f"{name} has no egglog shape rule"
         if name not in ("input", "weight", "opaque"):
             assert d.evaluate is not None, f"{name} has no numpy semantics"
+
+
+def test_every_op_declares_what_its_consumers_need():
+    """The ONNX layer, the rule verifier and the cost models read each op's OpDef; they keep no tables of their own."""
+    from tensat.onnx_io import EXPORTERS, IMPORTERS
+
+    for op in ops.REGISTRY.values():
+        assert op.name in EXPORTERS
+        assert all(t in IMPORTERS for t in op.onnx_types), op.name
+        if op.leaf or op.inputs is None:
+            continue
+        assert op.equations is not None, op.name
+        assert op.ranks is None or len(op.ranks) == 1 + op.inputs, op.name
+        for name in op.attr_names:
+            assert name in op.domains or name in op.solved, f"{op.name}: no verifier domain for :{name}"
