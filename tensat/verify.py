@@ -69,13 +69,13 @@ def make_session(model: ModelProto | str | os.PathLike[str], provider: str = "cp
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     if isinstance(model, (str, os.PathLike)):
         return ort.InferenceSession(os.fspath(model), options, providers=providers)
-    from tensat.onnx_io import _is_large, _write_external
+    from tensat.onnx.external import is_large, write_external
 
-    if not _is_large(model):
+    if not is_large(model):
         return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
     with tempfile.TemporaryDirectory(prefix="tensat-") as tmp:
         path = os.path.join(tmp, "model.onnx")
-        _write_external(model, path, "model.data")
+        write_external(model, path, "model.data")
         return ort.InferenceSession(path, options, providers=providers)
 
 
