@@ -21,6 +21,9 @@ right sides numerically:
    rule uses is exact on integers.
 
 A rule that cannot be instantiated at all fails: an unverifiable rule never passes silently.
+
+What the verifier knows about each operator (its ranks, shape equations, attribute domains, the attributes solved
+with the shapes, exactness on integers) is declared with the operator, in its `tensat.ops.OpDef`.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from __future__ import annotations
 import itertools
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, NoReturn, Sequence
 
 import numpy as np
 
@@ -36,30 +39,6 @@ from rewrites.dsl import Call, Lit, Pattern, Rule, Term, Var, attr_value, eval_e
 from tensat import ops
 
 MAX_RANK = 4
-INT_EXACT_OPS = {"add", "mul", "matmul", "conv2d", "relu", "concat", "slice", "transpose", "reshape",
-                 "enlarge", "merge"}
-INT_EXACT_ACTS = {ops.ACT_NONE, ops.ACT_RELU}
-
-# Enumerated attribute domains by (op, attribute).
-DOMAINS: dict[tuple[str, str], list[Any]] = {
-    ("conv2d", "strides"): [(1, 1), (2, 1)],
-    ("conv2d", "pads"): [(0, 0, 0, 0), (1, 1, 1, 1), (0, 1, 2, 1)],
-    ("conv2d", "dilations"): [(1, 1), (2, 1)],
-    ("conv2d", "group"): [1, 2, 4],
-    ("conv2d", "act"): [0, 1, 2, 3],
-    ("maxpool", "kernel"): [(2, 2), (3, 1)],
-    ("maxpool", "strides"): [(1, 1), (2, 2)],
-    ("maxpool", "pads"): [(0, 0, 0, 0), (1, 0, 1, 0)],
-    ("avgpool", "kernel"): [(2, 2), (3, 1)],
-    ("avgpool", "strides"): [(1, 1), (2, 2)],
-    ("avgpool", "pads"): [(0, 0, 0, 0), (1, 0, 1, 0)],
-    ("avgpool", "count_include_pad"): [0, 1],
-    ("batchnorm", "epsilon"): [1e-5, 0.25],
-    ("rsqrt", "epsilon"): [1e-5, 0.25],
-    ("merge", "group"): [1, 2, 4],
-    ("merge", "count"): [1, 2],
-}
-LATE = {("slice", "start"), ("slice", "size"), ("reshape", "shape"), ("enlarge", "kernel")}
 
 
 class Reject(Exception):
@@ -433,7 +412,8 @@ class _Plan:
             else:
                 self.other_guards.append(g)
         # settle which definitions depend on shapes (solved symbolically) and which only on ranks/attributes
-        shape_vars = {v for v, (op, attr, _) in self.contexts.items() if (op, attr) in LATE and v not in self.defs}
+        shape_vars = {v for v, (op, attr, _) in self.contexts.items()
+                      if attr in ops.get(op).solved and v not in self.defs}
         changed = True
         while changed:
             changed = False
@@ -444,11 +424,12 @@ class _Plan:
         self.shape_vars = shape_vars
         self.enumerated = [v for v in self.contexts if v not in self.defs and v not in shape_vars]
         self.rank_defs = [v for v in self.defs if v not in shape_vars]
-        self.bn_var_slots = {args[4] for _, t, args in self.terms if t.op == "batchnorm"}
-        self.bn_var_slots |= {args[0] for _, t, args in self.terms if t.op == "rsqrt"}
-        used_ops = {t.op for t in _all_patterns(rule)}
-        self.int_possible = used_ops <= INT_EXACT_OPS
-        self.acts = [dict(t.attrs)["act"] for t in _all_patterns(rule) if t.op == "conv2d" and "act" in dict(t.attrs)]
+        self.positive_slots = {args[k] for _, t, args in self.terms for k in ops.get(t.op).positive}
+        patterns = list(_all_patterns(rule))
+        self.int_possible = all(ops.get(t.op).int_exact for t in patterns)
+        # attribute values an int-exact op needs to stay exact (conv2d's fused activation: none or relu)
+        self.int_conditions = [(dict(t.attrs)[name], allowed) for t in patterns
+                               for name, allowed in ops.get(t.op).int_exact_if.items() if name in dict(t.attrs)]
 
     # -- ranks ----------------------------------------------------------------------------------------------------
 
@@ -474,25 +455,16 @@ class _Plan:
                 fixed[a] = -1
 
         for key, t, args in self.terms:
-            if t.op in ("add", "mul", "matmul", "concat", "slice", "transpose", "relu", "sigmoid", "tanh", "rsqrt"):
-                for a in args:
-                    same(key, a)
-                if t.op == "matmul":
-                    low[key] = 2
-            elif t.op in ("conv2d",):
-                fix(key, 4)
-                fix(args[0], 4)
-                fix(args[1], 4)
-                fix(args[2], 1)
-            elif t.op in ("maxpool", "avgpool", "globalavgpool", "enlarge", "merge"):
-                fix(key, 4)
-                for a in args:
-                    fix(a, 4)
-            elif t.op == "batchnorm":
-                same(key, args[0])
-                low[key] = 2
-                for a in args[1:]:
-                    fix(a, 1)
+            d = ops.get(t.op)
+            if d.ranks is None:
+                continue
+            for slot, rank in zip([key, *args], d.ranks):
+                if rank == ops.SAME:
+                    same(key, slot)
+                else:
+                    fix(slot, rank)
+            if d.min_rank > 1:
+                low[key] = d.min_rank
         for g in self.rule.guards:
             if g.fn in ("same-shape", "same-except") and all(isinstance(a, Var) for a in g.args[:2]):
                 same(g.args[0].name, g.args[1].name)  # type: ignore[union-attr]
@@ -524,14 +496,10 @@ class _Plan:
         domains = []
         for v in self.enumerated:
             op, attr, key = self.contexts[v]
-            if (op, attr) in DOMAINS:
-                domains.append(DOMAINS[(op, attr)])
-            elif attr == "axis":
-                domains.append(list(range(ranks[key])))
-            elif attr == "perm":
-                domains.append(list(itertools.permutations(range(ranks[key]))))
-            else:
+            domain = ops.get(op).domains.get(attr)
+            if domain is None:
                 raise Reject(f"no domain for attribute :{attr} of {op}")
+            domains.append(list(domain(ranks[key]) if callable(domain) else domain))
         return [dict(zip(self.enumerated, combo)) for combo in itertools.product(*domains)]
 
     def derive_rank_defs(self, env: dict[str, Any], ranks: dict[str, int]) -> None:
@@ -582,14 +550,7 @@ class _Builder:
             if v in plan.defs:
                 continue
             op, attr, key = plan.contexts[v]
-            if (op, attr) == ("reshape", "shape"):
-                self.attrs[v] = self.dims[key]
-            elif (op, attr) == ("enlarge", "kernel"):
-                self.attrs[v] = (self.s.sym(1, 5), self.s.sym(1, 5))
-            elif attr == "start":
-                self.attrs[v] = self.s.sym(0, 3)
-            else:
-                self.attrs[v] = self.s.sym(1, 4)
+            self.attrs[v] = ops.get(op).solved[attr](self, self.dims[key])
         pending = [v for v in plan.shape_vars if v in plan.defs]
         for _ in range(len(pending) + 1):
             left = []
@@ -653,7 +614,36 @@ class _Builder:
     def _is_one(self, x: Any) -> bool:
         return isinstance(x, Sym) and self.s.defn.get(self.s.root(x)) == 1
 
-    def _bcast(self, out: Sequence[Sym], a: Sequence[Sym], b: Sequence[Sym], dims: Iterable[int]) -> None:
+    # -- tensat.ops.Equations: what the ops' `equations` ask for -------------------------------------------------
+
+    def sym(self, lo: int = 1, hi: int = 4, slack: bool = False) -> Sym:
+        return self.s.sym(lo, hi, slack)
+
+    def eq(self, a: Any, b: Any) -> None:
+        self.s.eq(a, b)
+
+    def hint(self, x: Any, lo: int, hi: int) -> None:
+        self.s.hint(x, lo, hi)
+
+    def add(self, *xs: Any) -> Any:
+        return add(*xs)
+
+    def mul(self, a: Any, b: Any) -> Any:
+        return mul(a, b)
+
+    def prod(self, xs: Sequence[Any]) -> Any:
+        return _prod(xs)
+
+    def quotient(self, a: Any, b: Any) -> Any:
+        return apply(_exact_quotient, a, b)
+
+    def apply(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return apply(fn, *args)
+
+    def reject(self, why: str) -> NoReturn:
+        raise Reject(why)
+
+    def broadcast(self, out: Sequence[Sym], a: Sequence[Sym], b: Sequence[Sym], dims: Iterable[int]) -> None:
         """Broadcasting operands: equal dims, except where one side is already 1 or is picked to be 1."""
         dims = list(dims)
         pick = self.rng.choice(dims) if dims and self.rng.random() < 0.3 else None
@@ -672,101 +662,13 @@ class _Builder:
                 self.s.eq(b[i], out[i])
 
     def structure(self) -> None:
-        """Equations from every operator of the left side."""
-        s = self.s
+        """Equations from every operator of the left side (each op's `equations`, see `tensat.ops.Equations`)."""
         for key, t, args in self.plan.terms:
-            out = self.dims[key]
-            ins = [self.dims[a] for a in args]
-            at = {name: self.value_of(e) for name, e in t.attrs}
-            op = t.op
-            if op in ("add", "mul"):
-                self._bcast(out, ins[0], ins[1], range(len(out)))
-            elif op in ("relu", "sigmoid", "tanh", "rsqrt"):
-                s.eq(out, ins[0])
-            elif op == "matmul":
-                a, b = ins
-                r = len(out)
-                self._bcast(out, a, b, range(r - 2))
-                s.eq(a[r - 1], b[r - 2])
-                s.eq(out[r - 2], a[r - 2])
-                s.eq(out[r - 1], b[r - 1])
-            elif op == "conv2d":
-                x, w, b = ins
-                g = at["group"]
-                s.eq(out[0], x[0])
-                s.eq(out[1], w[0])
-                s.eq(b[0], w[0])
-                s.eq(x[1], mul(w[1], g))
-                if g != 1:
-                    s.eq(w[0], mul(s.sym(1, 2), g))
-                for i in (2, 3):
-                    s.hint(x[i], 3, 9)
-                    s.hint(w[i], 1, 3)
-                s.hint(x[0], 1, 2)
-                strides, pads, dil = at["strides"], at["pads"], at["dilations"]
-                for i, (lo, hi) in ((2, (0, 2)), (3, (1, 3))):
-                    j = i - 2
-                    s.eq(out[i], apply(lambda size, k, st, p, d, j=j, lo=lo, hi=hi: ops._window_out(
-                        size, k, st[j], p[lo], p[hi], d[j]), x[i], w[i], strides, pads, dil))
-            elif op in ("maxpool", "avgpool"):
-                (x,) = ins
-                s.eq(out[0], x[0])
-                s.eq(out[1], x[1])
-                s.hint(x[0], 1, 2)
-                for i, (lo, hi) in ((2, (0, 2)), (3, (1, 3))):
-                    j = i - 2
-                    s.hint(x[i], 3, 8)
-                    s.eq(out[i], apply(lambda size, k, st, p, j=j, lo=lo, hi=hi: ops._window_out(
-                        size, k[j], st[j], p[lo], p[hi]), x[i], at["kernel"], at["strides"], at["pads"]))
-            elif op == "globalavgpool":
-                (x,) = ins
-                s.eq(out, (x[0], x[1], 1, 1))
-            elif op == "concat":
-                ax = at["axis"]
-                if not isinstance(ax, int) or not 0 <= ax < len(out):
-                    raise Reject("concat axis")
-                for i in range(len(out)):
-                    if i == ax:
-                        s.eq(out[i], add(ins[0][i], ins[1][i]))
-                    else:
-                        s.eq(out[i], ins[0][i])
-                        s.eq(out[i], ins[1][i])
-            elif op == "slice":
-                ax, start, size = at["axis"], at["start"], at["size"]
-                if not isinstance(ax, int) or not 0 <= ax < len(out):
-                    raise Reject("slice axis")
-                for i in range(len(out)):
-                    s.eq(out[i], size if i == ax else ins[0][i])
-                s.eq(ins[0][ax], add(start, size, s.sym(0, 3, slack=True)))
-            elif op == "transpose":
-                perm = at["perm"]
-                if not isinstance(perm, tuple) or sorted(perm) != list(range(len(out))):
-                    raise Reject("perm")
-                for i, p in enumerate(perm):
-                    s.eq(out[i], ins[0][p])
-            elif op == "reshape":
-                target = at["shape"]
-                if not isinstance(target, tuple) or len(target) != len(out):
-                    raise Reject("reshape target")
-                s.eq(out, target)
-                if out:
-                    s.eq(out[-1], apply(_exact_quotient, _prod(ins[0]), _prod(out[:-1])))
-            elif op == "batchnorm":
-                s.eq(out, ins[0])
-                for p in ins[1:]:
-                    s.eq(p[0], ins[0][1])
-            elif op == "enlarge":
-                (w,) = ins
-                k = at["kernel"]
-                s.eq(out, (w[0], w[1], k[0], k[1]))
-                s.eq(k[0], add(w[2], mul(2, s.sym(0, 2, slack=True))))
-                s.eq(k[1], add(w[3], mul(2, s.sym(0, 2, slack=True))))
-            elif op == "merge":
-                (w,) = ins
-                s.eq(out, (w[0], mul(w[1], at["count"]), w[2], w[3]))
-                s.eq(w[0], mul(s.sym(1, 2), at["group"]))
-            else:
-                raise Reject(f"no shape equations for {op}")
+            equations = ops.get(t.op).equations
+            if equations is None:
+                raise Reject(f"no shape equations for {t.op}")
+            equations(self, self.dims[key], [self.dims[a] for a in args],
+                      {name: self.value_of(e) for name, e in t.attrs})
 
     def guards(self) -> None:
         """Equality guards as equations."""
@@ -877,11 +779,11 @@ def _check_binding(plan: _Plan, shapes: dict[str, tuple[int, ...]], attrs: dict[
     if rhs_shapes != lhs_shapes:
         raise _Failure(f"right side shape {rhs_shapes} differs from left side {lhs_shapes}")
     floats = {v: np_rng.standard_normal(shapes[v]) for v in plan.tensor_vars}
-    for v in plan.bn_var_slots & set(floats):
+    for v in plan.positive_slots & set(floats):
         floats[v] = np.abs(floats[v]) + 0.5
     _compare(rule, floats, env, lets, exact=False)
     use_int = plan.int_possible and all(
-        attr_value(eval_expr(a, env, shapes)) in INT_EXACT_ACTS for a in plan.acts)
+        attr_value(eval_expr(e, env, shapes)) in allowed for e, allowed in plan.int_conditions)
     if use_int:
         ints = {v: np_rng.integers(-3, 4, size=shapes[v]).astype(np.int64) for v in plan.tensor_vars}
         _compare(rule, ints, env, lets, exact=True)

@@ -16,9 +16,6 @@ from tensat.ir import Graph, Node
 
 Shape = tuple[int, ...]
 
-# Ops that onnxruntime runs without touching the data.
-VIEW_OPS = {"reshape"}
-
 
 class CostModel(Protocol):
     """Anything that prices one node, in milliseconds, given its input shapes and which inputs are weights.
@@ -46,9 +43,10 @@ class AnalyticCost:
     name: str = "analytic"
 
     def __call__(self, node: Node, in_shapes: Sequence[Shape], const: Sequence[bool] = ()) -> float:
-        if node.op in ("input", "weight") or node.op in VIEW_OPS:
+        d = ops.get(node.op)
+        if d.leaf or d.view:  # a view op: onnxruntime runs it without touching the data
             return 0.0
-        flops = ops.get(node.op).flops(in_shapes, node.shape, node.attr)
+        flops = d.flops(in_shapes, node.shape, node.attr)
         moved = sum(_bytes(s) for s in in_shapes) + _bytes(node.shape)
         seconds = max(flops / (self.peak_gflops * 1e9), moved / (self.bandwidth_gbs * 1e9))
         return seconds * 1e3 + self.overhead_us * 1e-3

@@ -112,7 +112,7 @@ class Graph:
         """
         d = ops.get(op)
         inputs = tuple(int(i) for i in inputs)
-        if op in ("add", "mul"):
+        if d.kind == "broadcast":
             inputs = self._equal_ranks(inputs)
         elif op == "matmul":
             return self._matmul(inputs)

@@ -65,11 +65,11 @@ def make_session(
         return ort.InferenceSession(os.fspath(model), options, providers=providers, **extra)
     if isinstance(model, bytes):
         return ort.InferenceSession(model, options, providers=providers, **extra)
-    from tensat.onnx_io import _is_large, _write_external
+    from tensat.onnx.external import is_large, write_external  # lazy: tensat.onnx imports this module
 
-    if not _is_large(model):
+    if not is_large(model):
         return ort.InferenceSession(model.SerializeToString(), options, providers=providers, **extra)
     with tempfile.TemporaryDirectory(prefix="tensat-") as tmp:
         path = os.path.join(tmp, "model.onnx")
-        _write_external(model, path, "model.data")
+        write_external(model, path, "model.data")
         return ort.InferenceSession(path, options, providers=providers, **extra)

@@ -37,6 +37,7 @@ from tensat.cost import AnalyticCost, Shape, graph_cost, runtime_cost
 from tensat.egraph import TensorEGraph
 from tensat.errors import ModelError, TensatError, VerificationError
 from tensat.ir import Graph, Node
+from tensat.onnx import external
 from tensat.onnx_io import export_model, save_model
 from tensat.verify import run_model
 
@@ -608,8 +609,8 @@ def _external_matmul(value: float) -> onnx.ModelProto:
 def test_ctrl_c_while_saving_external_data_keeps_the_previous_output(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(onnx_io, "PROTO_LIMIT", 4096)
-    monkeypatch.setattr(onnx_io, "_LARGE_TENSOR", 1024)
+    monkeypatch.setattr(external, "PROTO_LIMIT", 4096)
+    monkeypatch.setattr(external, "_LARGE_TENSOR", 1024)
     out = tmp_path / "out.onnx"
     save_model(_external_matmul(1.0), out)
     feeds = {"x": np.ones((2, 64), np.float32)}
@@ -632,8 +633,8 @@ def test_ctrl_c_while_saving_external_data_keeps_the_previous_output(
 def test_saving_over_an_external_data_model_replaces_its_data_and_leaves_one_data_file(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(onnx_io, "PROTO_LIMIT", 4096)
-    monkeypatch.setattr(onnx_io, "_LARGE_TENSOR", 1024)
+    monkeypatch.setattr(external, "PROTO_LIMIT", 4096)
+    monkeypatch.setattr(external, "_LARGE_TENSOR", 1024)
     out = tmp_path / "out.onnx"
     feeds = {"x": np.ones((2, 64), np.float32)}
     for scale in (1.0, 2.0, 3.0):
@@ -741,8 +742,8 @@ def test_a_model_with_external_data_over_the_proto_limit_works_through_the_cli(
 ) -> None:
     """The > 2 GiB path (limit lowered; the real 2.25 GiB model is tests/test_onnx_io.py's slow test): external data
     in, optimized, verified, written with external data next to the output."""
-    monkeypatch.setattr(onnx_io, "PROTO_LIMIT", 4096)
-    monkeypatch.setattr(onnx_io, "_LARGE_TENSOR", 1024)
+    monkeypatch.setattr(external, "PROTO_LIMIT", 4096)
+    monkeypatch.setattr(external, "_LARGE_TENSOR", 1024)
     (tmp_path / "in").mkdir()
     (tmp_path / "out").mkdir()
     src = tmp_path / "in" / "big.onnx"

@@ -533,11 +533,11 @@ def test_model_over_2gib_with_external_data(tmp_path) -> None:
 
 def test_large_model_paths_with_a_lowered_limit(tmp_path, monkeypatch) -> None:
     """The > 2 GiB code paths (external-data save, path-based checks, sessions from files), with the limit lowered."""
-    import tensat.onnx_io as onnx_io
+    from tensat.onnx import external
     from tensat.verify import compare_models, make_session
 
-    monkeypatch.setattr(onnx_io, "PROTO_LIMIT", 4096)
-    monkeypatch.setattr(onnx_io, "_LARGE_TENSOR", 1024)
+    monkeypatch.setattr(external, "PROTO_LIMIT", 4096)
+    monkeypatch.setattr(external, "_LARGE_TENSOR", 1024)
     model = make(
         [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Add", ["y", "b"], ["z"])],
         [vi("x", [2, 64])],

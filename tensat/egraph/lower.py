@@ -151,6 +151,6 @@ class LoweredGraph:
             got = None if shape is None else tuple(self.egraph.value_to_i64(v) for v in self.egraph.value_to_vec(shape))
             if got != self.graph.nodes[i].shape:
                 raise RuntimeError(
-                    f"egglog shape rules disagree with ops.py for node {i} ({self.graph.nodes[i].op}): "
+                    f"egglog shape rules disagree with tensat.ops for node {i} ({self.graph.nodes[i].op}): "
                     f"{got} vs {self.graph.nodes[i].shape}"
                 )

@@ -63,7 +63,7 @@ from tensat.measure.device import (
     resolve_device,
 )
 from tensat.measure.model import (
-    BREAKING_OPS, CHUNK, DEFAULT_WORKING_SET, LONG_ROUND_US, LONG_WEIGHTS, MAX_COPIES, MEMORY_CAP, OUT_BUDGET,
+    CHUNK, DEFAULT_WORKING_SET, LONG_ROUND_US, LONG_WEIGHTS, MAX_COPIES, MEMORY_CAP, OUT_BUDGET,
     ROUND_BUDGET_US, WINDOW_TOL, WINDOWS, MeasuredCost, MeasureStats, graph_working_set, make_measured_cost,
 )
 from tensat.measure.timing import (
@@ -76,7 +76,7 @@ from tensat.measure.units import (
 )
 
 __all__ = [
-    "ALIGNMENT", "BREAKING_OPS", "CHUNK", "DEFAULT_WORKING_SET", "DEVICES", "EVICT_CAP", "LONG_ROUND_US",
+    "ALIGNMENT", "CHUNK", "DEFAULT_WORKING_SET", "DEVICES", "EVICT_CAP", "LONG_ROUND_US",
     "LONG_WEIGHTS", "MAX_COPIES", "MEMORY_CAP", "METHOD", "NCHWC_DOMAIN", "OUT_BUDGET", "POOL_1X1", "PROVIDERS",
     "ROUND_BUDGET_US", "STABLE_TOL", "WINDOWS", "WINDOW_TOL", "Calibration", "CostCache", "CostEntry",
     "MeasureStats", "MeasuredCost", "Progress", "Runner", "Shape", "Timing", "Unit", "UnitNode", "aligned",

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import onnx
 from onnx import ModelProto
 
+from tensat import ops
 from tensat.cost import AnalyticCost
 from tensat.errors import TensatError, one_line
 from tensat.ir import Graph, Node
@@ -39,10 +40,6 @@ DEFAULT_WORKING_SET = 64 * 2**20
 WINDOWS = 2  # timing windows per unit, separated in time by the other units of its chunk
 WINDOW_TOL = 0.05
 CHUNK = 24
-# Ops that either run in the blocked layout (the probe says so) or force reorders around them in a blocked graph;
-# the others (element-wise ops, concat) run on whatever layout their inputs have.
-BREAKING_OPS = {"slice", "transpose", "reshape", "matmul", "conv2d", "opaque", "maxpool", "avgpool", "globalavgpool",
-                "batchnorm"}
 
 
 @dataclass
@@ -334,7 +331,8 @@ class MeasuredCost:
                     if found is not None:
                         plan.model, plan.null_model = found
                     plan.blocked = found is not None
-                    if not plan.blocked and any(op in BREAKING_OPS for op in unit.ops):
+                    # ops that run in the blocked layout or force reorders around them (`OpDef.breaks_layout`)
+                    if not plan.blocked and any(ops.get(op).breaks_layout for op in unit.ops):
                         plan.add_us = self._boundary_us(unit)
                 return plan
         except Exception as exc:  # noqa: BLE001 - onnxruntime raises many types; never stop the optimization

@@ -1,0 +1,660 @@
+"""Export: tensat IR -> ONNX model for the source model's opset (`export_model`).
+
+Weight-only subgraphs are folded into initializers; each IR node is emitted through `EXPORTERS`, built from the
+operator registry: an op without attributes becomes its ONNX op (`OpDef.onnx`) with no code here; ops with
+attributes and opaque nodes have emitters below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import AttributeProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
+
+from tensat import __version__, ops
+from tensat.errors import ModelError
+from tensat.ir import FLOAT, Graph, OpaqueSpec
+from tensat.onnx.common import (
+    NONDETERMINISTIC, OUTER, OUTER_RE, elem_type, free_names, ir_version_for, onnx_schema, rename_free, run_node,
+    subgraphs,
+)
+
+
+class _Namer:
+    """Unique, deterministic tensor and node names."""
+
+    def __init__(self, reserved: Sequence[str] = ()) -> None:
+        self.used: set[str] = set(reserved)
+
+    def __call__(self, base: str) -> str:
+        base = base or "t"
+        name, k = base, 0
+        while name in self.used:
+            k += 1
+            name = f"{base}_{k}"
+        self.used.add(name)
+        return name
+
+
+@dataclass
+class _Exporter:
+    """Builds the ONNX graph for one IR graph; the emitters in EXPORTERS append nodes through it."""
+
+    graph: Graph
+    opset: int = 17
+    nodes: list[NodeProto] = field(default_factory=list)
+    initializers: list[TensorProto] = field(default_factory=list)
+    names: dict[int, str] = field(default_factory=dict)
+    consts: dict[int, np.ndarray] = field(default_factory=dict)
+    domains: set[str] = field(default_factory=set)
+    _int_consts: dict[tuple[int, ...], str] = field(default_factory=dict)
+    _opaque_values: dict[tuple[str, tuple[int, ...]], list[np.ndarray | None] | None] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.opset = int(self.graph.opset_imports.get("", 17))
+        g = self.graph
+        self.live = g.live()
+        reserved = [g.input_name(i) for i in g.input_ids] + [name for name, _ in g.outputs]
+        self.namer = _Namer(reserved)
+        self.node_namer = _Namer()
+
+    # -- helpers used by exporters -------------------------------------------------------------------------------
+
+    def tensor(self, i: int) -> str:
+        """ONNX name of IR node `i`'s tensor."""
+        return self.names[i]
+
+    def emit(
+        self, op_type: str, inputs: Sequence[str], outputs: Sequence[str], base: str, domain: str = "", **attrs: Any
+    ) -> NodeProto:
+        node = helper.make_node(
+            op_type, list(inputs), list(outputs), name=self.node_namer(base), domain=domain or None, **attrs
+        )
+        self.nodes.append(node)
+        return node
+
+    def int64(self, values: Sequence[int], base: str) -> str:
+        """An int64 1-D initializer (shared between identical uses)."""
+        key = tuple(int(v) for v in values)
+        if key not in self._int_consts:
+            name = self.namer(base)
+            self.initializers.append(numpy_helper.from_array(np.asarray(key, dtype=np.int64), name))
+            self._int_consts[key] = name
+        return self._int_consts[key]
+
+    # -- driver -------------------------------------------------------------------------------------------------
+
+    def run(self) -> ModelProto:
+        g = self.graph
+        self._fold()
+        self._name_outputs()
+        uses: dict[int, int] = {}
+        emitted = [i for i in self.live if not g.nodes[i].is_leaf and i not in self.consts]
+        for i in emitted:
+            for j in g.nodes[i].inputs:
+                uses[j] = uses.get(j, 0) + 1
+        self.uses = uses
+        self.output_ids = {n for _, n in g.outputs}
+        self.readers = self._consumers(emitted)
+        self.gemms = self._find_gemms(emitted)
+        self.squeezed = self._find_squeezable(emitted)
+        for i in self.live:
+            n = g.nodes[i]
+            if n.op == "input":
+                self.names[i] = n.attr["name"]
+        self._materialize(emitted)
+        for i in emitted:
+            if i not in self.names:
+                self.names[i] = self.namer(f"{g.nodes[i].op}_{i}")
+        self.splits = self._find_splits(emitted)
+        self.absorbed = self._find_concat_chains(emitted)
+        self.opaque_done: set[tuple[str, tuple[int, ...]]] = set()
+        self.opaque_groups: dict[tuple[str, tuple[int, ...]], dict[int, int]] = {}
+        for i in emitted:
+            n = g.nodes[i]
+            if n.op == "opaque":
+                self.opaque_groups.setdefault((n.attr["key"], n.inputs), {})[n.attr["index"]] = i
+        fused = set(self.gemms.values())
+        for i in emitted:
+            n = g.nodes[i]
+            if i in self.absorbed or i in fused or (n.op == "slice" and i in self.splits and self.splits[i] is None):
+                continue
+            if i in self.gemms:
+                _ex_gemm(self, i)
+                continue
+            EXPORTERS[n.op](self, i)
+        self._emit_output_aliases()
+        return self._model()
+
+    def _fold(self) -> None:
+        """Evaluate every weight-only node (numpy; opaque ones in onnxruntime when possible)."""
+        g = self.graph
+        for i in self.live:
+            n = g.nodes[i]
+            if n.op == "weight":
+                self.consts[i] = g.weights[n.attr["name"]]
+            elif n.op == "input" or not n.inputs or not all(j in self.consts for j in n.inputs):
+                continue
+            elif n.op == "opaque":
+                value = self._fold_opaque(i)
+                if value is not None:
+                    self.consts[i] = value
+            else:
+                value = ops.evaluate(n.op, [self.consts[j] for j in n.inputs], n.attr)
+                try:
+                    value = value.astype(np.dtype(n.dtype), copy=False)
+                except TypeError:
+                    pass
+                self.consts[i] = value
+
+    def _fold_opaque(self, i: int) -> np.ndarray | None:
+        g = self.graph
+        n = g.nodes[i]
+        key = n.attr["key"]
+        spec = g.opaque[key]
+        if spec.op_type in NONDETERMINISTIC or any(subgraphs(AttributeProto.FromString(b)) for b in spec.attributes):
+            return None
+        group = (key, n.inputs)
+        if group not in self._opaque_values:
+            outputs = _output_names(g, spec, {k: f"y{k}" for k in range(spec.num_outputs)}, lambda k: f"y{k}")
+            node, _ = _opaque_node(g, key, [f"x{k}" for k in range(len(n.inputs))], outputs)
+            values = iter(self.consts[j] for j in n.inputs)
+            arrays = [next(values) if name else None for name in node.input]
+            try:
+                self._opaque_values[group] = run_node(node, arrays, g.opset_imports)
+            except Exception:  # noqa: BLE001 - leave it to run at inference
+                self._opaque_values[group] = None
+        results = self._opaque_values[group]
+        return None if results is None or n.attr["index"] >= len(results) else results[n.attr["index"]]
+
+    def _name_outputs(self) -> None:
+        """Graph outputs name the tensors that compute them (first claim wins; others get Identity nodes)."""
+        g = self.graph
+        self.aliases: list[tuple[str, int]] = []
+        claimed: dict[str, int] = {}
+        for name, i in g.outputs:
+            if name in claimed:
+                if claimed[name] != i:
+                    raise ModelError(f"graph output '{name}' names two different tensors")
+                continue
+            claimed[name] = i
+            n = g.nodes[i]
+            if n.op == "input":
+                if n.attr["name"] != name:
+                    self.aliases.append((name, i))
+            elif i in self.names:
+                self.aliases.append((name, i))
+            else:
+                self.names[i] = name
+
+    def _materialize(self, emitted: Sequence[int]) -> None:
+        """Initializers for constants read by computed nodes or named as outputs (zero conv biases dropped)."""
+        g = self.graph
+        needed: list[int] = []
+        for i in emitted:
+            n = g.nodes[i]
+            ins = n.inputs[:2] if n.op == "conv2d" and self._zero_bias(i) else n.inputs
+            needed += [j for j in ins if j in self.consts]
+        needed += [i for _, i in g.outputs if i in self.consts]
+        needed += [i for _, i in self.aliases if i in self.consts]
+        for i in sorted(set(needed)):
+            n = g.nodes[i]
+            if i not in self.names:
+                base = n.attr["name"] if n.op == "weight" else f"{n.op}_{i}_folded"
+                self.names[i] = self.namer(base)
+            array = self.consts[i]
+            if i in self.squeezed:
+                keep = 2 if any(g.nodes[k].op == "matmul" for k in self.readers.get(i, ())) else 1
+                array = array.reshape(_without_leading_ones(array.shape, keep))
+            self.initializers.append(numpy_helper.from_array(_contiguous(array), self.names[i]))
+
+    def _consumers(self, emitted: Sequence[int]) -> dict[int, list[int]]:
+        """Emitted nodes reading each node, in order."""
+        readers: dict[int, list[int]] = {}
+        for i in emitted:
+            for j in self.graph.nodes[i].inputs:
+                readers.setdefault(j, []).append(i)
+        return readers
+
+    def _find_squeezable(self, emitted: Sequence[int]) -> set[int]:
+        """Constants that are a vector behind leading 1s read only as broadcast operands of Add/Mul, or a matrix
+        behind leading 1s read only as the right operand of MatMuls, whose other operand has the output's rank.
+
+        The importer gives a low-rank constant operand (a bias of shape (N,), a (K, N) weight of a batched product)
+        the rank of the other operand, so the e-graph's shape rules stay simple; broadcasting makes the leading
+        ones redundant, and onnxruntime's kernels and fusions (a 2-D packed weight, MatMul+Add into Gemm, bias
+        fusions) look for the constant in its usual shape. Exported without them, the constant is what the
+        exporter of the input model wrote. (Other constants keep their shape: a (1, T, C) position embedding
+        stays as the input had it.)"""
+        g = self.graph
+        readers = self.readers
+        out = set()
+        for j, users in readers.items():
+            if j not in self.consts or j in self.output_ids or not users:
+                continue
+            shape = self.consts[j].shape
+            keep = 2 if any(g.nodes[i].op == "matmul" for i in users) else 1
+            stripped = _without_leading_ones(shape, keep)
+            if len(stripped) == len(shape) or len(stripped) != keep:
+                continue
+            ok = True
+            for i in users:
+                n = g.nodes[i]
+                others = [k for k in n.inputs if k != j]
+                if (
+                    not (ops.get(n.op).kind == "broadcast" or n.op == "matmul")
+                    or (n.op == "matmul" and n.inputs[0] == j)
+                    or not others
+                    or any(len(g.nodes[k].shape) != len(n.shape) for k in others)
+                ):
+                    ok = False
+                    break
+            if ok:
+                out.add(j)
+        return out
+
+    def _find_gemms(self, emitted: Sequence[int]) -> dict[int, int]:
+        """Add nodes that export with the MatMul they read as one Gemm: add id -> matmul id.
+
+        A 2-D MatMul of a computed operand by a constant, read only by an Add of a constant bias that broadcasts
+        to the product's shape: the importer lowers a Gemm to exactly this, and the Gemm is what onnxruntime runs
+        fastest (it fuses MatMul+Add into Gemm itself where it can; exporting the Gemm keeps that fusion whatever
+        shape the bias took in the e-graph)."""
+        g = self.graph
+        out: dict[int, int] = {}
+        for i in emitted:
+            n = g.nodes[i]
+            if n.op != "add" or len(n.shape) != 2 or n.dtype != FLOAT:
+                continue
+            for m, bias in ((n.inputs[0], n.inputs[1]), (n.inputs[1], n.inputs[0])):
+                mm = g.nodes[m]
+                if (
+                    mm.op == "matmul"
+                    and m not in self.consts
+                    and bias in self.consts
+                    and self.uses.get(m) == 1
+                    and m not in self.output_ids
+                    and len(g.nodes[mm.inputs[0]].shape) == 2
+                    and mm.inputs[0] not in self.consts
+                    and mm.inputs[1] in self.consts
+                    and len(self.consts[mm.inputs[1]].shape) == 2
+                    and _broadcasts_to(self.consts[bias].shape, n.shape)
+                ):
+                    out[i] = m
+                    break
+        return out
+
+    def _zero_bias(self, i: int) -> bool:
+        b = self.graph.nodes[i].inputs[2]
+        return b in self.consts and not np.any(self.consts[b])
+
+    def _find_splits(self, emitted: Sequence[int]) -> dict[int, tuple[int, ...] | None]:
+        """Slices partitioning one tensor along one axis: first slice id -> group, other members -> None."""
+        g = self.graph
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i in emitted:
+            n = g.nodes[i]
+            if n.op == "slice":
+                groups.setdefault((n.inputs[0], n.attr["axis"]), []).append(i)
+        out: dict[int, tuple[int, ...] | None] = {}
+        for (src, axis), members in groups.items():
+            if len(members) < 2:
+                continue
+            members.sort(key=lambda i: g.nodes[i].attr["start"])
+            pos = 0
+            for i in members:
+                if g.nodes[i].attr["start"] != pos:
+                    break
+                pos += g.nodes[i].attr["size"]
+            else:
+                if pos == g.nodes[src].shape[axis]:
+                    first = min(members)
+                    out.update({i: None for i in members})
+                    out[first] = tuple(members)
+        return out
+
+    def _find_concat_chains(self, emitted: Sequence[int]) -> set[int]:
+        """Inner concats of a same-axis chain used only by the next concat (merged into one N-ary Concat)."""
+        g = self.graph
+        absorbed = set()
+        for i in emitted:
+            n = g.nodes[i]
+            if n.op != "concat":
+                continue
+            for j in n.inputs:
+                m = g.nodes[j]
+                if (
+                    m.op == "concat"
+                    and j not in self.consts
+                    and m.attr["axis"] == n.attr["axis"]
+                    and self.uses.get(j) == 1
+                    and j not in self.output_ids
+                ):
+                    absorbed.add(j)
+        return absorbed
+
+    def concat_operands(self, i: int) -> list[int]:
+        out = []
+        for j in self.graph.nodes[i].inputs:
+            out += self.concat_operands(j) if j in self.absorbed else [j]
+        return out
+
+    def _emit_output_aliases(self) -> None:
+        for name, i in self.aliases:
+            self.emit("Identity", [self.tensor(i)], [name], f"output_{name}")
+
+    def _model(self) -> ModelProto:
+        g = self.graph
+        inputs = [
+            helper.make_tensor_value_info(g.input_name(i), elem_type(g.nodes[i].dtype), list(g.nodes[i].shape))
+            for i in g.input_ids
+        ]
+        outputs = [
+            helper.make_tensor_value_info(name, elem_type(g.nodes[i].dtype), list(g.nodes[i].shape))
+            for name, i in g.outputs
+        ]
+        graph = helper.make_graph(self.nodes, g.name or "tensat", inputs, outputs, initializer=self.initializers)
+        opsets = {"": self.opset}
+        for domain in sorted(self.domains - {""}):
+            opsets[domain] = int(g.opset_imports.get(domain, 1))
+        model = helper.make_model(
+            graph,
+            opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()],
+            producer_name="tensat",
+            producer_version=__version__,
+        )
+        dtypes = sorted({n.dtype for n in g.nodes})
+        model.ir_version = ir_version_for(opsets, dtypes)
+        return model
+
+
+def _opaque_node(graph: Graph, key: str, inputs: Sequence[str], outputs: Sequence[str]) -> tuple[NodeProto, int]:
+    """Rebuild the ONNX node of opaque `key` reading `inputs` (explicit then captured); returns (node, #captured)."""
+    spec = graph.opaque[key]
+    attributes = [AttributeProto.FromString(b) for b in spec.attributes]
+    captured = 0
+    for attr in attributes:
+        for sub in subgraphs(attr):
+            for name in free_names(sub):
+                m = OUTER_RE.match(name)
+                if m:
+                    captured = max(captured, int(m.group(1)) + 1)
+    explicit = list(inputs[: len(inputs) - captured])
+    if captured:
+        mapping = {f"{OUTER}{k}": name for k, name in enumerate(inputs[len(inputs) - captured :])}
+        for attr in attributes:
+            for sub in subgraphs(attr):
+                rename_free(sub, mapping)
+    if "@" in key:
+        for pos in sorted(int(p) for p in key.rsplit("@", 1)[1].split(",")):
+            explicit.insert(pos, "")
+    node = NodeProto()
+    node.op_type = spec.op_type
+    if spec.domain:
+        node.domain = spec.domain
+    node.input.extend(explicit)
+    node.output.extend(outputs)
+    node.attribute.extend(attributes)
+    return node, captured
+
+
+def _output_names(
+    graph: Graph, spec: OpaqueSpec, present: Mapping[int, str], unused: Callable[[int], str]
+) -> list[str]:
+    """Output list of an opaque node: present outputs by name, absent optional ones empty, others `unused(k)`."""
+    schema = onnx_schema(spec.op_type, spec.domain, int(graph.opset_imports.get(spec.domain, 1)))
+    optional = onnx.defs.OpSchema.FormalParameterOption.Optional
+    outputs = []
+    for k in range(spec.num_outputs):
+        if k in present:
+            outputs.append(present[k])
+        elif schema is not None and k < len(schema.outputs) and schema.outputs[k].option == optional:
+            outputs.append("")
+        else:
+            outputs.append(unused(k))
+    while outputs and not outputs[-1]:
+        outputs.pop()
+    return outputs
+
+
+# -- exporters: IR op -> ONNX nodes ---------------------------------------------------------------------------------
+
+
+Emitter = Callable[[_Exporter, int], None]
+_EMITTERS: dict[str, Emitter] = {}
+
+
+def _emitter(*names: str) -> Callable[[Emitter], Emitter]:
+    """Register the decorated function as the ONNX emission of IR ops `names` (ops with attributes, opaque)."""
+
+    def register(fn: Emitter) -> Emitter:
+        for name in names:
+            _EMITTERS[name] = fn
+        return fn
+
+    return register
+
+
+def _ex_leaf(e: _Exporter, i: int) -> None:
+    """Inputs and weights need no node."""
+
+
+def _ex_plain(op_type: str) -> Emitter:
+    """The emission of an op with tensor inputs only, as ONNX op `op_type`."""
+
+    def export(e: _Exporter, i: int) -> None:
+        n = e.graph.nodes[i]
+        e.emit(op_type, [e.tensor(j) for j in n.inputs], [e.tensor(i)], f"{n.op}_{i}")
+
+    return export
+
+
+@_emitter("conv2d")
+def _ex_conv(e: _Exporter, i: int) -> None:
+    n = e.graph.nodes[i]
+    a = n.attr
+    ins = [e.tensor(j) for j in (n.inputs[:2] if e._zero_bias(i) else n.inputs)]
+    act = a["act"]
+    out = e.tensor(i) if act == ops.ACT_NONE else e.namer(f"conv2d_{i}_linear")
+    e.emit(
+        "Conv",
+        ins,
+        [out],
+        f"conv2d_{i}",
+        kernel_shape=list(e.graph.nodes[n.inputs[1]].shape[2:]),
+        strides=list(a["strides"]),
+        pads=list(a["pads"]),
+        dilations=list(a["dilations"]),
+        group=a["group"],
+    )
+    if act != ops.ACT_NONE:
+        op_type = ops.get(ops.ACT_NAMES[act]).onnx
+        e.emit(op_type, [out], [e.tensor(i)], f"conv2d_{i}_{op_type.lower()}")
+
+
+@_emitter("maxpool", "avgpool")
+def _ex_pool(e: _Exporter, i: int) -> None:
+    n = e.graph.nodes[i]
+    a = n.attr
+    attrs: dict[str, Any] = {"kernel_shape": list(a["kernel"]), "strides": list(a["strides"]), "pads": list(a["pads"])}
+    if n.op == "avgpool":
+        attrs["count_include_pad"] = a["count_include_pad"]
+    e.emit(ops.get(n.op).onnx, [e.tensor(n.inputs[0])], [e.tensor(i)], f"{n.op}_{i}", **attrs)
+
+
+@_emitter("concat")
+def _ex_concat(e: _Exporter, i: int) -> None:
+    n = e.graph.nodes[i]
+    e.emit("Concat", [e.tensor(j) for j in e.concat_operands(i)], [e.tensor(i)], f"concat_{i}", axis=n.attr["axis"])
+
+
+@_emitter("slice")
+def _ex_slice(e: _Exporter, i: int) -> None:
+    g = e.graph
+    n = g.nodes[i]
+    group = e.splits.get(i)
+    src = e.tensor(n.inputs[0])
+    axis = n.attr["axis"]
+    if group:
+        sizes = [g.nodes[j].attr["size"] for j in group]
+        outs = [e.tensor(j) for j in group]
+        if e.opset < 13:
+            e.emit("Split", [src], outs, f"split_{i}", axis=axis, split=sizes)
+        else:
+            e.emit("Split", [src, e.int64(sizes, f"split_{i}_sizes")], outs, f"split_{i}", axis=axis)
+        return
+    start, end = n.attr["start"], n.attr["start"] + n.attr["size"]
+    if e.opset < 10:
+        e.emit("Slice", [src], [e.tensor(i)], f"slice_{i}", starts=[start], ends=[end], axes=[axis])
+    else:
+        ins = [
+            src,
+            e.int64([start], f"slice_{i}_starts"),
+            e.int64([end], f"slice_{i}_ends"),
+            e.int64([axis], f"slice_{i}_axes"),
+        ]
+        e.emit("Slice", ins, [e.tensor(i)], f"slice_{i}")
+
+
+@_emitter("transpose")
+def _ex_transpose(e: _Exporter, i: int) -> None:
+    n = e.graph.nodes[i]
+    e.emit("Transpose", [e.tensor(n.inputs[0])], [e.tensor(i)], f"transpose_{i}", perm=list(n.attr["perm"]))
+
+
+@_emitter("reshape")
+def _ex_reshape(e: _Exporter, i: int) -> None:
+    n = e.graph.nodes[i]
+    shape = e.int64(n.attr["shape"], f"reshape_{i}_shape")
+    e.emit("Reshape", [e.tensor(n.inputs[0]), shape], [e.tensor(i)], f"reshape_{i}")
+
+
+@_emitter("batchnorm")
+def _ex_batchnorm(e: _Exporter, i: int) -> None:
+    n = e.graph.nodes[i]
+    e.emit(
+        "BatchNormalization",
+        [e.tensor(j) for j in n.inputs],
+        [e.tensor(i)],
+        f"batchnorm_{i}",
+        epsilon=float(n.attr["epsilon"]),
+    )
+
+
+@_emitter("opaque")
+def _ex_opaque(e: _Exporter, i: int) -> None:
+    g = e.graph
+    n = g.nodes[i]
+    key = n.attr["key"]
+    group = (key, n.inputs)
+    if group in e.opaque_done:
+        return
+    e.opaque_done.add(group)
+    spec = g.opaque[key]
+    members = e.opaque_groups[group]
+    outputs = _output_names(
+        g, spec, {k: e.tensor(j) for k, j in members.items()}, lambda k: e.namer(f"{key.split('@')[0]}_unused{k}")
+    )
+    node, _ = _opaque_node(g, key, [e.tensor(j) for j in n.inputs], outputs)
+    node.name = e.node_namer(spec.name or key.split("@")[0])
+    e.nodes.append(node)
+    e.domains.add(spec.domain)
+
+
+def _contiguous(array: np.ndarray) -> np.ndarray:
+    """`array` in C order with its own shape (np.ascontiguousarray turns a scalar into shape (1,), and
+    onnxruntime's fusions look for scalars: a GELU's exponent, a LayerNorm's epsilon)."""
+    return np.require(array, requirements="C")
+
+
+def _without_leading_ones(shape: Sequence[int], keep: int = 1) -> tuple[int, ...]:
+    """`shape` without its leading 1s (at least `keep` dimensions kept)."""
+    k = 0
+    while k < len(shape) - keep and shape[k] == 1:
+        k += 1
+    return tuple(shape[k:])
+
+
+def _broadcasts_to(shape: Sequence[int], target: Sequence[int]) -> bool:
+    """Whether a tensor of `shape` broadcasts (unidirectionally, as Gemm's C) to `target`."""
+    if len(shape) > len(target):
+        return False
+    return all(d in (1, t) for d, t in zip(reversed(shape), reversed(target)))
+
+
+def _ex_gemm(e: _Exporter, i: int) -> None:
+    """A MatMul by a constant and the Add of a constant bias (see `_Exporter._find_gemms`) as one Gemm."""
+    g = e.graph
+    n = g.nodes[i]
+    m = e.gemms[i]
+    bias = n.inputs[1] if n.inputs[0] == m else n.inputs[0]
+    a, b = g.nodes[m].inputs
+    e.emit("Gemm", [e.tensor(a), e.tensor(b), e.tensor(bias)], [e.tensor(i)], f"gemm_{i}")
+
+
+def _ex_const(e: _Exporter, array: np.ndarray, base: str) -> str:
+    """A float initializer for a weight transform's constant operand."""
+    name = e.namer(base)
+    e.initializers.append(numpy_helper.from_array(_contiguous(array), name))
+    return name
+
+
+@_emitter("rsqrt")
+def _ex_rsqrt(e: _Exporter, i: int) -> None:
+    n = e.graph.nodes[i]
+    dtype = np.dtype(n.dtype)
+    eps = _ex_const(e, np.asarray(n.attr["epsilon"], dtype=dtype), f"rsqrt_{i}_epsilon")
+    shifted, root = e.namer(f"rsqrt_{i}_shifted"), e.namer(f"rsqrt_{i}_sqrt")
+    e.emit("Add", [e.tensor(n.inputs[0]), eps], [shifted], f"rsqrt_{i}_add")
+    e.emit("Sqrt", [shifted], [root], f"rsqrt_{i}_sqrt")
+    e.emit("Reciprocal", [root], [e.tensor(i)], f"rsqrt_{i}")
+
+
+@_emitter("enlarge")
+def _ex_enlarge(e: _Exporter, i: int) -> None:
+    n = e.graph.nodes[i]
+    w = e.graph.nodes[n.inputs[0]].shape
+    ph, pw = (n.attr["kernel"][0] - w[2]) // 2, (n.attr["kernel"][1] - w[3]) // 2
+    pads = [0, 0, ph, pw, 0, 0, ph, pw]
+    if e.opset < 11:
+        e.emit("Pad", [e.tensor(n.inputs[0])], [e.tensor(i)], f"enlarge_{i}", pads=pads)
+    else:
+        e.emit("Pad", [e.tensor(n.inputs[0]), e.int64(pads, f"enlarge_{i}_pads")], [e.tensor(i)], f"enlarge_{i}")
+
+
+@_emitter("merge")
+def _ex_merge(e: _Exporter, i: int) -> None:
+    n = e.graph.nodes[i]
+    count = n.attr["count"]
+    mask = ops.merge_mask(n.shape, n.attr["group"], count).astype(np.dtype(n.dtype))
+    tiled = e.namer(f"merge_{i}_tiled")
+    e.emit("Tile", [e.tensor(n.inputs[0]), e.int64([1, count, 1, 1], f"merge_{i}_repeats")], [tiled], f"merge_{i}_tile")
+    e.emit("Mul", [tiled, _ex_const(e, mask, f"merge_{i}_mask")], [e.tensor(i)], f"merge_{i}")
+
+
+def _exporters() -> dict[str, Emitter]:
+    """Every op's emission: none for leaves, registered for ops with attributes, plain (its `onnx` op) otherwise."""
+    table: dict[str, Emitter] = {}
+    for op in ops.REGISTRY.values():
+        if op.leaf:
+            table[op.name] = _ex_leaf
+        elif op.name in _EMITTERS:
+            table[op.name] = _EMITTERS[op.name]
+        elif op.onnx is None or op.attrs or op.inputs is None:
+            raise TypeError(f"the ONNX layer has no emitter for {op.name}")
+        else:
+            table[op.name] = _ex_plain(op.onnx)
+    return table
+
+
+EXPORTERS: dict[str, Emitter] = _exporters()
+"""IR op name -> ONNX emission, for every op in tensat.ops.REGISTRY."""
+
+
+def export_model(graph: Graph) -> ModelProto:
+    """Export `graph` as an ONNX model for its source opset: weight-only subgraphs folded into initializers,
+    slices partitioning a tensor as one Split, names deterministic (the same graph exports byte-identically)."""
+    return _Exporter(graph).run()

@@ -1,0 +1,748 @@
+"""Import: a loaded ONNX model -> tensat IR (`import_model`).
+
+Constant subgraphs are folded into weights; each ONNX node is lowered through `IMPORTERS`, built from the operator
+registry: an op without attributes is lowered from its ONNX op type (`OpDef.onnx`) with no code here; the ONNX op
+types of ops with attributes, and those no op names (pass-throughs, shape queries), have lowering functions below.
+A node tensat does not model (another op, another domain, non-float32 data, unsupported attributes) becomes `opaque`
+nodes that keep the ONNX node verbatim.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import AttributeProto, ModelProto, NodeProto, helper, numpy_helper
+
+from tensat import ops
+from tensat.errors import ModelError
+from tensat.ir import FLOAT, Graph, OpaqueSpec
+from tensat.onnx.common import (
+    NONDETERMINISTIC, OUTER, dtype_name, free_names, node_label, norm_domain, opset_versions, rename_free, run_node,
+    single_node_model, sparse_to_array, subgraphs,
+)
+from tensat.onnx.load import load_model
+
+
+class _Unsupported(Exception):
+    """This node cannot be lowered to IR ops; it becomes opaque."""
+
+
+@dataclass
+class _Importer:
+    """Lowers one loaded model to a Graph; the lowerings in IMPORTERS call back into it."""
+
+    model: ModelProto
+    graph: Graph = field(init=False)
+    types: dict[str, tuple[str, tuple[int, ...] | None]] = field(default_factory=dict)
+    env: dict[str, int] = field(default_factory=dict)
+    consts: dict[str, np.ndarray] = field(default_factory=dict)
+    opsets: dict[str, int] = field(default_factory=dict)
+    node: NodeProto = field(default_factory=NodeProto)
+    index: int = 0
+    folding: bool = False
+    release: bool = False
+    attrs: dict[str, Any] = field(default_factory=dict)
+    _temp: int = 0
+
+    def __post_init__(self) -> None:
+        self.opsets = opset_versions(self.model)
+        self.opset = self.opsets[""]
+        self.graph = Graph(opset_imports=dict(self.opsets), name=self.model.graph.name or "tensat")
+        g = self.model.graph
+        for vi in list(g.value_info) + list(g.output) + list(g.input):
+            self.types[vi.name] = _value_type(vi)
+
+    # -- values -------------------------------------------------------------------------------------------------
+
+    def run(self) -> Graph:
+        g = self.model.graph
+        for tensor in g.initializer:
+            self.consts[tensor.name] = numpy_helper.to_array(tensor).copy()
+            if self.release:
+                tensor.ClearField("raw_data")  # this proto is private: free its copy of the data early
+        for sp in g.sparse_initializer:
+            self.consts[sp.values.name] = sparse_to_array(sp)
+        for vi in g.input:
+            if vi.name not in self.consts:
+                dtype, shape = self.types[vi.name]
+                self.env[vi.name] = self.graph.input(vi.name, shape or (), dtype)
+        for index, node in enumerate(g.node):
+            self._lower(index, node)
+        for vi in g.output:
+            if vi.type.WhichOneof("value") not in (None, "tensor_type"):
+                raise ModelError(f"graph output '{vi.name}' is a {vi.type.WhichOneof('value')}; tensat needs tensors")
+            self.graph.output(vi.name, self.value_of(vi.name))
+        return self.graph.compact()
+
+    def value_of(self, name: str) -> int:
+        """IR id of tensor `name` (a weight node for a constant)."""
+        if name not in self.env:
+            if name not in self.consts:
+                raise ModelError(f"tensor '{name}' is read but never produced")
+            self.env[name] = self.graph.weight(self.consts[name], name)
+        return self.env[name]
+
+    def present(self, k: int) -> bool:
+        return k < len(self.node.input) and bool(self.node.input[k])
+
+    def value(self, k: int) -> int:
+        return self.value_of(self.node.input[k])
+
+    def data(self, k: int, any_dtype: bool = False) -> int:
+        """IR id of data input `k`; only float32 is modelled (any dtype while constant folding `any_dtype` ops)."""
+        if not self.present(k):
+            raise _Unsupported(f"input {k} missing")
+        v = self.value(k)
+        if self.graph.nodes[v].dtype != FLOAT and not (self.folding and any_dtype):
+            raise _Unsupported(f"input {k} is {self.graph.nodes[v].dtype}")
+        return v
+
+    def param(self, k: int) -> np.ndarray:
+        """Constant input `k` (shape, axes, split sizes...); a computed one makes the node opaque."""
+        if not self.present(k) or self.node.input[k] not in self.consts:
+            raise _Unsupported(f"input {k} is not a constant")
+        return self.consts[self.node.input[k]]
+
+    def shape(self, v: int) -> tuple[int, ...]:
+        return self.graph.nodes[v].shape
+
+    def weight(self, array: np.ndarray) -> int:
+        self._temp += 1
+        base = self.node.output[0] if self.node.output and self.node.output[0] else f"node{self.index}"
+        return self.graph.weight(np.asarray(array), f"{base}__{self._temp}")
+
+    def op(self, name: str, inputs: Sequence[int], **attrs: Any) -> int:
+        """Add IR op `name`; evaluated at once into a weight when every input is a weight (numpy broadcasts the
+        operands of element-wise binary ops and matmuls whatever their ranks; the IR pads them to equal ranks)."""
+        nodes = self.graph.nodes
+        broadcast = ops.get(name).kind == "broadcast"
+        if all(nodes[i].op == "weight" for i in inputs):
+            arrays = [self.graph.weights[nodes[i].attr["name"]] for i in inputs]
+            if not broadcast and name != "matmul":
+                ops.shape_of(name, [a.shape for a in arrays], attrs)
+            try:
+                value = ops.evaluate(name, arrays, attrs)
+            except ValueError as e:
+                raise ops.ShapeError(str(e)) from None
+            return self.weight(value)
+        if broadcast:
+            rank = max(len(nodes[i].shape) for i in inputs)
+            fixed = []
+            for i in inputs:
+                n = nodes[i]
+                if n.op == "weight" and len(n.shape) < rank:
+                    array = self.graph.weights[n.attr["name"]]
+                    i = self.weight(array.reshape((1,) * (rank - array.ndim) + array.shape))
+                fixed.append(i)
+            inputs = fixed
+        return self.graph.add(name, inputs, **attrs)
+
+    def reshape(self, v: int, shape: Sequence[int]) -> int:
+        shape = tuple(int(d) for d in shape)
+        if self.shape(v) == shape:
+            return v
+        return self.op("reshape", [v], shape=shape)
+
+    def slice(self, v: int, axis: int, start: int, size: int) -> int:
+        if start == 0 and size == self.shape(v)[axis]:
+            return v
+        return self.op("slice", [v], axis=axis, start=start, size=size)
+
+    # -- nodes --------------------------------------------------------------------------------------------------
+
+    def _lower(self, index: int, node: NodeProto) -> None:
+        self.node, self.index = node, index
+        self.attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        domain = norm_domain(node.domain)
+        has_graph = any(subgraphs(a) for a in node.attribute)
+        handler = IMPORTERS.get(node.op_type) if domain == "" else None
+        inputs = [n for n in node.input if n]
+        if not has_graph and node.op_type not in NONDETERMINISTIC and all(n in self.consts for n in inputs):
+            arrays = self._fold(handler)
+            if arrays is not None:
+                for name, array in zip(node.output, arrays):
+                    if name and array is not None:
+                        self.consts[name] = array
+                return
+        outs: list[Any] | None = None
+        if handler is not None:
+            try:
+                outs = handler(self, node)
+                self._check_shapes(outs)
+            except (_Unsupported, ops.ShapeError, KeyError, ValueError):
+                outs = None
+        if outs is None:
+            outs = self._opaque(has_graph)
+        for name, v in zip(node.output, outs):
+            if not name or v is None:
+                continue
+            if isinstance(v, np.ndarray):
+                self.consts[name] = v
+            else:
+                self.env[name] = v
+
+    def _fold(self, handler: Callable[..., list[Any]] | None) -> list[np.ndarray | None] | None:
+        """Values of a node whose inputs are all constant: numpy through the IR ops, else onnxruntime."""
+        node = self.node
+        if node.op_type == "Constant" and norm_domain(node.domain) == "" and len(node.attribute) == 1:
+            attr = node.attribute[0]
+            simple = {
+                "value_float": np.float32,
+                "value_floats": np.float32,
+                "value_int": np.int64,
+                "value_ints": np.int64,
+            }
+            if attr.name == "value":
+                return [numpy_helper.to_array(attr.t)]
+            if attr.name in simple:
+                return [np.asarray(self.attrs[attr.name], dtype=simple[attr.name])]
+        if handler is not None:
+            self.folding = True
+            try:
+                outs = handler(self, node)
+                arrays = []
+                for v in outs:
+                    if v is None or isinstance(v, np.ndarray):
+                        arrays.append(v)
+                    elif self.graph.nodes[v].op == "weight":
+                        arrays.append(self.graph.weights[self.graph.nodes[v].attr["name"]])
+                    else:
+                        raise _Unsupported("not folded")
+                return arrays
+            except (_Unsupported, ops.ShapeError, ValueError, TypeError):
+                pass
+            finally:
+                self.folding = False
+        arrays_in = [self.consts[n] if n else None for n in node.input]
+        try:
+            return run_node(node, arrays_in, self.opsets)
+        except Exception:  # noqa: BLE001 - whatever onnxruntime refuses stays a node
+            return None
+
+    def _check_shapes(self, outs: list[Any]) -> None:
+        """A lowered node must agree with shape inference; disagreement means keep the ONNX node as is."""
+        for name, v in zip(self.node.output, outs):
+            if not name or v is None:
+                continue
+            shape = v.shape if isinstance(v, np.ndarray) else self.shape(v)
+            known = self.types.get(name, ("", None))[1]
+            if known is not None and tuple(shape) != known:
+                raise _Unsupported(f"shape {shape} != inferred {known}")
+
+    def _opaque(self, has_graph: bool) -> list[int | None]:
+        node = self.node
+        empty = [k for k, n in enumerate(node.input) if not n]
+        last = max((k for k, n in enumerate(node.input) if n), default=-1)
+        empty = [k for k in empty if k < last]
+        inputs = [self.value_of(n) for n in node.input if n]
+        attributes = list(node.attribute)
+        if has_graph:
+            free: list[str] = []
+            for attr in attributes:
+                for sub in subgraphs(attr):
+                    free += [n for n in free_names(sub) if n not in free]
+            if free:
+                mapping = {n: f"{OUTER}{k}" for k, n in enumerate(free)}
+                attributes = [AttributeProto.FromString(a.SerializeToString()) for a in attributes]
+                for attr in attributes:
+                    for sub in subgraphs(attr):
+                        rename_free(sub, mapping)
+                for name in free:
+                    if name not in self.env and name not in self.consts:
+                        raise ModelError(f"{node_label(node, self.index)} reads tensor '{name}' in a subgraph, "
+                                         "which nothing produces")
+                    inputs.append(self.value_of(name))
+        key = f"{node.op_type}_{self.index}" + (f"@{','.join(map(str, empty))}" if empty else "")
+        self.graph.opaque[key] = OpaqueSpec(
+            node.op_type,
+            norm_domain(node.domain),
+            tuple(a.SerializeToString() for a in attributes),
+            len(node.output),
+            node.name,
+        )
+        outs: list[int | None] = []
+        unknown = [k for k, n in enumerate(node.output) if n and not _concrete(self.types.get(n))]
+        local = self._local_types() if unknown else {}
+        for k, name in enumerate(node.output):
+            if not name:
+                outs.append(None)
+                continue
+            dtype, shape = self.types.get(name) or ("", None)
+            if not _concrete((dtype, shape)):
+                dtype, shape = local.get(k, (dtype, shape))
+            if not _concrete((dtype, shape)):
+                raise ModelError(
+                    f"{node_label(node, self.index)}: the shape of its output '{name}' is unknown after shape "
+                    "inference (it depends on data); tensat needs static shapes"
+                )
+            outs.append(self.graph.add("opaque", inputs, key=key, index=k, shape=shape, dtype=dtype))
+        return outs
+
+    def _local_types(self) -> dict[int, tuple[str, tuple[int, ...] | None]]:
+        """Output types of the current node from inference on a one-node model with known inputs and constants."""
+        node = self.node
+        arrays: list[np.ndarray | None] = []
+        for name in node.input:
+            if not name:
+                arrays.append(None)
+            elif name in self.consts:
+                arrays.append(self.consts[name])
+            else:
+                n = self.graph.nodes[self.value_of(name)]
+                try:
+                    arrays.append(np.zeros(n.shape, dtype=np.dtype(n.dtype)))
+                except TypeError:
+                    return {}
+        model = single_node_model(node, arrays, self.opsets)
+        consts = {f"i{k}" for k, name in enumerate(node.input) if name in self.consts}
+        for vi in list(model.graph.input):
+            if vi.name in consts:
+                model.graph.initializer.append(numpy_helper.from_array(arrays[int(vi.name[1:])], vi.name))
+        out: dict[int, tuple[str, tuple[int, ...] | None]] = {}
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+            for vi in inferred.graph.output:
+                out[int(vi.name[1:])] = _value_type(vi)
+        except Exception:  # noqa: BLE001
+            pass
+        if not all(_concrete(t) for t in out.values()) or not out:
+            domain = norm_domain(node.domain)
+            if domain != "":  # other domains: onnx often cannot infer, onnxruntime can run them
+                try:
+                    for k, a in enumerate(run_node(node, arrays, self.opsets)):
+                        if a is not None:
+                            out[k] = (str(a.dtype), tuple(int(d) for d in a.shape))
+                except Exception:  # noqa: BLE001
+                    pass
+        return out
+
+
+def _value_type(vi: onnx.ValueInfoProto) -> tuple[str, tuple[int, ...] | None]:
+    """(dtype, shape) of a value: shape None when unknown or symbolic; non-tensors get shape ()."""
+    kind = vi.type.WhichOneof("value")
+    if kind != "tensor_type":
+        return (kind or "", () if kind else None)
+    tt = vi.type.tensor_type
+    dtype = dtype_name(tt.elem_type) if tt.elem_type else ""
+    if not tt.HasField("shape"):
+        return dtype, None
+    dims = []
+    for d in tt.shape.dim:
+        if not d.HasField("dim_value") or d.dim_value < 1:
+            return dtype, None
+        dims.append(int(d.dim_value))
+    return dtype, tuple(dims)
+
+
+def _concrete(t: tuple[str, tuple[int, ...] | None] | None) -> bool:
+    return t is not None and bool(t[0]) and t[1] is not None
+
+
+# -- lowerings: ONNX op type -> IR ---------------------------------------------------------------------------------
+
+
+def _ints(values: Any) -> list[int]:
+    return [int(v) for v in np.asarray(values).reshape(-1)]
+
+
+def _axis(axis: int, rank: int) -> int:
+    if not -rank <= axis < rank:
+        raise _Unsupported(f"axis {axis} out of range")
+    return axis + rank if axis < 0 else axis
+
+
+Lowering = Callable[[_Importer, NodeProto], list[Any]]
+_LOWERINGS: dict[str, Lowering] = {}
+
+
+def _lowering(*op_types: str) -> Callable[[Lowering], Lowering]:
+    """Register the decorated function as the lowering of ONNX nodes of `op_types`: types an OpDef names (`onnx`,
+    `onnx_also`), or ONNX ops that lower to no tensat op (pass-throughs and shape queries)."""
+
+    def register(fn: Lowering) -> Lowering:
+        for op_type in op_types:
+            _LOWERINGS[op_type] = fn
+        return fn
+
+    return register
+
+
+def _plain(op: ops.OpDef) -> Lowering:
+    """The lowering of an op with tensor inputs only: ONNX input k is the op's input k. Element-wise unary ops take
+    float32 only; the others also fold constants of any type (shape arithmetic: Add, Mul of int64 shapes)."""
+    any_dtype = op.kind != "unary"
+
+    def lower(c: _Importer, node: NodeProto) -> list[Any]:
+        return [c.op(op.name, [c.data(k, any_dtype) for k in range(op.inputs or 0)])]
+
+    return lower
+
+
+@_lowering("Sub")
+def _sub(c: _Importer, node: NodeProto) -> list[Any]:
+    b = c.param(1)
+    if b.dtype != np.float32 and not c.folding:
+        raise _Unsupported("non-float Sub")
+    if b.dtype.kind not in "fi":
+        raise _Unsupported("Sub of unsigned or other types")
+    return [c.op("add", [c.data(0, True), c.weight(-b)])]
+
+
+@_lowering("Sum")
+def _sum(c: _Importer, node: NodeProto) -> list[Any]:
+    acc = c.data(0)
+    for k in range(1, len(node.input)):
+        acc = c.op("add", [acc, c.data(k)])
+    return [acc]
+
+
+@_lowering("Gemm")
+def _gemm(c: _Importer, node: NodeProto) -> list[Any]:
+    a, b = c.data(0), c.data(1)
+    if len(c.shape(a)) != 2 or len(c.shape(b)) != 2:
+        raise _Unsupported("Gemm needs 2-D operands")
+    if c.attrs.get("transA", 0):
+        a = c.op("transpose", [a], perm=(1, 0))
+    if c.attrs.get("transB", 0):
+        b = c.op("transpose", [b], perm=(1, 0))
+    y = c.op("matmul", [a, b])
+    alpha, beta = float(c.attrs.get("alpha", 1.0)), float(c.attrs.get("beta", 1.0))
+    if alpha != 1.0:
+        y = c.op("mul", [y, c.weight(np.full((1, 1), alpha, dtype=np.float32))])
+    if c.present(2) and beta != 0.0:
+        if node.input[2] in c.consts:
+            bias = c.param(2)
+            if bias.dtype != np.float32:
+                raise _Unsupported("non-float Gemm bias")
+            cv = c.weight((bias * np.float32(beta)).astype(np.float32) if beta != 1.0 else bias)
+        else:
+            cv = c.data(2)
+            if beta != 1.0:
+                cv = c.op("mul", [cv, c.weight(np.full((1,) * len(c.shape(cv)), beta, dtype=np.float32))])
+        y = c.op("add", [y, cv])
+    return [y]
+
+
+def _spatial_pads(
+    c: _Importer, x: tuple[int, ...], kernel: Sequence[int], strides: Sequence[int], dilations: Sequence[int]
+) -> tuple[int, int, int, int]:
+    """Explicit (top, left, bottom, right) pads, resolving auto_pad."""
+    auto = c.attrs.get("auto_pad", b"NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else str(auto)
+    if auto == "NOTSET":
+        pads = [int(p) for p in c.attrs.get("pads", [0, 0, 0, 0])]
+        if len(pads) != 4:
+            raise _Unsupported("pads rank")
+        return pads[0], pads[1], pads[2], pads[3]
+    if auto == "VALID":
+        return 0, 0, 0, 0
+    if auto not in ("SAME_UPPER", "SAME_LOWER"):
+        raise _Unsupported(f"auto_pad {auto}")
+    begin, end = [], []
+    for size, k, s, d in zip(x[2:], kernel, strides, dilations):
+        out = -(-size // s)
+        total = max(0, (out - 1) * s + (k - 1) * d + 1 - size)
+        small, big = total // 2, total - total // 2
+        begin.append(small if auto == "SAME_UPPER" else big)
+        end.append(big if auto == "SAME_UPPER" else small)
+    return begin[0], begin[1], end[0], end[1]
+
+
+@_lowering("Conv")
+def _conv(c: _Importer, node: NodeProto) -> list[Any]:
+    x, w = c.data(0), c.data(1)
+    sx, sw = c.shape(x), c.shape(w)
+    if len(sx) != 4 or len(sw) != 4:
+        raise _Unsupported("non-2-D conv")
+    kernel = [int(k) for k in c.attrs.get("kernel_shape", sw[2:])]
+    if tuple(kernel) != sw[2:]:
+        raise _Unsupported("kernel_shape disagrees with weight")
+    strides = [int(s) for s in c.attrs.get("strides", [1, 1])]
+    dilations = [int(d) for d in c.attrs.get("dilations", [1, 1])]
+    group = int(c.attrs.get("group", 1))
+    pads = _spatial_pads(c, sx, kernel, strides, dilations)
+    b = c.data(2) if c.present(2) else c.graph.weight(np.zeros(sw[0], dtype=np.float32), "zero_bias")
+    return [c.op("conv2d", [x, w, b], strides=strides, pads=pads, dilations=dilations, group=group, act=ops.ACT_NONE)]
+
+
+@_lowering("MaxPool", "AveragePool")
+def _pool(c: _Importer, node: NodeProto) -> list[Any]:
+    if len(node.output) > 1 and node.output[1]:
+        raise _Unsupported("MaxPool indices")
+    if c.attrs.get("ceil_mode", 0) or c.attrs.get("storage_order", 0):
+        raise _Unsupported("ceil_mode / storage_order")
+    if any(int(d) != 1 for d in c.attrs.get("dilations", [1, 1])):
+        raise _Unsupported("dilated pooling")
+    x = c.data(0)
+    sx = c.shape(x)
+    kernel = [int(k) for k in c.attrs["kernel_shape"]]
+    if len(sx) != 4 or len(kernel) != 2:
+        raise _Unsupported("non-2-D pooling")
+    strides = [int(s) for s in c.attrs.get("strides", [1, 1])]
+    pads = _spatial_pads(c, sx, kernel, strides, [1, 1])
+    if node.op_type == "MaxPool":
+        return [c.op("maxpool", [x], kernel=kernel, strides=strides, pads=pads)]
+    cip = int(c.attrs.get("count_include_pad", 0))
+    return [c.op("avgpool", [x], kernel=kernel, strides=strides, pads=pads, count_include_pad=cip)]
+
+
+@_lowering("GlobalAveragePool")
+def _global_avg(c: _Importer, node: NodeProto) -> list[Any]:
+    x = c.data(0)
+    if len(c.shape(x)) != 4:
+        raise _Unsupported("GlobalAveragePool on non-4-D")
+    return [c.op("globalavgpool", [x])]
+
+
+@_lowering("Concat")
+def _concat(c: _Importer, node: NodeProto) -> list[Any]:
+    parts = [c.data(k, True) for k in range(len(node.input))]
+    axis = _axis(int(c.attrs["axis"]), len(c.shape(parts[0])))
+    acc = parts[0]
+    for p in parts[1:]:
+        acc = c.op("concat", [acc, p], axis=axis)
+    return [acc]
+
+
+@_lowering("Split")
+def _split(c: _Importer, node: NodeProto) -> list[Any]:
+    x = c.data(0, True)
+    shape = c.shape(x)
+    axis = _axis(int(c.attrs.get("axis", 0)), len(shape))
+    dim, n = shape[axis], len(node.output)
+    if c.opset < 13:
+        sizes = _ints(c.attrs["split"]) if "split" in c.attrs else None
+    else:
+        sizes = _ints(c.param(1)) if c.present(1) else None
+    if sizes is None:
+        if "num_outputs" in c.attrs:
+            n = int(c.attrs["num_outputs"])
+            chunk = -(-dim // n)
+            sizes = [chunk] * (n - 1) + [dim - chunk * (n - 1)]
+        else:
+            if dim % n:
+                raise _Unsupported("uneven split")
+            sizes = [dim // n] * n
+    if len(sizes) != len(node.output) or sum(sizes) != dim:
+        raise _Unsupported("split sizes")
+    outs, start = [], 0
+    for size in sizes:
+        outs.append(c.slice(x, axis, start, size))
+        start += size
+    return outs
+
+
+@_lowering("Slice")
+def _slice(c: _Importer, node: NodeProto) -> list[Any]:
+    x = c.data(0, True)
+    shape = c.shape(x)
+    if c.opset < 10:
+        starts, ends = _ints(c.attrs["starts"]), _ints(c.attrs["ends"])
+        axes = _ints(c.attrs["axes"]) if "axes" in c.attrs else list(range(len(starts)))
+        steps = [1] * len(starts)
+    else:
+        starts, ends = _ints(c.param(1)), _ints(c.param(2))
+        axes = _ints(c.param(3)) if c.present(3) else list(range(len(starts)))
+        steps = _ints(c.param(4)) if c.present(4) else [1] * len(starts)
+    if not len(starts) == len(ends) == len(axes) == len(steps) or any(s != 1 for s in steps):
+        raise _Unsupported("strided slice")
+    y = x
+    for axis, start, end in zip(axes, starts, ends):
+        axis = _axis(axis, len(shape))
+        dim = shape[axis]
+        start = min(max(start + dim if start < 0 else start, 0), dim)
+        end = min(max(end + dim if end < 0 else end, 0), dim)
+        if end <= start:
+            raise _Unsupported("empty slice")
+        y = c.slice(y, axis, start, end - start)
+    return [y]
+
+
+@_lowering("Transpose")
+def _transpose(c: _Importer, node: NodeProto) -> list[Any]:
+    x = c.data(0, True)
+    rank = len(c.shape(x))
+    perm = [int(p) for p in c.attrs.get("perm", list(range(rank))[::-1])]
+    if perm == list(range(rank)):
+        return [x]
+    return [c.op("transpose", [x], perm=perm)]
+
+
+@_lowering("Reshape")
+def _reshape(c: _Importer, node: NodeProto) -> list[Any]:
+    if not c.present(0):
+        raise _Unsupported("input 0 missing")
+    x = c.value(0)
+    shape = c.shape(x)
+    target = _ints(c.param(1))
+    allowzero = int(c.attrs.get("allowzero", 0))
+    if allowzero and 0 in target:
+        raise _Unsupported("zero-size reshape")
+    out = [shape[i] if d == 0 and i < len(shape) else d for i, d in enumerate(target)]
+    if out.count(-1) > 1:
+        raise _Unsupported("several -1")
+    if -1 in out:
+        known = math.prod(d for d in out if d != -1)
+        if known == 0 or math.prod(shape) % known:
+            raise _Unsupported("bad -1")
+        out[out.index(-1)] = math.prod(shape) // known
+    if tuple(out) == shape:  # a no-op on a tensor of any type (an exporter's view of an index tensor)
+        return [x]
+    return [c.reshape(c.data(0, True), out)]
+
+
+@_lowering("Flatten")
+def _flatten(c: _Importer, node: NodeProto) -> list[Any]:
+    x = c.data(0, True)
+    shape = c.shape(x)
+    axis = int(c.attrs.get("axis", 1))
+    axis = axis + len(shape) if axis < 0 else axis
+    if not 0 <= axis <= len(shape):
+        raise _Unsupported("flatten axis")
+    return [c.reshape(x, (math.prod(shape[:axis]), math.prod(shape[axis:])))]
+
+
+@_lowering("Squeeze")
+def _squeeze(c: _Importer, node: NodeProto) -> list[Any]:
+    x = c.data(0, True)
+    shape = c.shape(x)
+    if c.opset < 13:
+        axes = _ints(c.attrs["axes"]) if "axes" in c.attrs else None
+    else:
+        axes = _ints(c.param(1)) if c.present(1) else None
+    if axes is None:
+        axes = [i for i, d in enumerate(shape) if d == 1]
+    axes = {_axis(a, len(shape)) for a in axes}
+    if any(shape[a] != 1 for a in axes):
+        raise _Unsupported("squeeze of a non-1 dim")
+    return [c.reshape(x, [d for i, d in enumerate(shape) if i not in axes])]
+
+
+@_lowering("Unsqueeze")
+def _unsqueeze(c: _Importer, node: NodeProto) -> list[Any]:
+    x = c.data(0, True)
+    shape = c.shape(x)
+    axes = _ints(c.attrs["axes"]) if c.opset < 13 else _ints(c.param(1))
+    rank = len(shape) + len(axes)
+    axes_set = {_axis(a, rank) for a in axes}
+    if len(axes_set) != len(axes):
+        raise _Unsupported("repeated axes")
+    dims = iter(shape)
+    return [c.reshape(x, [1 if i in axes_set else next(dims) for i in range(rank)])]
+
+
+@_lowering("BatchNormalization")
+def _batchnorm(c: _Importer, node: NodeProto) -> list[Any]:
+    if any(node.output[1:]) or int(c.attrs.get("training_mode", 0)):
+        raise _Unsupported("training batchnorm")
+    x = c.data(0)
+    epsilon = float(c.attrs.get("epsilon", 1e-5))
+    if not int(c.attrs.get("spatial", 1)):
+        return [_batchnorm_per_activation(c, x, epsilon)]
+    params = [c.data(k) for k in range(1, 5)]
+    return [c.op("batchnorm", [x, *params], epsilon=epsilon)]
+
+
+def _batchnorm_per_activation(c: _Importer, x: int, epsilon: float) -> int:
+    """Opset 7-8 BatchNormalization with `spatial=0`: parameters shaped like one sample (C, D1, ...) normalize
+    each activation; with constant parameters that is x * a + b (a, b folded here), which stays optimizable."""
+    scale, shift, mean, var = (np.asarray(c.param(k), dtype=np.float64) for k in range(1, 5))
+    sample = c.shape(x)[1:]
+    if any(p.shape != sample for p in (scale, shift, mean, var)):
+        raise _Unsupported("per-activation batchnorm parameters do not have the shape of one sample")
+    a = scale / np.sqrt(var + epsilon)
+    b = shift - mean * a
+    y = c.op("mul", [x, c.weight(a.astype(np.float32).reshape((1, *sample)))])
+    return c.op("add", [y, c.weight(b.astype(np.float32).reshape((1, *sample)))])
+
+
+@_lowering("Identity")
+def _identity(c: _Importer, node: NodeProto) -> list[Any]:
+    return [c.value(0)]
+
+
+@_lowering("Dropout")
+def _dropout(c: _Importer, node: NodeProto) -> list[Any]:
+    """Inference Dropout: the data passes through; a mask that is read becomes a constant of the data's shape.
+
+    From opset 12 the spec defines the inference mask as all true. Before, it leaves it open and onnxruntime (the
+    runtime tensat verifies against) writes zeros (float zeros at opsets 7-9, where the mask has the data's type;
+    false at 10-11), so that is the constant; an unread mask is dropped."""
+    if c.present(2) and bool(np.asarray(c.param(2)).reshape(-1)[0]):
+        raise _Unsupported("training dropout")
+    x = c.value(0)
+    if len(node.output) < 2 or not node.output[1]:
+        return [x]
+    dtype = np.dtype(np.bool_) if c.opset >= 10 else np.dtype(c.graph.nodes[x].dtype)
+    fill = np.ones if c.opset >= 12 else np.zeros
+    return [x, fill(c.shape(x), dtype=dtype)]
+
+
+@_lowering("Gather")
+def _gather(c: _Importer, node: NodeProto) -> list[Any]:
+    """Gather of one constant index: a slice of size 1, reshaped without the axis for a scalar index (taking one
+    channel or row); any other index stays opaque."""
+    x = c.data(0, True)
+    index = c.param(1)
+    if index.dtype.kind not in "iu" or index.size != 1 or index.ndim > 1:
+        raise _Unsupported("Gather of several or non-integer indices")
+    shape = c.shape(x)
+    axis = _axis(int(c.attrs.get("axis", 0)), len(shape))
+    k = int(index.reshape(-1)[0])
+    if not -shape[axis] <= k < shape[axis]:
+        raise _Unsupported("Gather index out of range")
+    y = c.slice(x, axis, k % shape[axis], 1)
+    if index.ndim == 0:
+        y = c.reshape(y, shape[:axis] + shape[axis + 1 :])
+    return [y]
+
+
+@_lowering("Shape")
+def _shape(c: _Importer, node: NodeProto) -> list[Any]:
+    shape = c.shape(c.value(0))
+    rank = len(shape)
+    start = int(c.attrs.get("start", 0))
+    end = int(c.attrs.get("end", rank))
+    start = min(max(start + rank if start < 0 else start, 0), rank)
+    end = min(max(end + rank if end < 0 else end, 0), rank)
+    return [np.asarray(shape[start:end], dtype=np.int64)]
+
+
+@_lowering("Size")
+def _size(c: _Importer, node: NodeProto) -> list[Any]:
+    return [np.asarray(math.prod(c.shape(c.value(0))), dtype=np.int64)]
+
+
+def _importers() -> dict[str, Lowering]:
+    """Every op's ONNX op types with their lowerings (registered, or plain for an op without attributes), then the
+    registered lowerings of ONNX ops no OpDef names."""
+    table: dict[str, Lowering] = {}
+    for op in ops.REGISTRY.values():
+        for op_type in op.onnx_types:
+            if op_type in _LOWERINGS:
+                table[op_type] = _LOWERINGS[op_type]
+            elif op.attrs or op.inputs is None:
+                raise TypeError(f"{op.name} has attributes: the ONNX layer needs a lowering for {op_type}")
+            else:
+                table[op_type] = _plain(op)
+    for op_type, fn in _LOWERINGS.items():
+        table.setdefault(op_type, fn)
+    return table
+
+
+IMPORTERS: dict[str, Lowering] = _importers()
+"""ONNX op type (default domain) -> lowering to IR, from the registry. A lowering returns one value (IR id or
+constant array) per ONNX output, or raises _Unsupported / ops.ShapeError to keep the node as an opaque op."""
+
+
+def import_model(
+    source: str | os.PathLike[str] | ModelProto, input_shapes: Mapping[str, Sequence[int]] | None = None
+) -> Graph:
+    """Load `source` (path or proto) and lower it to a tensat Graph (see `load_model` for validation)."""
+    model = load_model(source, input_shapes)
+    return _Importer(model, release=True).run()

@@ -1,0 +1,318 @@
+"""Loading and validation: read a model (path or proto), check it (structure, opsets, external data, onnx's
+checker), fix its input shapes, inline local functions and run shape inference (`load_model`)."""
+
+from __future__ import annotations
+
+import heapq
+import os
+import tempfile
+from pathlib import PurePath
+from typing import Any, Mapping, Sequence
+
+import onnx
+import onnx.inliner
+from onnx import GraphProto, ModelProto
+
+from tensat.errors import ModelError, one_line
+from tensat.onnx.common import free_names, node_label, norm_domain, opset_versions, subgraphs
+from tensat.onnx.external import has_external, is_large, light_copy, model_tensors, write_external
+
+MIN_OPSET = 7
+
+
+def _read(source: Any) -> tuple[ModelProto, str | None, str | None]:
+    """The model proto (external data not loaded), its directory and its path (None for an in-memory proto)."""
+    if isinstance(source, ModelProto):
+        model = ModelProto()
+        model.CopyFrom(source)
+        return model, None, None
+    if not isinstance(source, (str, os.PathLike)):
+        raise ModelError(f"expected a model path or an onnx.ModelProto, got {type(source).__name__}")
+    path = os.fspath(source)
+    if not os.path.exists(path):
+        raise ModelError(f"model file '{path}' not found")
+    if os.path.isdir(path):
+        raise ModelError(f"'{path}' is a directory, not an ONNX model file")
+    try:
+        size = os.path.getsize(path)
+    except OSError as e:
+        raise ModelError(f"cannot read model file '{path}': {one_line(e.strerror or e)}") from None
+    if size == 0:
+        raise ModelError(f"model file '{path}' is empty")
+    try:
+        model = onnx.load(path, load_external_data=False)
+    except OSError as e:
+        raise ModelError(f"cannot read model file '{path}': {one_line(e.strerror or e)}") from None
+    except Exception as e:  # noqa: BLE001 - protobuf decode errors have no common base class
+        raise ModelError(
+            f"'{path}' is not an ONNX model or is truncated (protobuf parse failed: {one_line(e)})"
+        ) from None
+    return model, os.path.dirname(os.path.abspath(path)), path
+
+
+def _check_basic(model: ModelProto, where: str) -> None:
+    if model.ir_version <= 0 or not model.HasField("graph") or not model.opset_import:
+        missing = "ir_version" if model.ir_version <= 0 else "graph" if not model.HasField("graph") else "opset_import"
+        raise ModelError(f"{where} is not an ONNX model (no {missing}; truncated or not an ONNX file?)")
+
+
+def _known_domains() -> dict[str, set[str] | None]:
+    """Operator domains onnxruntime can run: None = every op of the domain is known to onnx itself."""
+    domains: dict[str, set[str] | None] = {"": None}
+    for schema in onnx.defs.get_all_schemas_with_history():
+        domains[schema.domain] = None
+    try:
+        import onnxruntime
+
+        onnxruntime.set_default_logger_severity(3)
+        from onnxruntime.capi import _pybind_state
+
+        for schema in _pybind_state.get_all_operator_schema():
+            if schema.domain not in domains or domains[schema.domain] is not None:
+                domains.setdefault(schema.domain, set()).add(schema.name)  # type: ignore[union-attr]
+    except Exception:  # noqa: BLE001 - without onnxruntime's registry, allow only onnx's domains
+        pass
+    return domains
+
+
+_DOMAINS: dict[str, set[str] | None] | None = None
+
+
+def _check_opsets(model: ModelProto) -> None:
+    global _DOMAINS
+    if _DOMAINS is None:
+        _DOMAINS = _known_domains()
+    opsets = opset_versions(model)
+    default = opsets.get("")
+    if default is None:
+        raise ModelError("the model imports no version of the default ONNX opset")
+    if default < MIN_OPSET:
+        raise ModelError(f"opset {default} is older than {MIN_OPSET}; convert it first with onnx.version_converter")
+    local = {fn.domain for fn in model.functions}
+    for domain in opsets:
+        if domain not in _DOMAINS and domain not in local:
+            raise ModelError(f"unknown opset domain '{domain}'")
+    for index, node in enumerate(model.graph.node):
+        ops_of = _DOMAINS.get(norm_domain(node.domain))
+        if norm_domain(node.domain) in local or ops_of is None:
+            continue
+        if node.op_type not in ops_of:
+            raise ModelError(f"{node_label(node, index)}: onnxruntime has no operator {node.domain}.{node.op_type}")
+
+
+def _check_structure(graph: GraphProto) -> None:
+    """Dangling inputs and cycles, reported by name (before the checker's less specific messages); nodes out of
+    topological order are sorted in place (the checker rejects them, onnxruntime and the zoo's files do not)."""
+    available = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    available |= {s.values.name for s in graph.sparse_initializer}
+    producer: dict[str, int] = {}
+    for index, node in enumerate(graph.node):
+        for out in node.output:
+            if out:
+                producer.setdefault(out, index)
+    for index, node in enumerate(graph.node):
+        for name in node.input:
+            if name and name not in available and name not in producer:
+                raise ModelError(f"{node_label(node, index)} reads tensor '{name}', which nothing produces")
+    for out in graph.output:
+        if out.name not in available and out.name not in producer:
+            raise ModelError(f"graph output '{out.name}' is not produced by any node")
+    deps: list[set[int]] = []
+    for node in graph.node:
+        names = [n for n in node.input if n]
+        for attr in node.attribute:
+            for sub in subgraphs(attr):
+                names += free_names(sub)
+        deps.append({producer[n] for n in names if n in producer and n not in available})
+    order = _topological_order(deps)
+    if len(order) < len(graph.node):
+        stuck = _on_cycle(deps, set(range(len(graph.node))) - set(order))
+        raise ModelError(f"the graph has a cycle through {node_label(graph.node[stuck], stuck)}")
+    if order != sorted(order):
+        nodes = [graph.node[i] for i in order]
+        del graph.node[:]
+        graph.node.extend(nodes)
+
+
+def _topological_order(deps: Sequence[set[int]]) -> list[int]:
+    """Kahn's algorithm, stable: of the nodes whose producers are all placed, the first in file order goes next
+    (a sorted graph keeps its order). Nodes on or after a cycle are left out."""
+    users: dict[int, list[int]] = {}
+    for index, d in enumerate(deps):
+        for j in d:
+            users.setdefault(j, []).append(index)
+    pending = [len(d) for d in deps]
+    ready = [i for i, p in enumerate(pending) if p == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for u in users.get(i, ()):
+            pending[u] -= 1
+            if pending[u] == 0:
+                heapq.heappush(ready, u)
+    return order
+
+
+def _on_cycle(deps: Sequence[set[int]], stuck: set[int]) -> int:
+    """A node on a cycle among the `stuck` ones (each has a stuck producer: walk producers until one repeats)."""
+    seen: set[int] = set()
+    i = min(stuck)
+    while i not in seen:
+        seen.add(i)
+        i = min(deps[i] & stuck)
+    return i
+
+
+def _check_external(model: ModelProto, base_dir: str | None) -> bool:
+    """Refuse external data outside the model's directory; True when the model has external data."""
+    found = False
+    for tensor in model_tensors(model):
+        if not has_external(tensor):
+            continue
+        found = True
+        info = {e.key: e.value for e in tensor.external_data}
+        location = info.get("location", "")
+        what = f"external data '{location}' of tensor '{tensor.name}'"
+        if not location:
+            raise ModelError(f"tensor '{tensor.name}' has external data without a location")
+        if base_dir is None:
+            raise ModelError(f"tensor '{tensor.name}' keeps its data in '{location}'; load the model from its file")
+        parts = PurePath(location.replace("\\", "/")).parts
+        if os.path.isabs(location) or location.startswith(("/", "\\")) or ".." in parts or ":" in location:
+            raise ModelError(f"{what} is outside the model's directory")
+        base_real = os.path.realpath(base_dir)
+        real = os.path.realpath(os.path.join(base_dir, location))
+        if os.path.commonpath([real, base_real]) != base_real:
+            raise ModelError(f"{what} is outside the model's directory (a symlink leads out of it)")
+        if not os.path.isfile(real):
+            raise ModelError(f"{what} not found in the model's directory")
+        try:
+            offset, length = int(info.get("offset", 0)), int(info.get("length", -1))
+        except ValueError:
+            raise ModelError(f"{what} has a malformed offset or length") from None
+        if offset < 0 or (length >= 0 and offset + length > os.path.getsize(real)):
+            raise ModelError(f"{what} lies beyond the end of its file")
+    return found
+
+
+def _run_checker(model: ModelProto, path: str | None, external: bool) -> None:
+    try:
+        if path is not None and external:
+            onnx.checker.check_model(path)
+        elif is_large(model):
+            with tempfile.TemporaryDirectory() as tmp:
+                target = os.path.join(tmp, "model.onnx")
+                write_external(model, target, "model.data")
+                onnx.checker.check_model(target)
+        else:
+            onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as e:
+        raise ModelError(f"onnx.checker rejected the model: {one_line(e)}") from None
+    except ModelError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the checker also raises plain C++ errors
+        raise ModelError(f"onnx.checker rejected the model: {one_line(e)}") from None
+
+
+def _fix_input_shapes(model: ModelProto, input_shapes: Mapping[str, Sequence[int]] | None) -> None:
+    graph = model.graph
+    inits = {t.name for t in graph.initializer} | {s.values.name for s in graph.sparse_initializer}
+    inputs = [vi for vi in graph.input if vi.name not in inits]
+    names = [vi.name for vi in inputs]
+    given = dict(input_shapes or {})
+    for name in given:
+        if name not in names:
+            kind = "an initializer" if name in inits else "not a graph input"
+            raise ModelError(f"a shape was given for '{name}', which is {kind} (inputs: {', '.join(names) or 'none'})")
+    for vi in inputs:
+        kind = vi.type.WhichOneof("value")
+        if kind != "tensor_type":
+            raise ModelError(f"input '{vi.name}' is a {kind or 'value of unknown type'}; tensat needs tensor inputs")
+        tt = vi.type.tensor_type
+        dims = list(tt.shape.dim) if tt.HasField("shape") else None
+        if vi.name in given:
+            try:
+                want = [int(d) for d in given[vi.name]]
+            except (TypeError, ValueError):
+                raise ModelError(f"the shape given for input '{vi.name}' is not a list of integers") from None
+            text = ",".join(map(str, want))
+            if any(d < 1 for d in want):
+                raise ModelError(f"the shape given for input '{vi.name}' ({text}) has a dimension below 1")
+            if dims is not None and len(dims) != len(want):
+                raise ModelError(
+                    f"input '{vi.name}' has rank {len(dims)}, but the given shape {text} has rank {len(want)}"
+                )
+            for axis, (dim, value) in enumerate(zip(dims or [], want)):
+                if dim.HasField("dim_value") and dim.dim_value > 0 and dim.dim_value != value:
+                    raise ModelError(
+                        f"input '{vi.name}' has size {dim.dim_value} on axis {axis}, "
+                        f"but the given shape {text} says {value}"
+                    )
+            tt.ClearField("shape")
+            tt.shape.SetInParent()
+            for value in want:
+                tt.shape.dim.add().dim_value = value
+            continue
+        if dims is None:
+            raise ModelError(
+                f"input '{vi.name}' has an unknown rank; pass its shape, e.g. --input-shape {vi.name}=1,3,224,224"
+            )
+        dynamic = [d for d in dims if not (d.HasField("dim_value") and d.dim_value > 0)]
+        if dynamic:
+            first = dynamic[0]
+            what = first.dim_param if first.HasField("dim_param") and first.dim_param else "unknown size"
+            if first.HasField("dim_value") and first.dim_value == 0:
+                what = "size 0"
+            example = ",".join(str(d.dim_value) if d.HasField("dim_value") and d.dim_value > 0 else "1" for d in dims)
+            raise ModelError(
+                f"input '{vi.name}' has a dynamic dimension ({what}); "
+                f"pass its shape, e.g. --input-shape {vi.name}={example}"
+            )
+
+
+def _infer(model: ModelProto) -> None:
+    """Run shape inference (with data propagation) and store its value_info and output types in `model`."""
+    light = light_copy(model)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=True)
+    except Exception as e:  # noqa: BLE001 - inference raises several C++ error types
+        raise ModelError(f"shape inference failed: {one_line(e)}") from None
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(inferred.graph.value_info)
+    for out, inf in zip(model.graph.output, inferred.graph.output):
+        if inf.type.WhichOneof("value"):
+            out.type.CopyFrom(inf.type)
+
+
+def load_model(
+    source: str | os.PathLike[str] | ModelProto, input_shapes: Mapping[str, Sequence[int]] | None = None
+) -> ModelProto:
+    """Read (path or proto), validate, fix input shapes and shape-infer a model; errors are one-line ModelErrors.
+
+    External data is read only from the model's own directory. The result holds all weights in memory, every
+    graph input has a concrete shape, its nodes are in topological order (sorted before the checker, which
+    rejects any other order) and `graph.value_info` holds the inferred types.
+    """
+    model, base_dir, path = _read(source)
+    where = f"'{path}'" if path else "the given proto"
+    _check_basic(model, where)
+    _check_opsets(model)
+    _check_structure(model.graph)
+    external = _check_external(model, base_dir)
+    _run_checker(model, path, external)
+    if model.functions:
+        try:
+            model = onnx.inliner.inline_local_functions(model)
+        except Exception as e:  # noqa: BLE001
+            raise ModelError(f"cannot inline the model's local functions: {one_line(e)}") from None
+        del model.functions[:]
+    _fix_input_shapes(model, input_shapes)
+    _infer(model)
+    if external:
+        try:
+            onnx.external_data_helper.load_external_data_for_model(model, base_dir)
+        except Exception as e:  # noqa: BLE001
+            raise ModelError(f"cannot read external data: {one_line(e)}") from None
+    return model

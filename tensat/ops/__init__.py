@@ -1,0 +1,31 @@
+"""The operator registry: every tensat operator defined once, one module per family.
+
+An operator's `OpDef` (see `registry`) holds everything about it: tensor inputs and typed attributes, shape
+function, numpy reference semantics, egglog constructor and shape rule, FLOP count, the ONNX op types it imports
+from and exports to, how the rule verifier instantiates it (ranks, shape equations, attribute domains, exactness on
+integers), and what the cost models need (a view op costs nothing; which ops break a measured conv graph's blocked
+layout). The consumers loop over the registry instead of keeping tables of their own: the ONNX importer and
+exporter (`tensat.onnx`; ops with attributes have lowering and emitting functions there, named by the ONNX op types
+declared here), the IR and the e-graph, the rule language and verifier (`rewrites`), and the cost models.
+
+Adding an element-wise op is one line in `elementwise.py` (see `unary` and `binary`).
+"""
+
+from __future__ import annotations
+
+# Registration order is egglog's declaration order: the families are imported in it.
+from tensat.ops import leaves, elementwise, matmul, conv, pool, layout, norm, transforms, opaque  # noqa: F401
+from tensat.ops.conv import (
+    ACT_CODES, ACT_NAMES, ACT_NONE, ACT_RELU, ACT_SIGMOID, ACT_TANH, ACTIVATIONS, conv2d_reference,
+)
+from tensat.ops.registry import (
+    BY_EGG, EGG_SORT, MAX_RANK, REGISTRY, SAME, Attrs, Equations, OpDef, Shape, ShapeError, egg_declarations,
+    egg_shape_rules, evaluate, get, register, shape_of,
+)
+from tensat.ops.transforms import merge_mask
+
+__all__ = [
+    "ACT_CODES", "ACT_NAMES", "ACT_NONE", "ACT_RELU", "ACT_SIGMOID", "ACT_TANH", "ACTIVATIONS", "BY_EGG", "EGG_SORT",
+    "MAX_RANK", "REGISTRY", "SAME", "Attrs", "Equations", "OpDef", "Shape", "ShapeError", "conv2d_reference",
+    "egg_declarations", "egg_shape_rules", "evaluate", "get", "merge_mask", "register", "shape_of",
+]

@@ -1,0 +1,147 @@
+"""Conv 2-D with bias and fused activation, and the sliding-window helpers pooling shares.
+
+Inputs: x (N,C,H,W), w (M, C/group, KH, KW), b (M,). pads = (top, left, bottom, right) as in ONNX's
+(begin..., end...) order for 2-D. `act` is a fused activation code (Tensat's numbering, `ACT_NAMES`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from tensat.ops.elementwise import relu, sigmoid
+from tensat.ops.registry import Attrs, Dims, Equations, OpDef, Shape, check, egg_dim, egg_rule, egg_vec, numel, register
+
+# Fused activation codes (Tensat's numbering).
+ACT_NONE, ACT_SIGMOID, ACT_RELU, ACT_TANH = 0, 1, 2, 3
+ACT_NAMES = {ACT_NONE: "none", ACT_SIGMOID: "sigmoid", ACT_RELU: "relu", ACT_TANH: "tanh"}
+ACT_CODES = {name: code for code, name in ACT_NAMES.items()}
+
+ACTIVATIONS: dict[int, Callable[[np.ndarray], np.ndarray]] = {
+    ACT_NONE: lambda x: x,
+    ACT_SIGMOID: sigmoid,
+    ACT_RELU: relu,
+    ACT_TANH: np.tanh,
+}
+
+
+def window_out(size: int, k: int, stride: int, pad_begin: int, pad_end: int, dilation: int = 1) -> int:
+    """Output size of a sliding window along one axis."""
+    return (size + pad_begin + pad_end - (dilation * (k - 1) + 1)) // stride + 1
+
+
+def check_window(op: str, attrs: Attrs) -> None:
+    """Strides and dilations positive, pads non-negative (ONNX's rules; numpy and onnxruntime assume them)."""
+    check(len(attrs["strides"]) == 2 and min(attrs["strides"]) >= 1, f"{op} strides {attrs['strides']} invalid")
+    check(len(attrs["pads"]) == 4 and min(attrs["pads"]) >= 0, f"{op} pads {attrs['pads']} invalid")
+    if "dilations" in attrs:
+        check(len(attrs["dilations"]) == 2 and min(attrs["dilations"]) >= 1,
+              f"{op} dilations {attrs['dilations']} invalid")
+    if "kernel" in attrs:
+        check(len(attrs["kernel"]) == 2 and min(attrs["kernel"]) >= 1, f"{op} kernel {attrs['kernel']} invalid")
+
+
+def windows(x: np.ndarray, kernel: Sequence[int], strides: Sequence[int], dilations: Sequence[int]) -> np.ndarray:
+    """Sliding windows (N, C, OH, OW, KH, KW) over an already padded NCHW array."""
+    kh, kw = kernel
+    dh, dw = dilations
+    eff = ((kh - 1) * dh + 1, (kw - 1) * dw + 1)
+    win = sliding_window_view(x, eff, axis=(2, 3))
+    return win[:, :, :: strides[0], :: strides[1], ::dh, ::dw]
+
+
+def _conv_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
+    x, w, b = shapes
+    check(len(x) == 4 and len(w) == 4, f"conv2d needs 4-D input and weight, got {x} and {w}")
+    group = attrs["group"]
+    check(group >= 1 and x[1] == w[1] * group, f"conv2d channels {x[1]} != {w[1]} x group {group}")
+    check(w[0] % group == 0, f"conv2d out channels {w[0]} not divisible by group {group}")
+    check(tuple(b) == (w[0],), f"conv2d bias shape {b} != ({w[0]},)")
+    check_window("conv2d", attrs)
+    (sh, sw), (pt, pl, pb, pr), (dh, dw) = attrs["strides"], attrs["pads"], attrs["dilations"]
+    oh = window_out(x[2], w[2], sh, pt, pb, dh)
+    ow = window_out(x[3], w[3], sw, pl, pr, dw)
+    check(oh >= 1 and ow >= 1, f"conv2d kernel {w[2:]} larger than padded input {x[2:]}")
+    check(attrs["act"] in ACT_NAMES, f"conv2d activation code {attrs['act']} unknown")
+    return (x[0], w[0], oh, ow)
+
+
+def conv2d_reference(
+    x: np.ndarray, w: np.ndarray, b: np.ndarray, strides: Sequence[int], pads: Sequence[int],
+    dilations: Sequence[int], group: int, act: int = ACT_NONE,
+) -> np.ndarray:
+    """Numpy 2-D convolution with ONNX semantics (grouped, dilated, padded), bias and fused activation."""
+    pt, pl, pb, pr = pads
+    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    win = windows(xp, w.shape[2:], strides, dilations)
+    n, c, oh, ow, kh, kw = win.shape
+    m, cg = w.shape[0], w.shape[1]
+    win = win.reshape(n, group, cg, oh, ow, kh, kw)
+    wg = w.reshape(group, m // group, cg, kh, kw)
+    out = np.einsum("ngchwij,gmcij->ngmhw", win, wg, optimize=True).reshape(n, m, oh, ow)
+    out = out + b.reshape(1, m, 1, 1)
+    return ACTIVATIONS[act](out).astype(np.result_type(x, w), copy=False)
+
+
+def _conv_eval(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:
+    return conv2d_reference(xs[0], xs[1], xs[2], a["strides"], a["pads"], a["dilations"], a["group"], a["act"])
+
+
+def _conv_rules(op: OpDef) -> list[str]:
+    s0, s1 = "s0", "s1"
+    oh = (f"(+ (/ (- (+ {egg_dim(s0, 2)} (+ (vec-get pads 0) (vec-get pads 2))) (+ (* (vec-get dilations 0) "
+          f"(- {egg_dim(s1, 2)} 1)) 1)) (vec-get strides 0)) 1)")
+    ow = (f"(+ (/ (- (+ {egg_dim(s0, 3)} (+ (vec-get pads 1) (vec-get pads 3))) (+ (* (vec-get dilations 1) "
+          f"(- {egg_dim(s1, 3)} 1)) 1)) (vec-get strides 1)) 1)")
+    query = [
+        "(= (vec-length s0) 4)", "(= (vec-length s1) 4)",
+        f"(= {egg_dim(s0, 1)} (* {egg_dim(s1, 1)} group))",
+        f"(= 0 (% {egg_dim(s1, 0)} group))",
+        f"(= s2 (vec-of {egg_dim(s1, 0)}))",
+    ]
+    return [egg_rule(op, query, egg_vec([egg_dim(s0, 0), egg_dim(s1, 0), oh, ow]))]
+
+
+def _conv_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[str, Any]) -> None:
+    x, w, b = ins
+    g = at["group"]
+    s.eq(out[0], x[0])
+    s.eq(out[1], w[0])
+    s.eq(b[0], w[0])
+    s.eq(x[1], s.mul(w[1], g))
+    if g != 1:
+        s.eq(w[0], s.mul(s.sym(1, 2), g))
+    for i in (2, 3):
+        s.hint(x[i], 3, 9)
+        s.hint(w[i], 1, 3)
+    s.hint(x[0], 1, 2)
+    strides, pads, dil = at["strides"], at["pads"], at["dilations"]
+    for i, (lo, hi) in ((2, (0, 2)), (3, (1, 3))):
+        j = i - 2
+        s.eq(out[i], s.apply(lambda size, k, st, p, d, j=j, lo=lo, hi=hi: window_out(
+            size, k, st[j], p[lo], p[hi], d[j]), x[i], w[i], strides, pads, dil))
+
+
+def _conv_flops(shapes: Sequence[Shape], out: Shape, a: Attrs) -> float:
+    w = shapes[1]
+    return 2.0 * numel(out) * w[1] * w[2] * w[3]
+
+
+CONV2D = register(OpDef(
+    "conv2d", "Conv2d", 3,
+    (("strides", "ints"), ("pads", "ints"), ("dilations", "ints"), ("group", "int"), ("act", "int")),
+    _conv_shape, _conv_eval, _conv_rules, _conv_flops,
+    onnx="Conv",
+    ranks=(4, 4, 4, 1), equations=_conv_equations,
+    domains={
+        "strides": [(1, 1), (2, 1)],
+        "pads": [(0, 0, 0, 0), (1, 1, 1, 1), (0, 1, 2, 1)],
+        "dilations": [(1, 1), (2, 1)],
+        "group": [1, 2, 4],
+        "act": [ACT_NONE, ACT_SIGMOID, ACT_RELU, ACT_TANH],
+    },
+    int_exact=True, int_exact_if={"act": frozenset({ACT_NONE, ACT_RELU})},
+    breaks_layout=True,
+))

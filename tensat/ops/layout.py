@@ -1,0 +1,162 @@
+"""Data movement: concat (binary; an N-ary ONNX Concat becomes a left-nested chain), slice (one axis, explicit
+start and size), transpose and reshape."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from tensat.ops.registry import (
+    MAX_RANK, SAME, Attrs, Dims, Equations, OpDef, Shape, check, egg_dim, egg_rule, egg_vec, no_flops, numel, register,
+)
+
+
+def _axes(rank: int) -> list[int]:
+    return list(range(rank))
+
+
+def _concat_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
+    a, b = shapes
+    ax = attrs["axis"]
+    check(len(a) == len(b) and 0 <= ax < len(a), f"concat axis {ax} invalid for {a} and {b}")
+    check(a[:ax] + a[ax + 1:] == b[:ax] + b[ax + 1:], f"concat on axis {ax}: non-axis dims differ, {a} vs {b}")
+    return a[:ax] + (a[ax] + b[ax],) + a[ax + 1:]
+
+
+def _concat_rules(op: OpDef) -> list[str]:
+    query = ["(< -1 axis)", "(< axis (vec-length s0))", "(= (vec-set s0 axis 0) (vec-set s1 axis 0))"]
+    return [egg_rule(op, query, "(vec-set s0 axis (+ (vec-get s0 axis) (vec-get s1 axis)))")]
+
+
+def _concat_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[str, Any]) -> None:
+    ax = at["axis"]
+    if not isinstance(ax, int) or not 0 <= ax < len(out):
+        s.reject("concat axis")
+    for i in range(len(out)):
+        if i == ax:
+            s.eq(out[i], s.add(ins[0][i], ins[1][i]))
+        else:
+            s.eq(out[i], ins[0][i])
+            s.eq(out[i], ins[1][i])
+
+
+CONCAT = register(OpDef(
+    "concat", "Concat", 2, (("axis", "int"),), _concat_shape,
+    lambda xs, a: np.concatenate(xs, axis=a["axis"]), _concat_rules, no_flops,
+    onnx="Concat",
+    ranks=(SAME, SAME, SAME), equations=_concat_equations, domains={"axis": _axes}, int_exact=True,
+))
+
+
+def _slice_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
+    x = shapes[0]
+    ax, start, size = attrs["axis"], attrs["start"], attrs["size"]
+    check(0 <= ax < len(x), f"slice axis {ax} invalid for {x}")
+    check(0 <= start and size >= 1 and start + size <= x[ax], f"slice [{start}, {start + size}) outside dim {x[ax]}")
+    return x[:ax] + (size,) + x[ax + 1:]
+
+
+def _slice_eval(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:
+    index = [slice(None)] * xs[0].ndim
+    index[a["axis"]] = slice(a["start"], a["start"] + a["size"])
+    return xs[0][tuple(index)]
+
+
+def _slice_rules(op: OpDef) -> list[str]:
+    query = ["(< -1 axis)", "(< axis (vec-length s0))", "(< -1 start)", "(< 0 size)",
+             "(< (+ start size) (+ (vec-get s0 axis) 1))"]
+    return [egg_rule(op, query, "(vec-set s0 axis size)")]
+
+
+def _slice_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[str, Any]) -> None:
+    ax, start, size = at["axis"], at["start"], at["size"]
+    if not isinstance(ax, int) or not 0 <= ax < len(out):
+        s.reject("slice axis")
+    for i in range(len(out)):
+        s.eq(out[i], size if i == ax else ins[0][i])
+    s.eq(ins[0][ax], s.add(start, size, s.sym(0, 3, slack=True)))
+
+
+SLICE = register(OpDef(
+    "slice", "Slice", 1, (("axis", "int"), ("start", "int"), ("size", "int")), _slice_shape, _slice_eval,
+    _slice_rules, no_flops,
+    onnx="Slice", onnx_also=("Split", "Gather"),
+    ranks=(SAME, SAME), equations=_slice_equations, domains={"axis": _axes},
+    solved={"start": lambda s, out: s.sym(0, 3), "size": lambda s, out: s.sym(1, 4)}, int_exact=True,
+    breaks_layout=True,
+))
+
+
+def _transpose_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
+    x, perm = shapes[0], tuple(attrs["perm"])
+    check(sorted(perm) == list(range(len(x))), f"transpose perm {perm} invalid for rank {len(x)}")
+    return tuple(x[p] for p in perm)
+
+
+def _transpose_rules(op: OpDef) -> list[str]:
+    out = []
+    for r in range(1, MAX_RANK + 1):
+        dims = [egg_dim("s0", egg_dim("perm", i)) for i in range(r)]
+        out.append(egg_rule(op, [f"(= (vec-length s0) {r})", f"(= (vec-length perm) {r})"], egg_vec(dims)))
+    return out
+
+
+def _transpose_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[str, Any]) -> None:
+    perm = at["perm"]
+    if not isinstance(perm, tuple) or sorted(perm) != list(range(len(out))):
+        s.reject("perm")
+    for i, p in enumerate(perm):
+        s.eq(out[i], ins[0][p])
+
+
+TRANSPOSE = register(OpDef(
+    "transpose", "Transpose", 1, (("perm", "ints"),), _transpose_shape,
+    lambda xs, a: np.transpose(xs[0], a["perm"]), _transpose_rules, no_flops,
+    onnx="Transpose",
+    ranks=(SAME, SAME), equations=_transpose_equations,
+    domains={"perm": lambda rank: list(itertools.permutations(range(rank)))}, int_exact=True,
+    breaks_layout=True,
+))
+
+
+def _reshape_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
+    x, target = shapes[0], tuple(attrs["shape"])
+    check(all(d >= 1 for d in target) and numel(target) == numel(x), f"cannot reshape {x} to {target}")
+    return target
+
+
+def _product(vec: str, r: int) -> str:
+    expr = "1"
+    for i in range(r):
+        expr = f"(* {expr} {egg_dim(vec, i)})"
+    return expr
+
+
+def _reshape_rules(op: OpDef) -> list[str]:
+    out = []
+    for r in range(0, MAX_RANK + 1):
+        for q in range(0, MAX_RANK + 1):
+            query = [f"(= (vec-length s0) {r})", f"(= (vec-length shape) {q})",
+                     f"(= {_product('s0', r)} {_product('shape', q)})"]
+            out.append(egg_rule(op, query, "shape"))
+    return out
+
+
+def _reshape_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[str, Any]) -> None:
+    target = at["shape"]
+    if not isinstance(target, tuple) or len(target) != len(out):
+        s.reject("reshape target")
+    s.eq(out, target)
+    if out:
+        s.eq(out[-1], s.quotient(s.prod(ins[0]), s.prod(out[:-1])))
+
+
+RESHAPE = register(OpDef(
+    "reshape", "Reshape", 1, (("shape", "ints"),), _reshape_shape,
+    lambda xs, a: xs[0].reshape(a["shape"]), _reshape_rules, no_flops,
+    onnx="Reshape", onnx_also=("Flatten", "Squeeze", "Unsqueeze"),
+    equations=_reshape_equations, solved={"shape": lambda s, out: out}, int_exact=True,
+    view=True, breaks_layout=True,
+))

@@ -1,0 +1,231 @@
+"""`OpDef`, the registry of every operator, and the questions the pipeline asks of it.
+
+The families (`leaves`, `elementwise`, `matmul`, `conv`, `pool`, `layout`, `norm`, `transforms`, `opaque`) register
+their operators here; the helpers below are what their shape functions and egglog shape rules share.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, NoReturn, Protocol, Sequence
+
+import numpy as np
+
+Shape = tuple[int, ...]
+Attrs = dict[str, Any]
+Dims = tuple[Any, ...]  # a tensor's dimensions in the rule verifier: ints, symbols or expressions over them
+
+# Attribute kinds and their egglog sorts.
+EGG_SORT = {"int": "i64", "ints": "IVec", "float": "f64", "str": "String"}
+
+SAME = -1  # in `OpDef.ranks`: the rank of the op's output
+MAX_RANK = 6  # the highest rank the egglog shape rules cover
+
+
+class ShapeError(ValueError):
+    """An operator applied to inputs whose shapes or attributes it does not accept."""
+
+
+class Equations(Protocol):
+    """What an op's verifier `equations` may ask of the rule verifier (`rewrites.verify`) for one sample.
+
+    Values are ints, symbols, tuples of them, or expressions built by `add`, `mul`, `prod`, `quotient` and `apply`;
+    `eq` records an equation (solving it for a symbol where it can), `reject` discards the sample."""
+
+    def sym(self, lo: int = 1, hi: int = 4, slack: bool = False) -> Any:
+        """A fresh integer unknown sampled in [lo, hi] (`slack`: preferred when solving linear equations)."""
+
+    def eq(self, a: Any, b: Any) -> None:
+        """Require a == b (element-wise for tuples)."""
+
+    def hint(self, x: Any, lo: int, hi: int) -> None:
+        """Narrow the sampling range of a symbol."""
+
+    def broadcast(self, out: Dims, a: Dims, b: Dims, dims: Iterable[int]) -> None:
+        """Dims `dims` of operands `a` and `b` broadcast to `out` (sometimes one side is picked to be 1)."""
+
+    def add(self, *xs: Any) -> Any:
+        """Sum."""
+
+    def mul(self, a: Any, b: Any) -> Any:
+        """Product."""
+
+    def prod(self, xs: Sequence[Any]) -> Any:
+        """Product of all of `xs`."""
+
+    def quotient(self, a: Any, b: Any) -> Any:
+        """a / b, rejecting the sample where b does not divide a."""
+
+    def apply(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn` of the arguments' values (at once where they are known)."""
+
+    def reject(self, why: str) -> NoReturn:
+        """Discard this sample (its attributes do not instantiate the op)."""
+
+
+Domain = Sequence[Any] | Callable[[int], Sequence[Any]]  # values, or values for the op's output rank
+
+
+@dataclass(frozen=True, eq=False)
+class OpDef:
+    """One operator: everything the pipeline needs to know about it.
+
+    The importer, the IR, the e-graph, the exporter, the rule verifier and the cost models read these fields; none
+    of them keeps a table of its own about operators. Element-wise ops are declared by `elementwise.unary` and
+    `elementwise.binary`, which derive every field from the numpy function.
+    """
+
+    name: str
+    egg: str  # egglog constructor name
+    inputs: int | None  # number of tensor inputs; None = variadic (opaque only)
+    attrs: tuple[tuple[str, str], ...]  # (name, kind) in egglog argument order; kind in EGG_SORT
+    shape: Callable[[Sequence[Shape], Attrs], Shape]
+    evaluate: Callable[[Sequence[np.ndarray], Attrs], np.ndarray] | None  # numpy reference semantics
+    egg_shape_rules: Callable[["OpDef"], list[str]]  # builds this op's egglog shape rules
+    flops: Callable[[Sequence[Shape], Shape, Attrs], float]  # for the analytic cost model
+    leaf: bool = False  # input / weight: no tensor inputs, shape from attrs
+    kind: str = "custom"  # shape family: "unary" (the input's shape), "broadcast" (numpy broadcasting), "custom"
+
+    # ONNX. `onnx` is the ONNX op type of the same meaning: an op with tensor inputs only (no attributes) is
+    # imported from and exported to it by the ONNX layer with no code of its own; for an op with attributes the ONNX
+    # layer has a lowering function for that type and an emitter for the op. `onnx_also` names further ONNX op types
+    # the importer lowers (mainly) to this op, each through a lowering function of the ONNX layer.
+    onnx: str | None = None
+    onnx_also: tuple[str, ...] = ()
+
+    # Rule verifier (`rewrites.verify`).
+    ranks: tuple[int, ...] | None = None  # (output, *inputs): a fixed rank or SAME; None: unconstrained
+    min_rank: int = 1  # lowest output rank
+    # the shape equations between (s, output dims, input dims, attribute values)
+    equations: Callable[[Equations, Dims, Sequence[Dims], Mapping[str, Any]], None] | None = None
+    domains: Mapping[str, Domain] = field(default_factory=dict)  # values tried for each enumerated attribute
+    solved: Mapping[str, Callable[[Equations, Dims], Any]] = field(default_factory=dict)  # attrs solved with shapes
+    positive: tuple[int, ...] = ()  # inputs sampled positive (a variance under a square root)
+    int_exact: bool = False  # numpy semantics are exact on integer tensors
+    int_exact_if: Mapping[str, frozenset[int]] = field(default_factory=dict)  # ... when these attributes are so
+
+    # Cost model and measurement.
+    view: bool = False  # onnxruntime runs it without touching the data: it costs nothing
+    breaks_layout: bool = False  # runs in, or forces reorders around, the blocked layout of a measured conv graph
+    # (the others, element-wise ops and concat, run on whatever layout their inputs have)
+
+    @property
+    def attr_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.attrs)
+
+    @property
+    def onnx_types(self) -> tuple[str, ...]:
+        """Every ONNX op type the importer lowers to this op."""
+        return ((self.onnx,) if self.onnx else ()) + self.onnx_also
+
+    def egg_decl(self) -> str:
+        """The egglog constructor declaration for this op."""
+        attr_sorts = [EGG_SORT[kind] for _, kind in self.attrs]
+        sorts = attr_sorts + ["TVec"] if self.inputs is None else ["T"] * self.inputs + attr_sorts
+        return f"(constructor {self.egg} ({' '.join(sorts)}) T)"
+
+    def egg_args(self, prefix: str = "x") -> list[str]:
+        """Variable names for the constructor's arguments, in order (inputs, then attrs)."""
+        if self.inputs is None:
+            return [a for a in self.attr_names] + [f"{prefix}s"]
+        return [f"{prefix}{i}" for i in range(self.inputs)] + list(self.attr_names)
+
+
+REGISTRY: dict[str, OpDef] = {}
+BY_EGG: dict[str, OpDef] = {}
+
+
+def register(op: OpDef) -> OpDef:
+    """Add `op` to the registry (registration order is egglog's declaration order)."""
+    REGISTRY[op.name] = op
+    BY_EGG[op.egg] = op
+    return op
+
+
+def get(name: str) -> OpDef:
+    """The definition of op `name`."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown tensat op {name!r}") from None
+
+
+def shape_of(op: str, in_shapes: Sequence[Shape], attrs: Attrs) -> Shape:
+    """Output shape of `op` on inputs of `in_shapes`; raises ShapeError if ill-typed."""
+    d = get(op)
+    if d.inputs is not None:
+        check(len(in_shapes) == d.inputs, f"{op} takes {d.inputs} inputs, got {len(in_shapes)}")
+    return tuple(int(v) for v in d.shape([tuple(s) for s in in_shapes], attrs))
+
+
+def evaluate(op: str, arrays: Sequence[np.ndarray], attrs: Attrs) -> np.ndarray:
+    """Numpy reference semantics of `op`."""
+    d = get(op)
+    if d.evaluate is None:
+        raise ValueError(f"{op} has no numpy semantics")
+    return np.asarray(d.evaluate(arrays, attrs))
+
+
+def egg_declarations() -> str:
+    """egglog declarations of the tensor sort, shapes and every constructor."""
+    lines = ["(sort IVec (Vec i64))", "(sort T)", "(sort TVec (Vec T))"]
+    lines += [op.egg_decl() for op in REGISTRY.values()]
+    lines += ["(function shape-of (T) IVec :no-merge)", "(ruleset shapes)"]
+    return "\n".join(lines)
+
+
+def egg_shape_rules(names: Iterable[str] | None = None) -> list[str]:
+    """The egglog shape rules of the ops called `names` (default: every op)."""
+    wanted = None if names is None else set(names)
+    return [rule for name, op in REGISTRY.items() if wanted is None or name in wanted
+            for rule in op.egg_shape_rules(op)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Helpers of the families' shape functions
+
+
+def numel(shape: Sequence[int]) -> int:
+    return int(math.prod(shape))
+
+
+def check(cond: bool, msg: str) -> None:
+    """Raise ShapeError(msg) unless `cond`."""
+    if not cond:
+        raise ShapeError(msg)
+
+
+def no_flops(_: Sequence[Shape], __: Shape, ___: Attrs) -> float:
+    return 0.0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# egglog shape-rule helpers. Every rule is written for the node variable `e` whose constructor arguments are named
+# by `OpDef.egg_args()`; shapes of inputs are bound as s0, s1, ...
+
+
+def egg_match(op: OpDef) -> str:
+    """The query atom binding `e` to an application of `op`."""
+    args = " ".join(op.egg_args())
+    return f"(= e ({op.egg} {args}))" if args else f"(= e ({op.egg}))"
+
+
+def egg_rule(op: OpDef, query: Sequence[str], shape_expr: str) -> str:
+    """A shape rule: where `query` holds (input shapes bound as s0, s1...), `e` has shape `shape_expr`."""
+    binds = [f"(= s{i} (shape-of x{i}))" for i in range(op.inputs or 0)]
+    body = " ".join([egg_match(op), *binds, *query])
+    return f"(rule ({body}) ((set (shape-of e) {shape_expr})) :ruleset shapes)"
+
+
+def egg_vec(items: Sequence[str]) -> str:
+    return f"(vec-of {' '.join(items)})" if items else "(vec-empty)"
+
+
+def egg_dim(s: str, i: int | str) -> str:
+    return f"(vec-get {s} {i})"
+
+
+def shape_from_attr(op: OpDef) -> list[str]:
+    """The shape rule of an op whose shape is its `shape` attribute (leaves, opaque)."""
+    return [f"(rule ({egg_match(op)}) ((set (shape-of e) shape)) :ruleset shapes)"]
