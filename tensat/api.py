@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
 
 import onnx
 
-import extraction
-import rewrites
+from tensat import extraction
+from tensat import rewrites
 from tensat.cost import AnalyticCost, CostModel, Shape, runtime_cost
 from tensat.egraph import ExplorationStats, IterationStats, TensorEGraph
 from tensat.errors import TensatError, VerificationError

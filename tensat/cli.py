@@ -161,7 +161,7 @@ def _run_optimize(args: argparse.Namespace) -> int:
 
 
 def _add_extract(sub: Any) -> None:
-    from extraction import cli as extraction_cli
+    from tensat.extraction import cli as extraction_cli
 
     p = sub.add_parser("extract", help="extract the cheapest acyclic term from an e-graph JSON file",
                        description="Extract from an e-graph in the egraph-serialize JSON format.")
@@ -169,7 +169,7 @@ def _add_extract(sub: Any) -> None:
 
 
 def _add_rules(sub: Any) -> None:
-    from rewrites import cli as rules_cli
+    from tensat.rewrites import cli as rules_cli
 
     p = sub.add_parser("rules", help="list (and verify) the rewrite rules with counts",
                        description="List every rule of the library: single- and multi-pattern, with counts.")
@@ -177,7 +177,7 @@ def _add_rules(sub: Any) -> None:
 
 
 def _run_rules(args: argparse.Namespace) -> int:
-    from rewrites import cli as rules_cli
+    from tensat.rewrites import cli as rules_cli
 
     return rules_cli.run(args)
 
@@ -278,12 +278,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("give either a model file or --model, not both")
     handlers = {"optimize": _run_optimize, "rules": _run_rules, "compare": _run_compare, "models": _run_models,
                 "profile": _run_profile, "cost-report": _run_cost_report, "bench": _run_bench}
-    from extraction import InputError
-    from rewrites import RuleError
+    from tensat.extraction import InputError
+    from tensat.rewrites import RuleError
 
     try:
         if args.command == "extract":
-            from extraction import cli as extraction_cli
+            from tensat.extraction import cli as extraction_cli
 
             return extraction_cli.run(args)
         with warnings.catch_warnings():

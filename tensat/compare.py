@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import onnx
 
-import rewrites
+from tensat import rewrites
 from tensat import onnx_io
 from tensat.cost import CostModel, graph_cost, runtime_cost
 from tensat.errors import VerificationError

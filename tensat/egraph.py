@@ -16,9 +16,9 @@ from typing import Any, Callable, Sequence
 
 from egglog import bindings
 
-import rewrites
-from extraction import EGraph as XGraph
-from extraction import ENode, tree_costs
+from tensat import rewrites
+from tensat.extraction import EGraph as XGraph
+from tensat.extraction import ENode, tree_costs
 from tensat import ops
 from tensat.cost import AnalyticCost
 from tensat.ir import Graph, Node

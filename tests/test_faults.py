@@ -26,8 +26,8 @@ import pulp
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import extraction
-import extraction.ilp as ilp_mod
+from tensat import extraction
+from tensat.extraction import ilp as ilp_mod
 import tensat
 import tensat.api as api
 import tensat.onnx_io as onnx_io

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-import rewrites
-from rewrites.dsl import Var, attr_value, eval_expr, evaluate_sides, parse_rules
-from rewrites.match import Context, Matcher, TermGraph, apply_match, find_matches, rewrite
+from tensat import rewrites
+from tensat.rewrites.dsl import Var, attr_value, eval_expr, evaluate_sides, parse_rules
+from tensat.rewrites.match import Context, Matcher, TermGraph, apply_match, find_matches, rewrite
 from tensat import onnx_io, ops
 from tensat.cost import AnalyticCost, graph_cost
 from tensat.errors import TensatError
@@ -65,7 +65,7 @@ def assert_same_outputs(a: Graph, b: Graph, feeds: dict[str, np.ndarray], rtol: 
 def _instances(rule: rewrites.Rule, wanted: int = 2) -> list[tuple[dict[str, tuple[int, ...]], dict[str, Any]]]:
     """Shapes and attribute values satisfying the rule's left side and guards, from the rule verifier's sampler."""
     try:
-        from rewrites import verify as rv
+        from tensat.rewrites import verify as rv
 
         plan = rv._Plan(rule)
         rng = random.Random(f"match:{rule.name}")
@@ -171,7 +171,7 @@ def store_values(store: TermGraph, wanted: list[int], feeds: dict[str, np.ndarra
 def test_every_match_on_benchmark_graphs_computes_its_roots(name):
     """Matches of every rule on the benchmark graphs (up to 12 per rule and graph): the right side computes what
     the matched roots do."""
-    from rewrites.match import NotApplicable, build_rhs
+    from tensat.rewrites.match import NotApplicable, build_rhs
 
     g = small_graph(name)
     store = TermGraph(g)
