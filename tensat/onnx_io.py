@@ -29,7 +29,8 @@ import onnx
 import onnx.inliner
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
-from tensat import __version__, ops
+from tensat import ops
+from tensat._version import __version__
 from tensat.errors import ModelError, TensatError
 from tensat.files import atomic_write_bytes, fsync_dir
 from tensat.ir import FLOAT, Graph, OpaqueSpec
