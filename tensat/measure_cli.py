@@ -9,9 +9,15 @@ import os
 import time
 from typing import Any, Iterator
 
-from tensat.cli import parse_input_shape, positive_float, positive_int
+from tensat.api import optimize_with_details
+from tensat.cli_args import parse_input_shape, positive_float, positive_int
+from tensat.cost import graph_cost
+from tensat.cost_report import cost_report, fused_graph_cost, load_graph
+from tensat.egraph import TensorEGraph
 from tensat.errors import TensatError
 from tensat.files import atomic_write_json
+from tensat.measure import make_measured_cost
+from tensat.models import build_model
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -103,8 +109,6 @@ def _source(args: argparse.Namespace) -> tuple[Any, str]:
     if getattr(args, "input", None) and getattr(args, "model", None):
         raise TensatError("give either a model file or --model, not both")
     if args.model:
-        from tensat.models import build_model
-
         try:
             return build_model(args.model), args.model
         except ValueError as exc:
@@ -113,25 +117,17 @@ def _source(args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def _graph(args: argparse.Namespace) -> tuple[Any, str]:
-    from tensat.cost_report import load_graph
-
     source, name = _source(args)
     shapes = dict(args.input_shape) if args.input_shape else None
     return load_graph(source, shapes), name
 
 
 def _cost_model(args: argparse.Namespace) -> Any:
-    from tensat.measure import make_measured_cost
-
     return make_measured_cost(args.device, progress=not args.no_progress)
 
 
 def run_profile(args: argparse.Namespace) -> int:
     """Fill the cost cache for one model; prints what was measured and what was already cached."""
-    from tensat.cost import graph_cost
-    from tensat.cost_report import fused_graph_cost
-    from tensat.egraph import TensorEGraph
-
     with _environment(args):
         start = time.perf_counter()
         graph, name = _graph(args)
@@ -166,8 +162,6 @@ def run_profile(args: argparse.Namespace) -> int:
 
 def run_cost_report(args: argparse.Namespace) -> int:
     """Print (and optionally save) the accuracy report for one model."""
-    from tensat.cost_report import cost_report, load_graph
-
     with _environment(args):
         graph, name = _graph(args)
         cost = _cost_model(args)
@@ -177,8 +171,6 @@ def run_cost_report(args: argparse.Namespace) -> int:
             shapes = dict(args.input_shape) if args.input_shape else None
             optimized = load_graph(args.optimized, shapes)
         elif not args.no_optimize:
-            from tensat.api import optimize_with_details
-
             result = optimize_with_details(graph, cost="measured", device=cost.device, node_limit=args.node_limit,
                                            iter_limit=args.iter_limit, time_limit=args.time_limit,
                                            k_multi=args.k_multi, ilp_time_limit=args.ilp_time_limit)

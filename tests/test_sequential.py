@@ -395,6 +395,36 @@ def test_compare_cli_rejects_unknown_models_and_needs_a_source():
         _parser().parse_args(["--budget", "3"])
 
 
+def test_compare_all_writes_files_only_to_an_out_dir(tmp_path, monkeypatch, capsys):
+    from tensat import compare_cli
+
+    monkeypatch.chdir(tmp_path)
+    rows = [argparse.Namespace(verified=True)]
+    assert compare_cli.finish(_parser().parse_args(["--all", "-q"]), rows, {"rows": []}, "| table |") == 0
+    assert capsys.readouterr().out == "| table |\n" and list(tmp_path.iterdir()) == []
+    out = tmp_path / "out"
+    assert compare_cli.finish(_parser().parse_args(["--all", "-q", "--out-dir", str(out)]), rows, {"rows": []},
+                              "| table |") == 0
+    assert sorted(p.name for p in out.iterdir()) == ["compare.json", "compare.md"]
+
+
+def test_bench_compare_writes_every_graph_to_bench_results(monkeypatch):
+    from bench import RESULTS_DIR
+    from bench import compare as bench_compare
+    from tensat import compare_cli
+
+    seen = []
+
+    def stop(args: argparse.Namespace) -> Any:
+        seen.append(args)
+        raise TensatError("stopped before comparing")
+
+    monkeypatch.setattr(compare_cli, "compare", stop)
+    assert bench_compare.main([]) == 1 and bench_compare.main(["--model", "bert"]) == 1
+    assert seen[0].all and seen[0].out_dir == str(RESULTS_DIR)
+    assert not seen[1].all and seen[1].out_dir is None
+
+
 def test_compare_summary_and_markdown():
     from tensat.compare import Row, Settings, markdown, summary
     from tensat.compare import report as compare_report
