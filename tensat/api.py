@@ -8,23 +8,23 @@ import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
+from typing import Any, Mapping, Sequence, Union
 
 import onnx
 
 from tensat import extraction
+from tensat import onnx_io
 from tensat import rewrites
+from tensat import verify as verify_mod
 from tensat.cost import AnalyticCost, CostModel, Shape, runtime_cost
 from tensat.egraph import ExplorationStats, IterationStats, TensorEGraph
 from tensat.errors import TensatError, VerificationError
 from tensat.files import check_writable
 from tensat.ir import Graph, Node
+from tensat.latency import LatencyComparison, compare_latency
+from tensat.measure import MeasuredCost, default_clock, make_measured_cost, resolve_device
 from tensat.progress import ProgressFn, report
-
-if TYPE_CHECKING:
-    from tensat.latency import LatencyComparison
-    from tensat.measure import MeasuredCost
-    from tensat.verify import VerifyReport
+from tensat.verify import VerifyReport
 
 ModelLike = Union[onnx.ModelProto, str, os.PathLike, Graph]
 
@@ -177,8 +177,6 @@ def make_cost_model(name: str, device: str = "auto", progress: bool | ProgressFn
     if name == "analytic":
         return AnalyticCost()
     if name == "measured":
-        from tensat.measure import make_measured_cost
-
         return make_measured_cost(device, progress=progress)
     raise TensatError(f"unknown cost model {name!r}")
 
@@ -291,8 +289,6 @@ def _measured(cost: _FallbackCost, opts: Options) -> MeasuredCost | None:
     """The run's cost model if it times ops on a device, or None (analytic costs, or the analytic fallback)."""
     if opts.cost != "measured":
         return None
-    from tensat.measure import MeasuredCost
-
     return cost.inner if isinstance(cost.inner, MeasuredCost) else None
 
 
@@ -355,9 +351,6 @@ def _end_to_end_check(original: onnx.ModelProto, optimized: onnx.ModelProto, dev
     kept only if `_faster`. Summed per-op costs miss what only a whole graph shows (fusions onnxruntime makes,
     which weights are still cached), so no cost model alone decides what is returned. None when the check could
     not run (with a warning): the verified optimized model is then kept."""
-    from tensat.latency import compare_latency
-    from tensat.measure import default_clock
-
     threads = check_threads()
     by_threads: dict[int, LatencyComparison] = {}
     try:
@@ -634,8 +627,6 @@ def _search(graph: Graph, cost: CostModel, opts: Options, times: dict[str, float
 def optimize_with_details(model: ModelLike, *, progress: ProgressFn | None = None, **options: Any) -> OptimizeResult:
     """Optimize `model` and report how: see `optimize` for the options. `progress(stage, detail)`, if given, is
     called as the run moves from stage to stage (see `tensat.progress`)."""
-    from tensat import onnx_io
-
     output_path = options.pop("output", None)
     opts = Options(**options)
     opts.check()
@@ -680,8 +671,6 @@ def optimize_with_details(model: ModelLike, *, progress: ProgressFn | None = Non
 
     out_model = run.model if run.model is not None else onnx_io.export_model(graph)
     if run.returned_input is not None and opts.verify and run.report is None:
-        from tensat.verify import VerifyReport
-
         run.report = VerifyReport(True, 0.0, 0.0, [o.name for o in out_model.graph.output], 0.0,
                                   "the input model is returned")
     if isinstance(model, Graph):
@@ -713,8 +702,6 @@ def _finish(run: _Outcome, optimized: Graph, cost: CostModel, opts: Options, tim
             measured: MeasuredCost | None) -> None:
     """Export the optimized graph, price it as written, verify it and time it against the input; `run` takes it
     only if it passes each step, and says why not otherwise."""
-    from tensat import onnx_io
-
     t = time.perf_counter()
     log.say("export", "writing the optimized graph as ONNX")
     try:
@@ -764,8 +751,6 @@ def _verified(original: onnx.ModelProto, optimized: onnx.ModelProto, opts: Optio
     difference is in how onnxruntime's fused kernels round for one of them (a merged projection fused where the
     input's three were not); the input model is then returned, with a warning, since it is what runs as the user
     expects."""
-    from tensat import verify as verify_mod
-
     report = verify_mod.compare_models(original, optimized, seed=opts.seed)
     if report.ok:
         return report
@@ -780,8 +765,6 @@ def _verified(original: onnx.ModelProto, optimized: onnx.ModelProto, opts: Optio
 
 def _check_device(opts: Options) -> str:
     """The device the end-to-end check times on when no measuring cost model chose it."""
-    from tensat.measure import resolve_device
-
     return resolve_device(opts.device)
 
 

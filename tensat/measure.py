@@ -74,6 +74,8 @@ from tensat.progress import ProgressFn, clock, report, stream_is_tty
 from tensat.costcache import CostCache, CostEntry
 from tensat.errors import TensatError
 from tensat.ir import Graph, Node
+from tensat.latency import clock_function, time_models
+from tensat.onnx_io import export_model
 
 Shape = tuple[int, ...]
 
@@ -354,8 +356,6 @@ def unit_model(unit: Unit, seed: int = 0) -> ModelProto:
         ins = [ext_ids[i] if kind == "x" else built[i] for kind, i in n.inputs]
         built.append(g.add(n.op, ins, **dict(n.attrs)))
     g.output("y", built[-1])
-    from tensat.onnx_io import export_model
-
     return export_model(g)
 
 
@@ -525,8 +525,6 @@ class Runner:
     """Sessions and IO bindings on one device with fixed settings, and the clock units are timed by."""
 
     def __init__(self, device: str, threads: int, clock: str = "wall") -> None:
-        from tensat.latency import clock_function
-
         self.device = device
         self.threads = threads
         self.clock = clock_function(clock, device, threads)
@@ -852,8 +850,6 @@ class MeasuredCost:
 
     def calibrate(self) -> Calibration:
         """Measure the per-node dispatch cost, the per-run overhead and the NCHWc block size on this device."""
-        from tensat.latency import time_models
-
         with _silenced():
             r = self.runner
             long, short = r.bound(r.session(chain_model(65))), r.bound(r.session(chain_model(1)))

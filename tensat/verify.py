@@ -21,6 +21,7 @@ import onnx
 from onnx import ModelProto, helper
 
 from tensat.errors import ModelError, VerificationError
+from tensat.onnx_io import _is_large, _write_external
 
 RTOL = 1e-4
 ATOL = 1e-6
@@ -69,8 +70,6 @@ def make_session(model: ModelProto | str | os.PathLike[str], provider: str = "cp
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     if isinstance(model, (str, os.PathLike)):
         return ort.InferenceSession(os.fspath(model), options, providers=providers)
-    from tensat.onnx_io import _is_large, _write_external
-
     if not _is_large(model):
         return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
     with tempfile.TemporaryDirectory(prefix="tensat-") as tmp:

@@ -815,7 +815,7 @@ def quick_measured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     def quick(device: str = "auto", cache_path: Any = None, *args: Any, **kwargs: Any) -> Any:
         return measure.MeasuredCost(device, cache_path, False, max_seconds=0.02)
 
-    monkeypatch.setattr(measure, "make_measured_cost", quick)
+    monkeypatch.setattr(api, "make_measured_cost", quick)
     from tensat.costcache import default_cache_path
 
     return default_cache_path()
