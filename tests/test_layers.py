@@ -4,14 +4,14 @@ Every module of tensat/, rewrites/ (installed as tensat.rewrites), extraction/ (
 bench/ is parsed, and the imports between them, those inside functions included, make a graph. LAYERS below is the
 order, lowest first; a module may import modules of its own layer or of a layer below, never of one above:
 
-- base: the package version, the error types, atomic file writes, progress reporting, the tensor operators (ops) and
-  the graph IR (ir). Everything else builds on these.
+- base: the package version, the error types, atomic file writes, progress reporting, the run options (options), the
+  tensor operators (ops) and the graph IR (ir). Everything else builds on these.
 - rules: tensat.rewrites, the rule library, parsed once and matched on graphs; it uses only the operators and the IR
   (REWRITES_MAY_IMPORT).
 - extraction: tensat.extraction, extraction over any e-graph in the egraph-serialize JSON format; it knows nothing of
   tensors and imports no other part of the project.
-- onnx: models in and out of ONNX (tensat.onnx_io), running them in onnxruntime (verify, latency), the built-in
-  benchmark graphs (models).
+- onnx: models in and out of ONNX (tensat.onnx_io), running them in onnxruntime (session, verify, latency), the
+  built-in benchmark graphs (models).
 - costs: the analytic cost model (cost) and the measured one with its cache (measure, costcache, cost_report).
 - search: the e-graph exploration (egraph) and the TASO-style sequential search (sequential), each over the rules
   and a cost model.
@@ -43,10 +43,11 @@ ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = {"tensat": "tensat", "rewrites": "tensat.rewrites", "extraction": "tensat.extraction", "bench": "bench"}
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("tensat._version", "tensat.errors", "tensat.files", "tensat.progress", "tensat.ops", "tensat.ir")),
+    ("base", ("tensat._version", "tensat.errors", "tensat.files", "tensat.progress", "tensat.options", "tensat.ops",
+              "tensat.ir")),
     ("rules", ("tensat.rewrites",)),
     ("extraction", ("tensat.extraction",)),
-    ("onnx", ("tensat.onnx_io", "tensat.onnx", "tensat.verify", "tensat.latency", "tensat.models")),
+    ("onnx", ("tensat.onnx_io", "tensat.onnx", "tensat.session", "tensat.verify", "tensat.latency", "tensat.models")),
     ("costs", ("tensat.cost", "tensat.costcache", "tensat.measure", "tensat.cost_report")),
     ("search", ("tensat.egraph", "tensat.sequential")),
     ("pipeline", ("tensat", "tensat.api", "tensat.compare")),
