@@ -1,6 +1,6 @@
 """Benchmark: TASO-style sequential search against tensat on the 8 benchmark graphs (issue 7).
 
-    python -m bench.compare                 # all graphs -> bench/results/compare.md and compare.json
+    python -m bench.compare                 # all graphs -> bench/results/compare.md and compare.json (or --out-dir)
     python -m bench.compare --model bert    # one graph (printed; add --out-dir DIR or --json FILE to keep it)
     python -m bench.compare --render bench/results/compare.json   # re-render the markdown of a saved run
 
@@ -17,7 +17,9 @@ import sys
 import warnings
 from typing import Any, Mapping, Sequence
 
+from bench import RESULTS_DIR
 from tensat import compare_cli
+from tensat.compare import Row, Settings, markdown, report
 from tensat.errors import TensatError
 
 TIME_RATIO_TARGET = 48.0  # Tensat's Table 1: geometric mean of sequential / tensat search time
@@ -64,8 +66,6 @@ def with_targets(doc: Mapping[str, Any], text: str) -> tuple[dict[str, Any], str
 
 def render(path: str) -> str:
     """The markdown report of a saved comparison JSON, with the targets."""
-    from tensat.compare import Row, Settings, markdown, report
-
     with open(path, encoding="utf-8") as f:
         doc = json.load(f)
     settings = Settings(**{k: v for k, v in doc["settings"].items() if k in Settings.__dataclass_fields__})
@@ -93,6 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.input is None and not args.model:
         args.all = True
+    if args.all and args.out_dir is None:
+        args.out_dir = str(RESULTS_DIR)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)

@@ -30,9 +30,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import tensat
 from bench.machine import header, machine_info
+from tensat.cost_report import cost_report, end_to_end, fusion_groups, group_unit, runtime_nodes
 from tensat.files import atomic_write_json, atomic_write_text
+from tensat.latency import block_ratios, median_interval
+from tensat.measure import LONG_WEIGHTS, Unit, graph_working_set, make_measured_cost
 from tensat.models import build_model, model_names
+from tensat.onnx_io import export_model, import_model
 
 OUT = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,12 +127,6 @@ def cache_checks(cache_dir: str) -> dict[str, Any]:
 
 def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """Optimize one graph with measured costs and compare summed costs with end-to-end latency."""
-    import tensat
-    from tensat.cost_report import cost_report, end_to_end
-    from tensat.latency import block_ratios, median_interval
-    from tensat.measure import graph_working_set, make_measured_cost
-    from tensat.onnx_io import export_model, import_model
-
     rec: dict[str, Any] = {"model": name}
     model = build_model(name)
     graph = import_model(model).compact()
@@ -171,9 +170,6 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
 def repeat_check(cost: Any, fresh: Any, graph: Any, count: int, seed: int = 0) -> dict[str, Any]:
     """How well a cost reproduces: fused groups measured twice in a row from scratch; and single-node costs cached
     while optimizing (minutes earlier), measured again now."""
-    from tensat.cost_report import fusion_groups, group_unit, runtime_nodes
-    from tensat.measure import LONG_WEIGHTS, Unit
-
     g = graph.compact()
     const = g.weight_only()
     groups = {}

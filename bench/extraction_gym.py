@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.machine import header, machine_info
-from extraction import filter_cycles, greedy_dag, ilp_extract, load_egraph, validate
+from tensat.extraction import filter_cycles, greedy_dag, ilp_extract, load_egraph, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "extraction-gym-tensat"  # the shared data folder beside the checkout

@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import onnx
+from tensat.session import make_session
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "corpus"
 MANIFEST = "manifest.json"
@@ -370,7 +371,6 @@ ENTRIES: dict[str, Entry] = {
 def _ort_check(path: Path, built: Built, expected: Sequence[np.ndarray]) -> tuple[float, float]:
     """Run the exported model in onnxruntime (CPU): its median latency in ms and its largest absolute difference
     from the PyTorch outputs."""
-    from tensat.session import make_session
 
     sess = make_session(path, "cpu")
     feeds = {name: t.numpy() for name, t in zip(built.input_names, built.inputs)}

@@ -33,13 +33,16 @@ from typing import Any, Sequence
 
 import onnx
 
+from bench import zoo_models
 from bench.machine import header, machine_info
 from bench.real_models import DEFAULT_OUT as CORPUS
 from bench.real_models import MANIFEST
 from tensat.files import atomic_write_json, atomic_write_text
 from tensat.api import check_threads
+from tensat.errors import TensatError
 from tensat.latency import compare_many
 from tensat.measure import default_clock
+from tensat.onnx_io import import_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PEERS = ("onnxsim", "onnxslim")
@@ -49,8 +52,6 @@ OPTIMIZE_TIMEOUT = 600.0
 def corpus_models(corpus: Path) -> dict[str, Path]:
     """Every model file of the corpus: the PyTorch exports of the manifest, then the zoo-style files (written here
     from `bench.zoo_models` when missing)."""
-    from bench import zoo_models
-
     models: dict[str, Path] = {}
     manifest = corpus / MANIFEST
     if manifest.exists():
@@ -133,9 +134,6 @@ def _speedups(src: Path, results: dict[str, Path], seconds: float) -> dict[str, 
 
 def run_model(name: str, src: Path, work: Path, seconds: float) -> dict[str, Any]:
     """Every figure of one model's row."""
-    from tensat.errors import TensatError
-    from tensat.onnx_io import import_model
-
     rec: dict[str, Any] = {"model": name, "ops_before": len(onnx.load(str(src), load_external_data=False).graph.node)}
     try:
         import_model(str(src))

@@ -1,4 +1,4 @@
-"""`tensat bench` (or `python -m bench`): the benchmark report of tensat on the paper's graphs.
+"""`python -m bench`: the benchmark report of tensat on the paper's graphs.
 
 For each chosen benchmark graph it runs the Table-1-style comparison of a TASO-style sequential search against
 tensat (`tensat.compare`) and the e-graph growth at k_multi 0, 1 and 2 through the full pipeline
@@ -19,12 +19,24 @@ import argparse
 import io
 import os
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from bench import RESULTS_DIR
+from bench.explore import markdown as explore_markdown
+from bench.explore import run_one
+from bench.explore import table as explore_table
+from bench.machine import header, machine_info
+from tensat import compare
+from tensat.cli_args import Parser
+from tensat.errors import one_line
+from tensat.compare import Settings, summary, table
 from tensat.errors import TensatError
 from tensat.options import Options
+from tensat.files import WriteError, atomic_write_bytes, atomic_write_json, atomic_write_text
+from tensat.models import SMALL_SIZES, build_model, model_names
 
 K_MULTI = (0, 1, 2)
 EXPLORE_OPTIONS: dict[str, Any] = {name: getattr(Options, name)  # tensat's defaults, recorded with the runs
@@ -37,7 +49,7 @@ Progress = Callable[[str], None]
 
 @dataclass(frozen=True)
 class Plan:
-    """What one `tensat bench` run does."""
+    """What one `python -m bench` run does."""
 
     models: list[str]
     out_dir: Path
@@ -47,9 +59,7 @@ class Plan:
 
     def command(self) -> str:
         """The command line that reproduces this run (output directory left out)."""
-        from tensat.models import model_names
-
-        parts = ["tensat bench"]
+        parts = ["python -m bench"]
         if self.models != model_names():
             parts.append(f"--models {','.join(self.models)}")
         if self.small:
@@ -60,7 +70,7 @@ class Plan:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of `tensat bench`."""
+    """Flags of `python -m bench`."""
     parser.add_argument("--models", metavar="A,B,...", default=None,
                         help="comma-separated benchmark graphs (default: all; see `tensat models`)")
     parser.add_argument("--out-dir", metavar="DIR", default=None,
@@ -76,8 +86,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def parse_models(text: str | None) -> list[str]:
     """The graphs named in a comma-separated list (all of them for None); TensatError on an unknown name."""
-    from tensat.models import model_names
-
     if text is None:
         return model_names()
     names = [n.strip() for n in text.split(",") if n.strip()]
@@ -107,8 +115,6 @@ def check_out_dir(path: str | os.PathLike[str]) -> Path:
 
 def compare_settings(quick: bool) -> Any:
     """The comparison's settings: `tensat compare`'s defaults, or the quick ones."""
-    from tensat.compare import Settings
-
     if quick:
         return Settings(budget=QUICK_BUDGET, tensat=dict(QUICK_TENSAT), latency=False)
     return Settings()
@@ -198,10 +204,6 @@ def _ratio(value: float | None) -> str:
 def report_markdown(plan: Plan, rows: Sequence[Any], records: Sequence[Mapping[str, Any]], settings: Any,
                     options: Mapping[str, Any], machine: Mapping[str, Any], figures: Mapping[str, str]) -> str:
     """report.md: machine and versions, the Table-1-style table, the k_multi table and the growth figures."""
-    from bench.explore import table as explore_table
-    from bench.machine import header
-    from tensat.compare import summary, table
-
     s = summary(rows)
     tensat_opts = ", ".join(f"{k}={v}" for k, v in sorted(settings.tensat.items())) or "tensat's defaults"
     latency = (f"median of up to {settings.latency_runs} interleaved runs in onnxruntime (CPU, 1 thread; "
@@ -257,12 +259,6 @@ def _say(progress: Progress | None, message: str) -> None:
 def run_plan(plan: Plan) -> dict[str, Any]:
     """Run the comparison and the k_multi runs for every graph of `plan` and write the outputs; returns the
     report's data (as in report.json)."""
-    from bench.explore import markdown as explore_markdown
-    from bench.explore import run_one
-    from bench.machine import machine_info
-    from tensat import compare
-    from tensat.models import SMALL_SIZES, build_model
-
     settings = compare_settings(plan.quick)
     options = explore_options(plan.quick)
     rows, records = [], []
@@ -303,8 +299,6 @@ def run_plan(plan: Plan) -> dict[str, Any]:
 def _write_outputs(out_dir: Path, pngs: Mapping[str, bytes], docs: Mapping[str, Any],
                    texts: Mapping[str, str]) -> None:
     """Every output file, each atomically; report.md last, so it only exists once what it links to does."""
-    from tensat.files import WriteError, atomic_write_bytes, atomic_write_json, atomic_write_text
-
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -318,11 +312,9 @@ def _write_outputs(out_dir: Path, pngs: Mapping[str, bytes], docs: Mapping[str, 
 
 
 def run(args: argparse.Namespace) -> int:
-    """`tensat bench`: 0 when every optimized graph verified, else 1 (the report is written either way)."""
-    from tensat.compare_cli import default_results_dir
-
+    """Run the report of `args`: 0 when every optimized graph verified, else 1 (the report is written either way)."""
     models = parse_models(args.models)
-    out_dir = check_out_dir(args.out_dir if args.out_dir else default_results_dir())
+    out_dir = check_out_dir(args.out_dir if args.out_dir else RESULTS_DIR)
 
     def say(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
@@ -334,3 +326,22 @@ def run(args: argparse.Namespace) -> int:
         print("tensat: error: some optimized graphs failed verification; see report.md", file=sys.stderr)
         return 1
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m bench`: 0 when every optimized graph verified, 1 on a failure or bad input (one line on stderr), 2 on
+    bad usage; in the error style of the `tensat` command."""
+    parser = Parser(prog="python -m bench", description="Run the sequential-search comparison and the e-graph growth "
+                    "at k_multi 0, 1, 2 on the benchmark graphs; write report.md, PNG plots and JSON to bench/results.")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return run(args)
+    except TensatError as exc:
+        print(f"tensat: error: {one_line(exc)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("tensat: interrupted", file=sys.stderr)
+        return 130

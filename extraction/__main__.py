@@ -1,4 +1,4 @@
-"""``python -m extraction EGRAPH.json [--extractor ilp|greedy] [--solver highs|cbc] [--time-limit S]``."""
+"""``python -m tensat.extraction EGRAPH.json [--extractor ilp|greedy] [--solver highs|cbc] [--time-limit S]``."""
 
 import sys
 

@@ -1,4 +1,4 @@
-"""``tensat extract`` / ``python -m extraction``: extract a minimum-cost term from an e-graph JSON file."""
+"""``tensat extract`` / ``python -m tensat.extraction``: extract a minimum-cost term from an e-graph JSON file."""
 
 from __future__ import annotations
 
@@ -95,8 +95,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m extraction``: 0 on success, 1 on bad input (one line on stderr), 2 on bad usage."""
-    parser = argparse.ArgumentParser(prog="python -m extraction", description=DESCRIPTION, epilog=EPILOG)
+    """Entry point of ``python -m tensat.extraction``: 0 on success, 1 on bad input (one line on stderr), 2 on bad
+    usage."""
+    parser = argparse.ArgumentParser(prog="python -m tensat.extraction", description=DESCRIPTION, epilog=EPILOG)
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:

@@ -23,7 +23,7 @@ import heapq
 import math
 from typing import Iterable, Mapping
 
-from extraction.egraph import EGraph
+from .egraph import EGraph
 
 
 def filter_cycles(eg: EGraph, protected: Iterable[str] = (), forbidden: Iterable[str] = (),

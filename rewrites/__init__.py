@@ -9,7 +9,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from rewrites.dsl import Rule, RuleError, canonical_form, instantiate, load_rule_files, parse_rules, to_egglog
+from .dsl import Rule, RuleError, canonical_form, instantiate, load_rule_files, parse_rules, to_egglog
 
 RULES_DIR = Path(__file__).parent / "rules"
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import time
 
-import rewrites
-from rewrites.dsl import Rule, RuleError, load_rule_files
+from . import TENSAT_MULTI, TENSAT_SINGLE, all_rules, rule_counts
+from .dsl import Rule, RuleError, load_rule_files
+from .verify import verify_rule
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,7 +45,7 @@ def _from_files(paths: list[str]) -> list[Rule]:
 
 
 def _selected(args: argparse.Namespace) -> list[Rule]:
-    rules = list(rewrites.all_rules())
+    rules = list(all_rules())
     if args.file:
         rules += _from_files(args.file)
     if args.only:
@@ -62,11 +63,9 @@ def run(args: argparse.Namespace) -> int:
 
     Raises RuleError (one line) for a --file that cannot be read or parsed and for an --only name not found."""
     rules = _selected(args)
-    counts = rewrites.rule_counts(rules)
+    counts = rule_counts(rules)
     failures = 0
     if args.verify:
-        from rewrites.verify import verify_rule
-
         start = time.perf_counter()
         for r in rules:
             result = verify_rule(r, trials=args.trials, seed=args.seed)
@@ -81,8 +80,8 @@ def run(args: argparse.Namespace) -> int:
             for r in group:
                 print(f"  {r.name:40s} ops: {', '.join(sorted(r.ops()))}")
     print(f"single-pattern: {counts['single']} ({counts['single_distinct']} distinct up to variable renaming; "
-          f"Tensat {rewrites.TENSAT_SINGLE})")
+          f"Tensat {TENSAT_SINGLE})")
     print(f"multi-pattern:  {counts['multi']} ({counts['multi_distinct']} distinct up to variable renaming; "
-          f"Tensat {rewrites.TENSAT_MULTI})")
+          f"Tensat {TENSAT_MULTI})")
     print(f"total: {len(rules)} ({counts['single']} single-pattern, {counts['multi']} multi-pattern)")
     return 1 if failures else 0

@@ -30,9 +30,11 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from rewrites.dsl import Lit, Rule, RuleError, Term, Var, attr_value, eval_expr
 from tensat import ops
 from tensat.ir import FLOAT, Graph, OpaqueSpec
+
+from . import select_rules
+from .dsl import Lit, Rule, RuleError, Term, Var, attr_value, eval_expr
 
 Outputs = tuple[tuple[str, int], ...]
 
@@ -656,8 +658,6 @@ def find_matches(graph: Graph, rules: Sequence[Rule] | None = None) -> list[Matc
     store = TermGraph(graph)
     ctx = Context(store, tuple(graph.outputs))
     if rules is None:
-        from rewrites import select_rules
-
         rules = select_rules({store.op[i] for i in ctx.order})
     return Matcher(rules).find(ctx)
 

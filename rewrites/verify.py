@@ -35,8 +35,10 @@ from typing import Any, Callable, Iterable, NoReturn, Sequence
 
 import numpy as np
 
-from rewrites.dsl import Call, Lit, Pattern, Rule, Term, Var, attr_value, eval_expr, inline_lets, instantiate
 from tensat import ops
+
+from . import all_rules
+from .dsl import Call, Lit, Pattern, Rule, Term, Var, attr_value, eval_expr, inline_lets, instantiate
 
 MAX_RANK = 4
 
@@ -902,7 +904,5 @@ def verify_rule(rule: Rule, trials: int = 3, seed: int = 0, attempts: int = 30, 
 def verify_all(rules: Sequence[Rule] | None = None, trials: int = 3, seed: int = 0) -> list[VerifyResult]:
     """Verify every rule of the library (or `rules`)."""
     if rules is None:
-        import rewrites
-
-        rules = rewrites.all_rules()
+        rules = all_rules()
     return [verify_rule(r, trials=trials, seed=seed) for r in rules]

@@ -14,24 +14,24 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, Union
+from typing import Any, Callable, Mapping, Sequence, Union
 
 import onnx
 
-import extraction
-import rewrites
+from tensat import extraction
+from tensat import onnx_io
+from tensat import rewrites
+from tensat import verify as verify_mod
 from tensat.cost import AnalyticCost, CostModel, Shape, runtime_cost
 from tensat.egraph import DecodedNode, ExplorationStats, IterationStats, TensorEGraph
 from tensat.errors import BUG, TensatError, VerificationError, one_line
 from tensat.files import check_writable
 from tensat.ir import Graph, Node
+from tensat.latency import LatencyComparison, compare_latency
+from tensat.measure import MeasuredCost, default_clock, make_measured_cost, resolve_device
 from tensat.options import Options
 from tensat.progress import ProgressFn, report
-
-if TYPE_CHECKING:
-    from tensat.latency import LatencyComparison
-    from tensat.measure import MeasuredCost
-    from tensat.verify import VerifyReport
+from tensat.verify import VerifyReport
 
 ModelLike = Union[onnx.ModelProto, str, os.PathLike, Graph]
 
@@ -135,8 +135,6 @@ def make_cost_model(name: str, device: str = "auto", progress: bool | ProgressFn
     if name == "analytic":
         return AnalyticCost()
     if name == "measured":
-        from tensat.measure import make_measured_cost
-
         return make_measured_cost(device, progress=progress)
     raise TensatError(f"unknown cost model {name!r}")
 
@@ -240,8 +238,6 @@ def _measured(cost: _FallbackCost, opts: Options) -> MeasuredCost | None:
     """The run's cost model if it times ops on a device, or None (analytic costs, or the analytic fallback)."""
     if opts.cost != "measured":
         return None
-    from tensat.measure import MeasuredCost
-
     return cost.inner if isinstance(cost.inner, MeasuredCost) else None
 
 
@@ -313,9 +309,6 @@ def _end_to_end_check(original: onnx.ModelProto, optimized: onnx.ModelProto, dev
     kept only if `_faster`. Summed per-op costs miss what only a whole graph shows (fusions onnxruntime makes,
     which weights are still cached), so no cost model alone decides what is returned. None when the check could
     not run (with a warning): the verified optimized model is then kept."""
-    from tensat.latency import compare_latency
-    from tensat.measure import default_clock
-
     threads = check_threads()
     by_threads: dict[int, LatencyComparison] = {}
     try:
@@ -421,7 +414,6 @@ def _has_candidate(run: _Run) -> bool:
 
 def _import(run: _Run) -> None:
     """Read the model (or take the Graph given) into the input graph."""
-    from tensat import onnx_io
 
     run.log.say("import", "reading the model")
     if isinstance(run.source, Graph):
@@ -614,7 +606,6 @@ def _search(run: _Run) -> None:
 
 
 def _export_candidate(run: _Run) -> None:
-    from tensat import onnx_io
 
     run.log.say("export", "writing the optimized graph as ONNX")
     run.candidate_model = onnx_io.export_model(run.candidate)
@@ -690,7 +681,6 @@ def optimize_with_details(model: ModelLike, *, progress: ProgressFn | None = Non
 
 def _result(run: _Run, output_path: str | os.PathLike[str] | None) -> OptimizeResult:
     """The run's result: the accepted candidate, or the input; written to `output_path` if given."""
-    from tensat import onnx_io
 
     optimized = run.returned_input is None
     graph = run.candidate if optimized else run.graph
@@ -700,7 +690,6 @@ def _result(run: _Run, output_path: str | os.PathLike[str] | None) -> OptimizeRe
         out_model = run.model if run.model is not None else onnx_io.export_model(run.graph)
     report = run.report
     if not optimized and run.opts.verify and report is None:
-        from tensat.verify import VerifyReport
 
         report = VerifyReport(True, 0.0, 0.0, [o.name for o in out_model.graph.output], 0.0,
                               "the input model is returned")
@@ -729,8 +718,6 @@ def _verified(original: onnx.ModelProto, optimized: onnx.ModelProto, opts: Optio
     difference is in how onnxruntime's fused kernels round for one of them (a merged projection fused where the
     input's three were not); the input model is then returned, with a warning, since it is what runs as the user
     expects."""
-    from tensat import verify as verify_mod
-
     report = verify_mod.compare_models(original, optimized, seed=opts.seed)
     if report.ok:
         return report
@@ -745,8 +732,6 @@ def _verified(original: onnx.ModelProto, optimized: onnx.ModelProto, opts: Optio
 
 def _check_device(opts: Options) -> str:
     """The device the end-to-end check times on when no measuring cost model chose it."""
-    from tensat.measure import resolve_device
-
     return resolve_device(opts.device)
 
 

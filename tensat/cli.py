@@ -5,18 +5,19 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
-from typing import Any, NoReturn, Sequence
+from typing import Any, Sequence
 
+from tensat import api, compare_cli, measure_cli, onnx_io
+from tensat.cli_args import Parser
 from tensat.errors import TensatError, one_line
+from tensat.extraction import InputError
+from tensat.extraction import cli as extraction_cli
+from tensat.files import atomic_write_json, check_writable
+from tensat.models import build_model, catalog, format_catalog
 from tensat.options import OPTION_NAMES, add_option_flags, options_from_args
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with tensat's error style: a usage error is one line on stderr, `tensat: error: ...`, naming the
-    command's --help, and exit status 2 (argparse's own block of usage text is left to --help)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"tensat: error: {message} (see `{self.prog} --help`)\n")
+from tensat.progress import StderrProgress, stream_is_tty
+from tensat.rewrites import RuleError
+from tensat.rewrites import cli as rules_cli
 
 
 def _add_optimize(sub: Any) -> None:
@@ -39,23 +40,16 @@ def _add_optimize(sub: Any) -> None:
 
 def progress_reporter(args: argparse.Namespace) -> Any:
     """The CLI's progress reporter on stderr: on a terminal unless --quiet; elsewhere only with --progress."""
-    from tensat.progress import StderrProgress, stream_is_tty
-
     if getattr(args, "quiet", False) or not (getattr(args, "progress", False) or stream_is_tty(sys.stderr)):
         return None
     return StderrProgress()
 
 
 def _run_optimize(args: argparse.Namespace) -> int:
-    from tensat import api, onnx_io
-    from tensat.files import check_writable
-
     for path in (args.output, args.stats):  # before any work, not after it
         if path:
             check_writable(path)
     if args.model:
-        from tensat.models import build_model
-
         try:
             source: Any = build_model(args.model)
         except ValueError as exc:
@@ -70,8 +64,6 @@ def _run_optimize(args: argparse.Namespace) -> int:
             progress.close()
     onnx_io.save_model(result.output, args.output)
     if args.stats:
-        from tensat.files import atomic_write_json
-
         atomic_write_json(args.stats, result.to_dict())
     if not args.quiet:
         print(result.summary())
@@ -80,30 +72,22 @@ def _run_optimize(args: argparse.Namespace) -> int:
 
 
 def _add_extract(sub: Any) -> None:
-    from extraction import cli as extraction_cli
-
     p = sub.add_parser("extract", help="extract the cheapest acyclic term from an e-graph JSON file",
                        description="Extract from an e-graph in the egraph-serialize JSON format.")
     extraction_cli.add_arguments(p)
 
 
 def _add_rules(sub: Any) -> None:
-    from rewrites import cli as rules_cli
-
     p = sub.add_parser("rules", help="list (and verify) the rewrite rules with counts",
                        description="List every rule of the library: single- and multi-pattern, with counts.")
     rules_cli.add_arguments(p)
 
 
 def _run_rules(args: argparse.Namespace) -> int:
-    from rewrites import cli as rules_cli
-
     return rules_cli.run(args)
 
 
 def _add_compare(sub: Any) -> None:
-    from tensat import compare_cli
-
     p = sub.add_parser("compare", help="equality saturation vs TASO-style sequential search on a model",
                        description="Run tensat and a TASO-style best-first sequential search with the same rules "
                                    "and cost model; print a Table-1-style comparison with measured latencies.")
@@ -111,49 +95,24 @@ def _add_compare(sub: Any) -> None:
 
 
 def _run_compare(args: argparse.Namespace) -> int:
-    from tensat import compare_cli
-
     return compare_cli.run(args)
 
 
-def _add_bench(sub: Any) -> None:
-    from bench import report
-
-    p = sub.add_parser("bench", help="benchmark report: Table-1-style comparison and e-graph growth plots",
-                       description="Run the sequential-search comparison and the e-graph growth at k_multi 0, 1, 2 "
-                                   "on the benchmark graphs; write report.md, PNG plots and JSON to bench/results.")
-    report.add_arguments(p)
-
-
-def _run_bench(args: argparse.Namespace) -> int:
-    from bench import report
-
-    return report.run(args)
-
-
 def _add_profile(sub: Any) -> None:
-    from tensat import measure_cli
-
     p = sub.add_parser("profile", help="measure and cache the per-operator costs of a model on this device")
     measure_cli.add_profile_arguments(p)
 
 
 def _add_cost_report(sub: Any) -> None:
-    from tensat import measure_cli
-
     p = sub.add_parser("cost-report", help="summed measured cost beside end-to-end latency, before and after")
     measure_cli.add_cost_report_arguments(p)
 
 
 def _run_profile(args: argparse.Namespace) -> int:
-    from tensat import measure_cli
-
     return measure_cli.run_profile(args)
 
 
 def _run_cost_report(args: argparse.Namespace) -> int:
-    from tensat import measure_cli
-
     return measure_cli.run_cost_report(args)
 
 
@@ -162,22 +121,18 @@ def _add_models(sub: Any) -> None:
 
 
 def _run_models(args: argparse.Namespace) -> int:
-    from tensat.models import catalog, format_catalog
-
     print(format_catalog(catalog()))
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `tensat` command."""
-    parser = Parser(prog="tensat", description="Tensor-graph superoptimization by equality "
-                                                                "saturation.")
+    parser = Parser(prog="tensat", description="Tensor-graph superoptimization by equality saturation.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_optimize(sub)
     _add_extract(sub)
     _add_rules(sub)
     _add_compare(sub)
-    _add_bench(sub)
     _add_profile(sub)
     _add_cost_report(sub)
     _add_models(sub)
@@ -191,14 +146,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "optimize" and args.input is not None and args.model is not None:
         parser.error("give either a model file or --model, not both")
     handlers = {"optimize": _run_optimize, "rules": _run_rules, "compare": _run_compare, "models": _run_models,
-                "profile": _run_profile, "cost-report": _run_cost_report, "bench": _run_bench}
-    from extraction import InputError
-    from rewrites import RuleError
-
+                "profile": _run_profile, "cost-report": _run_cost_report}
     try:
         if args.command == "extract":
-            from extraction import cli as extraction_cli
-
             return extraction_cli.run(args)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)

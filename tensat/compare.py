@@ -23,12 +23,16 @@ from typing import Any, Callable, Mapping, Sequence
 
 import onnx
 
-import rewrites
+from tensat import api
+from tensat import rewrites
 from tensat import onnx_io
 from tensat.cost import CostModel, graph_cost, runtime_cost
 from tensat.errors import VerificationError
 from tensat.ir import Graph
+from tensat.latency import time_models
 from tensat.sequential import SequentialResult, sequential_search
+from tensat.verify import verify
+from tensat.measure import cpu_name
 
 Progress = Callable[[str], None]
 
@@ -139,8 +143,6 @@ def _seq_progress(name: str, progress: Progress | None, every: float = 2.0) -> C
 
 
 def _verify(original: onnx.ModelProto, optimized: onnx.ModelProto, seed: int) -> dict[str, Any]:
-    from tensat.verify import verify
-
     try:
         report = verify(original, optimized, seed=seed)
     except VerificationError as exc:
@@ -151,8 +153,6 @@ def _verify(original: onnx.ModelProto, optimized: onnx.ModelProto, seed: int) ->
 def compare_model(source: str | os.PathLike[str] | onnx.ModelProto, name: str, settings: Settings = Settings(),
                   progress: Progress | None = None) -> Row:
     """Run both searches on one model (a path or a ModelProto) and measure the results."""
-    from tensat import api
-
     _say(progress, f"[{name}] loading")
     original = onnx_io.load_model(source, settings.input_shapes)
     graph = onnx_io.import_model(original).compact()
@@ -207,8 +207,6 @@ def compare_model(source: str | os.PathLike[str] | onnx.ModelProto, name: str, s
 
     latency = None
     if settings.latency:
-        from tensat.latency import time_models
-
         _say(progress, f"[{name}] timing original, sequential and tensat graphs in onnxruntime (interleaved)")
         stats = time_models([original, seq_model, tensat_model], runs=settings.latency_runs,
                             max_seconds=settings.latency_seconds, seed=settings.seed)
@@ -265,7 +263,6 @@ def machine_info() -> dict[str, Any]:
     """The machine and the versions the numbers were taken with."""
     from importlib import metadata
 
-    from tensat.measure import cpu_name
 
     versions: dict[str, str] = {"python": platform.python_version()}
     for pkg in ("tensat", "egglog", "numpy", "onnx", "onnxruntime", "onnxruntime-gpu", "highspy", "pulp"):

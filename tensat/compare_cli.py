@@ -8,16 +8,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tensat.compare import Settings, compare_model, machine_info, markdown, report
 from tensat.errors import TensatError
+from tensat.files import atomic_write_text
+from tensat.models import build_model, model_names
 from tensat.options import COSTS, DEVICES, add_option_flags, options_from_args, positive_float, positive_int
-
-
-def default_results_dir() -> Path:
-    """bench/results of this checkout."""
-    import bench
-
-    return Path(bench.__file__).resolve().parent / "results"
-
+from tensat.progress import stream_is_tty
 
 TENSAT_OPTIONS = ("node_limit", "iter_limit", "time_limit", "k_multi", "guided_rounds", "extractor", "solver",
                   "ilp_time_limit")  # the options of tensat's search the comparison takes from flags
@@ -30,7 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser, require_source: bool = True) 
     src.add_argument("--model", metavar="NAME", action="append",
                      help="a built-in benchmark graph instead of a file (repeat for several; see `tensat models`)")
     src.add_argument("--all", action="store_true",
-                     help="every built-in benchmark graph; writes compare.md and compare.json to --out-dir")
+                     help="every built-in benchmark graph (the table is printed; --out-dir DIR also writes "
+                          "compare.md and compare.json)")
     add_option_flags(parser, ["input_shapes"])
     seq = parser.add_argument_group("sequential search")
     seq.add_argument("--alpha", type=positive_float, default=1.05,
@@ -54,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser, require_source: bool = True) 
                      help="stop timing a model set after this many seconds, with at least 5 runs (default 60)")
     out.add_argument("--json", metavar="FILE", help="also write the comparison as JSON to FILE")
     out.add_argument("--out-dir", metavar="DIR", default=None,
-                     help="with --all: where compare.md and compare.json go (default bench/results)")
+                     help="also write compare.md and compare.json to DIR (default: no files, the table is printed)")
     chatty = out.add_mutually_exclusive_group()
     chatty.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
     chatty.add_argument("--progress", action="store_true",
@@ -63,8 +60,6 @@ def add_arguments(parser: argparse.ArgumentParser, require_source: bool = True) 
 
 
 def _settings(args: argparse.Namespace) -> Any:
-    from tensat.compare import Settings
-
     if args.budget < 0:
         raise TensatError(f"--budget must be >= 0, got {args.budget}")
     tensat_opts = options_from_args(args, TENSAT_OPTIONS)
@@ -78,8 +73,6 @@ def _settings(args: argparse.Namespace) -> Any:
 
 def _progress(args: argparse.Namespace) -> Any:
     """Progress lines on stderr: on a terminal unless --quiet; elsewhere only with --progress."""
-    from tensat.progress import stream_is_tty
-
     if args.quiet or not (args.progress or stream_is_tty(sys.stderr)):
         return None
 
@@ -90,21 +83,15 @@ def _progress(args: argparse.Namespace) -> Any:
 
 
 def _write(path: Path | str, text: str) -> None:
-    from tensat.files import atomic_write_text
-
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, text)
 
 
 def compare(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any], str]:
     """Compare on the chosen model(s): the rows, the JSON document (`tensat.compare.report`) and the markdown."""
-    from tensat import compare
-
     settings = _settings(args)
     progress = _progress(args)
     if args.all or args.model:
-        from tensat.models import model_names
-
         names = model_names() if args.all else args.model
         unknown = [n for n in names if n not in model_names()]
         if unknown:
@@ -115,19 +102,17 @@ def compare(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any], str]:
     rows = []
     for name, source in sources:
         if source is None:
-            from tensat.models import build_model
-
             source = build_model(name)
-        rows.append(compare.compare_model(source, name, settings, progress))
-    machine = compare.machine_info()
-    return rows, compare.report(rows, settings, machine), compare.markdown(rows, settings, machine)
+        rows.append(compare_model(source, name, settings, progress))
+    machine = machine_info()
+    return rows, report(rows, settings, machine), markdown(rows, settings, machine)
 
 
 def finish(args: argparse.Namespace, rows: list[Any], doc: dict[str, Any], text: str) -> int:
     """Write the files asked for, print the markdown; 0 when every optimized graph verified, else 1."""
     progress = _progress(args)
-    if args.all or args.out_dir:
-        out_dir = Path(args.out_dir) if args.out_dir else default_results_dir()
+    if args.out_dir:
+        out_dir = Path(args.out_dir)
         _write(out_dir / "compare.md", text)
         _write(out_dir / "compare.json", json.dumps(doc, indent=2, sort_keys=True) + "\n")
         if progress:

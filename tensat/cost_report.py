@@ -20,8 +20,11 @@ from typing import Any, Mapping, Sequence
 
 from onnx import ModelProto
 
+from tensat import onnx_io
 from tensat.ir import Graph
+from tensat.latency import Interleaved, time_models
 from tensat.measure import MeasuredCost, Unit, UnitNode
+from tensat.onnx_io import export_model
 
 ACTIVATIONS = ("relu", "sigmoid", "tanh")
 
@@ -295,8 +298,6 @@ def end_to_end(
     clock: str | None = None,
 ) -> list[Any]:
     """Block-interleaved end-to-end latency of `models` with the cost model's device, threads and clock."""
-    from tensat.latency import time_models
-
     return time_models(list(models), provider=cost.device, threads=cost.threads, runs=runs, block=block,
                        max_seconds=max_seconds, clock=clock or cost.clock)
 
@@ -319,8 +320,6 @@ def interleaved_end_to_end(
     unit the models run in turns (blocks of `block`) until the time spent on them has caught up with the time spent
     measuring, so summed costs and end-to-end latency are taken under the same load from other processes. Then
     more turns until every model has `runs` counted runs (for at most `max_seconds` more)."""
-    from tensat.latency import Interleaved
-
     timed = Interleaved(list(models), provider=pricing.device, threads=pricing.threads, block=block,
                         clock=pricing.clock)
     measuring = 0.0
@@ -353,8 +352,6 @@ def cost_report(
     end-to-end runs (`interleaved_end_to_end`): on a shared machine latency moves by tens of percent from one
     minute to the next, so a sum of costs taken at another time says little about today's end-to-end figure. Without it the costs come from `cost` (its cache) and the graphs
     are timed afterwards. The per-node sum is priced with `cost` either way."""
-    from tensat.onnx_io import export_model
-
     start = time.perf_counter()
     original = original.compact()
     cost.observe_graph(original)
@@ -391,7 +388,5 @@ def load_graph(source: str | os.PathLike[str] | ModelProto | Graph,
     """An IR graph from a Graph, ModelProto or .onnx path."""
     if isinstance(source, Graph):
         return source.compact()
-    from tensat import onnx_io
-
     model = onnx_io.load_model(source, input_shapes)
     return onnx_io.import_model(model).compact()

@@ -9,7 +9,13 @@ import os
 import time
 from typing import Any, Iterator
 
+from tensat.api import optimize_with_details
+from tensat.cost import graph_cost
+from tensat.cost_report import cost_report, fused_graph_cost, load_graph
+from tensat.egraph import TensorEGraph
 from tensat.errors import TensatError
+from tensat.measure import make_measured_cost
+from tensat.models import build_model
 from tensat.files import atomic_write_json
 from tensat.options import DEVICES, add_option_flags, positive_float, positive_int
 
@@ -97,8 +103,6 @@ def _source(args: argparse.Namespace) -> tuple[Any, str]:
     if getattr(args, "input", None) and getattr(args, "model", None):
         raise TensatError("give either a model file or --model, not both")
     if args.model:
-        from tensat.models import build_model
-
         try:
             return build_model(args.model), args.model
         except ValueError as exc:
@@ -107,24 +111,16 @@ def _source(args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def _graph(args: argparse.Namespace) -> tuple[Any, str]:
-    from tensat.cost_report import load_graph
-
     source, name = _source(args)
     return load_graph(source, args.input_shapes), name
 
 
 def _cost_model(args: argparse.Namespace) -> Any:
-    from tensat.measure import make_measured_cost
-
     return make_measured_cost(args.device, progress=not args.no_progress)
 
 
 def run_profile(args: argparse.Namespace) -> int:
     """Fill the cost cache for one model; prints what was measured and what was already cached."""
-    from tensat.cost import graph_cost
-    from tensat.cost_report import fused_graph_cost
-    from tensat.egraph import TensorEGraph
-
     with _environment(args):
         start = time.perf_counter()
         graph, name = _graph(args)
@@ -159,8 +155,6 @@ def run_profile(args: argparse.Namespace) -> int:
 
 def run_cost_report(args: argparse.Namespace) -> int:
     """Print (and optionally save) the accuracy report for one model."""
-    from tensat.cost_report import cost_report, load_graph
-
     with _environment(args):
         graph, name = _graph(args)
         cost = _cost_model(args)
@@ -169,8 +163,6 @@ def run_cost_report(args: argparse.Namespace) -> int:
         if args.optimized:
             optimized = load_graph(args.optimized, args.input_shapes)
         elif not args.no_optimize:
-            from tensat.api import optimize_with_details
-
             result = optimize_with_details(graph, cost="measured", device=cost.device, node_limit=args.node_limit,
                                            iter_limit=args.iter_limit, time_limit=args.time_limit,
                                            k_multi=args.k_multi, ilp_time_limit=args.ilp_time_limit)

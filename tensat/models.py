@@ -592,7 +592,7 @@ MODELS: dict[str, Callable[..., onnx.ModelProto]] = {
 }
 
 # Small versions of every benchmark graph (builder keyword arguments): same structure, sizes that run in seconds.
-# The one source of truth for the tests and `tensat bench --small`.
+# The one source of truth for the tests and `python -m bench --small`.
 SMALL_SIZES: dict[str, dict[str, int]] = {
     "bert": dict(layers=2, seq=16, hidden=64, heads=4),
     "nasrnn": dict(steps=2, hidden=32),

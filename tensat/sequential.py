@@ -33,8 +33,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-import rewrites
-from rewrites.match import (
+from tensat import rewrites
+from tensat.rewrites.match import (
     Context, Match, Matcher, NotApplicable, TermGraph, build_rhs, effective_roots, rewrite, rewrite_mapped,
     rhs_tensor_vars,
 )

@@ -1,4 +1,4 @@
-"""`tensat bench`: the benchmark report, its plots and data, its errors, and the README showing the latest table."""
+"""`python -m bench`: the benchmark report, its plots and data, its errors, and the README showing the latest table."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from bench.machine import cpu_model
-from bench.report import check_out_dir, growth_series, parse_models
-from tensat.cli import main
+from bench.report import check_out_dir, growth_series, main, parse_models
+from tensat.cli import main as tensat_main
 from tensat.errors import TensatError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,9 +25,9 @@ TABLE_HEADER = "| graph | ONNX nodes (original / sequential / tensat) | original
 
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory):
-    """One small, quick `tensat bench` run on ResNet-50 (the fastest graph to saturate)."""
+    """One small, quick `python -m bench` run on ResNet-50 (the fastest graph to saturate)."""
     out = tmp_path_factory.mktemp("bench") / "results"
-    rc = main(["bench", "--models", "resnet50", "--small", "--quick", "--out-dir", str(out), "-q"])
+    rc = main(["--models", "resnet50", "--small", "--quick", "--out-dir", str(out), "-q"])
     return rc, out
 
 
@@ -46,7 +46,7 @@ def test_report_names_machine_table_and_figures(bench_run):
     assert text.startswith("# tensat benchmark report\n")
     assert cpu_model() in text
     assert f"{os.cpu_count()} cores" in text
-    assert "Command: `tensat bench --models resnet50 --small --quick`" in text
+    assert "Command: `python -m bench --models resnet50 --small --quick`" in text
     assert TABLE_HEADER in text
     assert re.search(r"^\| resnet50 \| \d+ \| [\d.]+ \| [\d.]+ \|", text, re.M)
     for k in (0, 1, 2):
@@ -110,7 +110,7 @@ def test_report_json_holds_the_data(bench_run):
 ])
 def test_bad_model_is_a_one_line_error(tmp_path, capsys, models, message):
     out = tmp_path / "results"
-    assert main(["bench", "--models", models, "--out-dir", str(out)]) == 1
+    assert main(["--models", models, "--out-dir", str(out)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("tensat: error: ") and message in err[0]
     assert not out.exists()
@@ -119,10 +119,10 @@ def test_bad_model_is_a_one_line_error(tmp_path, capsys, models, message):
 def test_out_dir_under_a_file_is_a_one_line_error(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    assert main(["bench", "--models", "resnet50", "--out-dir", str(blocker / "results")]) == 1
+    assert main(["--models", "resnet50", "--out-dir", str(blocker / "results")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is not a directory" in err[0]
-    assert main(["bench", "--models", "resnet50", "--out-dir", str(blocker)]) == 1
+    assert main(["--models", "resnet50", "--out-dir", str(blocker)]) == 1
     assert "is not a directory" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
@@ -150,12 +150,23 @@ def test_parse_models_keeps_order_and_drops_repeats():
     assert parse_models(None)[0] == "bert"
 
 
-def test_python_dash_m_bench_is_tensat_bench(tmp_path):
+def test_python_dash_m_bench_reports_errors_in_tensat_style(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "bench", "--models", "nope", "--out-dir", str(tmp_path / "r")],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert proc.stderr.strip() == ("tensat: error: unknown model 'nope'; valid names: bert, resnext50, nasnet_a, "
                                    "nasrnn, inception_v3, squeezenet, vgg19, resnet50")
+
+
+def test_usage_errors_are_one_line_and_tensat_has_no_bench_command(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--bogus"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tensat: error: ") and err.count("\n") == 1 and "python -m bench --help" in err, err
+    with pytest.raises(SystemExit) as exc:  # the benchmarks are not installed with tensat
+        tensat_main(["bench"])
+    assert exc.value.code == 2 and "invalid choice: 'bench'" in capsys.readouterr().err
 
 
 def _table(text: str) -> list[str]:
@@ -173,7 +184,7 @@ def test_readme_links_notebook_and_report_and_shows_the_latest_table():
     assert "(bench/results/report.md)" in readme
     assert (ROOT / "notebooks" / "egraph_growth.ipynb").is_file()
     report = ROOT / "bench" / "results" / "report.md"
-    assert report.is_file(), "run `tensat bench` to write bench/results/report.md"
+    assert report.is_file(), "run `python -m bench` to write bench/results/report.md"
     assert _table(readme) == _table(report.read_text()), "paste the table of bench/results/report.md into README.md"
     for png in re.findall(r"\((bench/results/[^)]+\.png)\)", readme):
         assert (ROOT / png).is_file()

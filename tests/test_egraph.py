@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import extraction
-import rewrites
+from tensat import extraction
+from tensat import rewrites
 from tensat.cost import AnalyticCost, graph_cost
 import tensat.egraph as egraph_mod
 from tensat.egraph import TensorEGraph
@@ -325,8 +325,8 @@ def test_merged_input_nodes_keep_an_acyclic_original_selection_and_cycles_are_fi
 
 def test_the_whole_egraph_pass_recovers_an_enode_cycle_filtering_removed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Extraction solves the filtered e-graph, then the whole one: a needed e-node the filter dropped comes back."""
-    import extraction.portfolio as portfolio
-    from extraction import ENode, EGraph, ExtractionResult, extract_best
+    import tensat.extraction.portfolio as portfolio
+    from tensat.extraction import ENode, EGraph, ExtractionResult, extract_best
 
     # a = x@w (pa, 10) or slice(m) (sa, 1); m = merged matmul (mm, 1) or concat(a) (mc, 0); root r = f(a)
     nodes = {"x": ENode("input", 0.0, "x", ()), "pa": ENode("matmul", 10.0, "a", ("x",)),

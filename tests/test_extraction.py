@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from extraction import (
+from tensat.extraction import (
     EGraph,
     ENode,
     ExtractionResult,
@@ -28,7 +28,7 @@ from extraction import (
     tree_costs,
     validate,
 )
-from extraction.cli import add_arguments, main, run
+from tensat.extraction.cli import add_arguments, main, run
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "extraction-gym-tensat"  # the shared data folder beside the checkout
@@ -428,7 +428,7 @@ def test_vgg_stall_window_stops_the_search(solver: str) -> None:
 @pytest.mark.skipif(not DATA.exists(), reason="extraction-gym data not available")
 def test_highs_is_interrupted_inside_its_search() -> None:
     """The stop rules reach into a running HiGHS search (callbacks), not only between solver calls."""
-    from extraction import ilp
+    from tensat.extraction import ilp
 
     eg = load_egraph(DATA / "vgg.json")
     ix = eg.index
@@ -450,7 +450,7 @@ def test_highs_is_interrupted_inside_its_search() -> None:
 @pytest.mark.skipif(not DATA.exists(), reason="extraction-gym data not available")
 def test_model_building_stops_at_its_deadline() -> None:
     """A model that could not be solved in time is not built: the deadline bounds building too."""
-    from extraction import ilp
+    from tensat.extraction import ilp
 
     eg = load_egraph(DATA / "vgg.json")
     ix = eg.index
@@ -488,7 +488,7 @@ def test_vgg_real() -> None:
 
 def _cli(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "extraction", *argv], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "tensat.extraction", *argv], capture_output=True, text=True,
                           cwd=tmp_path, env=env, timeout=60)
 
 
@@ -515,7 +515,8 @@ def test_cli_bad_input(tmp_path: Path, content: str | bytes | None) -> None:
     proc = _cli(tmp_path, str(path))
     assert proc.returncode == 1
     assert proc.stdout == ""
-    assert proc.stderr.startswith(f"python -m extraction: error: {'cannot read ' if content is None else ''}{path}")
+    assert proc.stderr.startswith(
+        f"python -m tensat.extraction: error: {'cannot read ' if content is None else ''}{path}")
     assert proc.stderr.count("\n") == 1
     assert "Traceback" not in proc.stderr
 
@@ -543,13 +544,13 @@ def test_cli_main_reports_bad_input_in_one_line(tmp_path: Path, capsys: pytest.C
     assert main([str(tmp_path / "missing.json")]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err == f"python -m extraction: error: cannot read {tmp_path / 'missing.json'}: " \
+    assert captured.err == f"python -m tensat.extraction: error: cannot read {tmp_path / 'missing.json'}: " \
                            "No such file or directory\n"
     (tmp_path / "cyclic.json").write_text(json.dumps(
         {"nodes": {"a": {"op": "f", "cost": 1, "eclass": "c", "children": ["a"]}}, "root_eclasses": ["c"]}))
     assert main([str(tmp_path / "cyclic.json"), "--extractor", "greedy"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith(f"python -m extraction: error: {tmp_path / 'cyclic.json'}: ") and err.count("\n") == 1
+    assert err.startswith(f"python -m tensat.extraction: error: {tmp_path / 'cyclic.json'}: ") and err.count("\n") == 1
 
 
 @pytest.mark.parametrize("flag, value", [("--time-limit", "0"), ("--time-limit", "x"), ("--stall-seconds", "-1"),
@@ -598,7 +599,7 @@ def test_tensat_extract_bad_input_is_one_error_line(tmp_path: Path, capsys) -> N
 def test_filter_cycles_leaves_no_cycle_and_keeps_protected_nodes():
     import random
 
-    from extraction import filter_cycles
+    from tensat.extraction import filter_cycles
 
     for seed in range(300):
         rng = random.Random(seed)
@@ -635,7 +636,7 @@ def test_filter_cycles_leaves_no_cycle_and_keeps_protected_nodes():
 
 
 def test_filter_cycles_spares_preferred_nodes_where_a_cycle_has_another_victim():
-    from extraction import filter_cycles
+    from tensat.extraction import filter_cycles
 
     # class a: input node pa (leaf) and s = slice(b); class b: input node pb (leaf) and c = concat(a)
     nodes = {"pa": ENode("leaf", 1.0, "a", ()), "s": ENode("slice", 1.0, "a", ("b",)),
@@ -660,8 +661,8 @@ def test_cli_filter_cycles_on_vgg(capsys):
 
 
 def test_filter_cycles_blacklists_the_costly_recombination_not_the_slice_a_merge_needs():
-    from extraction import filter_cycles
-    from extraction.cycles import regrets
+    from tensat.extraction import filter_cycles
+    from tensat.extraction.cycles import regrets
 
     # a = x@w1 (pa) or slice(m) (sa); b likewise; m = matmul(concat(x), concat(w1, w2)) (mm) or concat(a, b) (mc)
     nodes = {"x": ENode("input", 0.0, "x", ()),
@@ -703,7 +704,7 @@ def _merge_chain_egraph() -> EGraph:
 
 
 def test_local_search_adopts_a_merge_chain_greedy_misses():
-    from extraction import local_search
+    from tensat.extraction import local_search
 
     eg = _merge_chain_egraph()
     greedy = greedy_dag(eg)
@@ -717,7 +718,7 @@ def test_local_search_adopts_a_merge_chain_greedy_misses():
 
 
 def test_local_search_returns_the_start_when_it_is_optimal():
-    from extraction import local_search
+    from tensat.extraction import local_search
 
     eg = _merge_chain_egraph()
     best = ilp_extract(eg, time_limit=20)
@@ -729,9 +730,9 @@ def test_local_search_returns_the_start_when_it_is_optimal():
 def test_local_search_valid_never_worse_and_priced_exactly(case: tuple[EGraph, frozenset[str]], seed: int) -> None:
     import random
 
-    from extraction import local_search
-    from extraction.greedy import _forbidden_mask, selection_cost
-    from extraction.local import _delta, _reached, _refcounts, _tree_choice
+    from tensat.extraction import local_search
+    from tensat.extraction.greedy import _forbidden_mask, selection_cost
+    from tensat.extraction.local import _delta, _reached, _refcounts, _tree_choice
 
     eg, forbidden = case
     if brute_force(eg, forbidden) is None:

@@ -26,14 +26,14 @@ import pulp
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import extraction
-import extraction.ilp as ilp_mod
-import extraction.portfolio as portfolio
+from tensat import extraction
+from tensat.extraction import ilp as ilp_mod
+from tensat.extraction import portfolio
 import tensat
 import tensat.api as api
 import tensat.onnx_io as onnx_io
 from tensat.cli import main
-from tensat.cost import AnalyticCost, Shape, graph_cost, runtime_cost
+from tensat.cost import AnalyticCost, Shape, runtime_cost
 from tensat.egraph import TensorEGraph
 from tensat.errors import ModelError, TensatError, VerificationError
 from tensat.ir import Graph, Node

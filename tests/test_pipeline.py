@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import extraction
+from tensat import extraction
 import tensat
 from tensat.api import Options
 from tensat.cli import build_parser, main

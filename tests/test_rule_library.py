@@ -12,10 +12,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import extraction
-import rewrites
-from rewrites.dsl import canonical_form, evaluate_sides, parse_rules
-from rewrites.verify import verify_all, verify_rule
+from tensat import extraction
+from tensat import rewrites
+from tensat.rewrites.dsl import canonical_form, evaluate_sides, parse_rules
+from tensat.rewrites.verify import verify_all, verify_rule
 from tensat import ops
 from tensat.cli import main
 from tensat.cost import AnalyticCost, graph_cost
@@ -84,7 +84,7 @@ def test_cli_lists_rules_with_counts(capsys):
 def _rules_args(*argv: str):
     import argparse
 
-    from rewrites import cli as rules_cli
+    from tensat.rewrites import cli as rules_cli
 
     parser = argparse.ArgumentParser()
     rules_cli.add_arguments(parser)
@@ -92,7 +92,7 @@ def _rules_args(*argv: str):
 
 
 def test_rules_cli_raises_one_line_rule_errors_naming_the_file(tmp_path, capsys):
-    from rewrites import cli as rules_cli
+    from tensat.rewrites import cli as rules_cli
 
     bad = tmp_path / "bad.rules"
     bad.write_text("(rule a (foo ?a)\n (bar ?a))\n")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import rewrites
-from rewrites.dsl import RuleError, evaluate_sides, parse_rules
+from tensat import rewrites
+from tensat.rewrites.dsl import RuleError, evaluate_sides, parse_rules
 
 RNG = np.random.default_rng(2)
 

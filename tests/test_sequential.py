@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-import rewrites
-from rewrites.dsl import Var, attr_value, eval_expr, evaluate_sides, parse_rules
-from rewrites.match import Context, Matcher, TermGraph, apply_match, find_matches, rewrite
+from tensat import rewrites
+from tensat.rewrites.dsl import Var, attr_value, eval_expr, evaluate_sides, parse_rules
+from tensat.rewrites.match import Context, Matcher, TermGraph, apply_match, find_matches, rewrite
 from tensat import onnx_io, ops
 from tensat.cost import AnalyticCost, graph_cost
 from tensat.errors import TensatError
@@ -65,7 +65,7 @@ def assert_same_outputs(a: Graph, b: Graph, feeds: dict[str, np.ndarray], rtol: 
 def _instances(rule: rewrites.Rule, wanted: int = 2) -> list[tuple[dict[str, tuple[int, ...]], dict[str, Any]]]:
     """Shapes and attribute values satisfying the rule's left side and guards, from the rule verifier's sampler."""
     try:
-        from rewrites import verify as rv
+        from tensat.rewrites import verify as rv
 
         plan = rv._Plan(rule)
         rng = random.Random(f"match:{rule.name}")
@@ -171,7 +171,7 @@ def store_values(store: TermGraph, wanted: list[int], feeds: dict[str, np.ndarra
 def test_every_match_on_benchmark_graphs_computes_its_roots(name):
     """Matches of every rule on the benchmark graphs (up to 12 per rule and graph): the right side computes what
     the matched roots do."""
-    from rewrites.match import NotApplicable, build_rhs
+    from tensat.rewrites.match import NotApplicable, build_rhs
 
     g = small_graph(name)
     store = TermGraph(g)
@@ -393,6 +393,36 @@ def test_compare_cli_rejects_unknown_models_and_needs_a_source():
         compare_cli.run(_parser().parse_args(["--model", "alexnet", "--no-latency"]))
     with pytest.raises(SystemExit):
         _parser().parse_args(["--budget", "3"])
+
+
+def test_compare_all_writes_files_only_to_an_out_dir(tmp_path, monkeypatch, capsys):
+    from tensat import compare_cli
+
+    monkeypatch.chdir(tmp_path)
+    rows = [argparse.Namespace(verified=True)]
+    assert compare_cli.finish(_parser().parse_args(["--all", "-q"]), rows, {"rows": []}, "| table |") == 0
+    assert capsys.readouterr().out == "| table |\n" and list(tmp_path.iterdir()) == []
+    out = tmp_path / "out"
+    assert compare_cli.finish(_parser().parse_args(["--all", "-q", "--out-dir", str(out)]), rows, {"rows": []},
+                              "| table |") == 0
+    assert sorted(p.name for p in out.iterdir()) == ["compare.json", "compare.md"]
+
+
+def test_bench_compare_writes_every_graph_to_bench_results(monkeypatch):
+    from bench import RESULTS_DIR
+    from bench import compare as bench_compare
+    from tensat import compare_cli
+
+    seen = []
+
+    def stop(args: argparse.Namespace) -> Any:
+        seen.append(args)
+        raise TensatError("stopped before comparing")
+
+    monkeypatch.setattr(compare_cli, "compare", stop)
+    assert bench_compare.main([]) == 1 and bench_compare.main(["--model", "bert"]) == 1
+    assert seen[0].all and seen[0].out_dir == str(RESULTS_DIR)
+    assert not seen[1].all and seen[1].out_dir is None
 
 
 def test_compare_summary_and_markdown():

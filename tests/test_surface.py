@@ -246,7 +246,6 @@ def test_cli_models_lists_sizes_and_descriptions(capsys: pytest.CaptureFixture) 
     ["compare", "--budget", "lots"],
     ["profile", "--device", "tpu"],
     ["cost-report", "--bogus"],
-    ["bench", "--bogus"],
     ["models", "--bogus"],
     ["frobnicate"],
 ])

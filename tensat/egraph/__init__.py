@@ -25,7 +25,8 @@ from tensat.egraph.runner import (
 
 __all__ = [
     "BAN_LENGTH", "BLANKS_KEPT", "COMPETITIVE_SLACK_MS", "FILL_MIN_SECONDS", "GUIDED", "MATCH_LIMIT", "PRICE_BATCH",
-    "UNCHOSEN_MS", "Backoff", "CostFn", "DecodedNode", "ExplorationStats", "IterationStats", "TensorEGraph", "pool",
+    "UNCHOSEN_MS", "Backoff", "CostFn", "DecodedNode", "ExplorationStats", "IterationStats", "LoweredGraph",
+    "TensorEGraph", "pool",
 ]
 
 

@@ -8,8 +8,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from extraction import EGraph as XGraph
-from extraction import ENode, tree_costs
+from tensat.extraction import EGraph as XGraph
+from tensat.extraction import ENode, tree_costs
 from tensat import ops
 from tensat.cost import AnalyticCost
 from tensat.egraph.lower import LoweredGraph

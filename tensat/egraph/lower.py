@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import rewrites
+from tensat import rewrites
 from tensat import ops
 from tensat.egraph.pool import blank_egraph, run_program
 from tensat.ir import Graph, Node

@@ -8,7 +8,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
-import rewrites
+from tensat import rewrites
 from tensat.egraph.lower import GUIDED, LoweredGraph
 from tensat.errors import one_line
 from tensat.ir import Graph

@@ -15,6 +15,7 @@ from onnx import ModelProto
 from tensat.measure.device import _silenced
 from tensat.measure.units import _random_array, _tiny_model, chain_model, null_model, reorder_model
 from tensat.session import make_session, onnxruntime_module
+from tensat.latency import clock_function, time_models
 
 ALIGNMENT = 64  # bytes: bound buffers start at such a boundary, as onnxruntime's own do
 EVICT_CAP = 256 * 2**20  # at most this many bytes are streamed through the caches before a timed run
@@ -35,7 +36,6 @@ class Runner:
     """Sessions and IO bindings on one device with fixed settings, and the clock units are timed by."""
 
     def __init__(self, device: str, threads: int, clock: str = "wall") -> None:
-        from tensat.latency import clock_function
 
         self.device = device
         self.threads = threads
@@ -203,7 +203,6 @@ class Calibration:
 def measure_calibration(runner: Runner, clock: str) -> Calibration:
     """Measure the per-node dispatch cost, the per-run overhead and the NCHWc block size on `runner`'s device
     (`clock` names the clock end-to-end runs are timed by, see `tensat.latency.time_models`)."""
-    from tensat.latency import time_models
 
     with _silenced():
         r = runner

@@ -15,6 +15,7 @@ from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 from tensat import ops
 from tensat.ir import Graph, Node
+from tensat.onnx_io import export_model
 
 Shape = tuple[int, ...]
 
@@ -138,7 +139,6 @@ def unit_model(unit: Unit, seed: int = 0) -> ModelProto:
         ins = [ext_ids[i] if kind == "x" else built[i] for kind, i in n.inputs]
         built.append(g.add(n.op, ins, **dict(n.attrs)))
     g.output("y", built[-1])
-    from tensat.onnx_io import export_model
 
     return export_model(g)
 

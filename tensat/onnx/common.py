@@ -8,9 +8,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import onnx
-from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
+from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from tensat.errors import ModelError
+from tensat.onnx.external import subgraphs
 
 MAX_IR_VERSION = 13
 OUTER = "__tensat_outer_"
@@ -81,14 +82,6 @@ def ir_version_for(opsets: Mapping[str, int], dtypes: Sequence[str] = ()) -> int
         elif dtype.startswith("float4"):
             version = max(version, 11)
     return min(max(version, 4), MAX_IR_VERSION)
-
-
-def subgraphs(attr: AttributeProto) -> list[GraphProto]:
-    if attr.type == AttributeProto.GRAPH:
-        return [attr.g]
-    if attr.type == AttributeProto.GRAPHS:
-        return list(attr.graphs)
-    return []
 
 
 def sparse_to_array(sp: onnx.SparseTensorProto) -> np.ndarray:

@@ -14,13 +14,14 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
-from tensat import __version__, ops
+from tensat import ops
+from tensat._version import __version__
 from tensat.errors import ModelError
 from tensat.ir import FLOAT, Graph, OpaqueSpec
 from tensat.onnx.common import (
     NONDETERMINISTIC, OUTER, OUTER_RE, elem_type, free_names, ir_version_for, onnx_schema, rename_free, run_node,
-    subgraphs,
 )
+from tensat.onnx.external import subgraphs
 
 
 class _Namer:

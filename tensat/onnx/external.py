@@ -8,12 +8,20 @@ import os
 from typing import Any, Callable
 
 import numpy as np
-from onnx import GraphProto, ModelProto, TensorProto, helper, numpy_helper
+from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, helper, numpy_helper
 
-from tensat.onnx.common import subgraphs
 
 PROTO_LIMIT = 2**31 - 2**26  # protobuf's 2 GiB message limit, with headroom for everything but tensors
 _LARGE_TENSOR = 1 << 20  # tensors above this many bytes are stripped from the copy used for shape inference
+
+
+def subgraphs(attr: AttributeProto) -> list[GraphProto]:
+    """The graphs an attribute holds (If/Loop/Scan bodies), if any."""
+    if attr.type == AttributeProto.GRAPH:
+        return [attr.g]
+    if attr.type == AttributeProto.GRAPHS:
+        return list(attr.graphs)
+    return []
 
 
 def all_tensors(graph: GraphProto) -> list[TensorProto]:

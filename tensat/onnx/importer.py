@@ -21,9 +21,10 @@ from onnx import AttributeProto, ModelProto, NodeProto, helper, numpy_helper
 from tensat import ops
 from tensat.errors import ModelError
 from tensat.ir import FLOAT, Graph, OpaqueSpec
+from tensat.onnx.external import subgraphs
 from tensat.onnx.common import (
     NONDETERMINISTIC, OUTER, dtype_name, free_names, node_label, norm_domain, opset_versions, rename_free, run_node,
-    single_node_model, sparse_to_array, subgraphs,
+    single_node_model, sparse_to_array,
 )
 from tensat.onnx.load import load_model
 

@@ -14,7 +14,8 @@ import onnx.inliner
 from onnx import GraphProto, ModelProto
 
 from tensat.errors import ModelError, one_line
-from tensat.onnx.common import free_names, node_label, norm_domain, opset_versions, subgraphs
+from tensat.onnx.common import free_names, node_label, norm_domain, opset_versions
+from tensat.onnx.external import subgraphs
 from tensat.onnx.external import has_external, is_large, light_copy, model_tensors, write_external
 
 MIN_OPSET = 7
