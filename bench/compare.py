@@ -15,7 +15,8 @@ import argparse
 import json
 import sys
 import warnings
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from bench import RESULTS_DIR
 from tensat import compare_cli
@@ -48,8 +49,9 @@ def target_lines(doc: Mapping[str, Any]) -> list[str]:
         time = "not measured"
     else:
         shown = f"{ratio:.1f}" if ratio >= 10 else f"{ratio:.2f}"
-        time = (f"met ({shown})" if t["time_ratio_target_met"]
-                else f"missed by {TIME_RATIO_TARGET / ratio:.1f}x ({shown})")
+        time = (
+            f"met ({shown})" if t["time_ratio_target_met"] else f"missed by {TIME_RATIO_TARGET / ratio:.1f}x ({shown})"
+        )
     return [
         "Targets (issue 7):",
         "",
@@ -76,11 +78,13 @@ def render(path: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the comparison; with no model given, on every benchmark graph."""
-    parser = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     compare_cli.add_arguments(parser, require_source=False)
-    parser.add_argument("--render", metavar="JSON",
-                        help="only re-render the markdown report of a saved compare.json (printed)")
+    parser.add_argument(
+        "--render", metavar="JSON", help="only re-render the markdown report of a saved compare.json (printed)"
+    )
     args = parser.parse_args(argv)
     if args.render:
         try:

@@ -81,8 +81,14 @@ Why some graphs miss the 5% target:
 
 
 def _run(code: str, env: dict[str, str], timeout: float = 1800) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def cache_checks(cache_dir: str) -> dict[str, Any]:
@@ -99,10 +105,20 @@ def cache_checks(cache_dir: str) -> dict[str, Any]:
         print(CostCache().count())
     """
     t = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(profile.format(argv=argv))], env=env, cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for argv in (["--model", "squeezenet", "--device", "cpu", "--no-explore", "--no-progress"],
-                          ["--model", "nasrnn", "--device", "cpu", "--no-explore", "--no-progress"])]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(profile.format(argv=argv))],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for argv in (
+            ["--model", "squeezenet", "--device", "cpu", "--no-explore", "--no-progress"],
+            ["--model", "nasrnn", "--device", "cpu", "--no-explore", "--no-progress"],
+        )
+    ]
     outs = [p.communicate(timeout=1800) for p in procs]
     concurrent = {
         "returncodes": [p.returncode for p in procs],
@@ -115,14 +131,36 @@ def cache_checks(cache_dir: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="tensat-bench-") as tmp:
         for k in range(2):
             t = time.perf_counter()
-            cmd = [sys.executable, "-m", "tensat", "optimize", "--model", "squeezenet", "--cost", "measured",
-                   "--device", "cpu", "-o", os.path.join(tmp, f"out{k}.onnx"), "-q"]
+            cmd = [
+                sys.executable,
+                "-m",
+                "tensat",
+                "optimize",
+                "--model",
+                "squeezenet",
+                "--cost",
+                "measured",
+                "--device",
+                "cpu",
+                "-o",
+                os.path.join(tmp, f"out{k}.onnx"),
+                "-q",
+            ]
             r = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800)
             rows = int(_run(count, env).stdout.strip() or 0)
-            runs.append({"returncode": r.returncode, "seconds": round(time.perf_counter() - t, 1), "rows_after": rows,
-                         "stderr": r.stderr.strip()[-300:]})
-    return {"concurrent_profiles": concurrent, "optimize_twice": runs,
-            "second_optimize_new_rows": runs[1]["rows_after"] - runs[0]["rows_after"]}
+            runs.append(
+                {
+                    "returncode": r.returncode,
+                    "seconds": round(time.perf_counter() - t, 1),
+                    "rows_after": rows,
+                    "stderr": r.stderr.strip()[-300:],
+                }
+            )
+    return {
+        "concurrent_profiles": concurrent,
+        "optimize_twice": runs,
+        "second_optimize_new_rows": runs[1]["rows_after"] - runs[0]["rows_after"],
+    }
 
 
 def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -133,20 +171,34 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     ws = graph_working_set(graph)
     rec["working_set_mib"] = round(ws / 2**20, 1)
     t = time.perf_counter()
-    result = tensat.optimize_with_details(model, cost="measured", device="cpu", time_limit=args.time_limit,
-                                          ilp_time_limit=args.ilp_time_limit)
+    result = tensat.optimize_with_details(
+        model, cost="measured", device="cpu", time_limit=args.time_limit, ilp_time_limit=args.ilp_time_limit
+    )
     rec["optimize_seconds"] = round(time.perf_counter() - t, 1)
     rec["optimize"] = {
-        "cost_before": result.cost_before, "cost_after": result.cost_after, "ops_before": graph.op_count(),
-        "ops_after": result.graph.op_count(), "enodes": result.exploration.enodes,
-        "stop": result.exploration.stop_reason, "times": {k: round(v, 2) for k, v in result.times.items()},
+        "cost_before": result.cost_before,
+        "cost_after": result.cost_after,
+        "ops_before": graph.op_count(),
+        "ops_after": result.graph.op_count(),
+        "enodes": result.exploration.enodes,
+        "stop": result.exploration.stop_reason,
+        "times": {k: round(v, 2) for k, v in result.times.items()},
         "measured": None if result.measurement is None else result.measurement["stats"],
         "latency_check": None if result.latency is None else result.latency.to_dict(),
         "warnings": list(result.warnings),
     }
     cost = make_measured_cost("cpu", working_set=ws, progress=args.progress)
-    report = cost_report(graph, cost, optimized=result.graph, name=name, runs=args.runs, block=args.block,
-                         max_seconds=args.e2e_seconds, windows=args.windows, window_seconds=args.window_seconds)
+    report = cost_report(
+        graph,
+        cost,
+        optimized=result.graph,
+        name=name,
+        runs=args.runs,
+        block=args.block,
+        max_seconds=args.e2e_seconds,
+        windows=args.windows,
+        window_seconds=args.window_seconds,
+    )
     rec["report"] = report.to_dict()
     rec["per_node_ms"] = [row.per_node_ms for row in report.rows]
     cpu = report.latency
@@ -155,9 +207,12 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     ratios = block_ratios(cpu[0].samples_ms, cpu[1].samples_ms, args.block)
     low, high = median_interval(ratios, seed=len(name))
     rec["comparison"] = {
-        "cpu_ms": [s.median_ms for s in cpu], "wall_ms": [s.median_ms for s in wall],
-        "speedup_cpu": cpu[0].median_ms / cpu[1].median_ms, "speedup_wall": wall[0].median_ms / wall[1].median_ms,
-        "block_ratios": [round(r, 4) for r in ratios], "block_ratio_ci95": [low, high],
+        "cpu_ms": [s.median_ms for s in cpu],
+        "wall_ms": [s.median_ms for s in wall],
+        "speedup_cpu": cpu[0].median_ms / cpu[1].median_ms,
+        "speedup_wall": wall[0].median_ms / wall[1].median_ms,
+        "block_ratios": [round(r, 4) for r in ratios],
+        "block_ratio_ci95": [low, high],
         "slower_blocks": sum(1 for r in ratios if r < 1.0),
         "measurably_slower": high < 1.0,
         "runs": [s.runs for s in cpu],
@@ -202,15 +257,23 @@ def _pct(x: float) -> str:
     return f"{x:+.1%}"
 
 
-def markdown(records: list[dict[str, Any]], checks: dict[str, Any] | None, mach: dict[str, Any],
-             device: dict[str, Any] | None, seconds: float) -> str:
+def markdown(
+    records: list[dict[str, Any]],
+    checks: dict[str, Any] | None,
+    mach: dict[str, Any],
+    device: dict[str, Any] | None,
+    seconds: float,
+) -> str:
     lines = ["# Measured cost model: accuracy report", "", header(mach), ""]
     if device:
         cal = device["calibration"]
-        lines += [f"Measured on {device['device']['device']} with {device['device']['provider']}, "
-                  f"{device['device']['threads']} intra-op thread(s), clock: {device['device']['clock']} time, "
-                  f"onnxruntime {device['device']['onnxruntime']}. Calibration: per-node dispatch "
-                  f"{cal['node_us']:.2f} us, per-run overhead {cal['run_us']:.1f} us, NCHWc block {cal['block']}.", ""]
+        lines += [
+            f"Measured on {device['device']['device']} with {device['device']['provider']}, "
+            f"{device['device']['threads']} intra-op thread(s), clock: {device['device']['clock']} time, "
+            f"onnxruntime {device['device']['onnxruntime']}. Calibration: per-node dispatch "
+            f"{cal['node_us']:.2f} us, per-run overhead {cal['run_us']:.1f} us, NCHWc block {cal['block']}.",
+            "",
+        ]
     lines += [
         "Summed cost = the graph's fused groups, priced as onnxruntime runs them, + one run's fixed overhead; every "
         "group is measured afresh (in several timing windows) while the original and the optimized graph run end to "
@@ -218,7 +281,8 @@ def markdown(records: list[dict[str, Any]], checks: dict[str, Any] | None, mach:
         "node priced alone from the cache filled while optimizing (what the extractor sees; onnxruntime's fusions "
         "not applied). End-to-end = median CPU time of the inference thread over blocks of runs, original and "
         "optimized alternating. "
-        f"Error = (summed - end-to-end) / end-to-end; target |error| <= {TARGET_ERROR:.0%}.", "",
+        f"Error = (summed - end-to-end) / end-to-end; target |error| <= {TARGET_ERROR:.0%}.",
+        "",
         "| graph | ops | summed ms | per-node ms | end-to-end ms | error | optimized ops | summed ms | per-node ms | "
         "end-to-end ms | error |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -227,26 +291,40 @@ def markdown(records: list[dict[str, Any]], checks: dict[str, Any] | None, mach:
         rows = {row["graph"]: row for row in r["report"]["rows"]}
         o, p = rows["original"], rows.get("optimized")
         pn = r.get("per_node_ms", [float("nan")] * 2)
-        cells = [r["model"], str(o["ops"]), f"{o['summed_ms']:.3f}", f"{pn[0]:.3f}", f"{o['e2e_ms']:.3f}",
-                 _pct(o["error"])]
+        cells = [
+            r["model"],
+            str(o["ops"]),
+            f"{o['summed_ms']:.3f}",
+            f"{pn[0]:.3f}",
+            f"{o['e2e_ms']:.3f}",
+            _pct(o["error"]),
+        ]
         if p:
             cells += [str(p["ops"]), f"{p['summed_ms']:.3f}", f"{pn[1]:.3f}", f"{p['e2e_ms']:.3f}", _pct(p["error"])]
         lines.append("| " + " | ".join(cells) + " |")
     errors = [abs(row["error"]) for r in records for row in r["report"]["rows"]]
     if errors:
         met = sum(1 for e in errors if e <= TARGET_ERROR)
-        lines += ["", f"Within {TARGET_ERROR:.0%}: {met} of {len(errors)} graphs (original and optimized); "
-                      f"median |error| {statistics.median(errors):.1%}, largest {max(errors):.1%}."]
-    lines += ["", "## Optimized vs original (interleaved blocks of runs)", "",
-              "Speedup = original / optimized median latency. The optimized graph is *measurably slower* when the "
-              "95% bootstrap interval of the median block ratio (original / optimized, per pair of blocks) lies "
-              "below 1. Check at optimize = `tensat.optimize`'s own end-to-end check of its result against the input "
-              "(`latency_check`; the input is kept unless the result's median speedup is at least 1): its speedup, "
-              "and which graph it kept.", "",
-              "| graph | cost before -> after (per-node, ms) | check at optimize | CPU ms orig / opt | speedup (CPU) | "
-              "95% interval | wall ms orig / opt | speedup (wall) | blocks where optimized was slower | "
-              "measurably slower | e-nodes | optimize s | costs measured |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"Within {TARGET_ERROR:.0%}: {met} of {len(errors)} graphs (original and optimized); "
+            f"median |error| {statistics.median(errors):.1%}, largest {max(errors):.1%}.",
+        ]
+    lines += [
+        "",
+        "## Optimized vs original (interleaved blocks of runs)",
+        "",
+        "Speedup = original / optimized median latency. The optimized graph is *measurably slower* when the "
+        "95% bootstrap interval of the median block ratio (original / optimized, per pair of blocks) lies "
+        "below 1. Check at optimize = `tensat.optimize`'s own end-to-end check of its result against the input "
+        "(`latency_check`; the input is kept unless the result's median speedup is at least 1): its speedup, "
+        "and which graph it kept.",
+        "",
+        "| graph | cost before -> after (per-node, ms) | check at optimize | CPU ms orig / opt | speedup (CPU) | "
+        "95% interval | wall ms orig / opt | speedup (wall) | blocks where optimized was slower | "
+        "measurably slower | e-nodes | optimize s | costs measured |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in records:
         c, o = r["comparison"], r["optimize"]
         measured = o["measured"]["measured"] if o["measured"] else "-"
@@ -258,27 +336,35 @@ def markdown(records: list[dict[str, Any]], checks: dict[str, Any] | None, mach:
             f"| {r['model']} | {o['cost_before']:.3f} -> {o['cost_after']:.3f} | {checked} | {c['cpu_ms'][0]:.3f} / "
             f"{c['cpu_ms'][1]:.3f} | {c['speedup_cpu']:.3f}x | {low:.3f} - {high:.3f} | {c['wall_ms'][0]:.3f} / "
             f"{c['wall_ms'][1]:.3f} | {c['speedup_wall']:.3f}x | {c['slower_blocks']} of {len(c['block_ratios'])} | "
-            f"{'yes' if c['measurably_slower'] else 'no'} | {o['enodes']} | {r['optimize_seconds']} | {measured} |")
+            f"{'yes' if c['measurably_slower'] else 'no'} | {o['enodes']} | {r['optimize_seconds']} | {measured} |"
+        )
     reps = [r["repeat"] for r in records if r.get("repeat")]
     if reps:
         lines += ["", "## Repeatability", ""]
-        for kind, text in (("back_to_back", "fused-group costs measured twice in a row from scratch"),
-                           ("minutes_apart", "single-node costs cached while optimizing, measured again minutes "
-                                             "later")):
+        for kind, text in (
+            ("back_to_back", "fused-group costs measured twice in a row from scratch"),
+            ("minutes_apart", "single-node costs cached while optimizing, measured again minutes later"),
+        ):
             total = sum(x[kind]["sampled"] for x in reps)
             within = sum(x[kind]["within_10pct"] for x in reps)
             ratios = [q["ratio"] for x in reps for q in x[kind]["ratios"]]
             if ratios:
-                lines.append(f"- {text}: {within} of {total} within {REPEAT_TOL:.0%}; ratio median "
-                             f"{statistics.median(ratios):.3f}, range {min(ratios):.3f} - {max(ratios):.3f}.")
+                lines.append(
+                    f"- {text}: {within} of {total} within {REPEAT_TOL:.0%}; ratio median "
+                    f"{statistics.median(ratios):.3f}, range {min(ratios):.3f} - {max(ratios):.3f}."
+                )
     if checks:
         cc, runs = checks["concurrent_profiles"], checks["optimize_twice"]
-        lines += ["", "## Cache across processes", "",
-                  f"Two `tensat profile` processes (squeezenet, nasrnn) filling one fresh cache at once: exit codes "
-                  f"{cc['returncodes']}, {cc['rows']} rows, {cc['seconds']} s.",
-                  f"`tensat optimize --model squeezenet --cost measured` twice in new processes: "
-                  f"{runs[0]['seconds']} s then {runs[1]['seconds']} s; rows after each {runs[0]['rows_after']}, "
-                  f"{runs[1]['rows_after']}: the second run measured {checks['second_optimize_new_rows']} new costs."]
+        lines += [
+            "",
+            "## Cache across processes",
+            "",
+            f"Two `tensat profile` processes (squeezenet, nasrnn) filling one fresh cache at once: exit codes "
+            f"{cc['returncodes']}, {cc['rows']} rows, {cc['seconds']} s.",
+            f"`tensat optimize --model squeezenet --cost measured` twice in new processes: "
+            f"{runs[0]['seconds']} s then {runs[1]['seconds']} s; rows after each {runs[0]['rows_after']}, "
+            f"{runs[1]['rows_after']}: the second run measured {checks['second_optimize_new_rows']} new costs.",
+        ]
     lines += ["", "## Notes", "", NOTES.strip(), "", f"Total benchmark time {seconds / 60:.1f} min.", ""]
     return "\n".join(lines)
 
@@ -287,8 +373,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="*", default=model_names(), help="graphs to run (default: all 8)")
     p.add_argument("--cache-dir", help="cost cache directory (default: a fresh temporary one)")
-    p.add_argument("--e2e-seconds", type=float, default=24.0,
-                   help="wall-time cap of the end-to-end runs timed after the costs (to reach --runs)")
+    p.add_argument(
+        "--e2e-seconds",
+        type=float,
+        default=24.0,
+        help="wall-time cap of the end-to-end runs timed after the costs (to reach --runs)",
+    )
     p.add_argument("--runs", type=int, default=40, help="at least this many end-to-end runs per graph")
     p.add_argument("--windows", type=int, default=4, help="timing windows per fused group in the report")
     p.add_argument("--window-seconds", type=float, default=0.3, help="seconds per timing window")
@@ -300,13 +390,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="small timing budgets (a smoke run)")
     p.add_argument("--progress", action="store_true", help="show measuring progress bars")
     p.add_argument("--out", type=Path, default=OUT)
-    p.add_argument("--render", action="store_true",
-                   help="only rewrite cost_report.md from the cost_report.json in --out (no measuring)")
+    p.add_argument(
+        "--render",
+        action="store_true",
+        help="only rewrite cost_report.md from the cost_report.json in --out (no measuring)",
+    )
     args = p.parse_args(argv)
     if args.render:
         data = json.loads((args.out / "cost_report.json").read_text())
-        atomic_write_text(args.out / "cost_report.md", markdown(data["results"], data["checks"], data["machine"],
-                                                                data["device"], data["seconds"]))
+        atomic_write_text(
+            args.out / "cost_report.md",
+            markdown(data["results"], data["checks"], data["machine"], data["device"], data["seconds"]),
+        )
         print(f"wrote {args.out / 'cost_report.md'}")
         return 0
     if args.quick:
@@ -320,8 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     checks = None
     if not args.no_checks:
         checks = cache_checks(os.path.join(args.cache_dir, "checks"))
-        print(f"cache checks: {json.dumps({k: v for k, v in checks.items() if k != 'concurrent_profiles'})}",
-              flush=True)
+        print(
+            f"cache checks: {json.dumps({k: v for k, v in checks.items() if k != 'concurrent_profiles'})}", flush=True
+        )
     records = []
     device = None
     for name in args.models:
@@ -331,16 +427,31 @@ def main(argv: list[str] | None = None) -> int:
         rec["load_average"] = os.getloadavg()[0]
         device = rec["report"]["device"]
         records.append(rec)
-        rows = ", ".join(f"{r['graph']} {r['summed_ms']:.3f} vs {r['e2e_ms']:.3f} ms ({r['error']:+.1%})"
-                         for r in rec["report"]["rows"])
+        rows = ", ".join(
+            f"{r['graph']} {r['summed_ms']:.3f} vs {r['e2e_ms']:.3f} ms ({r['error']:+.1%})"
+            for r in rec["report"]["rows"]
+        )
         print(f"{name}: {rows}; speedup {rec['comparison']['speedup_cpu']:.3f}x ({rec['seconds']} s)", flush=True)
     seconds = time.perf_counter() - start
     mach = machine_info()
     args.out.mkdir(parents=True, exist_ok=True)
-    data = {"machine": mach, "device": device, "checks": checks, "results": records, "seconds": round(seconds, 1),
-            "settings": {"e2e_seconds": args.e2e_seconds, "runs": args.runs, "windows": args.windows,
-                         "window_seconds": args.window_seconds, "block": args.block, "repeat": args.repeat,
-                         "time_limit": args.time_limit, "ilp_time_limit": args.ilp_time_limit}}
+    data = {
+        "machine": mach,
+        "device": device,
+        "checks": checks,
+        "results": records,
+        "seconds": round(seconds, 1),
+        "settings": {
+            "e2e_seconds": args.e2e_seconds,
+            "runs": args.runs,
+            "windows": args.windows,
+            "window_seconds": args.window_seconds,
+            "block": args.block,
+            "repeat": args.repeat,
+            "time_limit": args.time_limit,
+            "ilp_time_limit": args.ilp_time_limit,
+        },
+    }
     atomic_write_json(args.out / "cost_report.json", data)
     atomic_write_text(args.out / "cost_report.md", markdown(records, checks, mach, device, seconds))
     print(f"wrote {args.out / 'cost_report.md'}")

@@ -102,9 +102,13 @@ def main(argv: list[str] | None = None) -> int:
         for k in (int(v) for v in args.k.split(",")):
             rec = {"graph": name, **run_one(model, k, **options)}
             records.append(rec)
-            print(f"{name:13s} k={k} {rec['enodes']:6d} e-nodes {rec['iterations']:2d} it ({rec['stop_reason']}) "
-                  f"explore {rec['explore_s']:.2f}s extract {rec['extract_s']:.2f}s "
-                  f"cost {rec['cost_before']:.3f} -> {rec['cost_after']:.3f}", file=sys.stderr, flush=True)
+            print(
+                f"{name:13s} k={k} {rec['enodes']:6d} e-nodes {rec['iterations']:2d} it ({rec['stop_reason']}) "
+                f"explore {rec['explore_s']:.2f}s extract {rec['extract_s']:.2f}s "
+                f"cost {rec['cost_before']:.3f} -> {rec['cost_after']:.3f}",
+                file=sys.stderr,
+                flush=True,
+            )
     info = machine_info()
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(args.out / "exploration.json", {"machine": info, "options": options, "results": records})

@@ -44,19 +44,27 @@ def target(name: str, cost: float, seconds: float, greedy_cost: float) -> str | 
 
 def _stops(res: Any) -> dict[str, Any]:
     """Why the ILP stopped and when its returned selection first appeared (seconds into the run)."""
-    return {"stop": res.info.get("stop"), "incumbent_seconds": res.info.get("incumbent_seconds"),
-            "gap_tolerance": res.info.get("gap_tolerance"), "stall_seconds": res.info.get("stall_seconds")}
+    return {
+        "stop": res.info.get("stop"),
+        "incumbent_seconds": res.info.get("incumbent_seconds"),
+        "gap_tolerance": res.info.get("gap_tolerance"),
+        "stall_seconds": res.info.get("stall_seconds"),
+    }
 
 
-def run_graph(name: str, data: Path, solvers: list[str], limit: float | None,
-              stall: float | None = None) -> dict[str, Any]:
+def run_graph(
+    name: str, data: Path, solvers: list[str], limit: float | None, stall: float | None = None
+) -> dict[str, Any]:
     """Greedy and ILP (per solver) on one graph, every result validated."""
     t0 = time.perf_counter()
     eg = load_egraph(data / f"{name}.json")
     load_s = time.perf_counter() - t0
     eg.index  # noqa: B018 (build the shared index outside the timed runs, as a caller would)
     rec: dict[str, Any] = {
-        "graph": name, "nodes": len(eg.nodes), "classes": len(eg.classes), "load_seconds": round(load_s, 3),
+        "graph": name,
+        "nodes": len(eg.nodes),
+        "classes": len(eg.classes),
+        "load_seconds": round(load_s, 3),
         "reference": REFERENCE.get(name),
     }
     greedy = greedy_dag(eg)
@@ -69,15 +77,26 @@ def run_graph(name: str, data: Path, solvers: list[str], limit: float | None,
         validate(eg, res)
         info = res.info
         rec["ilp"][solver] = {
-            "cost": res.cost, "bound": res.bound, "gap": res.gap(), "status": res.status,
-            "seconds": round(res.seconds, 3), "time_limit": tl, "iterations": info.get("iterations"),
-            "cuts": info.get("cuts"), "pruned_nodes": info["prune"]["alive_nodes"],
-            "pruned_classes": info["prune"]["alive_classes"], "prune": info["prune"],
-            "target": target(name, res.cost, res.seconds, greedy.cost), **_stops(res),
+            "cost": res.cost,
+            "bound": res.bound,
+            "gap": res.gap(),
+            "status": res.status,
+            "seconds": round(res.seconds, 3),
+            "time_limit": tl,
+            "iterations": info.get("iterations"),
+            "cuts": info.get("cuts"),
+            "pruned_nodes": info["prune"]["alive_nodes"],
+            "pruned_classes": info["prune"]["alive_classes"],
+            "prune": info["prune"],
+            "target": target(name, res.cost, res.seconds, greedy.cost),
+            **_stops(res),
         }
-        print(f"{name:17s} {solver:5s} greedy {greedy.cost:.6f} ({greedy.seconds:.2f}s)  ilp {res.cost:.6f} "
-              f"{res.status:8s} bound {res.bound:.6f} ({res.seconds:.2f}s, stop {res.info['stop']}, "
-              f"incumbent at {res.info['incumbent_seconds']:.2f}s)", file=sys.stderr)
+        print(
+            f"{name:17s} {solver:5s} greedy {greedy.cost:.6f} ({greedy.seconds:.2f}s)  ilp {res.cost:.6f} "
+            f"{res.status:8s} bound {res.bound:.6f} ({res.seconds:.2f}s, stop {res.info['stop']}, "
+            f"incumbent at {res.info['incumbent_seconds']:.2f}s)",
+            file=sys.stderr,
+        )
     tl = limit if limit is not None else TIME_LIMIT.get(name, DEFAULT_LIMIT)
     t0 = time.perf_counter()
     blacklist = filter_cycles(eg)
@@ -86,14 +105,27 @@ def run_graph(name: str, data: Path, solvers: list[str], limit: float | None,
     validate(eg, res)
     seconds = filter_s + res.seconds
     rec["ilp"]["highs + cycle filter"] = {
-        "cost": res.cost, "bound": res.bound, "gap": res.gap(), "status": res.status, "seconds": round(seconds, 3),
-        "time_limit": tl, "iterations": res.info.get("iterations"), "cuts": res.info.get("cuts"),
-        "pruned_nodes": res.info["prune"]["alive_nodes"], "pruned_classes": res.info["prune"]["alive_classes"],
-        "prune": res.info["prune"], "blacklisted": len(blacklist), "filter_seconds": round(filter_s, 4),
-        "target": target(name, res.cost, seconds, greedy.cost), **_stops(res),
+        "cost": res.cost,
+        "bound": res.bound,
+        "gap": res.gap(),
+        "status": res.status,
+        "seconds": round(seconds, 3),
+        "time_limit": tl,
+        "iterations": res.info.get("iterations"),
+        "cuts": res.info.get("cuts"),
+        "pruned_nodes": res.info["prune"]["alive_nodes"],
+        "pruned_classes": res.info["prune"]["alive_classes"],
+        "prune": res.info["prune"],
+        "blacklisted": len(blacklist),
+        "filter_seconds": round(filter_s, 4),
+        "target": target(name, res.cost, seconds, greedy.cost),
+        **_stops(res),
     }
-    print(f"{name:17s} highs + cycle filter ({len(blacklist)} blacklisted in {filter_s:.3f}s) ilp {res.cost:.6f} "
-          f"{res.status:8s} ({seconds:.2f}s)", file=sys.stderr)
+    print(
+        f"{name:17s} highs + cycle filter ({len(blacklist)} blacklisted in {filter_s:.3f}s) ilp {res.cost:.6f} "
+        f"{res.status:8s} ({seconds:.2f}s)",
+        file=sys.stderr,
+    )
     return rec
 
 
@@ -115,7 +147,8 @@ def markdown(records: list[dict[str, Any]], mach: dict[str, Any]) -> str:
         "`fallback` means the greedy selection was kept (the ILP found nothing cheaper in time). `stop` is "
         "the rule that ended the run (`gap`: bound within the tolerance, `stall`: no better selection "
         "within the stall window, `time`: the time limit); `inc. s` is when the returned selection first "
-        "appeared, so `ILP s` minus `inc. s` is what the run spent without improving it. References: published CPLEX (900 s) and faster-greedy-dag DAG costs. "
+        "appeared, so `ILP s` minus `inc. s` is what the run spent without improving it. "
+        "References: published CPLEX (900 s) and faster-greedy-dag DAG costs. "
         "`highs + cycle filter` first blacklists one e-node per cycle (`extraction.filter_cycles`, Tensat's "
         "efficient filtering; its time is included), so the ILP needs no cycle cuts; its optimum is over the "
         "filtered e-graph, hence `bound` is a bound for that space only.",
@@ -139,8 +172,11 @@ def markdown(records: list[dict[str, Any]], mach: dict[str, Any]) -> str:
         for solver, i in r["ilp"].items():
             if i["status"] != "fallback":
                 continue
-            why = (f"every relaxation solved in time still chose a cyclic selection ({i['cuts']} lazy cuts added)"
-                   if i["cuts"] else "the solver found no selection cheaper than greedy in time")
+            why = (
+                f"every relaxation solved in time still chose a cyclic selection ({i['cuts']} lazy cuts added)"
+                if i["cuts"]
+                else "the solver found no selection cheaper than greedy in time"
+            )
             if i.get("stop") == "stall":
                 why += f" (stopped by the {i['stall_seconds']:g} s stall window)"
             notes.append(f"- {r['graph']} ({solver}): fallback to greedy: {why}; bound = best bound proven.")
@@ -165,13 +201,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--graphs", default=",".join(GRAPHS), help="comma-separated graph names")
     p.add_argument("--solvers", default="highs,cbc", help="comma-separated ILP solvers (highs, cbc)")
     p.add_argument("--time-limit", type=float, default=None, help="override the per-graph time limits")
-    p.add_argument("--stall-seconds", type=float, default=None,
-                   help="stop an ILP run whose best selection has not improved for this long (default: no window)")
+    p.add_argument(
+        "--stall-seconds",
+        type=float,
+        default=None,
+        help="stop an ILP run whose best selection has not improved for this long (default: no window)",
+    )
     args = p.parse_args(argv)
     mach = machine_info()
     solvers = [s for s in args.solvers.split(",") if s]
-    records = [run_graph(g, args.data, solvers, args.time_limit, args.stall_seconds)
-               for g in args.graphs.split(",") if g]
+    records = [
+        run_graph(g, args.data, solvers, args.time_limit, args.stall_seconds) for g in args.graphs.split(",") if g
+    ]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "extraction_gym.json").write_text(json.dumps({"machine": mach, "results": records}, indent=2) + "\n")
     md = markdown(records, mach)

@@ -21,8 +21,9 @@ def gpu_models() -> list[str]:
     if smi is None:
         return []
     try:
-        out = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
-                             timeout=10, check=True).stdout
+        out = subprocess.run(
+            [smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return []
     return [line.strip() for line in out.splitlines() if line.strip()]
@@ -58,5 +59,7 @@ def header(info: dict[str, Any]) -> str:
     """One markdown paragraph naming the machine and versions."""
     versions = ", ".join(f"{k} {v}" for k, v in info["versions"].items())
     gpus = ", ".join(info.get("gpus") or []) or "no GPU"
-    return (f"Machine: {info['cpu']}, {info['cores']} cores, {info['memory_gib']} GiB, {gpus} (shared, noisy). "
-            f"Python {info['python']}; {versions}; HiGHS {info['highs']}. Run {info['date']}.")
+    return (
+        f"Machine: {info['cpu']}, {info['cores']} cores, {info['memory_gib']} GiB, {gpus} (shared, noisy). "
+        f"Python {info['python']}; {versions}; HiGHS {info['highs']}. Run {info['date']}."
+    )

@@ -23,12 +23,14 @@ import json
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
+
 from tensat.session import make_session
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "corpus"
@@ -170,8 +172,15 @@ def _trained_like(model: Any, convs: bool = True) -> Any:
 def _bert() -> Built:
     from transformers import BertConfig  # bench extra, not a runtime dependency
 
-    config = BertConfig(vocab_size=VOCAB, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                        intermediate_size=1024, max_position_embeddings=512, attn_implementation="eager")
+    config = BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=1024,
+        max_position_embeddings=512,
+        attn_implementation="eager",
+    )
     names, outs = ("input_ids", "attention_mask"), ("last_hidden_state", "pooler_output")
     return Built(_wrap(_hf(config, "BertModel"), names, outs), _tokens(128, padded=16), names, outs)
 
@@ -179,8 +188,9 @@ def _bert() -> Built:
 def _t5_encoder() -> Built:
     from transformers import T5Config  # bench extra, not a runtime dependency
 
-    config = T5Config(vocab_size=VOCAB, d_model=256, d_kv=64, d_ff=1024, num_layers=4, num_heads=4,
-                      attn_implementation="eager")
+    config = T5Config(
+        vocab_size=VOCAB, d_model=256, d_kv=64, d_ff=1024, num_layers=4, num_heads=4, attn_implementation="eager"
+    )
     names, outs = ("input_ids", "attention_mask"), ("last_hidden_state",)
     return Built(_wrap(_hf(config, "T5EncoderModel"), names, outs), _tokens(128, padded=16), names, outs)
 
@@ -188,8 +198,7 @@ def _t5_encoder() -> Built:
 def _gpt2() -> Built:
     from transformers import GPT2Config  # bench extra, not a runtime dependency
 
-    config = GPT2Config(vocab_size=VOCAB, n_positions=256, n_embd=256, n_layer=4, n_head=4,
-                        attn_implementation="eager")
+    config = GPT2Config(vocab_size=VOCAB, n_positions=256, n_embd=256, n_layer=4, n_head=4, attn_implementation="eager")
     # With no attention mask, transformers looks for packed sequences in the position ids with torch.diff, which
     # the TorchScript exporter cannot export; an all-ones mask (as HF's own decoder exports take) avoids that.
     names, outs = ("input_ids", "attention_mask"), ("logits",)
@@ -200,9 +209,16 @@ def _gpt2() -> Built:
 def _llama() -> Built:
     from transformers import LlamaConfig  # bench extra, not a runtime dependency
 
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         attn_implementation="eager")
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        attn_implementation="eager",
+    )
     # An attention mask for the same reason as GPT-2's.
     names, outs = ("input_ids", "attention_mask"), ("last_hidden_state",)
     model = _wrap(_hf(config, "LlamaModel"), names, outs, use_cache=False)
@@ -212,8 +228,15 @@ def _llama() -> Built:
 def _vit() -> Built:
     from transformers import ViTConfig  # bench extra, not a runtime dependency
 
-    config = ViTConfig(image_size=224, patch_size=16, hidden_size=384, num_hidden_layers=4, num_attention_heads=6,
-                       intermediate_size=1536, attn_implementation="eager")
+    config = ViTConfig(
+        image_size=224,
+        patch_size=16,
+        hidden_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=6,
+        intermediate_size=1536,
+        attn_implementation="eager",
+    )
     names, outs = ("pixel_values",), ("last_hidden_state", "pooler_output")
     return Built(_wrap(_hf(config, "ViTModel"), names, outs), (_image(224),), names, outs)
 
@@ -221,8 +244,15 @@ def _vit() -> Built:
 def _swin() -> Built:
     from transformers import SwinConfig  # bench extra, not a runtime dependency
 
-    config = SwinConfig(image_size=224, patch_size=4, embed_dim=64, depths=[2, 2, 2, 2], num_heads=[2, 4, 8, 16],
-                        window_size=7, attn_implementation="eager")
+    config = SwinConfig(
+        image_size=224,
+        patch_size=4,
+        embed_dim=64,
+        depths=[2, 2, 2, 2],
+        num_heads=[2, 4, 8, 16],
+        window_size=7,
+        attn_implementation="eager",
+    )
     names, outs = ("pixel_values",), ("last_hidden_state", "pooler_output")
     return Built(_wrap(_hf(config, "SwinModel"), names, outs), (_image(224),), names, outs)
 
@@ -230,20 +260,26 @@ def _swin() -> Built:
 def _resnet50() -> Built:
     from transformers import ResNetConfig  # bench extra, not a runtime dependency
 
-    config = ResNetConfig(embedding_size=64, hidden_sizes=[256, 512, 1024, 2048], depths=[3, 4, 6, 3],
-                          layer_type="bottleneck")
+    config = ResNetConfig(
+        embedding_size=64, hidden_sizes=[256, 512, 1024, 2048], depths=[3, 4, 6, 3], layer_type="bottleneck"
+    )
     names, outs = ("pixel_values",), ("pooler_output",)
-    return Built(_wrap(_trained_like(_hf(config, "ResNetModel"), convs=False), names, outs), (_image(160),), names, outs)
+    return Built(
+        _wrap(_trained_like(_hf(config, "ResNetModel"), convs=False), names, outs), (_image(160),), names, outs
+    )
 
 
 def _regnet_x() -> Built:
     from transformers import RegNetConfig  # bench extra, not a runtime dependency
 
     # RegNetX-400MF: ResNeXt-style stages of grouped 3x3 convs (group width 16), no squeeze-excitation.
-    config = RegNetConfig(embedding_size=32, hidden_sizes=[32, 64, 160, 384], depths=[1, 2, 7, 12],
-                          groups_width=16, layer_type="x")
+    config = RegNetConfig(
+        embedding_size=32, hidden_sizes=[32, 64, 160, 384], depths=[1, 2, 7, 12], groups_width=16, layer_type="x"
+    )
     names, outs = ("pixel_values",), ("pooler_output",)
-    return Built(_wrap(_trained_like(_hf(config, "RegNetModel"), convs=False), names, outs), (_image(224),), names, outs)
+    return Built(
+        _wrap(_trained_like(_hf(config, "RegNetModel"), convs=False), names, outs), (_image(224),), names, outs
+    )
 
 
 def _mobilenet_v2() -> Built:
@@ -283,9 +319,13 @@ def _densenet_module(growth: int, blocks: Sequence[int], init_features: int, bn_
         def __init__(self, cin: int) -> None:
             super().__init__()
             self.body = nn.Sequential(
-                nn.BatchNorm2d(cin), nn.ReLU(), nn.Conv2d(cin, bn_size * growth, 1, bias=False),
-                nn.BatchNorm2d(bn_size * growth), nn.ReLU(),
-                nn.Conv2d(bn_size * growth, growth, 3, padding=1, bias=False))
+                nn.BatchNorm2d(cin),
+                nn.ReLU(),
+                nn.Conv2d(cin, bn_size * growth, 1, bias=False),
+                nn.BatchNorm2d(bn_size * growth),
+                nn.ReLU(),
+                nn.Conv2d(bn_size * growth, growth, 3, padding=1, bias=False),
+            )
 
         def forward(self, features: list[torch.Tensor]) -> torch.Tensor:
             return self.body(torch.cat(features, 1))
@@ -304,16 +344,23 @@ def _densenet_module(growth: int, blocks: Sequence[int], init_features: int, bn_
     class DenseNet(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            stages: list[nn.Module] = [nn.Conv2d(3, init_features, 7, stride=2, padding=3, bias=False),
-                                       nn.BatchNorm2d(init_features), nn.ReLU(),
-                                       nn.MaxPool2d(3, stride=2, padding=1)]
+            stages: list[nn.Module] = [
+                nn.Conv2d(3, init_features, 7, stride=2, padding=3, bias=False),
+                nn.BatchNorm2d(init_features),
+                nn.ReLU(),
+                nn.MaxPool2d(3, stride=2, padding=1),
+            ]
             channels = init_features
             for i, layers in enumerate(blocks):
                 stages.append(DenseBlock(layers, channels))
                 channels += layers * growth
                 if i + 1 < len(blocks):
-                    stages += [nn.BatchNorm2d(channels), nn.ReLU(), nn.Conv2d(channels, channels // 2, 1, bias=False),
-                               nn.AvgPool2d(2, stride=2)]
+                    stages += [
+                        nn.BatchNorm2d(channels),
+                        nn.ReLU(),
+                        nn.Conv2d(channels, channels // 2, 1, bias=False),
+                        nn.AvgPool2d(2, stride=2),
+                    ]
                     channels //= 2
             stages += [nn.BatchNorm2d(channels), nn.ReLU()]
             self.features = nn.Sequential(*stages)
@@ -332,39 +379,90 @@ def _densenet() -> Built:
     return Built(model, (_image(224),), ("pixel_values",), ("logits",))
 
 
-ARCHITECTURES: dict[str, Architecture] = {a.key: a for a in [
-    Architecture("bert", "BERT encoder with pooler (4 layers, width 256, seq 128)", "transformers.BertModel", _bert),
-    Architecture("t5_encoder", "T5 encoder: RMS-style T5LayerNorm, relative position bias (4 layers, width 256, "
-                 "seq 128)", "transformers.T5EncoderModel", _t5_encoder),
-    Architecture("gpt2", "GPT-2 decoder with causal mask and LM head (4 layers, width 256, seq 64)",
-                 "transformers.GPT2LMHeadModel", _gpt2),
-    Architecture("llama", "Llama decoder: RMSNorm, rotary, SiLU gate, grouped-query attention (4 layers, width 256, "
-                 "seq 64)", "transformers.LlamaModel", _llama),
-    Architecture("vit", "ViT-S/16-style encoder with pooler (4 layers, width 384, 224x224)",
-                 "transformers.ViTModel", _vit),
-    Architecture("swin", "Swin transformer, shifted windows (depths 2-2-2-2, width 64, 224x224)",
-                 "transformers.SwinModel", _swin),
-    Architecture("resnet50", "ResNet-50 bottleneck (160x160)", "transformers.ResNetModel", _resnet50),
-    Architecture("regnet_x", "RegNetX-400MF, ResNeXt-style grouped convs (224x224)", "transformers.RegNetModel",
-                 _regnet_x),
-    Architecture("mobilenet_v2", "MobileNetV2 classifier: depthwise convs, ReLU6 (224x224)", "transformers.MobileNetV2ForImageClassification",
-                 _mobilenet_v2),
-    Architecture("efficientnet_b0", "EfficientNet-B0: depthwise convs, SiLU, squeeze-excitation (224x224)",
-                 "transformers.EfficientNetModel", _efficientnet_b0),
-    Architecture("convnext", "ConvNeXt: depthwise 7x7, channels-last LayerNorm between permutes (depths 2-2-4-2, "
-                 "width 64, 224x224)", "transformers.ConvNextModel", _convnext),
-    Architecture("densenet", "DenseNet-121-style, pre-activation BatchNorm, growth 16 (blocks 6-12-16-12, 224x224)",
-                 "torch", _densenet),
-]}
+ARCHITECTURES: dict[str, Architecture] = {
+    a.key: a
+    for a in [
+        Architecture(
+            "bert", "BERT encoder with pooler (4 layers, width 256, seq 128)", "transformers.BertModel", _bert
+        ),
+        Architecture(
+            "t5_encoder",
+            "T5 encoder: RMS-style T5LayerNorm, relative position bias (4 layers, width 256, seq 128)",
+            "transformers.T5EncoderModel",
+            _t5_encoder,
+        ),
+        Architecture(
+            "gpt2",
+            "GPT-2 decoder with causal mask and LM head (4 layers, width 256, seq 64)",
+            "transformers.GPT2LMHeadModel",
+            _gpt2,
+        ),
+        Architecture(
+            "llama",
+            "Llama decoder: RMSNorm, rotary, SiLU gate, grouped-query attention (4 layers, width 256, seq 64)",
+            "transformers.LlamaModel",
+            _llama,
+        ),
+        Architecture(
+            "vit", "ViT-S/16-style encoder with pooler (4 layers, width 384, 224x224)", "transformers.ViTModel", _vit
+        ),
+        Architecture(
+            "swin",
+            "Swin transformer, shifted windows (depths 2-2-2-2, width 64, 224x224)",
+            "transformers.SwinModel",
+            _swin,
+        ),
+        Architecture("resnet50", "ResNet-50 bottleneck (160x160)", "transformers.ResNetModel", _resnet50),
+        Architecture(
+            "regnet_x", "RegNetX-400MF, ResNeXt-style grouped convs (224x224)", "transformers.RegNetModel", _regnet_x
+        ),
+        Architecture(
+            "mobilenet_v2",
+            "MobileNetV2 classifier: depthwise convs, ReLU6 (224x224)",
+            "transformers.MobileNetV2ForImageClassification",
+            _mobilenet_v2,
+        ),
+        Architecture(
+            "efficientnet_b0",
+            "EfficientNet-B0: depthwise convs, SiLU, squeeze-excitation (224x224)",
+            "transformers.EfficientNetModel",
+            _efficientnet_b0,
+        ),
+        Architecture(
+            "convnext",
+            "ConvNeXt: depthwise 7x7, channels-last LayerNorm between permutes (depths 2-2-4-2, width 64, 224x224)",
+            "transformers.ConvNextModel",
+            _convnext,
+        ),
+        Architecture(
+            "densenet",
+            "DenseNet-121-style, pre-activation BatchNorm, growth 16 (blocks 6-12-16-12, 224x224)",
+            "torch",
+            _densenet,
+        ),
+    ]
+}
 
 # Every architecture with the dynamo exporter at its default opset; ten also with TorchScript, opsets 13-17 twice.
-_TORCHSCRIPT_OPSETS = {"bert": 13, "resnet50": 13, "t5_encoder": 14, "mobilenet_v2": 14, "gpt2": 15,
-                       "efficientnet_b0": 15, "vit": 16, "densenet": 16, "llama": 17, "convnext": 17}
+_TORCHSCRIPT_OPSETS = {
+    "bert": 13,
+    "resnet50": 13,
+    "t5_encoder": 14,
+    "mobilenet_v2": 14,
+    "gpt2": 15,
+    "efficientnet_b0": 15,
+    "vit": 16,
+    "densenet": 16,
+    "llama": 17,
+    "convnext": 17,
+}
 
 ENTRIES: dict[str, Entry] = {
     **{key: Entry(key, arch, "dynamo", None) for key, arch in ARCHITECTURES.items()},
-    **{f"{key}_ts{opset}": Entry(f"{key}_ts{opset}", ARCHITECTURES[key], "torchscript", opset)
-       for key, opset in _TORCHSCRIPT_OPSETS.items()},
+    **{
+        f"{key}_ts{opset}": Entry(f"{key}_ts{opset}", ARCHITECTURES[key], "torchscript", opset)
+        for key, opset in _TORCHSCRIPT_OPSETS.items()
+    },
 }
 
 
@@ -395,12 +493,26 @@ def export(entry: Entry, out_dir: Path) -> dict[str, Any]:
     start = time.perf_counter()
     with torch.no_grad():
         if entry.exporter == "dynamo":
-            torch.onnx.export(built.module, built.inputs, str(path), dynamo=True, external_data=False,
-                              input_names=list(built.input_names), output_names=list(built.output_names),
-                              opset_version=entry.opset)
+            torch.onnx.export(
+                built.module,
+                built.inputs,
+                str(path),
+                dynamo=True,
+                external_data=False,
+                input_names=list(built.input_names),
+                output_names=list(built.output_names),
+                opset_version=entry.opset,
+            )
         else:
-            torch.onnx.export(built.module, built.inputs, str(path), dynamo=False, opset_version=entry.opset,
-                              input_names=list(built.input_names), output_names=list(built.output_names))
+            torch.onnx.export(
+                built.module,
+                built.inputs,
+                str(path),
+                dynamo=False,
+                opset_version=entry.opset,
+                input_names=list(built.input_names),
+                output_names=list(built.output_names),
+            )
     seconds = time.perf_counter() - start
     model = onnx.load(str(path))
     onnx.checker.check_model(model)
@@ -412,8 +524,10 @@ def export(entry: Entry, out_dir: Path) -> dict[str, Any]:
         "source": entry.arch.source,
         "exporter": entry.exporter,
         "opset": opset,
-        "inputs": [{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
-                   for n, t in zip(built.input_names, built.inputs)],
+        "inputs": [
+            {"name": n, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+            for n, t in zip(built.input_names, built.inputs)
+        ],
         "outputs": [{"name": n, "shape": list(e.shape)} for n, e in zip(built.output_names, expected)],
         "nodes": len(model.graph.node),
         "op_types": dict(sorted(Counter(n.op_type for n in model.graph.node).items())),
@@ -467,17 +581,21 @@ def export_all(out_dir: Path, names: Sequence[str], force: bool) -> int:
             continue
         records[name] = record
         _save_manifest(out_dir, records)
-        print(f"{name}: {record['exporter']} opset {record['opset']}, {record['nodes']} nodes, "
-              f"{record['file_bytes'] / 1e6:.1f} MB, export {record['export_seconds']:.1f} s, "
-              f"ort {record['ort_ms']:.1f} ms, max |diff| {record['max_abs_diff_vs_torch']:.1e} "
-              f"({time.perf_counter() - start:.1f} s)", flush=True)
+        print(
+            f"{name}: {record['exporter']} opset {record['opset']}, {record['nodes']} nodes, "
+            f"{record['file_bytes'] / 1e6:.1f} MB, export {record['export_seconds']:.1f} s, "
+            f"ort {record['ort_ms']:.1f} ms, max |diff| {record['max_abs_diff_vs_torch']:.1e} "
+            f"({time.perf_counter() - start:.1f} s)",
+            flush=True,
+        )
     return failures
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: `export` the corpus or `list` its models."""
-    parser = argparse.ArgumentParser(prog="python -m bench.real_models", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.real_models", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     exp = sub.add_parser("export", help="export the corpus models as ONNX, with a manifest")
     exp.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory (default bench/corpus/)")

@@ -28,8 +28,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import onnx
 
@@ -37,9 +38,9 @@ from bench import zoo_models
 from bench.machine import header, machine_info
 from bench.real_models import DEFAULT_OUT as CORPUS
 from bench.real_models import MANIFEST
-from tensat.files import atomic_write_json, atomic_write_text
 from tensat.api import check_threads
 from tensat.errors import TensatError
+from tensat.files import atomic_write_json, atomic_write_text
 from tensat.latency import compare_many
 from tensat.measure import default_clock
 from tensat.onnx_io import import_model
@@ -72,8 +73,13 @@ def _run_tensat(src: Path, out: Path, cache_dir: Path) -> dict[str, Any]:
     stats = out.with_suffix(".stats.json")
     env = dict(os.environ, TENSAT_CACHE_DIR=str(cache_dir))
     t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "tensat", "optimize", str(src), "-o", str(out), "--stats",
-                           str(stats), "-q"], capture_output=True, text=True, env=env, timeout=OPTIMIZE_TIMEOUT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tensat", "optimize", str(src), "-o", str(out), "--stats", str(stats), "-q"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=OPTIMIZE_TIMEOUT,
+    )
     seconds = time.perf_counter() - t
     if proc.returncode != 0:
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
@@ -123,12 +129,22 @@ def _speedups(src: Path, results: dict[str, Path], seconds: float) -> dict[str, 
             out[name][f"threads={threads}"] = {"speedup": 1.0, "interval": [1.0, 1.0], "same_model": True}
     names = [n for n in results if not out[n]]
     for threads in threads_all if names else []:
-        comparisons = compare_many(src, [results[n] for n in names], threads=threads,
-                                   clock=default_clock("cpu", threads),
-                                   max_seconds=seconds, pairs=60)
+        comparisons = compare_many(
+            src,
+            [results[n] for n in names],
+            threads=threads,
+            clock=default_clock("cpu", threads),
+            max_seconds=seconds,
+            pairs=60,
+        )
         for name, c in zip(names, comparisons):
-            out[name][f"threads={threads}"] = {"speedup": c.speedup, "interval": list(c.interval),
-                                               "baseline_ms": c.baseline_ms, "ms": c.candidate_ms, "pairs": c.pairs}
+            out[name][f"threads={threads}"] = {
+                "speedup": c.speedup,
+                "interval": list(c.interval),
+                "baseline_ms": c.baseline_ms,
+                "ms": c.candidate_ms,
+                "pairs": c.pairs,
+            }
     return out
 
 
@@ -183,15 +199,20 @@ def _cell(rec: dict[str, Any], who: str, threads: str) -> str:
 
 def summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The targets' figures over the corpus."""
-    out: dict[str, Any] = {"models": len(records),
-                           "optimized": sum(1 for r in records if r["tensat_first"]["ok"])}
+    out: dict[str, Any] = {"models": len(records), "optimized": sum(1 for r in records if r["tensat_first"]["ok"])}
     for who in ("tensat", *PEERS):
         for threads in sorted({k for r in records for k in r.get("latency", {}).get(who, {})}):
             values = [r["latency"][who][threads]["speedup"] for r in records if threads in r["latency"].get(who, {})]
-            slower = [r["model"] for r in records if threads in r["latency"].get(who, {})
-                      and r["latency"][who][threads]["interval"][1] < 1.0]
-            out[f"{who} {threads}"] = {"geomean": geomean(values), "measurably_slower": slower,
-                                       "at_least_1.05": sum(1 for v in values if v >= 1.05)}
+            slower = [
+                r["model"]
+                for r in records
+                if threads in r["latency"].get(who, {}) and r["latency"][who][threads]["interval"][1] < 1.0
+            ]
+            out[f"{who} {threads}"] = {
+                "geomean": geomean(values),
+                "measurably_slower": slower,
+                "at_least_1.05": sum(1 for v in values if v >= 1.05),
+            }
     firsts = [r["tensat_first"]["seconds"] for r in records if r["tensat_first"]["ok"]]
     warms = [r["tensat_warm"]["seconds"] for r in records if r["tensat_warm"]["ok"]]
     out["first_run_max_s"] = max(firsts, default=float("nan"))
@@ -234,14 +255,21 @@ def markdown(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
         row.append(peers)
         lines.append("| " + " | ".join(row) + " |")
     s = summary(records)
-    lines += ["", "## Summary", "", f"- {s['optimized']} of {s['models']} models optimized and verified.",
-              f"- Longest default run: {s['first_run_max_s']:.1f} s the first time, {s['warm_run_max_s']:.1f} s "
-              f"with a warm cost cache."]
+    lines += [
+        "",
+        "## Summary",
+        "",
+        f"- {s['optimized']} of {s['models']} models optimized and verified.",
+        f"- Longest default run: {s['first_run_max_s']:.1f} s the first time, {s['warm_run_max_s']:.1f} s "
+        f"with a warm cost cache.",
+    ]
     for key, value in s.items():
         if isinstance(value, dict):
             slower = ", ".join(value["measurably_slower"]) or "none"
-            lines.append(f"- {key}: geometric-mean speedup {value['geomean']:.3f}x; {value['at_least_1.05']} "
-                         f"model(s) at 1.05x or more; measurably slower: {slower}.")
+            lines.append(
+                f"- {key}: geometric-mean speedup {value['geomean']:.3f}x; {value['at_least_1.05']} "
+                f"model(s) at 1.05x or more; measurably slower: {slower}."
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -250,8 +278,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--corpus", type=Path, default=CORPUS, help="the corpus directory (default bench/corpus)")
     p.add_argument("--out-dir", type=Path, default=RESULTS, help="where to write real_models.md/.json")
     p.add_argument("--only", help="comma-separated model names")
-    p.add_argument("--seconds", type=float, default=30.0,
-                   help="end-to-end timing per model and thread count, at most (default 30)")
+    p.add_argument(
+        "--seconds", type=float, default=30.0, help="end-to-end timing per model and thread count, at most (default 30)"
+    )
     p.add_argument("--render", action="store_true", help="rewrite the markdown from the JSON only")
     args = p.parse_args(argv)
     json_path, md_path = args.out_dir / "real_models.json", args.out_dir / "real_models.md"

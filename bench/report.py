@@ -20,9 +20,10 @@ import io
 import os
 import sys
 import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from bench import RESULTS_DIR
 from bench.explore import markdown as explore_markdown
@@ -31,16 +32,17 @@ from bench.explore import table as explore_table
 from bench.machine import header, machine_info
 from tensat import compare
 from tensat.cli_args import Parser
-from tensat.errors import one_line
 from tensat.compare import Settings, summary, table
-from tensat.errors import TensatError
-from tensat.options import Options
+from tensat.errors import TensatError, one_line
 from tensat.files import WriteError, atomic_write_bytes, atomic_write_json, atomic_write_text
 from tensat.models import SMALL_SIZES, build_model, model_names
+from tensat.options import Options
 
 K_MULTI = (0, 1, 2)
-EXPLORE_OPTIONS: dict[str, Any] = {name: getattr(Options, name)  # tensat's defaults, recorded with the runs
-                                   for name in ("node_limit", "time_limit", "ilp_time_limit")}
+EXPLORE_OPTIONS: dict[str, Any] = {
+    name: getattr(Options, name)  # tensat's defaults, recorded with the runs
+    for name in ("node_limit", "time_limit", "ilp_time_limit")
+}
 QUICK_TENSAT: dict[str, Any] = {"time_limit": 20.0, "ilp_time_limit": 10.0}
 QUICK_BUDGET = 20
 
@@ -71,16 +73,28 @@ class Plan:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `python -m bench`."""
-    parser.add_argument("--models", metavar="A,B,...", default=None,
-                        help="comma-separated benchmark graphs (default: all; see `tensat models`)")
-    parser.add_argument("--out-dir", metavar="DIR", default=None,
-                        help="where report.md, the PNGs and the JSON go (default bench/results)")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"a quick look: no latency timing, sequential budget {QUICK_BUDGET} expansions, "
-                             f"tensat exploration {QUICK_TENSAT['time_limit']:g} s and ILP "
-                             f"{QUICK_TENSAT['ilp_time_limit']:g} s")
-    parser.add_argument("--small", action="store_true",
-                        help="small versions of the graphs (same structure, the sizes the tests use)")
+    parser.add_argument(
+        "--models",
+        metavar="A,B,...",
+        default=None,
+        help="comma-separated benchmark graphs (default: all; see `tensat models`)",
+    )
+    parser.add_argument(
+        "--out-dir",
+        metavar="DIR",
+        default=None,
+        help="where report.md, the PNGs and the JSON go (default bench/results)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"a quick look: no latency timing, sequential budget {QUICK_BUDGET} expansions, "
+        f"tensat exploration {QUICK_TENSAT['time_limit']:g} s and ILP "
+        f"{QUICK_TENSAT['ilp_time_limit']:g} s",
+    )
+    parser.add_argument(
+        "--small", action="store_true", help="small versions of the graphs (same structure, the sizes the tests use)"
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
 
 
@@ -180,7 +194,7 @@ def overview_figure(by_graph: Mapping[str, Sequence[Mapping[str, Any]]], node_li
         _plot_growth(ax, records, 1, node_limit)
         ax.set_title(name, fontsize=10)
         ax.set_ylabel("e-nodes")
-    for ax in list(axes.flat)[len(by_graph):]:
+    for ax in list(axes.flat)[len(by_graph) :]:
         ax.set_visible(False)
     axes.flat[0].legend(fontsize=7)
     fig.suptitle("E-graph growth: e-nodes per iteration (dashed: node limit)")
@@ -191,23 +205,39 @@ def overview_figure(by_graph: Mapping[str, Sequence[Mapping[str, Any]]], node_li
 def versions_line(machine: Mapping[str, Any]) -> str:
     """tensat, egglog, onnxruntime, PuLP and HiGHS versions, one line."""
     v = machine["versions"]
-    ort = (f"onnxruntime-gpu {v['onnxruntime-gpu']}" if "onnxruntime-gpu" in v
-           else f"onnxruntime {v.get('onnxruntime', 'not installed')}")
-    return (f"Versions: tensat {v.get('tensat', '?')}, egglog {v.get('egglog', '?')}, {ort}, "
-            f"PuLP {v.get('pulp', '?')}, HiGHS {machine.get('highs', '?')} (highspy {v.get('highspy', '?')}).")
+    ort = (
+        f"onnxruntime-gpu {v['onnxruntime-gpu']}"
+        if "onnxruntime-gpu" in v
+        else f"onnxruntime {v.get('onnxruntime', 'not installed')}"
+    )
+    return (
+        f"Versions: tensat {v.get('tensat', '?')}, egglog {v.get('egglog', '?')}, {ort}, "
+        f"PuLP {v.get('pulp', '?')}, HiGHS {machine.get('highs', '?')} (highspy {v.get('highspy', '?')})."
+    )
 
 
 def _ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"
 
 
-def report_markdown(plan: Plan, rows: Sequence[Any], records: Sequence[Mapping[str, Any]], settings: Any,
-                    options: Mapping[str, Any], machine: Mapping[str, Any], figures: Mapping[str, str]) -> str:
+def report_markdown(
+    plan: Plan,
+    rows: Sequence[Any],
+    records: Sequence[Mapping[str, Any]],
+    settings: Any,
+    options: Mapping[str, Any],
+    machine: Mapping[str, Any],
+    figures: Mapping[str, str],
+) -> str:
     """report.md: machine and versions, the Table-1-style table, the k_multi table and the growth figures."""
     s = summary(rows)
     tensat_opts = ", ".join(f"{k}={v}" for k, v in sorted(settings.tensat.items())) or "tensat's defaults"
-    latency = (f"median of up to {settings.latency_runs} interleaved runs in onnxruntime (CPU, 1 thread; "
-               "speedup = original / optimized)" if settings.latency else "not measured (--quick)")
+    latency = (
+        f"median of up to {settings.latency_runs} interleaved runs in onnxruntime (CPU, 1 thread; "
+        "speedup = original / optimized)"
+        if settings.latency
+        else "not measured (--quick)"
+    )
     sizes = "small versions, --small" if plan.small else "full size"
     out = [
         "# tensat benchmark report",
@@ -228,7 +258,8 @@ def report_markdown(plan: Plan, rows: Sequence[Any], records: Sequence[Mapping[s
         table(rows),
         "",
         f"- tensat cost <= sequential cost on {s['tensat_at_most_sequential']} of {s['graphs']} graphs"
-        + (f" (not on: {', '.join(s['worse_on'])})" if s["worse_on"] else "") + ".",
+        + (f" (not on: {', '.join(s['worse_on'])})" if s["worse_on"] else "")
+        + ".",
         f"- Geometric-mean search-time ratio (sequential / tensat): {_ratio(s['geomean_time_ratio'])} (paper: "
         f"{s['paper_time_ratio']:g}); including e-graph building and pricing: "
         f"{_ratio(s['geomean_time_ratio_with_overhead'])}.",
@@ -270,9 +301,12 @@ def run_plan(plan: Plan) -> dict[str, Any]:
             _say(plan.progress, f"[{name}] k_multi={k}: exploring, extracting, verifying")
             rec = {"graph": name, **run_one(model, k, **options)}
             records.append(rec)
-            _say(plan.progress, f"[{name}] k_multi={k}: {rec['enodes']} e-nodes, {rec['eclasses']} e-classes after "
-                                f"{rec['iterations']} iterations ({rec['stop_reason']}); cost {rec['cost_before']:.3f}"
-                                f" -> {rec['cost_after']:.3f} ms; {rec['total_s']:.1f} s")
+            _say(
+                plan.progress,
+                f"[{name}] k_multi={k}: {rec['enodes']} e-nodes, {rec['eclasses']} e-classes after "
+                f"{rec['iterations']} iterations ({rec['stop_reason']}); cost {rec['cost_before']:.3f}"
+                f" -> {rec['cost_after']:.3f} ms; {rec['total_s']:.1f} s",
+            )
     machine = machine_info()
     by_graph = {n: [r for r in records if r["graph"] == n] for n in plan.models}
     figures = {"overview": "growth.png", **{n: f"growth_{n}.png" for n in plan.models}}
@@ -280,24 +314,35 @@ def run_plan(plan: Plan) -> dict[str, Any]:
     pngs.update({figures[n]: growth_figure(n, by_graph[n], options["node_limit"]) for n in plan.models})
     compare_doc = compare.report(rows, settings, machine)
     exploration_doc = {"machine": machine, "options": options, "results": records}
-    doc = {"machine": machine, "command": plan.command(), "models": plan.models, "small": plan.small,
-           "quick": plan.quick, "k_multi": list(K_MULTI), "compare": compare_doc, "exploration": exploration_doc,
-           "figures": figures}
+    doc = {
+        "machine": machine,
+        "command": plan.command(),
+        "models": plan.models,
+        "small": plan.small,
+        "quick": plan.quick,
+        "k_multi": list(K_MULTI),
+        "compare": compare_doc,
+        "exploration": exploration_doc,
+        "figures": figures,
+    }
     texts = {
         "compare.md": compare.markdown(rows, settings, machine),
         "exploration.md": explore_markdown(records, machine, options),
         "report.md": report_markdown(plan, rows, records, settings, options, machine, figures),
     }
-    _write_outputs(plan.out_dir, pngs, {"compare.json": compare_doc, "exploration.json": exploration_doc,
-                                        "report.json": doc}, texts)
+    _write_outputs(
+        plan.out_dir,
+        pngs,
+        {"compare.json": compare_doc, "exploration.json": exploration_doc, "report.json": doc},
+        texts,
+    )
     _say(plan.progress, f"wrote {plan.out_dir / 'report.md'}, {len(pngs)} PNGs and the JSON data")
     doc["table"] = compare.table(rows)
     doc["verified"] = all(r.verified for r in rows) and all(r["verified"] for r in records)
     return doc
 
 
-def _write_outputs(out_dir: Path, pngs: Mapping[str, bytes], docs: Mapping[str, Any],
-                   texts: Mapping[str, str]) -> None:
+def _write_outputs(out_dir: Path, pngs: Mapping[str, bytes], docs: Mapping[str, Any], texts: Mapping[str, str]) -> None:
     """Every output file, each atomically; report.md last, so it only exists once what it links to does."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -331,8 +376,11 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m bench`: 0 when every optimized graph verified, 1 on a failure or bad input (one line on stderr), 2 on
     bad usage; in the error style of the `tensat` command."""
-    parser = Parser(prog="python -m bench", description="Run the sequential-search comparison and the e-graph growth "
-                    "at k_multi 0, 1, 2 on the benchmark graphs; write report.md, PNG plots and JSON to bench/results.")
+    parser = Parser(
+        prog="python -m bench",
+        description="Run the sequential-search comparison and the e-graph growth "
+        "at k_multi 0, 1, 2 on the benchmark graphs; write report.md, PNG plots and JSON to bench/results.",
+    )
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:

@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from tensat.models import BIAS_STD, _fire, _Graph, _T, _window_out
+from tensat.models import _T, BIAS_STD, _fire, _Graph, _window_out
 
 __all__ = ["IDIOMS", "ZOO", "ZooModel", "build_zoo_model", "zoo_names"]
 
@@ -81,14 +81,22 @@ class _Zoo(_Graph):
         """A Constant node holding `array` (the zoo's other way to store a weight)."""
         return self.nodes("Constant", [], [name], name, value=numpy_helper.from_array(np.asarray(array)))[0]
 
-    def conv_bn(self, x: _T, cout: int, kernel: int, name: str, *, stride: int = 1, pad: int = 0,
-                relu: bool = True) -> _T:
+    def conv_bn(
+        self, x: _T, cout: int, kernel: int, name: str, *, stride: int = 1, pad: int = 0, relu: bool = True
+    ) -> _T:
         """Bias-free Conv + BatchNormalization (+ Relu), MXNet/Caffe2-zoo style."""
         n, cin, h, w = x.shape
         weight = self.randn(f"{name}.weight", (cout, cin, kernel, kernel), math.sqrt(2.0 / (cin * kernel * kernel)))
         shape = (n, cout, _window_out(h, kernel, stride, pad), _window_out(w, kernel, stride, pad))
-        y = self.node("Conv", [x.name, weight], shape, name, kernel_shape=[kernel, kernel], strides=[stride, stride],
-                      pads=[pad] * 4)
+        y = self.node(
+            "Conv",
+            [x.name, weight],
+            shape,
+            name,
+            kernel_shape=[kernel, kernel],
+            strides=[stride, stride],
+            pads=[pad] * 4,
+        )
         y = self.batchnorm(y, f"{name}.bn")
         return self.relu(y, f"{name}.relu") if relu else y
 
@@ -107,13 +115,31 @@ class _Zoo(_Graph):
             raise ValueError("BatchNormalization has no spatial attribute from opset 9 on")
         return self.node("BatchNormalization", [x.name, scale, shift, mean, var], x.shape, name, **attrs)
 
-    def pool(self, op: str, x: _T, kernel: int, stride: int, pads: Sequence[int], name: str,
-             output: str | None = None, **attrs: object) -> _T:
+    def pool(
+        self,
+        op: str,
+        x: _T,
+        kernel: int,
+        stride: int,
+        pads: Sequence[int],
+        name: str,
+        output: str | None = None,
+        **attrs: object,
+    ) -> _T:
         """MaxPool/AveragePool with explicit (top, left, bottom, right) pads (Caffe's ceil mode as extra pads)."""
         n, c, h, w = x.shape
         shape = (n, c, (h + pads[0] + pads[2] - kernel) // stride + 1, (w + pads[1] + pads[3] - kernel) // stride + 1)
-        return self.node(op, [x.name], shape, name, output, kernel_shape=[kernel, kernel], strides=[stride, stride],
-                         pads=list(pads), **attrs)
+        return self.node(
+            op,
+            [x.name],
+            shape,
+            name,
+            output,
+            kernel_shape=[kernel, kernel],
+            strides=[stride, stride],
+            pads=list(pads),
+            **attrs,
+        )
 
     def lrn(self, x: _T, name: str, size: int = 5) -> _T:
         return self.node("LRN", [x.name], x.shape, name, size=size, alpha=1e-4, beta=0.75, bias=1.0)
@@ -137,8 +163,7 @@ class _Zoo(_Graph):
         outs = self.nodes("Dropout", ins, [name, f"{name}.mask" if mask else ""], name, **attrs)
         return _T(outs[0], x.shape), (_T(outs[1], x.shape) if mask else None)
 
-    def softmax(self, x: _T, name: str, *, axis: int | None = None, log: bool = False,
-                output: str | None = None) -> _T:
+    def softmax(self, x: _T, name: str, *, axis: int | None = None, log: bool = False, output: str | None = None) -> _T:
         """Softmax/LogSoftmax; before opset 13 it normalizes over the 2-D coercion of `x` at `axis` (default 1)."""
         attrs = {} if axis is None else {"axis": axis}
         return self.node("LogSoftmax" if log else "Softmax", [x.name], x.shape, name, output, **attrs)
@@ -210,8 +235,9 @@ class _Zoo(_Graph):
 # whole models
 
 
-def caffenet(*, image: int = 227, width: float = 1.0, fc: int = 4096, classes: int = 1000, opset: int = 9,
-             seed: int = 0) -> onnx.ModelProto:
+def caffenet(
+    *, image: int = 227, width: float = 1.0, fc: int = 4096, classes: int = 1000, opset: int = 9, seed: int = 0
+) -> onnx.ModelProto:
     """BVLC CaffeNet/AlexNet: 11x11/4 conv 96, LRN, 3x3/2 max pool, 5x5 conv 256 (2 groups), LRN, pool, 3x3 convs
     384, 384 (2 groups), 256 (2 groups), pool, Flatten, Gemm (transB) ``fc`` + relu + Dropout (mask declared)
     twice, Gemm ``classes``, Softmax. Channels scale with ``width``. Input ``data_0``, output ``prob_1``."""
@@ -233,8 +259,9 @@ def caffenet(*, image: int = 227, width: float = 1.0, fc: int = 4096, classes: i
     return g.finish(caffenet.__doc__ or "")
 
 
-def squeezenet10(*, image: int = 224, width: float = 1.0, classes: int = 1000, opset: int = 8,
-                 batchnorm: bool = False, seed: int = 0) -> onnx.ModelProto:
+def squeezenet10(
+    *, image: int = 224, width: float = 1.0, classes: int = 1000, opset: int = 8, batchnorm: bool = False, seed: int = 0
+) -> onnx.ModelProto:
     """SqueezeNet 1.0 as in the zoo's opset-7/8 file: 7x7/2 conv 96, 3x3/2 max pools, fire modules 16/64 x2,
     32/128 x2, 48/192 x2, 64/256 x2, Dropout, 1x1 conv ``classes`` + relu, GlobalAveragePool, Softmax over
     (1, classes, 1, 1). ``batchnorm`` adds a legacy (``spatial``) BatchNormalization after the first conv.
@@ -260,8 +287,15 @@ def squeezenet10(*, image: int = 224, width: float = 1.0, classes: int = 1000, o
     return g.finish(squeezenet10.__doc__ or "")
 
 
-def resnet_v1(*, image: int = 224, width: float = 1.0, blocks: Sequence[int] = (2, 2, 2, 2), classes: int = 1000,
-              opset: int = 8, seed: int = 0) -> onnx.ModelProto:
+def resnet_v1(
+    *,
+    image: int = 224,
+    width: float = 1.0,
+    blocks: Sequence[int] = (2, 2, 2, 2),
+    classes: int = 1000,
+    opset: int = 8,
+    seed: int = 0,
+) -> onnx.ModelProto:
     """ResNet-18 v1 (``blocks`` per stage; (3, 4, 6, 3) is ResNet-34) as the MXNet-converted zoo files: bias-free
     convs each followed by a legacy BatchNormalization (``spatial=1``, ``momentum``), 3x3/2 max pool, basic
     blocks with projection shortcuts, GlobalAveragePool, Flatten, Gemm (transB). Input ``data``, output
@@ -286,15 +320,23 @@ def resnet_v1(*, image: int = 224, width: float = 1.0, blocks: Sequence[int] = (
 
 
 _GOOGLENET = [  # (1x1, 3x3 reduce, 3x3, 5x5 reduce, 5x5, pool proj); None: a max pool between stages
-    (64, 96, 128, 16, 32, 32), (128, 128, 192, 32, 96, 64), None,
-    (192, 96, 208, 16, 48, 64), (160, 112, 224, 24, 64, 64), (128, 128, 256, 24, 64, 64),
-    (112, 144, 288, 32, 64, 64), (256, 160, 320, 32, 128, 128), None,
-    (256, 160, 320, 32, 128, 128), (384, 192, 384, 48, 128, 128),
+    (64, 96, 128, 16, 32, 32),
+    (128, 128, 192, 32, 96, 64),
+    None,
+    (192, 96, 208, 16, 48, 64),
+    (160, 112, 224, 24, 64, 64),
+    (128, 128, 256, 24, 64, 64),
+    (112, 144, 288, 32, 64, 64),
+    (256, 160, 320, 32, 128, 128),
+    None,
+    (256, 160, 320, 32, 128, 128),
+    (384, 192, 384, 48, 128, 128),
 ]
 
 
-def googlenet(*, image: int = 224, width: float = 1.0, modules: int = 2, classes: int = 1000, opset: int = 9,
-              seed: int = 0) -> onnx.ModelProto:
+def googlenet(
+    *, image: int = 224, width: float = 1.0, modules: int = 2, classes: int = 1000, opset: int = 9, seed: int = 0
+) -> onnx.ModelProto:
     """GoogLeNet (Inception v1) as the Caffe2-converted zoo file: 7x7/2 conv 64, 3x3/2 max pools with Caffe's
     ceil-mode padding, LRN, 1x1 conv 64, 3x3 conv 192, LRN, the first ``modules`` of its nine inception modules
     (1x1, 1x1-3x3, 1x1-5x5, 3x3 max pool-1x1, Concat), AveragePool over the last feature map, Dropout (mask
@@ -329,8 +371,9 @@ def googlenet(*, image: int = 224, width: float = 1.0, modules: int = 2, classes
     return g.finish(googlenet.__doc__ or "")
 
 
-def reshape_classifier(*, image: int = 32, channels: int = 32, classes: int = 10, opset: int = 11,
-                       seed: int = 0) -> onnx.ModelProto:
+def reshape_classifier(
+    *, image: int = 32, channels: int = 32, classes: int = 10, opset: int = 11, seed: int = 0
+) -> onnx.ModelProto:
     """A PyTorch-exported CIFAR-style classifier: two 3x3 conv + relu + 2x2 max pool stages, ``x.view(x.size(0),
     -1)`` (Reshape of a Shape/Gather/Unsqueeze/Concat shape), Gemm (transB) + relu, Gemm, LogSoftmax.
     Input ``input``, output ``output``."""
@@ -376,8 +419,9 @@ def batchnorm_model(*, image: int = 8, channels: int = 4, opset: int = 7, seed: 
     return g.finish(batchnorm_model.__doc__ or "")
 
 
-def gemm_model(*, batch: int = 2, features: int = 16, hidden: int = 8, opset: int = 9,
-               seed: int = 0) -> onnx.ModelProto:
+def gemm_model(
+    *, batch: int = 2, features: int = 16, hidden: int = 8, opset: int = 9, seed: int = 0
+) -> onnx.ModelProto:
     """Gemm with transB, Gemm with transA (its A a Transpose of the activations) and alpha/beta, Gemm with
     alpha/beta and a one-element C broadcast. Output ``y``."""
     g = _Zoo("gemm", seed, opset)
@@ -393,8 +437,9 @@ def gemm_model(*, batch: int = 2, features: int = 16, hidden: int = 8, opset: in
     return g.finish(gemm_model.__doc__ or "")
 
 
-def legacy_ops_model(*, image: int = 8, channels: int = 6, classes: int = 5, opset: int = 7,
-                     seed: int = 0) -> onnx.ModelProto:
+def legacy_ops_model(
+    *, image: int = 8, channels: int = 6, classes: int = 5, opset: int = 7, seed: int = 0
+) -> onnx.ModelProto:
     """LRN; Softmax over a 4-D tensor at axis 1 (before opset 13: over C*H*W together) as output ``spread``;
     Flatten at axis 2; Flatten, Gemm and LogSoftmax (default axis) as output ``y``."""
     g = _Zoo("legacy_ops", seed, opset)
@@ -408,8 +453,9 @@ def legacy_ops_model(*, image: int = 8, channels: int = 6, classes: int = 5, ops
     return g.finish(legacy_ops_model.__doc__ or "")
 
 
-def computed_reshape_model(*, image: int = 8, channels: int = 4, classes: int = 5, opset: int = 11,
-                           seed: int = 0) -> onnx.ModelProto:
+def computed_reshape_model(
+    *, image: int = 8, channels: int = 4, classes: int = 5, opset: int = 11, seed: int = 0
+) -> onnx.ModelProto:
     """``x.view(x.size(0), -1)`` between a conv and a Gemm: Shape, Gather (scalar index), Unsqueeze (attribute or
     input axes), Concat with a Constant -1, Reshape. Output ``y``."""
     g = _Zoo("computed_reshape", seed, opset)
@@ -419,8 +465,9 @@ def computed_reshape_model(*, image: int = 8, channels: int = 4, classes: int = 
     return g.finish(computed_reshape_model.__doc__ or "")
 
 
-def squeeze_model(*, image: int = 8, channels: int = 4, classes: int = 5, opset: int = 11,
-                  seed: int = 0) -> onnx.ModelProto:
+def squeeze_model(
+    *, image: int = 8, channels: int = 4, classes: int = 5, opset: int = 11, seed: int = 0
+) -> onnx.ModelProto:
     """GlobalAveragePool, Squeeze of the two 1-sized axes (negative axes from opset 11), Gemm, Unsqueeze back to
     rank 4; axes attributes before opset 13, inputs from 13. Output ``y`` (1, classes, 1, 1)."""
     g = _Zoo("squeeze", seed, opset)
@@ -459,12 +506,22 @@ def constants_model(*, image: int = 8, channels: int = 4, opset: int = 9, seed: 
     b = g.constant("conv1.bias", g.rng.standard_normal(channels).astype(np.float32) * BIAS_STD)
     y = g.node("Conv", [x.name, w, b], (1, channels, image, image), "conv1", kernel_shape=[3, 3], pads=[1] * 4)
     shape = g.constant("bias.shape", np.asarray([1, channels, 1, 1], dtype=np.int64))
-    bias = g.nodes("ConstantOfShape", [shape], ["bias"], "bias",
-                   value=numpy_helper.from_array(np.asarray([0.25], dtype=np.float32)))[0]
+    bias = g.nodes(
+        "ConstantOfShape",
+        [shape],
+        ["bias"],
+        "bias",
+        value=numpy_helper.from_array(np.asarray([0.25], dtype=np.float32)),
+    )[0]
     y = g.node("Add", [y.name, bias], y.shape, "add")
     full = g.constant("scale.shape", np.asarray(y.shape, dtype=np.int64))
-    scale = g.nodes("ConstantOfShape", [full], ["scale"], "scale",
-                    value=numpy_helper.from_array(np.asarray([0.5], dtype=np.float32)))[0]
+    scale = g.nodes(
+        "ConstantOfShape",
+        [full],
+        ["scale"],
+        "scale",
+        value=numpy_helper.from_array(np.asarray([0.5], dtype=np.float32)),
+    )[0]
     g.output(g.node("Mul", [y.name, scale], y.shape, "mul", "y"))
     return g.finish(constants_model.__doc__ or "")
 
@@ -505,26 +562,47 @@ class ZooModel:
 
 ZOO: dict[str, ZooModel] = {
     "caffenet": ZooModel(
-        caffenet, 9, ("lrn", "dropout_mask", "gemm_attributes", "flatten", "softmax_legacy"),
-        dict(image=67, width=0.125, fc=32, classes=10), whole=True),
+        caffenet,
+        9,
+        ("lrn", "dropout_mask", "gemm_attributes", "flatten", "softmax_legacy"),
+        dict(image=67, width=0.125, fc=32, classes=10),
+        whole=True,
+    ),
     "squeezenet10": ZooModel(
-        squeezenet10, 8, ("dropout_mask", "softmax_legacy", "batchnorm_legacy", "initializers_as_inputs"),
-        dict(image=64, width=0.125, classes=10, batchnorm=True), whole=True),
+        squeezenet10,
+        8,
+        ("dropout_mask", "softmax_legacy", "batchnorm_legacy", "initializers_as_inputs"),
+        dict(image=64, width=0.125, classes=10, batchnorm=True),
+        whole=True,
+    ),
     "resnet_v1": ZooModel(
-        resnet_v1, 8, ("batchnorm_legacy", "flatten", "gemm_attributes", "initializers_as_inputs"),
-        dict(image=32, width=0.125, blocks=(1, 1), classes=10), whole=True),
+        resnet_v1,
+        8,
+        ("batchnorm_legacy", "flatten", "gemm_attributes", "initializers_as_inputs"),
+        dict(image=32, width=0.125, blocks=(1, 1), classes=10),
+        whole=True,
+    ),
     "googlenet": ZooModel(
-        googlenet, 9, ("lrn", "dropout_mask", "gemm_attributes", "softmax_legacy"),
-        dict(image=32, width=0.0625, classes=10), whole=True),
+        googlenet,
+        9,
+        ("lrn", "dropout_mask", "gemm_attributes", "softmax_legacy"),
+        dict(image=32, width=0.0625, classes=10),
+        whole=True,
+    ),
     "reshape_classifier": ZooModel(
-        reshape_classifier, 11, ("computed_reshape", "gemm_attributes", "logsoftmax_legacy"),
-        dict(image=8, channels=4, classes=5), whole=True),
+        reshape_classifier,
+        11,
+        ("computed_reshape", "gemm_attributes", "logsoftmax_legacy"),
+        dict(image=8, channels=4, classes=5),
+        whole=True,
+    ),
     "dropout_mask": ZooModel(dropout_model, 9, ("dropout_mask",)),
     "dropout_training_mode": ZooModel(dropout_model, 12, ("dropout_mask", "dropout_training_mode")),
     "batchnorm_legacy": ZooModel(batchnorm_model, 7, ("batchnorm_legacy", "initializers_as_inputs")),
     "gemm_attributes": ZooModel(gemm_model, 9, ("gemm_attributes",)),
     "legacy_ops": ZooModel(
-        legacy_ops_model, 7, ("lrn", "softmax_legacy", "logsoftmax_legacy", "flatten", "initializers_as_inputs")),
+        legacy_ops_model, 7, ("lrn", "softmax_legacy", "logsoftmax_legacy", "flatten", "initializers_as_inputs")
+    ),
     "computed_reshape": ZooModel(computed_reshape_model, 11, ("computed_reshape", "squeeze_attribute")),
     "squeeze_attribute": ZooModel(squeeze_model, 11, ("squeeze_attribute",)),
     "squeeze_input": ZooModel(squeeze_model, 13, ("squeeze_input",)),

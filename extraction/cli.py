@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from .api import extract
 from .cycles import filter_cycles
 from .egraph import InputError, load_egraph, one_line
 from .ilp import GAP_TOLERANCE
 
-
 DESCRIPTION = "Extract a minimum-cost acyclic term from an e-graph in the egraph-serialize JSON format."
-EPILOG = ("Output: the result (e-graph size, method, cost, status, bound and time) is printed to stdout; nothing is "
-          "written to files. Errors go to stderr.")
+EPILOG = (
+    "Output: the result (e-graph size, method, cost, status, bound and time) is printed to stdout; nothing is "
+    "written to files. Errors go to stderr."
+)
 
 
 def _number(minimum: float, *, inclusive: bool) -> Callable[[str], float]:
@@ -42,21 +43,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     if parser.epilog is None:
         parser.epilog = EPILOG
     parser.add_argument("egraph", metavar="EGRAPH.json", help="e-graph in egraph-serialize JSON format")
-    parser.add_argument("--extractor", choices=("ilp", "greedy"), default="ilp",
-                        help="ilp: optimal DAG cost (default); greedy: fast faster-greedy-dag")
+    parser.add_argument(
+        "--extractor",
+        choices=("ilp", "greedy"),
+        default="ilp",
+        help="ilp: optimal DAG cost (default); greedy: fast faster-greedy-dag",
+    )
     parser.add_argument("--solver", choices=("highs", "cbc"), default="highs", help="ILP solver (default highs)")
-    parser.add_argument("--time-limit", type=_positive, default=60.0, metavar="S",
-                        help="overall ILP time limit in seconds (default 60)")
-    parser.add_argument("--gap-tolerance", type=_non_negative, default=GAP_TOLERANCE, metavar="REL",
-                        help=f"stop once the cost is proven within this relative gap (default {GAP_TOLERANCE:g}); "
-                             "status optimal means optimal within it")
-    parser.add_argument("--stall-seconds", type=_positive, default=None, metavar="S",
-                        help="stop when no cheaper selection has been found for S seconds (default: no window)")
-    parser.add_argument("--forbid", action="append", default=[], metavar="NODE_ID",
-                        help="e-node id that must not be chosen (repeatable)")
-    parser.add_argument("--filter-cycles", action="store_true",
-                        help="first blacklist one e-node per cycle (Tensat's efficient filtering), so the ILP "
-                             "needs no cycle cuts; the optimum is then over the filtered e-graph")
+    parser.add_argument(
+        "--time-limit", type=_positive, default=60.0, metavar="S", help="overall ILP time limit in seconds (default 60)"
+    )
+    parser.add_argument(
+        "--gap-tolerance",
+        type=_non_negative,
+        default=GAP_TOLERANCE,
+        metavar="REL",
+        help=f"stop once the cost is proven within this relative gap (default {GAP_TOLERANCE:g}); "
+        "status optimal means optimal within it",
+    )
+    parser.add_argument(
+        "--stall-seconds",
+        type=_positive,
+        default=None,
+        metavar="S",
+        help="stop when no cheaper selection has been found for S seconds (default: no window)",
+    )
+    parser.add_argument(
+        "--forbid",
+        action="append",
+        default=[],
+        metavar="NODE_ID",
+        help="e-node id that must not be chosen (repeatable)",
+    )
+    parser.add_argument(
+        "--filter-cycles",
+        action="store_true",
+        help="first blacklist one e-node per cycle (Tensat's efficient filtering), so the ILP "
+        "needs no cycle cuts; the optimum is then over the filtered e-graph",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,8 +101,12 @@ def run(args: argparse.Namespace) -> int:
             forbidden |= blacklist
         kw: dict[str, object] = {"forbidden": frozenset(forbidden)}
         if args.extractor == "ilp":
-            kw.update(solver=args.solver, time_limit=args.time_limit, gap_tolerance=args.gap_tolerance,
-                      stall_seconds=args.stall_seconds)
+            kw.update(
+                solver=args.solver,
+                time_limit=args.time_limit,
+                gap_tolerance=args.gap_tolerance,
+                stall_seconds=args.stall_seconds,
+            )
         res = extract(eg, args.extractor, **kw)
     except ValueError as e:
         raise InputError(f"{args.egraph}: {one_line(e, limit=None)}") from None

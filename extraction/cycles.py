@@ -21,13 +21,18 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from .egraph import EGraph
 
 
-def filter_cycles(eg: EGraph, protected: Iterable[str] = (), forbidden: Iterable[str] = (),
-                  preferred: Iterable[str] = (), by_cost: bool = True) -> set[str]:
+def filter_cycles(
+    eg: EGraph,
+    protected: Iterable[str] = (),
+    forbidden: Iterable[str] = (),
+    preferred: Iterable[str] = (),
+    by_cost: bool = True,
+) -> set[str]:
     """E-node ids to blacklist so the e-nodes reachable from the roots, less `forbidden`, form no cycle.
 
     Never blacklists a `protected` e-node: when the protected e-nodes are themselves an acyclic selection (the

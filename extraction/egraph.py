@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,10 @@ class ExtractionResult:
 
     def __repr__(self) -> str:
         bound = "" if self.bound is None else f", bound {self.bound:.6g}"
-        return (f"<ExtractionResult {self.method}, {self.status}: cost {self.cost:.6g}{bound}, "
-                f"{len(self.choices):,} e-classes chosen, {self.seconds:.2f} s>")
+        return (
+            f"<ExtractionResult {self.method}, {self.status}: cost {self.cost:.6g}{bound}, "
+            f"{len(self.choices):,} e-classes chosen, {self.seconds:.2f} s>"
+        )
 
     def gap(self) -> float | None:
         """Relative gap between cost and proven lower bound (0.0 when proven optimal), or None."""
@@ -58,7 +61,7 @@ class ExtractionResult:
 class _Index:
     """Integer-indexed view of an e-graph, built once and shared by the extractors (speed)."""
 
-    def __init__(self, eg: "EGraph") -> None:
+    def __init__(self, eg: EGraph) -> None:
         self.node_ids: list[str] = list(eg.nodes)
         self.class_ids: list[str] = list(eg.classes)
         self.node_pos: dict[str, int] = {n: i for i, n in enumerate(self.node_ids)}
@@ -68,12 +71,8 @@ class _Index:
         self.cost: list[float] = [float(nd.cost) for nd in nodes]
         self.node_class: list[int] = [cp[nd.eclass] for nd in nodes]
         # Unique child classes per node, in first-occurrence order.
-        self.kids: list[tuple[int, ...]] = [
-            tuple(dict.fromkeys(cp[c] for c in nd.children)) for nd in nodes
-        ]
-        self.class_nodes: list[list[int]] = [
-            [self.node_pos[n] for n in eg.classes[c]] for c in self.class_ids
-        ]
+        self.kids: list[tuple[int, ...]] = [tuple(dict.fromkeys(cp[c] for c in nd.children)) for nd in nodes]
+        self.class_nodes: list[list[int]] = [[self.node_pos[n] for n in eg.classes[c]] for c in self.class_ids]
         self.roots: list[int] = list(dict.fromkeys(cp[r] for r in eg.roots))
         parents: list[list[int]] = [[] for _ in self.class_ids]
         for n, ks in enumerate(self.kids):
@@ -113,7 +112,7 @@ class EGraph:
         return self._index
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "EGraph":
+    def from_json(cls, data: Mapping[str, Any]) -> EGraph:
         """Build from an egraph-serialize dict; child node ids are resolved to their e-classes."""
         if not isinstance(data, Mapping):
             raise ValueError("e-graph JSON must be an object with 'nodes' and 'root_eclasses'")
@@ -208,7 +207,7 @@ def find_cycle(eg: EGraph, choices: Mapping[str, str], start: Iterable[str] | No
     """Return the class ids of one cycle in the chosen-node graph (from ``start``, default the roots), or None."""
     WHITE, GREY, BLACK = 0, 1, 2
     color: dict[str, int] = {}
-    for s in (eg.roots if start is None else start):
+    for s in eg.roots if start is None else start:
         if color.get(s, WHITE) != WHITE:
             continue
         path: list[str] = [s]
@@ -222,7 +221,7 @@ def find_cycle(eg: EGraph, choices: Mapping[str, str], start: Iterable[str] | No
                 continue
             col = color.get(nxt, WHITE)
             if col == GREY:
-                return path[path.index(nxt):]
+                return path[path.index(nxt) :]
             if col == WHITE:
                 if nxt not in choices:
                     continue

@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 from .egraph import EGraph, ExtractionResult, _Index, dag_cost, reachable_selection
 

@@ -128,8 +128,15 @@ def _reduce(ix: _Index, banned: list[bool], upper: float) -> _Reduced:
     kids, ncls, cost = ix.kids, ix.node_class, ix.cost
     alive = [not b for b in banned]
     replace: dict[int, int] = {}
-    stats = {"nodes": n_nodes, "classes": n_classes, "forbidden": sum(banned), "cyclic_only": 0,
-             "cost_bound": 0, "dominated": 0, "unreachable": 0}
+    stats = {
+        "nodes": n_nodes,
+        "classes": n_classes,
+        "forbidden": sum(banned),
+        "cyclic_only": 0,
+        "cost_bound": 0,
+        "dominated": 0,
+        "unreachable": 0,
+    }
     nbytes = (n_classes + 8) // 8
     tol = 1e-9 * max(1.0, abs(upper))
     required = 0
@@ -420,9 +427,15 @@ class _HiGHSWarm(pulp.HiGHS):
             lo, hi = con.getLb(), con.getUb()
             row_lo.append(-inf if lo is None else lo)
             row_hi.append(inf if hi is None else hi)
-        model.addRows(len(starts), np.array(row_lo, dtype=np.float64), np.array(row_hi, dtype=np.float64),
-                      len(index), np.array(starts, dtype=np.int32), np.array(index, dtype=np.int32),
-                      np.array(value, dtype=np.float64))
+        model.addRows(
+            len(starts),
+            np.array(row_lo, dtype=np.float64),
+            np.array(row_hi, dtype=np.float64),
+            len(index),
+            np.array(starts, dtype=np.int32),
+            np.array(index, dtype=np.int32),
+            np.array(value, dtype=np.float64),
+        )
 
     def callSolver(self, lp: pulp.LpProblem) -> None:  # noqa: N802 (PuLP's method name)
         if self.start:
@@ -435,7 +448,9 @@ class _HiGHSWarm(pulp.HiGHS):
         if self.watch is not None:
             h = lp.solverModel
             h.cbMipImprovingSolution.subscribe(lambda e: self.watch.improving(e.data_out.mip_solution))
-            h.cbMipInterrupt.subscribe(lambda e: e.interrupt() if self.watch.interrupt(e.data_out.mip_dual_bound) else None)
+            h.cbMipInterrupt.subscribe(
+                lambda e: e.interrupt() if self.watch.interrupt(e.data_out.mip_dual_bound) else None
+            )
         super().callSolver(lp)
 
 
@@ -459,8 +474,7 @@ class _Stop:
     ``interrupt`` during its search; between solver calls the main loop asks the same questions.
     """
 
-    def __init__(self, ix: _Index, t0: float, choice: list[int], cost: float, tol: float,
-                 stall: float | None) -> None:
+    def __init__(self, ix: _Index, t0: float, choice: list[int], cost: float, tol: float, stall: float | None) -> None:
         self.ix, self.t0, self.tol, self.stall = ix, t0, tol, stall
         self.choice, self.cost = choice, cost
         self.bound = 0.0  # best lower bound known (costs are >= 0)
@@ -520,9 +534,7 @@ class _Model:
         req = red.required
         prob = pulp.LpProblem("extract", pulp.LpMinimize)
         self.x = x = {n: prob.add_variable(f"x{n}", 0, 1, cat=pulp.LpBinary) for n in live}
-        self.a: dict[int, Any] = {
-            c: 1 if (req >> c) & 1 else prob.add_variable(f"a{c}", 0, 1) for c in self.members
-        }
+        self.a: dict[int, Any] = {c: 1 if (req >> c) & 1 else prob.add_variable(f"a{c}", 0, 1) for c in self.members}
         a = self.a
         prob += pulp.lpSum(ix.cost[n] * x[n] for n in live if ix.cost[n] != 0.0)
         self.conflicts, self.node_needs = _cycle_conflicts(ix, red)
@@ -620,9 +632,16 @@ class _Model:
         if self.stop is not None:
             self.stop.reason = None
         if solver == "highs":
-            s: pulp.LpSolver = _HiGHSWarm(start=start, watch=self if self.stop is not None else None, msg=False,
-                                          timeLimit=max(seconds, 0.01), threads=1, gapRel=tol, gapAbs=1e-9,
-                                          mip_improving_solution_save=True)
+            s: pulp.LpSolver = _HiGHSWarm(
+                start=start,
+                watch=self if self.stop is not None else None,
+                msg=False,
+                timeLimit=max(seconds, 0.01),
+                threads=1,
+                gapRel=tol,
+                gapAbs=1e-9,
+                mip_improving_solution_save=True,
+            )
         else:
             if start is not None:
                 for v in prob.variables():
@@ -632,8 +651,14 @@ class _Model:
             os.close(fd)
             with warnings.catch_warnings():  # PuLP 3.3 flags its bundled CBC as deprecated for 4.0
                 warnings.simplefilter("ignore", DeprecationWarning)
-                s = pulp.PULP_CBC_CMD(msg=False, timeLimit=max(1, math.floor(seconds - _CBC_SLACK)), logPath=log_path,
-                                      warmStart=start is not None, gapRel=tol, gapAbs=1e-9)
+                s = pulp.PULP_CBC_CMD(
+                    msg=False,
+                    timeLimit=max(1, math.floor(seconds - _CBC_SLACK)),
+                    logPath=log_path,
+                    warmStart=start is not None,
+                    gapRel=tol,
+                    gapAbs=1e-9,
+                )
         bound: float | None = None
         runtime: float | None = None
         if solver == "highs":
@@ -727,10 +752,16 @@ def _repair(ix: _Index, red: _Reduced, choice: list[int], scale: float) -> list[
     return acyclic_choice(ix, [not al for al in red.alive], biased)
 
 
-def ilp_extract(eg: EGraph, *, solver: str = "highs", time_limit: float = 60.0,
-                forbidden: frozenset[str] = frozenset(), initial: ExtractionResult | None = None,
-                gap_tolerance: float = GAP_TOLERANCE, stall_seconds: float | None = None,
-                ) -> ExtractionResult:
+def ilp_extract(
+    eg: EGraph,
+    *,
+    solver: str = "highs",
+    time_limit: float = 60.0,
+    forbidden: frozenset[str] = frozenset(),
+    initial: ExtractionResult | None = None,
+    gap_tolerance: float = GAP_TOLERANCE,
+    stall_seconds: float | None = None,
+) -> ExtractionResult:
     """Minimum DAG-cost acyclic extraction by ILP with lazy cycle cuts, within ``time_limit`` seconds.
 
     ``solver`` is "highs" (pulp.HiGHS through highspy, with a MIP start) or "cbc"
@@ -769,9 +800,14 @@ def ilp_extract(eg: EGraph, *, solver: str = "highs", time_limit: float = 60.0,
     for c, n in base.choices.items():
         base_choice[ix.class_pos[c]] = ix.node_pos[n]
     red = _reduce(ix, banned, base.cost)
-    info: dict[str, Any] = {"prune": red.stats, "prune_seconds": round(time.perf_counter() - t0, 3),
-                            "iterations": 0, "cuts": 0, "gap_tolerance": gap_tolerance,
-                            "stall_seconds": stall_seconds}
+    info: dict[str, Any] = {
+        "prune": red.stats,
+        "prune_seconds": round(time.perf_counter() - t0, 3),
+        "iterations": 0,
+        "cuts": 0,
+        "gap_tolerance": gap_tolerance,
+        "stall_seconds": stall_seconds,
+    }
     if forbidden:
         info["forbidden"] = frozenset(forbidden)
 
@@ -845,9 +881,17 @@ def ilp_extract(eg: EGraph, *, solver: str = "highs", time_limit: float = 60.0,
         info["cuts"] = len(model.cut_keys)
         rep = _repair(ix, red, res.choice, max(stop.cost, 1e-9))
         stop.offer(rep, selection_cost(ix, rep) if rep is not None else None, "repair")  # type: ignore[arg-type]
-        _log.debug("iteration %d: objective %s bound %s proven %s, %d cycles (%d new cuts), best %s, %.2fs",
-                   info["iterations"], res.objective, res.bound, res.proven, len(cycles), new, stop.cost,
-                   time.perf_counter() - t0)
+        _log.debug(
+            "iteration %d: objective %s bound %s proven %s, %d cycles (%d new cuts), best %s, %.2fs",
+            info["iterations"],
+            res.objective,
+            res.bound,
+            res.proven,
+            len(cycles),
+            new,
+            stop.cost,
+            time.perf_counter() - t0,
+        )
         if not new:
             reason = "no new cuts"
             break
@@ -855,8 +899,9 @@ def ilp_extract(eg: EGraph, *, solver: str = "highs", time_limit: float = 60.0,
     return _finish(eg, base, t0, info, forbidden, stop)
 
 
-def _finish(eg: EGraph, base: ExtractionResult, t0: float, info: dict[str, Any], forbidden: frozenset[str],
-            stop: _Stop) -> ExtractionResult:
+def _finish(
+    eg: EGraph, base: ExtractionResult, t0: float, info: dict[str, Any], forbidden: frozenset[str], stop: _Stop
+) -> ExtractionResult:
     """Build, classify honestly (optimal = proven within the gap tolerance) and validate the result."""
     ix = eg.index
     chosen = reachable_selection(eg, _to_choices(ix, stop.choice))

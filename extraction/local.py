@@ -43,8 +43,9 @@ def tree_costs(eg: EGraph, forbidden: frozenset[str] = frozenset()) -> dict[str,
     banned = _forbidden_mask(ix, forbidden)
     value = _trees(ix, banned, False)[1]
     inf = float("inf")
-    return {nid: (inf if banned[n] else ix.cost[n] + sum(value[k] for k in ix.kids[n]))
-            for n, nid in enumerate(ix.node_ids)}
+    return {
+        nid: (inf if banned[n] else ix.cost[n] + sum(value[k] for k in ix.kids[n])) for n, nid in enumerate(ix.node_ids)
+    }
 
 
 def _trees(ix: _Index, banned: list[bool], height: bool) -> tuple[list[int], list[float]]:
@@ -189,8 +190,14 @@ def _delta(ix: _Index, arr: list[int], refs: list[int], pos: list[int], move: di
     return delta
 
 
-def local_search(eg: EGraph, start: ExtractionResult, *, forbidden: frozenset[str] = frozenset(),
-                 time_limit: float = 10.0, major_only: bool = False) -> ExtractionResult:
+def local_search(
+    eg: EGraph,
+    start: ExtractionResult,
+    *,
+    forbidden: frozenset[str] = frozenset(),
+    time_limit: float = 10.0,
+    major_only: bool = False,
+) -> ExtractionResult:
     """Improve `start` (a valid selection avoiding `forbidden`) by swap and adopt moves until none lowers the cost or
     `time_limit` seconds pass. Returns `start` itself when nothing cheaper was found.
 
@@ -277,8 +284,13 @@ def local_search(eg: EGraph, start: ExtractionResult, *, forbidden: frozenset[st
             pending = [move for _, _, move in gains]
             while pending:
                 priced = [(attempt(m, keep=False), k) for k, m in enumerate(pending)]
-                fine = [(c, k) for c, k in priced if c is not None and c < best - _EPS * max(1.0, abs(best))
-                        and eligible(c + before - best, pending[k])]
+                fine = [
+                    (c, k)
+                    for c, k in priced
+                    if c is not None
+                    and c < best - _EPS * max(1.0, abs(best))
+                    and eligible(c + before - best, pending[k])
+                ]
                 if not fine:
                     break
                 _, k = min(fine)
@@ -294,7 +306,8 @@ def local_search(eg: EGraph, start: ExtractionResult, *, forbidden: frozenset[st
         return start
     chosen = reachable_selection(eg, _to_choices(ix, choice))
     info = {"start_cost": start.cost, "moves": moves_applied, "passes": passes, "evaluated": evaluated}
-    result = ExtractionResult(chosen, dag_cost(eg, chosen), None, "feasible", time.perf_counter() - t0,
-                              f"{start.method}+local", info)
+    result = ExtractionResult(
+        chosen, dag_cost(eg, chosen), None, "feasible", time.perf_counter() - t0, f"{start.method}+local", info
+    )
     validate(eg, result, forbidden)
     return result

@@ -13,8 +13,8 @@ A failing extractor never fails the extraction: it is skipped with a warning thr
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
-from typing import Callable, Collection, Sequence
 
 from .cycles import filter_cycles
 from .egraph import EGraph, ExtractionResult, one_line
@@ -44,9 +44,17 @@ def local_search_seconds(time_limit: float) -> float:
 
 
 def extract_best(
-    eg: EGraph, initial: ExtractionResult, starts: Sequence[ExtractionResult] = (), *,
-    forbidden: frozenset[str] = frozenset(), blacklist: Collection[str] | None = None, method: str = "ilp",
-    solver: str = "highs", time_limit: float = 60.0, warn: Say = _quiet, say: Say = _quiet,
+    eg: EGraph,
+    initial: ExtractionResult,
+    starts: Sequence[ExtractionResult] = (),
+    *,
+    forbidden: frozenset[str] = frozenset(),
+    blacklist: Collection[str] | None = None,
+    method: str = "ilp",
+    solver: str = "highs",
+    time_limit: float = 60.0,
+    warn: Say = _quiet,
+    say: Say = _quiet,
 ) -> ExtractionResult:
     """The cheapest selection the portfolio finds; never costlier than greedy's or `initial`'s.
 
@@ -74,8 +82,9 @@ def extract_best(
     t = time.perf_counter()
     if blacklist is None:
         # The greedy selection is acyclic too: sparing its e-nodes keeps a good graph in the filtered e-graph.
-        blacklist = filter_cycles(eg, initial.choices.values(), forbidden,
-                                  preferred=greedy.choices.values() if greedy else ())
+        blacklist = filter_cycles(
+            eg, initial.choices.values(), forbidden, preferred=greedy.choices.values() if greedy else ()
+        )
     filtered = {"blacklisted": len(blacklist), "seconds": time.perf_counter() - t}
     if greedy is None:
         best = initial
@@ -88,8 +97,16 @@ def extract_best(
 
 
 def _ilp_passes(
-    eg: EGraph, initial: ExtractionResult, greedy: ExtractionResult, starts: Sequence[ExtractionResult],
-    forbidden: frozenset[str], blacklist: frozenset[str], solver: str, time_limit: float, warn: Say, say: Say,
+    eg: EGraph,
+    initial: ExtractionResult,
+    greedy: ExtractionResult,
+    starts: Sequence[ExtractionResult],
+    forbidden: frozenset[str],
+    blacklist: frozenset[str],
+    solver: str,
+    time_limit: float,
+    warn: Say,
+    say: Say,
 ) -> ExtractionResult:
     """The local search from every start, then the ILP on the cycle-filtered and on the whole e-graph."""
     best = greedy if greedy.cost <= initial.cost else initial
@@ -110,11 +127,19 @@ def _ilp_passes(
         start = best if not blacklist & set(best.choices.values()) or label == "whole" else initial
         say(f"ILP on the {label} e-graph (at most {remaining:.0f} s)")
         try:
-            ilp = ilp_extract(eg, solver=solver, time_limit=remaining, forbidden=frozenset(banned), initial=start,
-                              stall_seconds=ILP_STALL_SECONDS)
+            ilp = ilp_extract(
+                eg,
+                solver=solver,
+                time_limit=remaining,
+                forbidden=frozenset(banned),
+                initial=start,
+                stall_seconds=ILP_STALL_SECONDS,
+            )
         except Exception as exc:  # noqa: BLE001 - a solver crash or a missing solver binary
-            warn(f"the ILP solver failed on the {label} e-graph ({one_line(exc, typed=True)}); used the best graph "
-                 f"found without it (try solver='cbc' / --solver cbc)")
+            warn(
+                f"the ILP solver failed on the {label} e-graph ({one_line(exc, typed=True)}); used the best graph "
+                f"found without it (try solver='cbc' / --solver cbc)"
+            )
             continue
         first_pass = time.perf_counter() - now
         stop = ilp.info.get("stop", "")
@@ -128,9 +153,11 @@ def _ilp_passes(
         best = _polish(eg, [best], best, forbidden, seconds, warn, say)
     if not proven and stop == "time" and time.perf_counter() >= deadline - 0.05:
         gap = best.gap()
-        warn(f"extraction reached its ILP time limit ({time_limit:g} s) before proving its graph optimal"
-             f"{'' if gap is None else f' (within {100 * gap:.2g}% of the bound)'}; a longer ilp_time_limit "
-             f"(--ilp-time-limit) may find a cheaper graph")
+        warn(
+            f"extraction reached its ILP time limit ({time_limit:g} s) before proving its graph optimal"
+            f"{'' if gap is None else f' (within {100 * gap:.2g}% of the bound)'}; a longer ilp_time_limit "
+            f"(--ilp-time-limit) may find a cheaper graph"
+        )
     best.info["ilp_stop"] = _ilp_stop(proven, stop)
     return best
 
@@ -142,12 +169,21 @@ def _ilp_stop(proven: bool, stop: str) -> str:
     return "not proven optimal: " + {
         "gap": "optimal only on the cycle-filtered e-graph",
         "stall": f"no cheaper graph found for {ILP_STALL_SECONDS:g} s",
-        "time": "time limit", "no new cuts": "no cycle cut left", "no solution": "the solver found no solution",
+        "time": "time limit",
+        "no new cuts": "no cycle cut left",
+        "no solution": "the solver found no solution",
     }.get(stop, "the ILP did not run")
 
 
-def _polish(eg: EGraph, starts: Sequence[ExtractionResult], best: ExtractionResult, forbidden: frozenset[str],
-            seconds: float, warn: Say, say: Say) -> ExtractionResult:
+def _polish(
+    eg: EGraph,
+    starts: Sequence[ExtractionResult],
+    best: ExtractionResult,
+    forbidden: frozenset[str],
+    seconds: float,
+    warn: Say,
+    say: Say,
+) -> ExtractionResult:
     """The cheapest of `best`, the starts and the local search's improvements of each start (`seconds` each).
 
     The input's selection is a start as well as greedy's: greedy settles each class alone and so picks small local

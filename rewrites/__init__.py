@@ -17,8 +17,18 @@ RULES_DIR = Path(__file__).parent / "rules"
 TENSAT_SINGLE, TENSAT_MULTI = 124, 15
 
 __all__ = [
-    "Rule", "RuleError", "instantiate", "parse_rules", "to_egglog", "all_rules", "select_rules", "distinct",
-    "rule_counts", "RULES_DIR", "TENSAT_SINGLE", "TENSAT_MULTI",
+    "Rule",
+    "RuleError",
+    "instantiate",
+    "parse_rules",
+    "to_egglog",
+    "all_rules",
+    "select_rules",
+    "distinct",
+    "rule_counts",
+    "RULES_DIR",
+    "TENSAT_SINGLE",
+    "TENSAT_MULTI",
 ]
 
 

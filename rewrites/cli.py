@@ -12,15 +12,22 @@ from .verify import verify_rule
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `tensat rules`."""
-    parser.add_argument("--verify", action="store_true",
-                        help="evaluate both sides of every rule on random tensors (float64 and int64) of random valid "
-                             "shapes and every admitted attribute combination; exit 1 if any rule fails")
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="evaluate both sides of every rule on random tensors (float64 and int64) of random valid "
+        "shapes and every admitted attribute combination; exit 1 if any rule fails",
+    )
     parser.add_argument("--trials", type=int, default=3, help="random bindings per attribute combination (default 3)")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the verifier (default 0)")
-    parser.add_argument("--only", action="append", default=[], metavar="NAME",
-                        help="only the rule NAME (repeatable)")
-    parser.add_argument("--file", action="append", default=[], metavar="PATH",
-                        help="also read rules from PATH (repeatable), e.g. to check new rules before adding them")
+    parser.add_argument("--only", action="append", default=[], metavar="NAME", help="only the rule NAME (repeatable)")
+    parser.add_argument(
+        "--file",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="also read rules from PATH (repeatable), e.g. to check new rules before adding them",
+    )
 
 
 def _from_files(paths: list[str]) -> list[Rule]:
@@ -71,17 +78,25 @@ def run(args: argparse.Namespace) -> int:
             result = verify_rule(r, trials=args.trials, seed=args.seed)
             failures += not result.ok
             print(result.line(), flush=True)
-        print(f"verified {len(rules) - failures}/{len(rules)} rules in {time.perf_counter() - start:.1f} s"
-              + (f"; {failures} FAILED" if failures else ""))
+        print(
+            f"verified {len(rules) - failures}/{len(rules)} rules in {time.perf_counter() - start:.1f} s"
+            + (f"; {failures} FAILED" if failures else "")
+        )
     else:
-        for title, group in (("single-pattern", [r for r in rules if not r.multi]),
-                             ("multi-pattern", [r for r in rules if r.multi])):
+        for title, group in (
+            ("single-pattern", [r for r in rules if not r.multi]),
+            ("multi-pattern", [r for r in rules if r.multi]),
+        ):
             print(f"{title} rules: {len(group)}")
             for r in group:
                 print(f"  {r.name:40s} ops: {', '.join(sorted(r.ops()))}")
-    print(f"single-pattern: {counts['single']} ({counts['single_distinct']} distinct up to variable renaming; "
-          f"Tensat {TENSAT_SINGLE})")
-    print(f"multi-pattern:  {counts['multi']} ({counts['multi_distinct']} distinct up to variable renaming; "
-          f"Tensat {TENSAT_MULTI})")
+    print(
+        f"single-pattern: {counts['single']} ({counts['single_distinct']} distinct up to variable renaming; "
+        f"Tensat {TENSAT_SINGLE})"
+    )
+    print(
+        f"multi-pattern:  {counts['multi']} ({counts['multi_distinct']} distinct up to variable renaming; "
+        f"Tensat {TENSAT_MULTI})"
+    )
     print(f"total: {len(rules)} ({counts['single']} single-pattern, {counts['multi']} multi-pattern)")
     return 1 if failures else 0

@@ -27,8 +27,9 @@ e-graph explorer, the sequential search and the verifier all read one definition
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Sequence, Union
+from typing import Any
 
 import numpy as np
 
@@ -101,7 +102,7 @@ class Call:
     """An integer/vector expression or guard: fn applied to args."""
 
     fn: str
-    args: tuple["Expr", ...]
+    args: tuple[Expr, ...]
 
 
 @dataclass(frozen=True)
@@ -109,12 +110,12 @@ class Term:
     """An operator pattern: op applied to tensor patterns, with attribute expressions."""
 
     op: str
-    args: tuple["Pattern", ...]
-    attrs: tuple[tuple[str, "Expr"], ...]
+    args: tuple[Pattern, ...]
+    attrs: tuple[tuple[str, Expr], ...]
 
 
-Expr = Union[Var, Lit, Call]
-Pattern = Union[Var, Term]
+Expr = Var | Lit | Call
+Pattern = Var | Term
 
 EXPR_FNS = {"+", "-", "*", "/", "%", "min", "max", "dim", "rank", "shape", "vec", "vec-get"}
 GUARDS = {"=", "!=", "<", "<=", ">", ">=", "same-except", "same-shape"}
@@ -222,8 +223,9 @@ def _rename(x: Any, mapping: Mapping[str, str]) -> Any:
     if isinstance(x, Call):
         return Call(x.fn, tuple(_rename(a, mapping) for a in x.args))
     if isinstance(x, Term):
-        return Term(x.op, tuple(_rename(a, mapping) for a in x.args),
-                    tuple((k, _rename(v, mapping)) for k, v in x.attrs))
+        return Term(
+            x.op, tuple(_rename(a, mapping) for a in x.args), tuple((k, _rename(v, mapping)) for k, v in x.attrs)
+        )
     return x
 
 
@@ -240,7 +242,7 @@ def _guard_key(g: Call, mapping: Mapping[str, str]) -> str:
     return f"({fn} {' '.join(args)})"
 
 
-def canonical_form(rule: "Rule") -> str:
+def canonical_form(rule: Rule) -> str:
     """The rule written with variables renamed in order of first appearance (its name left out).
 
     Two rules with the same canonical form are the same rule up to variable renaming.
@@ -276,13 +278,17 @@ def _same_up_to_renaming(a: Any, b: Any, mapping: dict[str, str], shared: set[st
     if isinstance(a, Lit) and isinstance(b, Lit):
         return a == b
     if isinstance(a, Call) and isinstance(b, Call):
-        return a.fn == b.fn and len(a.args) == len(b.args) and all(
-            _same_up_to_renaming(x, y, mapping, shared) for x, y in zip(a.args, b.args))
+        return (
+            a.fn == b.fn
+            and len(a.args) == len(b.args)
+            and all(_same_up_to_renaming(x, y, mapping, shared) for x, y in zip(a.args, b.args))
+        )
     if isinstance(a, Term) and isinstance(b, Term):
         if a.op != b.op or len(a.args) != len(b.args) or [k for k, _ in a.attrs] != [k for k, _ in b.attrs]:
             return False
         return all(_same_up_to_renaming(x, y, mapping, shared) for x, y in zip(a.args, b.args)) and all(
-            _same_up_to_renaming(x, y, mapping, shared) for (_, x), (_, y) in zip(a.attrs, b.attrs))
+            _same_up_to_renaming(x, y, mapping, shared) for (_, x), (_, y) in zip(a.attrs, b.attrs)
+        )
     return False
 
 
@@ -542,17 +548,26 @@ def eval_expr(e: Any, env: Mapping[str, Any], shapes: Mapping[str, tuple[int, ..
         ax = eval_expr(args[2], env, shapes)
         if isinstance(args[2], Lit) and ax < 0:
             ax += len(a)
-        return len(a) == len(b) and 0 <= ax < len(a) and a[:ax] + a[ax + 1:] == b[:ax] + b[ax + 1:]
+        return len(a) == len(b) and 0 <= ax < len(a) and a[:ax] + a[ax + 1 :] == b[:ax] + b[ax + 1 :]
     vals = [eval_expr(a, env, shapes) for a in args]
     if fn == "vec":
         return tuple(vals)
     if fn == "vec-get":
         return vals[0][_index(args[1], vals[1], len(vals[0]))]
     binary = {
-        "+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
-        "/": _trunc_div, "%": lambda a, b: a - b * _trunc_div(a, b), "min": min, "max": max,
-        "=": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
-        "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b,
+        "+": lambda a, b: a + b,
+        "-": lambda a, b: a - b,
+        "*": lambda a, b: a * b,
+        "/": _trunc_div,
+        "%": lambda a, b: a - b * _trunc_div(a, b),
+        "min": min,
+        "max": max,
+        "=": lambda a, b: a == b,
+        "!=": lambda a, b: a != b,
+        "<": lambda a, b: a < b,
+        "<=": lambda a, b: a <= b,
+        ">": lambda a, b: a > b,
+        ">=": lambda a, b: a >= b,
     }
     return binary[fn](*vals)
 
@@ -629,4 +644,7 @@ def evaluate_sides(
             return None
     except (IndexError, ZeroDivisionError, ValueError, TypeError):
         return None  # egglog fails such a match too (out-of-range vec-get, division by zero)
-    return [(instantiate(l, tensors, env, lets), instantiate(r, tensors, env, lets)) for l, r in zip(rule.lhs, rule.rhs)]
+    return [
+        (instantiate(lhs, tensors, env, lets), instantiate(rhs, tensors, env, lets))
+        for lhs, rhs in zip(rule.lhs, rule.rhs)
+    ]

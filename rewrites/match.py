@@ -24,9 +24,10 @@ read a node that the rewrite replaces (a matched root or one of its ancestors): 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
-from typing import Any, Iterable, Mapping, Sequence
+from functools import cache
+from typing import Any
 
 import numpy as np
 
@@ -91,8 +92,9 @@ class TermGraph:
     def __len__(self) -> int:
         return len(self.op)
 
-    def _append(self, op: str, inputs: tuple[int, ...], attrs: tuple[tuple[str, Any], ...], shape: tuple[int, ...],
-                dtype: str) -> int:
+    def _append(
+        self, op: str, inputs: tuple[int, ...], attrs: tuple[tuple[str, Any], ...], shape: tuple[int, ...], dtype: str
+    ) -> int:
         key = (op, inputs, attrs)
         found = self.index.get(key)
         if found is not None:
@@ -106,8 +108,9 @@ class TermGraph:
         self.shape.append(shape)
         self.dtype.append(dtype)
         const = self.const
-        self.const.append(op == "weight" or (op not in ("input", "opaque") and bool(inputs)
-                                             and all(const[j] for j in inputs)))
+        self.const.append(
+            op == "weight" or (op not in ("input", "opaque") and bool(inputs) and all(const[j] for j in inputs))
+        )
         sig = hash((op, attrs))
         self.sig.append(sig)
         input_mh = tuple([self.mh[j] for j in inputs])
@@ -287,7 +290,7 @@ class Match:
 class _Shapes(dict):
     """Tensor shapes by variable; a :let term's shape builds the term on first use."""
 
-    def __init__(self, inst: "_Instantiator", base: Mapping[str, tuple[int, ...]]) -> None:
+    def __init__(self, inst: _Instantiator, base: Mapping[str, tuple[int, ...]]) -> None:
         super().__init__(base)
         self.inst = inst
 
@@ -329,8 +332,9 @@ class _Instantiator:
         return self.store.add(p.op, inputs, attrs)
 
 
-def _unify(store: TermGraph, p: Any, n: int, tensors: dict[str, int], env: dict[str, Any],
-           deferred: list[tuple[Any, Any]]) -> bool:
+def _unify(
+    store: TermGraph, p: Any, n: int, tensors: dict[str, int], env: dict[str, Any], deferred: list[tuple[Any, Any]]
+) -> bool:
     """Extend the binding so that pattern `p` matches node `n`; False when it cannot."""
     if isinstance(p, Var):
         bound = tensors.get(p.name)
@@ -422,8 +426,9 @@ class Matcher:
         self._by_name.update((c.rule.name, c) for c in self._multi)
         self.depth = max((_depth(t) for r in self.rules for t in r.lhs), default=0)
 
-    def update(self, child: Context, parent_live: set[int], parent_matches: Sequence[Match],
-               rw: Rewritten) -> tuple[list[Match], dict[Match, Match]]:
+    def update(
+        self, child: Context, parent_live: set[int], parent_matches: Sequence[Match], rw: Rewritten
+    ) -> tuple[list[Match], dict[Match, Match]]:
         """The matches of `child`, the graph `rw` made from a parent with `parent_matches`.
 
         A parent match whose roots are all still live is kept. One rooted at a rebuilt ancestor farther above the
@@ -464,8 +469,9 @@ class Matcher:
                 found.append(got)
         return out + found, origin
 
-    def _symmetric_pairs(self, parent_matches: Sequence[Match], live: set[int],
-                         far: dict[int, int]) -> list[tuple[_Compiled, int, int]]:
+    def _symmetric_pairs(
+        self, parent_matches: Sequence[Match], live: set[int], far: dict[int, int]
+    ) -> list[tuple[_Compiled, int, int]]:
         """Pairs of a symmetric rule whose carried-over roots come out in the other order."""
         out = []
         for m in parent_matches:
@@ -483,8 +489,10 @@ class Matcher:
         tensors: dict[str, int] = {}
         env: dict[str, Any] = {}
         deferred: list[tuple[Any, Any]] = []
-        if not (_unify(store, c.rule.lhs[0], n1, tensors, env, deferred)
-                and _unify(store, c.rule.lhs[1], n2, tensors, env, deferred)):
+        if not (
+            _unify(store, c.rule.lhs[0], n1, tensors, env, deferred)
+            and _unify(store, c.rule.lhs[1], n2, tensors, env, deferred)
+        ):
             return None
         return _finish(store, c.rule, (n1, n2), tensors, env, deferred)
 
@@ -503,7 +511,7 @@ class Matcher:
                 m = self._match_single(store, c, n)
                 if m is not None:
                     found[(c.index, m.roots)] = m
-            for me in ((0, 1) if incremental else (0,)):
+            for me in (0, 1) if incremental else (0,):
                 for c in self._multi_by_op[me].get(op, ()):
                     self._match_multi(ctx, c, me, n, found)
         return [found[k] for k in sorted(found)]
@@ -516,8 +524,9 @@ class Matcher:
             return None
         return _finish(store, c.rule, (n,), tensors, env, deferred)
 
-    def _match_multi(self, ctx: Context, c: _Compiled, me: int, n: int,
-                     found: dict[tuple[int, tuple[int, ...]], Match]) -> None:
+    def _match_multi(
+        self, ctx: Context, c: _Compiled, me: int, n: int, found: dict[tuple[int, tuple[int, ...]], Match]
+    ) -> None:
         store = ctx.store
         tensors: dict[str, int] = {}
         env: dict[str, Any] = {}
@@ -543,8 +552,14 @@ class Matcher:
                 found[(c.index, roots)] = match
 
 
-def _finish(store: TermGraph, rule: Rule, roots: tuple[int, ...], tensors: dict[str, int], env: dict[str, Any],
-            deferred: list[tuple[Any, Any]]) -> Match | None:
+def _finish(
+    store: TermGraph,
+    rule: Rule,
+    roots: tuple[int, ...],
+    tensors: dict[str, int],
+    env: dict[str, Any],
+    deferred: list[tuple[Any, Any]],
+) -> Match | None:
     """Check computed left-side attributes, evaluate :let values and guards; the match, or None."""
     inst = _Instantiator(store, rule, tensors, env)
     try:
@@ -562,7 +577,7 @@ def _finish(store: TermGraph, rule: Rule, roots: tuple[int, ...], tensors: dict[
     return Match(rule, roots, tuple(tensors.items()), tuple(inst.env.items()))
 
 
-@lru_cache(maxsize=None)
+@cache
 def rhs_tensor_vars(rule: Rule) -> frozenset[str]:
     """Left-side tensor variables the right side reads (directly or through :let terms)."""
     lets = {name: v for name, v in rule.lets if isinstance(v, Term)}
@@ -677,6 +692,18 @@ def apply_match(graph: Graph, match: Match) -> Graph | None:
 
 
 __all__ = [
-    "Context", "Match", "Matcher", "NotApplicable", "TermGraph", "apply_match", "build_rhs", "find_matches",
-    "Rewritten", "effective_roots", "reads_replaced", "rewrite", "rewrite_mapped", "rhs_tensor_vars",
+    "Context",
+    "Match",
+    "Matcher",
+    "NotApplicable",
+    "TermGraph",
+    "apply_match",
+    "build_rhs",
+    "find_matches",
+    "Rewritten",
+    "effective_roots",
+    "reads_replaced",
+    "rewrite",
+    "rewrite_mapped",
+    "rhs_tensor_vars",
 ]

@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, NoReturn, Sequence
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -67,8 +68,10 @@ class VerifyResult:
     def line(self) -> str:
         """One line for `tensat rules --verify`."""
         status = "ok  " if self.ok else "FAIL"
-        text = (f"{status} {self.rule:40s} {self.cases:4d} float64, {self.int_cases:4d} int64 cases, "
-                f"{self.combos} attribute combinations ({self.inadmissible} not admitted)")
+        text = (
+            f"{status} {self.rule:40s} {self.cases:4d} float64, {self.int_cases:4d} int64 cases, "
+            f"{self.combos} attribute combinations ({self.inadmissible} not admitted)"
+        )
         return text + (f": {self.message}" if self.message else "")
 
 
@@ -405,8 +408,13 @@ class _Plan:
             if g.fn == "=":
                 a, b = g.args
                 for v, e in ((a, b), (b, a)):
-                    if (isinstance(v, Var) and v.name in self.contexts and v.name not in self.defs
-                            and v.name not in _expr_vars(e) and not (_expr_vars(e) & lets)):
+                    if (
+                        isinstance(v, Var)
+                        and v.name in self.contexts
+                        and v.name not in self.defs
+                        and v.name not in _expr_vars(e)
+                        and not (_expr_vars(e) & lets)
+                    ):
                         self.defs[v.name] = e
                         break
                 else:
@@ -414,8 +422,9 @@ class _Plan:
             else:
                 self.other_guards.append(g)
         # settle which definitions depend on shapes (solved symbolically) and which only on ranks/attributes
-        shape_vars = {v for v, (op, attr, _) in self.contexts.items()
-                      if attr in ops.get(op).solved and v not in self.defs}
+        shape_vars = {
+            v for v, (op, attr, _) in self.contexts.items() if attr in ops.get(op).solved and v not in self.defs
+        }
         changed = True
         while changed:
             changed = False
@@ -430,8 +439,12 @@ class _Plan:
         patterns = list(_all_patterns(rule))
         self.int_possible = all(ops.get(t.op).int_exact for t in patterns)
         # attribute values an int-exact op needs to stay exact (conv2d's fused activation: none or relu)
-        self.int_conditions = [(dict(t.attrs)[name], allowed) for t in patterns
-                               for name, allowed in ops.get(t.op).int_exact_if.items() if name in dict(t.attrs)]
+        self.int_conditions = [
+            (dict(t.attrs)[name], allowed)
+            for t in patterns
+            for name, allowed in ops.get(t.op).int_exact_if.items()
+            if name in dict(t.attrs)
+        ]
 
     # -- ranks ----------------------------------------------------------------------------------------------------
 
@@ -669,8 +682,9 @@ class _Builder:
             equations = ops.get(t.op).equations
             if equations is None:
                 raise Reject(f"no shape equations for {t.op}")
-            equations(self, self.dims[key], [self.dims[a] for a in args],
-                      {name: self.value_of(e) for name, e in t.attrs})
+            equations(
+                self, self.dims[key], [self.dims[a] for a in args], {name: self.value_of(e) for name, e in t.attrs}
+            )
 
     def guards(self) -> None:
         """Equality guards as equations."""
@@ -699,8 +713,9 @@ class _Builder:
     def sample(self) -> tuple[dict[str, tuple[int, ...]], dict[str, Any]]:
         """Concrete shapes of the tensor variables and values of the attribute variables."""
         shapes = {v: tuple(self.s.value(d) for d in self.dims[v]) for v in self.plan.tensor_vars}
-        attrs = {k: attr_value(self.s.value(v)) if isinstance(v, (tuple, Sym, Ex)) else v
-                 for k, v in self.attrs.items()}
+        attrs = {
+            k: attr_value(self.s.value(v)) if isinstance(v, (tuple, Sym, Ex)) else v for k, v in self.attrs.items()
+        }
         for v in self.plan.contexts:
             if v not in attrs:
                 raise Reject(f"?{v} unbound")
@@ -736,8 +751,9 @@ def _exact_quotient(a: int, b: int) -> int:
 # Checking one binding
 
 
-def _shape(p: Pattern, shapes: dict[str, tuple[int, ...]], env: dict[str, Any], lets: dict[str, Any]
-           ) -> tuple[int, ...]:
+def _shape(
+    p: Pattern, shapes: dict[str, tuple[int, ...]], env: dict[str, Any], lets: dict[str, Any]
+) -> tuple[int, ...]:
     """Shape of a pattern under bindings (ops.ShapeError if ill-typed)."""
     if isinstance(p, Var):
         if p.name in shapes:
@@ -754,8 +770,9 @@ class _Failure(Exception):
     binding: dict[str, Any] = {}
 
 
-def _check_binding(plan: _Plan, shapes: dict[str, tuple[int, ...]], attrs: dict[str, Any],
-                   np_rng: np.random.Generator) -> tuple[bool, bool]:
+def _check_binding(
+    plan: _Plan, shapes: dict[str, tuple[int, ...]], attrs: dict[str, Any], np_rng: np.random.Generator
+) -> tuple[bool, bool]:
     """Compare both sides on one binding. Returns (compared, compared-as-int); raises Reject or _Failure."""
     rule = plan.rule
     try:
@@ -785,20 +802,22 @@ def _check_binding(plan: _Plan, shapes: dict[str, tuple[int, ...]], attrs: dict[
         floats[v] = np.abs(floats[v]) + 0.5
     _compare(rule, floats, env, lets, exact=False)
     use_int = plan.int_possible and all(
-        attr_value(eval_expr(e, env, shapes)) in allowed for e, allowed in plan.int_conditions)
+        attr_value(eval_expr(e, env, shapes)) in allowed for e, allowed in plan.int_conditions
+    )
     if use_int:
         ints = {v: np_rng.integers(-3, 4, size=shapes[v]).astype(np.int64) for v in plan.tensor_vars}
         _compare(rule, ints, env, lets, exact=True)
     return True, use_int
 
 
-def _compare(rule: Rule, tensors: dict[str, np.ndarray], env: dict[str, Any], lets: dict[str, Any],
-             exact: bool) -> None:
+def _compare(
+    rule: Rule, tensors: dict[str, np.ndarray], env: dict[str, Any], lets: dict[str, Any], exact: bool
+) -> None:
     """Both sides of every output pair agree (exactly on integers, to 1e-9 in float64)."""
     with np.errstate(all="ignore"):
-        for k, (l, r) in enumerate(zip(rule.lhs, rule.rhs)):
-            left = instantiate(l, tensors, env, lets)
-            right = instantiate(r, tensors, env, lets)
+        for k, (lhs, rhs) in enumerate(zip(rule.lhs, rule.rhs)):
+            left = instantiate(lhs, tensors, env, lets)
+            right = instantiate(rhs, tensors, env, lets)
             if left.shape != right.shape:
                 raise _Failure(f"output {k}: shapes {left.shape} vs {right.shape}")
             if exact:
@@ -817,8 +836,16 @@ def _compare(rule: Rule, tensors: dict[str, np.ndarray], env: dict[str, Any], le
 MIN_CASES = 3
 
 
-def _run_job(plan: _Plan, ranks: dict[str, int], env: dict[str, Any], wanted: int, attempts: int,
-             rng: random.Random, np_rng: np.random.Generator, result: VerifyResult) -> int:
+def _run_job(
+    plan: _Plan,
+    ranks: dict[str, int],
+    env: dict[str, Any],
+    wanted: int,
+    attempts: int,
+    rng: random.Random,
+    np_rng: np.random.Generator,
+    result: VerifyResult,
+) -> int:
     """Compare both sides on up to `wanted` bindings of one rank/attribute combination; returns how many."""
     got = 0
     for _ in range(attempts):

@@ -16,7 +16,7 @@ from tensat._version import __version__
 from tensat.errors import ModelError, TensatError, VerificationError
 
 if TYPE_CHECKING:
-    from tensat.api import Options, OptimizeResult, optimize, optimize_with_details
+    from tensat.api import OptimizeResult, Options, optimize, optimize_with_details
     from tensat.ir import Graph
 
 logging.getLogger("tensat").addHandler(logging.NullHandler())
@@ -24,8 +24,15 @@ logging.getLogger("tensat").addHandler(logging.NullHandler())
 _API_NAMES = ("Options", "OptimizeResult", "optimize", "optimize_with_details")
 
 __all__ = [
-    "Graph", "ModelError", "Options", "OptimizeResult", "TensatError", "VerificationError", "optimize",
-    "optimize_with_details", "__version__",
+    "Graph",
+    "ModelError",
+    "Options",
+    "OptimizeResult",
+    "TensatError",
+    "VerificationError",
+    "optimize",
+    "optimize_with_details",
+    "__version__",
 ]
 
 
@@ -33,6 +40,7 @@ def __getattr__(name: str) -> Any:
     """The pipeline's public names, imported on first access and kept."""
     if name in _API_NAMES:
         from tensat import api  # lazy: the whole pipeline, which importing a part of the package must not load
+
         value = getattr(api, name)
     elif name == "Graph":
         from tensat.ir import Graph as value  # lazy: numpy and the operators, not needed for the error types

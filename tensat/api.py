@@ -12,15 +12,14 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence, Union
+from typing import Any
 
 import onnx
 
-from tensat import extraction
-from tensat import onnx_io
-from tensat import rewrites
+from tensat import extraction, onnx_io, rewrites
 from tensat import verify as verify_mod
 from tensat.cost import AnalyticCost, CostModel, Shape, runtime_cost
 from tensat.egraph import DecodedNode, ExplorationStats, IterationStats, TensorEGraph
@@ -33,7 +32,7 @@ from tensat.options import Options
 from tensat.progress import ProgressFn, report
 from tensat.verify import VerifyReport
 
-ModelLike = Union[onnx.ModelProto, str, os.PathLike, Graph]
+ModelLike = onnx.ModelProto | str | os.PathLike | Graph
 
 
 @dataclass(repr=False)
@@ -70,18 +69,22 @@ class OptimizeResult:
 
     def __repr__(self) -> str:
         outcome = "input returned" if self.returned_input else "optimized"
-        return (f"<OptimizeResult {outcome}: cost {self.cost_before:.4g} -> {self.cost_after:.4g} ms "
-                f"({self.speedup:.3f}x, {self.options.cost}), ONNX nodes {self.nodes_before} -> {self.nodes_after}, "
-                f"{len(self.warnings)} warning{'' if len(self.warnings) == 1 else 's'}>")
+        return (
+            f"<OptimizeResult {outcome}: cost {self.cost_before:.4g} -> {self.cost_after:.4g} ms "
+            f"({self.speedup:.3f}x, {self.options.cost}), ONNX nodes {self.nodes_before} -> {self.nodes_after}, "
+            f"{len(self.warnings)} warning{'' if len(self.warnings) == 1 else 's'}>"
+        )
 
     def summary(self) -> str:
         """A short multi-line report of the run: what the CLI prints."""
         ex = self.exploration
-        lines = [f"cost      {self.cost_before:.4f} -> {self.cost_after:.4f} ms ({self.speedup:.3f}x under the "
-                 f"{self.options.cost} cost model, as onnxruntime runs each)",
-                 f"nodes     {self.nodes_before} -> {self.nodes_after} ONNX nodes",
-                 f"e-graph   {ex.enodes:,} e-nodes, {ex.eclasses:,} e-classes after {len(ex.iterations)} iterations "
-                 f"({ex.stop_reason.replace('_', ' ')})"]
+        lines = [
+            f"cost      {self.cost_before:.4f} -> {self.cost_after:.4f} ms ({self.speedup:.3f}x under the "
+            f"{self.options.cost} cost model, as onnxruntime runs each)",
+            f"nodes     {self.nodes_before} -> {self.nodes_after} ONNX nodes",
+            f"e-graph   {ex.enodes:,} e-nodes, {ex.eclasses:,} e-classes after {len(ex.iterations)} iterations "
+            f"({ex.stop_reason.replace('_', ' ')})",
+        ]
         if self.extraction is not None:
             x = self.extraction
             stop = x.info.get("ilp_stop")
@@ -93,11 +96,19 @@ class OptimizeResult:
         if self.latency is not None:
             for threads, lat in self.latency.by_threads.items():
                 low, high = lat.interval
-                lines.append(f"latency   {lat.baseline_ms:.4g} -> {lat.candidate_ms:.4g} ms end to end at {threads} "
-                             f"thread{'s' if threads > 1 else ''} ({lat.speedup:.3f}x, 95% interval {low:.3f}-"
-                             f"{high:.3f})")
-        lines.append("result    " + ("the optimized model" if self.returned_input is None
-                                     else f"the input model, unchanged: {self.returned_input}"))
+                lines.append(
+                    f"latency   {lat.baseline_ms:.4g} -> {lat.candidate_ms:.4g} ms end to end at {threads} "
+                    f"thread{'s' if threads > 1 else ''} ({lat.speedup:.3f}x, 95% interval {low:.3f}-"
+                    f"{high:.3f})"
+                )
+        lines.append(
+            "result    "
+            + (
+                "the optimized model"
+                if self.returned_input is None
+                else f"the input model, unchanged: {self.returned_input}"
+            )
+        )
         lines += [f"warning   {w}" for w in self.warnings]
         return "\n".join(lines)
 
@@ -112,12 +123,20 @@ class OptimizeResult:
             "onnx_nodes_after": self.nodes_after,
             "returned_input": self.returned_input,
             "exploration": self.exploration.to_dict(),
-            "extraction": None if ex is None else {
-                "method": ex.method, "status": ex.status, "cost": ex.cost, "bound": ex.bound, "seconds": ex.seconds,
+            "extraction": None
+            if ex is None
+            else {
+                "method": ex.method,
+                "status": ex.status,
+                "cost": ex.cost,
+                "bound": ex.bound,
+                "seconds": ex.seconds,
                 "ilp_stop": ex.info.get("ilp_stop"),
             },
             "times": dict(self.times),
-            "verification": None if self.verification is None else {
+            "verification": None
+            if self.verification is None
+            else {
                 "ok": self.verification.ok,
                 "max_abs_error": self.verification.max_abs_error,
                 "max_rel_error": self.verification.max_rel_error,
@@ -195,8 +214,10 @@ class _FallbackCost:
             prefetch(items)
         except Exception as exc:  # noqa: BLE001 - a measuring model may fail in any way
             if not self.prefetch_failed:
-                self.log.warn(f"the {self.name} cost model could not measure ops in a batch "
-                              f"({one_line(exc, typed=True)}); measuring them one by one instead, which is slower")
+                self.log.warn(
+                    f"the {self.name} cost model could not measure ops in a batch "
+                    f"({one_line(exc, typed=True)}); measuring them one by one instead, which is slower"
+                )
             self.prefetch_failed = True
 
     def __call__(self, node: Node, in_shapes: Sequence[Shape], const: Sequence[bool] = ()) -> float:
@@ -217,8 +238,10 @@ class _FallbackCost:
         if self.failed:
             ops_failed = sorted({key[0] for key in self.failed})
             first = next(iter(self.failed.values()))
-            self.log.warn(f"the {self.name} cost model could not price {len(self.failed)} node(s) "
-                              f"({', '.join(ops_failed)}; first failure: {first}); used the analytic estimate for them")
+            self.log.warn(
+                f"the {self.name} cost model could not price {len(self.failed)} node(s) "
+                f"({', '.join(ops_failed)}; first failure: {first}); used the analytic estimate for them"
+            )
 
 
 def _cost_model(opts: Options, log: RunLog) -> _FallbackCost:
@@ -228,8 +251,10 @@ def _cost_model(opts: Options, log: RunLog) -> _FallbackCost:
     except TensatError:
         raise
     except Exception as exc:  # noqa: BLE001 - e.g. the measuring backend is missing or fails to start
-        log.warn(f"the {opts.cost} cost model is unavailable ({one_line(exc, typed=True)}); used the analytic "
-                 f"estimate instead (pass cost='analytic' / --cost analytic to choose it)")
+        log.warn(
+            f"the {opts.cost} cost model is unavailable ({one_line(exc, typed=True)}); used the analytic "
+            f"estimate instead (pass cost='analytic' / --cost analytic to choose it)"
+        )
         inner = AnalyticCost()
     return _FallbackCost(inner, log)
 
@@ -263,8 +288,9 @@ class Exported:
 
     def priced(self, choices: dict[str, str], method: str) -> extraction.ExtractionResult:
         """A selection known to be valid (the input's, or a graph's carried into this export), priced here."""
-        return extraction.ExtractionResult(choices, extraction.dag_cost(self.egraph, choices), None, method, 0.0,
-                                           method)
+        return extraction.ExtractionResult(
+            choices, extraction.dag_cost(self.egraph, choices), None, method, 0.0, method
+        )
 
 
 def check_threads() -> tuple[int, ...]:
@@ -287,8 +313,11 @@ class LatencyCheck:
 
     def figures(self) -> str:
         """The speedup and its interval at each thread count, in words."""
-        return ", ".join(f"{c.speedup:.3f}x at {t} thread{'s' if t > 1 else ''}, 95% interval "
-                         f"{c.interval[0]:.3f}-{c.interval[1]:.3f}" for t, c in self.by_threads.items())
+        return ", ".join(
+            f"{c.speedup:.3f}x at {t} thread{'s' if t > 1 else ''}, 95% interval "
+            f"{c.interval[0]:.3f}-{c.interval[1]:.3f}"
+            for t, c in self.by_threads.items()
+        )
 
 
 LATENCY_RESOLUTION = 0.01  # two sessions of one model can differ by about this much (where their memory lies)
@@ -298,12 +327,14 @@ def _faster(by_threads: Mapping[int, LatencyComparison]) -> bool:
     """Measurably faster (95% interval above 1) at every thread count, and beyond the timing's resolution (above
     1 + `LATENCY_RESOLUTION`) at one at least: a candidate whose gain is within what two sessions of one model
     differ by is not worth a graph that differs from the user's, and may time slower in the user's own session."""
-    return (all(c.interval[0] > 1.0 for c in by_threads.values())
-            and any(c.interval[0] > 1.0 + LATENCY_RESOLUTION for c in by_threads.values()))
+    return all(c.interval[0] > 1.0 for c in by_threads.values()) and any(
+        c.interval[0] > 1.0 + LATENCY_RESOLUTION for c in by_threads.values()
+    )
 
 
-def _end_to_end_check(original: onnx.ModelProto, optimized: onnx.ModelProto, device: str, opts: Options,
-                      log: RunLog) -> LatencyCheck | None:
+def _end_to_end_check(
+    original: onnx.ModelProto, optimized: onnx.ModelProto, device: str, opts: Options, log: RunLog
+) -> LatencyCheck | None:
     """Time the optimized model against the input (the user's own model) end to end, interleaved, at one thread
     and at every core (`tensat.latency.compare_latency`, `latency_check` seconds in all); the optimized model is
     kept only if `_faster`. Summed per-op costs miss what only a whole graph shows (fusions onnxruntime makes,
@@ -313,12 +344,20 @@ def _end_to_end_check(original: onnx.ModelProto, optimized: onnx.ModelProto, dev
     by_threads: dict[int, LatencyComparison] = {}
     try:
         for t in threads:
-            by_threads[t] = compare_latency(original, optimized, provider=device, threads=t,
-                                            clock=default_clock(device, t),
-                                            max_seconds=opts.latency_check / len(threads), seed=opts.seed)
+            by_threads[t] = compare_latency(
+                original,
+                optimized,
+                provider=device,
+                threads=t,
+                clock=default_clock(device, t),
+                max_seconds=opts.latency_check / len(threads),
+                seed=opts.seed,
+            )
     except Exception as exc:  # noqa: BLE001 - the graph is verified; a failed timing only loses the check
-        log.warn(f"the end-to-end latency check could not run ({one_line(exc, typed=True)}); returned the "
-                 f"verified optimized model untimed (latency_check=0 / --latency-check 0 skips the check)")
+        log.warn(
+            f"the end-to-end latency check could not run ({one_line(exc, typed=True)}); returned the "
+            f"verified optimized model untimed (latency_check=0 / --latency-check 0 skips the check)"
+        )
         return None
     kept = _faster(by_threads)
     return LatencyCheck(by_threads, kept)
@@ -453,17 +492,23 @@ def _explore(run: _Run) -> None:
     def iteration(it: IterationStats) -> None:
         log.say("explore", f"iteration {it.iteration}: {it.enodes:,} e-nodes, {it.eclasses:,} e-classes")
 
-    run.stats = stats = run.te.explore(node_limit=opts.node_limit, iter_limit=opts.iter_limit,
-                                       time_limit=opts.time_limit, k_multi=opts.k_multi, on_iteration=iteration)
+    run.stats = stats = run.te.explore(
+        node_limit=opts.node_limit,
+        iter_limit=opts.iter_limit,
+        time_limit=opts.time_limit,
+        k_multi=opts.k_multi,
+        on_iteration=iteration,
+    )
     run.times["explore"] = stats.seconds
     if stats.stop_reason == "error":
-        log.warn(f"exploration stopped by an egglog error ({stats.error}); extracted from the e-graph before it: "
-                 f"{BUG}")
+        log.warn(f"exploration stopped by an egglog error ({stats.error}); extracted from the e-graph before it: {BUG}")
     elif stats.stop_reason in LIMITS:
         reason = stats.stop_reason
-        log.warn(f"exploration stopped at its {reason.replace('_', ' ')} ({getattr(opts, reason):g}) before "
-                 f"saturation ({stats.enodes} e-nodes); raising {reason} (--{reason.replace('_', '-')}) may "
-                 f"find a better graph")
+        log.warn(
+            f"exploration stopped at its {reason.replace('_', ' ')} ({getattr(opts, reason):g}) before "
+            f"saturation ({stats.enodes} e-nodes); raising {reason} (--{reason.replace('_', '-')}) may "
+            f"find a better graph"
+        )
 
 
 def _export(run: _Run) -> Exported:
@@ -484,8 +529,11 @@ def _price(run: _Run) -> None:
 
 def _guided_apply(run: _Run) -> bool:
     """Guided rounds run after an exploration with multi-pattern rules that stopped short of every limit."""
-    return (run.opts.k_multi > 0 and run.opts.guided_rounds > 0
-            and run.stats.stop_reason not in ("node_limit", "time_limit", "error"))
+    return (
+        run.opts.k_multi > 0
+        and run.opts.guided_rounds > 0
+        and run.stats.stop_reason not in ("node_limit", "time_limit", "error")
+    )
 
 
 GUIDED_ITERATIONS = 2  # per guided round: the guided multi-pattern iteration, then one of single-pattern rules
@@ -508,8 +556,9 @@ def _guided_rounds(run: _Run) -> None:
     initial = exported.priced(exported.input_choices, "input")
     seconds = extraction.portfolio.local_search_seconds(opts.ilp_time_limit)
     try:
-        best = extraction.local_search(exported.egraph, initial, forbidden=exported.forbidden, major_only=True,
-                                       time_limit=seconds)
+        best = extraction.local_search(
+            exported.egraph, initial, forbidden=exported.forbidden, major_only=True, time_limit=seconds
+        )
     except Exception as exc:  # noqa: BLE001 - the rounds are an improvement; the plain pipeline goes on without them
         log.warn(f"guided rounds skipped: the local search failed ({one_line(exc, typed=True)}): {BUG}")
         return
@@ -529,16 +578,18 @@ def _guided_rounds(run: _Run) -> None:
         base = te.guide(graph)
         before = te.enode_count()
         te.checkpoint()
-        round_stats = te.explore(node_limit=opts.node_limit, iter_limit=GUIDED_ITERATIONS, time_limit=remaining,
-                                 guided=True)
+        round_stats = te.explore(
+            node_limit=opts.node_limit, iter_limit=GUIDED_ITERATIONS, time_limit=remaining, guided=True
+        )
         stats.seconds += round_stats.seconds
         run.times["explore"] = stats.seconds
         found = start = None
         if round_stats.stop_reason != "error" and te.enode_count() != before:
             new = _export(run)
             start = new.priced(te.chosen_selection(new.decoded, graph, base), "guided")
-            found = extraction.local_search(new.egraph, start, forbidden=new.forbidden, major_only=True,
-                                            time_limit=seconds)
+            found = extraction.local_search(
+                new.egraph, start, forbidden=new.forbidden, major_only=True, time_limit=seconds
+            )
         if found is None or found is start:  # nothing gained: drop what the round added, keep the previous graph
             te.rollback()
             exported = _export(run)  # re-read: e-class ids are per export
@@ -568,9 +619,16 @@ def _extract(run: _Run) -> None:
     """The extraction portfolio (`extraction.extract_best`) from the input's selection and the guided rounds'."""
     x, opts = run.exported, run.opts
     run.chosen = extraction.extract_best(
-        x.egraph, x.priced(x.input_choices, "input"), [run.guided] if run.guided is not None else [],
-        forbidden=x.forbidden, method=opts.extractor, solver=opts.solver, time_limit=opts.ilp_time_limit,
-        warn=run.log.warn, say=lambda detail: run.log.say("extract", detail))
+        x.egraph,
+        x.priced(x.input_choices, "input"),
+        [run.guided] if run.guided is not None else [],
+        forbidden=x.forbidden,
+        method=opts.extractor,
+        solver=opts.solver,
+        time_limit=opts.ilp_time_limit,
+        warn=run.log.warn,
+        say=lambda detail: run.log.say("extract", detail),
+    )
     filtered = run.chosen.info["cycle_filter"]
     run.stats.blacklisted = filtered["blacklisted"]
     run.times["cycle_filter"] = filtered["seconds"]
@@ -614,8 +672,9 @@ def _export_candidate(run: _Run) -> None:
 
 def _unexportable(run: _Run, exc: BaseException) -> None:
     """An optimized graph that cannot be exported is dropped, not shipped."""
-    run.log.warn(f"the optimized graph could not be exported ({one_line(exc, typed=True)}); returned the input "
-                 f"model: {BUG}")
+    run.log.warn(
+        f"the optimized graph could not be exported ({one_line(exc, typed=True)}); returned the input model: {BUG}"
+    )
     _reject(run, "the optimized graph could not be exported")
 
 
@@ -623,9 +682,12 @@ def _price_candidate(run: _Run) -> None:
     """Price the candidate as written; a gain within the ILP's own tolerance is none."""
     run.candidate_cost = runtime_cost(run.written, run.cost)
     if run.candidate_cost >= run.cost_before * (1 - extraction.GAP_TOLERANCE):
-        _reject(run, f"no graph found that costs less than the input as onnxruntime runs it "
-                     f"({run.candidate_cost:.4g} against {run.cost_before:.4g} ms under the {run.opts.cost} cost "
-                     f"model)")
+        _reject(
+            run,
+            f"no graph found that costs less than the input as onnxruntime runs it "
+            f"({run.candidate_cost:.4g} against {run.cost_before:.4g} ms under the {run.opts.cost} cost "
+            f"model)",
+        )
 
 
 def _verify(run: _Run) -> None:
@@ -659,8 +721,11 @@ _PIPELINE = (
     _Stage("export", _export_candidate, fallback=_unexportable, when=_has_candidate),
     _Stage(None, _price_candidate, when=_has_candidate),
     _Stage("verify", _verify, when=lambda run: _has_candidate(run) and run.opts.verify),
-    _Stage("latency_check", _latency_check,
-           when=lambda run: _has_candidate(run) and run.opts.latency_check > 0 and run.model is not None),
+    _Stage(
+        "latency_check",
+        _latency_check,
+        when=lambda run: _has_candidate(run) and run.opts.latency_check > 0 and run.model is not None,
+    ),
     _Stage(None, _accept, when=_has_candidate),
     _Stage(None, _report_costs),
 )
@@ -690,9 +755,9 @@ def _result(run: _Run, output_path: str | os.PathLike[str] | None) -> OptimizeRe
         out_model = run.model if run.model is not None else onnx_io.export_model(run.graph)
     report = run.report
     if not optimized and run.opts.verify and report is None:
-
-        report = VerifyReport(True, 0.0, 0.0, [o.name for o in out_model.graph.output], 0.0,
-                              "the input model is returned")
+        report = VerifyReport(
+            True, 0.0, 0.0, [o.name for o in out_model.graph.output], 0.0, "the input model is returned"
+        )
     if isinstance(run.source, Graph):
         output: Any = graph
     elif output_path is not None:
@@ -700,16 +765,27 @@ def _result(run: _Run, output_path: str | os.PathLike[str] | None) -> OptimizeRe
         output = Path(output_path)
     else:
         output = out_model
-    return OptimizeResult(output, graph, run.graph, run.cost_before,
-                          run.candidate_cost if optimized else run.cost_before, run.stats, run.chosen, run.times,
-                          report, run.log.warnings, run.opts, run.check,
-                          run.measured.describe() if run.measured is not None else None,
-                          nodes_before=len((run.model or out_model).graph.node), nodes_after=len(out_model.graph.node),
-                          returned_input=run.returned_input)
+    return OptimizeResult(
+        output,
+        graph,
+        run.graph,
+        run.cost_before,
+        run.candidate_cost if optimized else run.cost_before,
+        run.stats,
+        run.chosen,
+        run.times,
+        report,
+        run.log.warnings,
+        run.opts,
+        run.check,
+        run.measured.describe() if run.measured is not None else None,
+        nodes_before=len((run.model or out_model).graph.node),
+        nodes_after=len(out_model.graph.node),
+        returned_input=run.returned_input,
+    )
 
 
-def _verified(original: onnx.ModelProto, optimized: onnx.ModelProto, opts: Options,
-              log: RunLog) -> VerifyReport | None:
+def _verified(original: onnx.ModelProto, optimized: onnx.ModelProto, opts: Options, log: RunLog) -> VerifyReport | None:
     """The optimized model's verification report, or None where the input must be returned instead.
 
     Both models run in onnxruntime as a user runs them, graph optimizations on. Where their outputs differ, both run
@@ -724,9 +800,11 @@ def _verified(original: onnx.ModelProto, optimized: onnx.ModelProto, opts: Optio
     exact = verify_mod.compare_models(original, optimized, seed=opts.seed, optimizations=False)
     if not exact.ok:
         raise VerificationError(report.detail)
-    log.warn(f"the optimized graph computes the input's function ({exact.detail} with onnxruntime's graph "
-                 f"optimizations off), but with them on its {report.detail[0].lower()}{report.detail[1:]}; "
-                 f"keeping the input model")
+    log.warn(
+        f"the optimized graph computes the input's function ({exact.detail} with onnxruntime's graph "
+        f"optimizations off), but with them on its {report.detail[0].lower()}{report.detail[1:]}; "
+        f"keeping the input model"
+    )
     return None
 
 

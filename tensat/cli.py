@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from tensat import api, compare_cli, measure_cli, onnx_io
 from tensat.cli_args import Parser
@@ -21,21 +22,31 @@ from tensat.rewrites import cli as rules_cli
 
 
 def _add_optimize(sub: Any) -> None:
-    p = sub.add_parser("optimize", help="optimize an ONNX model by equality saturation",
-                       description="Optimize an ONNX model: explore rewrites in an e-graph, extract the cheapest "
-                                   "graph, verify it against the input in onnxruntime, write it out.")
+    p = sub.add_parser(
+        "optimize",
+        help="optimize an ONNX model by equality saturation",
+        description="Optimize an ONNX model: explore rewrites in an e-graph, extract the cheapest "
+        "graph, verify it against the input in onnxruntime, write it out.",
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("input", nargs="?", help="the ONNX model to optimize")
-    src.add_argument("--model", metavar="NAME", help="optimize a built-in benchmark graph instead of a file "
-                                                     "(see `tensat models`)")
+    src.add_argument(
+        "--model", metavar="NAME", help="optimize a built-in benchmark graph instead of a file (see `tensat models`)"
+    )
     p.add_argument("-o", "--output", required=True, help="where to write the optimized ONNX model")
     add_option_flags(p, ("input_shapes", *(name for name in OPTION_NAMES if name != "input_shapes")))
-    p.add_argument("--stats", metavar="FILE", help="write the run's statistics (growth per iteration, costs, "
-                                                   "times) as JSON to FILE")
+    p.add_argument(
+        "--stats",
+        metavar="FILE",
+        help="write the run's statistics (growth per iteration, costs, times) as JSON to FILE",
+    )
     out = p.add_mutually_exclusive_group()
     out.add_argument("-q", "--quiet", action="store_true", help="print nothing on success, and no progress")
-    out.add_argument("--progress", action="store_true",
-                     help="report progress on stderr even when it is not a terminal (on a terminal it always is)")
+    out.add_argument(
+        "--progress",
+        action="store_true",
+        help="report progress on stderr even when it is not a terminal (on a terminal it always is)",
+    )
 
 
 def progress_reporter(args: argparse.Namespace) -> Any:
@@ -72,14 +83,20 @@ def _run_optimize(args: argparse.Namespace) -> int:
 
 
 def _add_extract(sub: Any) -> None:
-    p = sub.add_parser("extract", help="extract the cheapest acyclic term from an e-graph JSON file",
-                       description="Extract from an e-graph in the egraph-serialize JSON format.")
+    p = sub.add_parser(
+        "extract",
+        help="extract the cheapest acyclic term from an e-graph JSON file",
+        description="Extract from an e-graph in the egraph-serialize JSON format.",
+    )
     extraction_cli.add_arguments(p)
 
 
 def _add_rules(sub: Any) -> None:
-    p = sub.add_parser("rules", help="list (and verify) the rewrite rules with counts",
-                       description="List every rule of the library: single- and multi-pattern, with counts.")
+    p = sub.add_parser(
+        "rules",
+        help="list (and verify) the rewrite rules with counts",
+        description="List every rule of the library: single- and multi-pattern, with counts.",
+    )
     rules_cli.add_arguments(p)
 
 
@@ -88,9 +105,12 @@ def _run_rules(args: argparse.Namespace) -> int:
 
 
 def _add_compare(sub: Any) -> None:
-    p = sub.add_parser("compare", help="equality saturation vs TASO-style sequential search on a model",
-                       description="Run tensat and a TASO-style best-first sequential search with the same rules "
-                                   "and cost model; print a Table-1-style comparison with measured latencies.")
+    p = sub.add_parser(
+        "compare",
+        help="equality saturation vs TASO-style sequential search on a model",
+        description="Run tensat and a TASO-style best-first sequential search with the same rules "
+        "and cost model; print a Table-1-style comparison with measured latencies.",
+    )
     compare_cli.add_arguments(p)
 
 
@@ -145,8 +165,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "optimize" and args.input is not None and args.model is not None:
         parser.error("give either a model file or --model, not both")
-    handlers = {"optimize": _run_optimize, "rules": _run_rules, "compare": _run_compare, "models": _run_models,
-                "profile": _run_profile, "cost-report": _run_cost_report}
+    handlers = {
+        "optimize": _run_optimize,
+        "rules": _run_rules,
+        "compare": _run_compare,
+        "models": _run_models,
+        "profile": _run_profile,
+        "cost-report": _run_cost_report,
+    }
     try:
         if args.command == "extract":
             return extraction_cli.run(args)

@@ -18,21 +18,20 @@ import math
 import os
 import platform
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import onnx
 
-from tensat import api
-from tensat import rewrites
-from tensat import onnx_io
+from tensat import api, onnx_io, rewrites
 from tensat.cost import CostModel, graph_cost, runtime_cost
 from tensat.errors import VerificationError
 from tensat.ir import Graph
 from tensat.latency import time_models
+from tensat.measure import cpu_name
 from tensat.sequential import SequentialResult, sequential_search
 from tensat.verify import verify
-from tensat.measure import cpu_name
 
 Progress = Callable[[str], None]
 
@@ -101,18 +100,35 @@ class Row:
         return bool(self.sequential.get("verified")) and bool(self.tensat.get("verified"))
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "Row":
+    def from_dict(cls, d: Mapping[str, Any]) -> Row:
         """A row back from its `to_dict` form (to re-render a saved comparison)."""
-        return cls(d["name"], d["ops"], d["cost_original"], d["cost_model"], dict(d["sequential"]), dict(d["tensat"]),
-                   d.get("latency"), d["rules"], list(d.get("errors", [])))
+        return cls(
+            d["name"],
+            d["ops"],
+            d["cost_original"],
+            d["cost_model"],
+            dict(d["sequential"]),
+            dict(d["tensat"]),
+            d.get("latency"),
+            d["rules"],
+            list(d.get("errors", [])),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name, "ops": self.ops, "rules": self.rules, "cost_model": self.cost_model,
-            "cost_original": self.cost_original, "sequential": self.sequential, "tensat": self.tensat,
-            "latency": self.latency, "tensat_at_most_sequential": self.tensat_at_most_sequential,
-            "time_ratio": self.time_ratio, "time_ratio_with_overhead": self.time_ratio_with_overhead,
-            "verified": self.verified, "errors": list(self.errors),
+            "name": self.name,
+            "ops": self.ops,
+            "rules": self.rules,
+            "cost_model": self.cost_model,
+            "cost_original": self.cost_original,
+            "sequential": self.sequential,
+            "tensat": self.tensat,
+            "latency": self.latency,
+            "tensat_at_most_sequential": self.tensat_at_most_sequential,
+            "time_ratio": self.time_ratio,
+            "time_ratio_with_overhead": self.time_ratio_with_overhead,
+            "verified": self.verified,
+            "errors": list(self.errors),
         }
 
 
@@ -136,8 +152,10 @@ def _seq_progress(name: str, progress: Progress | None, every: float = 2.0) -> C
             return
         last[0] = now
         gain = 100.0 * (1 - info["best"] / info["cost_before"]) if info["cost_before"] > 0 else 0.0
-        progress(f"[{name}] sequential: {info['expansion']}/{info['budget']} expansions, best {info['best']:.4f} ms "
-                 f"({gain:+.1f}% saved), {info['queue']} queued, {info['seconds']:.1f} s")
+        progress(
+            f"[{name}] sequential: {info['expansion']}/{info['budget']} expansions, best {info['best']:.4f} ms "
+            f"({gain:+.1f}% saved), {info['queue']} queued, {info['seconds']:.1f} s"
+        )
 
     return report
 
@@ -150,8 +168,12 @@ def _verify(original: onnx.ModelProto, optimized: onnx.ModelProto, seed: int) ->
     return {"verified": bool(report.ok), "max_abs_error": report.max_abs_error, "max_rel_error": report.max_rel_error}
 
 
-def compare_model(source: str | os.PathLike[str] | onnx.ModelProto, name: str, settings: Settings = Settings(),
-                  progress: Progress | None = None) -> Row:
+def compare_model(
+    source: str | os.PathLike[str] | onnx.ModelProto,
+    name: str,
+    settings: Settings = Settings(),
+    progress: Progress | None = None,
+) -> Row:
     """Run both searches on one model (a path or a ModelProto) and measure the results."""
     _say(progress, f"[{name}] loading")
     original = onnx_io.load_model(source, settings.input_shapes)
@@ -162,61 +184,115 @@ def compare_model(source: str | os.PathLike[str] | onnx.ModelProto, name: str, s
     cost_original = runtime_cost(graph, cost)
     errors: list[str] = []
 
-    _say(progress, f"[{name}] sequential search: {len(rules)} rules, alpha {settings.alpha:g}, "
-                   f"budget {settings.budget} expansions")
+    _say(
+        progress,
+        f"[{name}] sequential search: {len(rules)} rules, alpha {settings.alpha:g}, "
+        f"budget {settings.budget} expansions",
+    )
     seq: SequentialResult = sequential_search(
-        graph, cost, rules, alpha=settings.alpha, budget=settings.budget, time_limit=settings.seq_time_limit,
-        progress=_seq_progress(name, progress))
+        graph,
+        cost,
+        rules,
+        alpha=settings.alpha,
+        budget=settings.budget,
+        time_limit=settings.seq_time_limit,
+        progress=_seq_progress(name, progress),
+    )
     seq_model = onnx_io.export_model(seq.graph)
     seq_info: dict[str, Any] = {
-        "cost": _written_cost(seq_model, cost), "search_cost": seq.cost_after, "seconds": seq.seconds,
-        "ops": len(seq_model.graph.node), "expansions": seq.expansions,
-        "matches": seq.matches, "candidates": seq.candidates, "pushed": seq.pushed, "rejected": seq.rejected,
-        "stop_reason": seq.stop_reason, "best_expansion": seq.best_expansion, "applied": seq.applied,
+        "cost": _written_cost(seq_model, cost),
+        "search_cost": seq.cost_after,
+        "seconds": seq.seconds,
+        "ops": len(seq_model.graph.node),
+        "expansions": seq.expansions,
+        "matches": seq.matches,
+        "candidates": seq.candidates,
+        "pushed": seq.pushed,
+        "rejected": seq.rejected,
+        "stop_reason": seq.stop_reason,
+        "best_expansion": seq.best_expansion,
+        "applied": seq.applied,
     }
     seq_info.update(_verify(original, seq_model, settings.seed))
     if not seq_info["verified"]:
         errors.append(f"sequential result failed verification: {seq_info.get('verify_error', '')}")
-    _say(progress, f"[{name}] sequential: cost {cost_original:.4f} -> {seq_info['cost']:.4f} ms in {seq.seconds:.2f} s "
-                   f"({seq.expansions} expansions, {seq.candidates} candidates); verified: {seq_info['verified']}")
+    _say(
+        progress,
+        f"[{name}] sequential: cost {cost_original:.4f} -> {seq_info['cost']:.4f} ms in {seq.seconds:.2f} s "
+        f"({seq.expansions} expansions, {seq.candidates} candidates); verified: {seq_info['verified']}",
+    )
 
     _say(progress, f"[{name}] tensat: exploring and extracting")
     options = dict(settings.tensat)
-    result = api.optimize_with_details(original, cost=settings.cost, device=settings.device, verify=False,
-                                       latency_check=0, seed=settings.seed, **options)
+    result = api.optimize_with_details(
+        original,
+        cost=settings.cost,
+        device=settings.device,
+        verify=False,
+        latency_check=0,
+        seed=settings.seed,
+        **options,
+    )
     tensat_model = result.output
     times = dict(result.times)
     search = sum(times.get(k, 0.0) for k in TENSAT_SEARCH_PHASES)
     overhead = sum(times.get(k, 0.0) for k in TENSAT_OVERHEAD_PHASES)
     ex = result.exploration
     tensat_info: dict[str, Any] = {
-        "cost": _written_cost(tensat_model, cost), "cost_own_model": result.cost_after,
-        "search_cost": graph_cost(result.graph, cost), "seconds": search,
-        "seconds_with_overhead": search + overhead, "times": times, "ops": result.nodes_after,
-        "enodes": ex.enodes, "eclasses": ex.eclasses, "iterations": len(ex.iterations),
+        "cost": _written_cost(tensat_model, cost),
+        "cost_own_model": result.cost_after,
+        "search_cost": graph_cost(result.graph, cost),
+        "seconds": search,
+        "seconds_with_overhead": search + overhead,
+        "times": times,
+        "ops": result.nodes_after,
+        "enodes": ex.enodes,
+        "eclasses": ex.eclasses,
+        "iterations": len(ex.iterations),
         "stop_reason": ex.stop_reason,
-        "extraction": None if result.extraction is None else {
-            "method": result.extraction.method, "status": result.extraction.status},
+        "extraction": None
+        if result.extraction is None
+        else {"method": result.extraction.method, "status": result.extraction.status},
         "warnings": list(result.warnings),
     }
     tensat_info.update(_verify(original, tensat_model, settings.seed))
     if not tensat_info["verified"]:
         errors.append(f"tensat result failed verification: {tensat_info.get('verify_error', '')}")
-    _say(progress, f"[{name}] tensat: cost {cost_original:.4f} -> {tensat_info['cost']:.4f} ms in {search:.2f} s "
-                   f"({ex.enodes} e-nodes, {ex.eclasses} e-classes); verified: {tensat_info['verified']}")
+    _say(
+        progress,
+        f"[{name}] tensat: cost {cost_original:.4f} -> {tensat_info['cost']:.4f} ms in {search:.2f} s "
+        f"({ex.enodes} e-nodes, {ex.eclasses} e-classes); verified: {tensat_info['verified']}",
+    )
 
     latency = None
     if settings.latency:
         _say(progress, f"[{name}] timing original, sequential and tensat graphs in onnxruntime (interleaved)")
-        stats = time_models([original, seq_model, tensat_model], runs=settings.latency_runs,
-                            max_seconds=settings.latency_seconds, seed=settings.seed)
+        stats = time_models(
+            [original, seq_model, tensat_model],
+            runs=settings.latency_runs,
+            max_seconds=settings.latency_seconds,
+            seed=settings.seed,
+        )
         base = stats[0].median_ms
         latency = {"runs": stats[0].runs}
         for key, s in zip(("original", "sequential", "tensat"), stats):
-            latency[key] = {"median_ms": s.median_ms, "p10_ms": s.p10_ms, "p90_ms": s.p90_ms,
-                            "speedup": _ratio(base, s.median_ms)}
-    return Row(name, len(original.graph.node), cost_original, getattr(cost, "name", settings.cost), seq_info,
-               tensat_info, latency, len(rules), errors)
+            latency[key] = {
+                "median_ms": s.median_ms,
+                "p10_ms": s.p10_ms,
+                "p90_ms": s.p90_ms,
+                "speedup": _ratio(base, s.median_ms),
+            }
+    return Row(
+        name,
+        len(original.graph.node),
+        cost_original,
+        getattr(cost, "name", settings.cost),
+        seq_info,
+        tensat_info,
+        latency,
+        len(rules),
+        errors,
+    )
 
 
 def _written_cost(model: onnx.ModelProto, cost: CostModel) -> float:
@@ -248,8 +324,9 @@ def summary(rows: Sequence[Row]) -> dict[str, Any]:
         "geomean_time_ratio_with_overhead": geomean([r.time_ratio_with_overhead for r in rows]),
         "paper_time_ratio": PAPER_TIME_RATIO,
         "extraction_not_proven_optimal": [r.name for r in rows if _extraction_status(r) not in (None, "optimal")],
-        "exploration_not_saturated": {r.name: r.tensat["stop_reason"] for r in rows
-                                      if r.tensat.get("stop_reason") not in ("saturated", None)},
+        "exploration_not_saturated": {
+            r.name: r.tensat["stop_reason"] for r in rows if r.tensat.get("stop_reason") not in ("saturated", None)
+        },
         "errors": sum(len(r.errors) for r in rows),
         "all_ok": len(ok) == len(rows),
     }
@@ -263,7 +340,6 @@ def machine_info() -> dict[str, Any]:
     """The machine and the versions the numbers were taken with."""
     from importlib import metadata
 
-
     versions: dict[str, str] = {"python": platform.python_version()}
     for pkg in ("tensat", "egglog", "numpy", "onnx", "onnxruntime", "onnxruntime-gpu", "highspy", "pulp"):
         try:
@@ -271,15 +347,22 @@ def machine_info() -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             continue
     return {
-        "cpu": cpu_name(), "cores": os.cpu_count(), "platform": platform.platform(), "versions": versions,
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "versions": versions,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
 
 
 def report(rows: Sequence[Row], settings: Settings, machine: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The JSON document of a comparison."""
-    return {"machine": dict(machine or machine_info()), "settings": settings.to_dict(),
-            "summary": summary(rows), "rows": [r.to_dict() for r in rows]}
+    return {
+        "machine": dict(machine or machine_info()),
+        "settings": settings.to_dict(),
+        "summary": summary(rows),
+        "rows": [r.to_dict() for r in rows],
+    }
 
 
 def _fmt_ratio(ratio: float | None) -> str:
@@ -299,18 +382,23 @@ def _fmt_latency(lat: Mapping[str, Any] | None, key: str) -> str:
 
 def table(rows: Sequence[Row]) -> str:
     """The comparison as a markdown table (one row per model)."""
-    head = ("| graph | ONNX nodes (original / sequential / tensat) | original cost (ms) | sequential cost (ms) | sequential time (s) | tensat cost (ms) | "
-            "tensat time (s) | time ratio | e-nodes / e-classes | tensat <= sequential | latency original (ms) | "
-            "latency sequential (ms) | latency tensat (ms) | verified |")
+    head = (
+        "| graph | ONNX nodes (original / sequential / tensat) | original cost (ms) | sequential cost (ms) | "
+        "sequential time (s) | tensat cost (ms) | "
+        "tensat time (s) | time ratio | e-nodes / e-classes | tensat <= sequential | latency original (ms) | "
+        "latency sequential (ms) | latency tensat (ms) | verified |"
+    )
     lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|"]
     for r in rows:
         s, t = r.sequential, r.tensat
         lines.append(
-            f"| {r.name} | {r.ops} / {s['ops']} / {t['ops']} | {r.cost_original:.4f} | {s['cost']:.4f} | {s['seconds']:.2f} | {t['cost']:.4f} | "
+            f"| {r.name} | {r.ops} / {s['ops']} / {t['ops']} | {r.cost_original:.4f} | {s['cost']:.4f} | "
+            f"{s['seconds']:.2f} | {t['cost']:.4f} | "
             f"{t['seconds']:.2f} | {_fmt_ratio(r.time_ratio)} | {t['enodes']} / {t['eclasses']} | "
             f"{'yes' if r.tensat_at_most_sequential else 'NO'} | {_fmt_latency(r.latency, 'original')} | "
             f"{_fmt_latency(r.latency, 'sequential')} | {_fmt_latency(r.latency, 'tensat')} | "
-            f"{'yes' if r.verified else 'NO'} |")
+            f"{'yes' if r.verified else 'NO'} |"
+        )
     return "\n".join(lines)
 
 
@@ -318,8 +406,10 @@ def _findings(rows: Sequence[Row], s: Mapping[str, Any]) -> list[str]:
     """The summary's bullet points: costs, search times, verification and the limits the tensat runs hit."""
     cost = f"- tensat cost <= sequential cost on {s['tensat_at_most_sequential']} of {s['graphs']} graphs"
     if s["worse_on"]:
-        worst = max((r for r in rows if not r.tensat_at_most_sequential),
-                    key=lambda r: _ratio(r.tensat["cost"], r.sequential["cost"]))
+        worst = max(
+            (r for r in rows if not r.tensat_at_most_sequential),
+            key=lambda r: _ratio(r.tensat["cost"], r.sequential["cost"]),
+        )
         excess = 100.0 * (_ratio(worst.tensat["cost"], worst.sequential["cost"]) - 1)
         cost += f" (not on: {', '.join(s['worse_on'])}; worst: {worst.name}, {excess:.2f}% above the sequential cost)"
     out = [
@@ -340,11 +430,14 @@ def _findings(rows: Sequence[Row], s: Mapping[str, Any]) -> list[str]:
     if s["exploration_not_saturated"]:
         stopped = ", ".join(f"{name} ({why})" for name, why in s["exploration_not_saturated"].items())
         out.append(f"- tensat's exploration stopped before saturation on: {stopped}.")
-    per_exp = sorted(1e3 * r.sequential["seconds"] / r.sequential["expansions"] for r in rows
-                     if r.sequential.get("expansions"))
+    per_exp = sorted(
+        1e3 * r.sequential["seconds"] / r.sequential["expansions"] for r in rows if r.sequential.get("expansions")
+    )
     if per_exp:
-        out.append(f"- Sequential search: {per_exp[0]:.0f} to {per_exp[-1]:.0f} ms per expansion (every match of "
-                   "every rule priced as a candidate graph).")
+        out.append(
+            f"- Sequential search: {per_exp[0]:.0f} to {per_exp[-1]:.0f} ms per expansion (every match of "
+            "every rule priced as a candidate graph)."
+        )
     return out
 
 
@@ -354,9 +447,12 @@ def markdown(rows: Sequence[Row], settings: Settings, machine: Mapping[str, Any]
     versions = ", ".join(f"{k} {v}" for k, v in machine["versions"].items())
     s = summary(rows)
     tensat_opts = ", ".join(f"{k}={v}" for k, v in sorted(settings.tensat.items())) or "defaults"
-    latency = (f"Latency: onnxruntime CPU, 1 thread, the three models timed interleaved, median of up to "
-               f"{settings.latency_runs} runs each (speedup = original median / median)."
-               if settings.latency else "Latency: not measured.")
+    latency = (
+        f"Latency: onnxruntime CPU, 1 thread, the three models timed interleaved, median of up to "
+        f"{settings.latency_runs} runs each (speedup = original median / median)."
+        if settings.latency
+        else "Latency: not measured."
+    )
     out = [
         "# Sequential search (TASO-style) vs equality saturation (tensat)",
         "",
@@ -385,6 +481,8 @@ def markdown(rows: Sequence[Row], settings: Settings, machine: Mapping[str, Any]
             f"{seq['best_expansion']}; tensat {t['iterations']} iterations ({t['stop_reason']}), {phases}"
             + (f" ({ex.get('method')}: {ex.get('status')})" if ex else "")
             + f", e-graph building + pricing {overhead:.2f} s"
-            + (f"; errors: {'; '.join(r.errors)}" if r.errors else "") + ".")
+            + (f"; errors: {'; '.join(r.errors)}" if r.errors else "")
+            + "."
+        )
     out += ["", "Per graph:", "", *notes, ""]
     return "\n".join(out)

@@ -8,8 +8,9 @@ per-op launch overhead). It is deterministic, so tests and `--cost analytic` can
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 from tensat import ops
 from tensat.ir import Graph, Node
@@ -98,8 +99,14 @@ def runtime_items(graph: Graph) -> list[Item]:
         x = n.inputs[0]
         conv = owner.get(x, x)
         c = graph.nodes[conv]
-        if (c.op != "conv2d" or c.attr["act"] != ops.ACT_NONE or conv in act or readers.get(x) != 1
-                or x in outputs or (folds and x != conv)):
+        if (
+            c.op != "conv2d"
+            or c.attr["act"] != ops.ACT_NONE
+            or conv in act
+            or readers.get(x) != 1
+            or x in outputs
+            or (folds and x != conv)
+        ):
             continue
         owner[i] = conv
         if not folds:

@@ -15,8 +15,9 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from onnx import ModelProto
 
@@ -91,8 +92,17 @@ def fusion_groups(graph: Graph) -> list[list[int]]:
             nxt = only_reader(i)
             if nxt is None or not free(nxt) or graph.nodes[nxt].op != "add":
                 continue
-            first = min((j for j in graph.nodes[nxt].inputs if graph.nodes[j].op == "matmul"
-                         and len(graph.nodes[j].shape) == 2 and only_reader(j) == nxt and free(j)), default=None)
+            first = min(
+                (
+                    j
+                    for j in graph.nodes[nxt].inputs
+                    if graph.nodes[j].op == "matmul"
+                    and len(graph.nodes[j].shape) == 2
+                    and only_reader(j) == nxt
+                    and free(j)
+                ),
+                default=None,
+            )
             if first != i:
                 continue
             members = [i, nxt]
@@ -102,8 +112,11 @@ def fusion_groups(graph: Graph) -> list[list[int]]:
         n = graph.nodes[i]
         if n.op != "matmul" or not free(i):
             continue
-        fused = [j for j in dict.fromkeys(n.inputs) if j not in const and graph.nodes[j].op == "transpose"
-                 and free(j) and only_reader(j) == i]
+        fused = [
+            j
+            for j in dict.fromkeys(n.inputs)
+            if j not in const and graph.nodes[j].op == "transpose" and free(j) and only_reader(j) == i
+        ]
         if fused:
             take(fused + [i])
     chains: dict[int, list[int]] = {}
@@ -114,8 +127,12 @@ def fusion_groups(graph: Graph) -> list[list[int]]:
         root = i
         while True:
             nxt = only_reader(root)
-            if nxt is None or not free(nxt) or graph.nodes[nxt].op != "concat" or \
-                    graph.nodes[nxt].attr["axis"] != n.attr["axis"]:
+            if (
+                nxt is None
+                or not free(nxt)
+                or graph.nodes[nxt].op != "concat"
+                or graph.nodes[nxt].attr["axis"] != n.attr["axis"]
+            ):
                 break
             root = nxt
         chains.setdefault(root, []).append(i)
@@ -191,8 +208,14 @@ class GraphCost:
 def per_node_cost(graph: Graph, cost: MeasuredCost) -> float:
     """Every runtime node priced alone (what the extractor sums; no fusion), plus one session's fixed overhead."""
     const = graph.weight_only()
-    singles = [(graph.nodes[i], [graph.nodes[j].shape for j in graph.nodes[i].inputs],
-                [j in const for j in graph.nodes[i].inputs]) for i in runtime_nodes(graph)]
+    singles = [
+        (
+            graph.nodes[i],
+            [graph.nodes[j].shape for j in graph.nodes[i].inputs],
+            [j in const for j in graph.nodes[i].inputs],
+        )
+        for i in runtime_nodes(graph)
+    ]
     cost.prefetch(singles)
     return sum(cost(n, s, c) for n, s, c in singles) + cost.baseline_ms
 
@@ -250,10 +273,15 @@ class ReportRow:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "graph": self.graph, "summed_ms": self.summed_ms,
+            "graph": self.graph,
+            "summed_ms": self.summed_ms,
             "per_node_ms": None if math.isnan(self.per_node_ms) else self.per_node_ms,
-            "e2e_ms": self.e2e_ms, "e2e_spread": self.e2e_spread, "error": self.error, "ops": self.ops,
-            "fused_groups": self.fused_groups, "analytic_nodes": self.analytic_nodes,
+            "e2e_ms": self.e2e_ms,
+            "e2e_spread": self.e2e_spread,
+            "error": self.error,
+            "ops": self.ops,
+            "fused_groups": self.fused_groups,
+            "analytic_nodes": self.analytic_nodes,
             "by_label": {k: round(v, 5) for k, v in self.by_label.items()},
         }
 
@@ -271,35 +299,58 @@ class Report:
     latency: list[Any] = field(default_factory=list, repr=False)  # LatencyStats of the timed graphs, in row order
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "rows": [r.to_dict() for r in self.rows], "speedup": self.speedup,
-                "device": dict(self.device), "seconds": self.seconds, "notes": list(self.notes)}
+        return {
+            "name": self.name,
+            "rows": [r.to_dict() for r in self.rows],
+            "speedup": self.speedup,
+            "device": dict(self.device),
+            "seconds": self.seconds,
+            "notes": list(self.notes),
+        }
 
     def format(self) -> str:
         """A plain-text table."""
-        lines = [f"cost report: {self.name}",
-                 f"{'graph':<10} {'ops':>5} {'fused':>5} {'summed ms':>10} {'per-node ms':>11} "
-                 f"{'end-to-end ms':>13} {'error':>7}"]
+        lines = [
+            f"cost report: {self.name}",
+            f"{'graph':<10} {'ops':>5} {'fused':>5} {'summed ms':>10} {'per-node ms':>11} "
+            f"{'end-to-end ms':>13} {'error':>7}",
+        ]
         for r in self.rows:
             per_node = "-" if math.isnan(r.per_node_ms) else f"{r.per_node_ms:.3f}"
-            lines.append(f"{r.graph:<10} {r.ops:>5} {r.fused_groups:>5} {r.summed_ms:>10.3f} {per_node:>11} "
-                         f"{r.e2e_ms:>13.3f} {r.error:>+7.1%}")
+            lines.append(
+                f"{r.graph:<10} {r.ops:>5} {r.fused_groups:>5} {r.summed_ms:>10.3f} {per_node:>11} "
+                f"{r.e2e_ms:>13.3f} {r.error:>+7.1%}"
+            )
         if self.speedup is not None:
             lines.append(f"optimized vs original (interleaved medians): {self.speedup:.3f}x")
         flagged = sum(r.analytic_nodes for r in self.rows)
         if flagged:
-            lines.append(f"{flagged} node(s) priced by the analytic estimate (opaque ops or units onnxruntime "
-                         f"could not run)")
+            lines.append(
+                f"{flagged} node(s) priced by the analytic estimate (opaque ops or units onnxruntime could not run)"
+            )
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
 
 def end_to_end(
-    models: Sequence[ModelProto], cost: MeasuredCost, *, runs: int = 60, block: int = 10, max_seconds: float = 60.0,
+    models: Sequence[ModelProto],
+    cost: MeasuredCost,
+    *,
+    runs: int = 60,
+    block: int = 10,
+    max_seconds: float = 60.0,
     clock: str | None = None,
 ) -> list[Any]:
     """Block-interleaved end-to-end latency of `models` with the cost model's device, threads and clock."""
-    return time_models(list(models), provider=cost.device, threads=cost.threads, runs=runs, block=block,
-                       max_seconds=max_seconds, clock=clock or cost.clock)
+    return time_models(
+        list(models),
+        provider=cost.device,
+        threads=cost.threads,
+        runs=runs,
+        block=block,
+        max_seconds=max_seconds,
+        clock=clock or cost.clock,
+    )
 
 
 def _graph_units(graph: Graph) -> list[Unit]:
@@ -313,15 +364,21 @@ def _graph_units(graph: Graph) -> list[Unit]:
 
 
 def interleaved_end_to_end(
-    models: Sequence[ModelProto], pricing: MeasuredCost, units: Sequence[Unit], *, runs: int = 60, block: int = 10,
+    models: Sequence[ModelProto],
+    pricing: MeasuredCost,
+    units: Sequence[Unit],
+    *,
+    runs: int = 60,
+    block: int = 10,
     max_seconds: float = 60.0,
 ) -> list[Any]:
     """Measure `units` with `pricing` while timing `models` end to end in between: after every timing window of a
     unit the models run in turns (blocks of `block`) until the time spent on them has caught up with the time spent
     measuring, so summed costs and end-to-end latency are taken under the same load from other processes. Then
     more turns until every model has `runs` counted runs (for at most `max_seconds` more)."""
-    timed = Interleaved(list(models), provider=pricing.device, threads=pricing.threads, block=block,
-                        clock=pricing.clock)
+    timed = Interleaved(
+        list(models), provider=pricing.device, threads=pricing.threads, block=block, clock=pricing.clock
+    )
     measuring = 0.0
     mark = time.perf_counter()
 
@@ -340,8 +397,17 @@ def interleaved_end_to_end(
 
 
 def cost_report(
-    original: Graph, cost: MeasuredCost, *, optimized: Graph | None = None, name: str = "model", runs: int = 60,
-    block: int = 10, max_seconds: float = 60.0, per_node: bool = True, fresh: bool = True, windows: int = 3,
+    original: Graph,
+    cost: MeasuredCost,
+    *,
+    optimized: Graph | None = None,
+    name: str = "model",
+    runs: int = 60,
+    block: int = 10,
+    max_seconds: float = 60.0,
+    per_node: bool = True,
+    fresh: bool = True,
+    windows: int = 3,
     window_seconds: float = 0.3,
 ) -> Report:
     """Summed measured cost beside measured end-to-end latency for `original` (and `optimized`, timed in blocks
@@ -350,8 +416,9 @@ def cost_report(
     With `fresh` (the default) every fused group is measured again now, in `windows` windows of about
     `window_seconds` each (every window sweeping all groups of both graphs), interleaved with the graphs'
     end-to-end runs (`interleaved_end_to_end`): on a shared machine latency moves by tens of percent from one
-    minute to the next, so a sum of costs taken at another time says little about today's end-to-end figure. Without it the costs come from `cost` (its cache) and the graphs
-    are timed afterwards. The per-node sum is priced with `cost` either way."""
+    minute to the next, so a sum of costs taken at another time says little about today's end-to-end figure.
+    Without it the costs come from `cost` (its cache) and the graphs are timed afterwards. The per-node sum is
+    priced with `cost` either way."""
     start = time.perf_counter()
     original = original.compact()
     cost.observe_graph(original)
@@ -370,21 +437,34 @@ def cost_report(
     rows = []
     for (label, g), s, node_sum in zip(graphs, stats, node_sums):
         gc = fused_graph_cost(g, pricing, per_node=False)
-        rows.append(ReportRow(label, gc.total_ms, node_sum, s.median_ms, s.spread, g.op_count(), gc.fused_groups,
-                              gc.analytic_nodes, gc.by_label()))
+        rows.append(
+            ReportRow(
+                label,
+                gc.total_ms,
+                node_sum,
+                s.median_ms,
+                s.spread,
+                g.op_count(),
+                gc.fused_groups,
+                gc.analytic_nodes,
+                gc.by_label(),
+            )
+        )
     speedup = stats[0].median_ms / stats[1].median_ms if len(stats) > 1 and stats[1].median_ms > 0 else None
     notes = []
     if fresh:
-        notes.append(f"costs measured afresh ({windows} windows per group) between end-to-end runs "
-                     f"({stats[0].runs} per graph)")
+        notes.append(
+            f"costs measured afresh ({windows} windows per group) between end-to-end runs ({stats[0].runs} per graph)"
+        )
     errors = pricing.stats.errors + (cost.stats.errors if fresh else [])
     if errors:
         notes.append(f"{len(errors)} unit(s) could not be measured: {errors[0]}")
     return Report(name, rows, speedup, pricing.describe(), time.perf_counter() - start, notes, list(stats))
 
 
-def load_graph(source: str | os.PathLike[str] | ModelProto | Graph,
-               input_shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
+def load_graph(
+    source: str | os.PathLike[str] | ModelProto | Graph, input_shapes: Mapping[str, Sequence[int]] | None = None
+) -> Graph:
     """An IR graph from a Graph, ModelProto or .onnx path."""
     if isinstance(source, Graph):
         return source.compact()

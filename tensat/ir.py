@@ -7,8 +7,9 @@ so a node's inputs always have smaller ids.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -203,7 +204,7 @@ class Graph:
         const = self.weight_only()
         return sum(1 for i in self.live() if not self.nodes[i].is_leaf and i not in const)
 
-    def compact(self) -> "Graph":
+    def compact(self) -> Graph:
         """A copy holding only live nodes and the weights they use, ids renumbered in topological order."""
         out = Graph(opset_imports=dict(self.opset_imports), name=self.name)
         remap: dict[int, int] = {}

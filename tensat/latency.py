@@ -19,8 +19,9 @@ import os
 import random
 import statistics
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from onnx import ModelProto
@@ -59,6 +60,7 @@ def runner(sess: Any, feeds: Mapping[str, np.ndarray], provider: str = "cpu") ->
     once, outputs are bound on the device, and each run synchronizes the device before returning.
     """
     if provider != "cuda":
+
         def run_cpu() -> None:
             sess.run(None, feeds)
 
@@ -67,8 +69,9 @@ def runner(sess: Any, feeds: Mapping[str, np.ndarray], provider: str = "cpu") ->
 
     io = sess.io_binding()
     names = {i.name for i in sess.get_inputs()}
-    device_values = {k: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v), "cuda", 0)
-                     for k, v in feeds.items() if k in names}
+    device_values = {
+        k: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v), "cuda", 0) for k, v in feeds.items() if k in names
+    }
     for k, v in device_values.items():
         io.bind_ortvalue_input(k, v)
     for out in sess.get_outputs():
@@ -102,8 +105,15 @@ class Interleaved:
     block of `block` counted runs after one uncounted run, in a fixed order. `stats()` gives the latency so far."""
 
     def __init__(
-        self, models: Sequence[ModelSource], *, provider: str = "cpu", threads: int | None = 1, warmup: int = 3,
-        seed: int = 0, block: int = 1, clock: str = "wall",
+        self,
+        models: Sequence[ModelSource],
+        *,
+        provider: str = "cpu",
+        threads: int | None = 1,
+        warmup: int = 3,
+        seed: int = 0,
+        block: int = 1,
+        clock: str = "wall",
     ) -> None:
         from onnx import load
 
@@ -151,8 +161,16 @@ class Interleaved:
 
 
 def time_models(
-    models: Sequence[ModelSource], *, provider: str = "cpu", threads: int | None = 1, warmup: int = 3,
-    runs: int = 30, max_seconds: float = 60.0, seed: int = 0, block: int = 1, clock: str = "wall",
+    models: Sequence[ModelSource],
+    *,
+    provider: str = "cpu",
+    threads: int | None = 1,
+    warmup: int = 3,
+    runs: int = 30,
+    max_seconds: float = 60.0,
+    seed: int = 0,
+    block: int = 1,
+    clock: str = "wall",
 ) -> list[LatencyStats]:
     """Median latency of each model, timed interleaved on the same seeded inputs.
 
@@ -160,8 +178,7 @@ def time_models(
     uncounted run at the start of each block). `clock` is "wall" or "cpu" (see the module docstring). Stops early
     (with at least 5 runs per model) once `max_seconds` of wall time have passed, so large models stay affordable.
     """
-    timed = Interleaved(models, provider=provider, threads=threads, warmup=warmup, seed=seed, block=block,
-                        clock=clock)
+    timed = Interleaved(models, provider=provider, threads=threads, warmup=warmup, seed=seed, block=block, clock=clock)
     start = time.perf_counter()
     while timed.runs < runs:
         timed.turn(min(timed.block, runs - timed.runs))
@@ -174,7 +191,7 @@ def block_ratios(a: Sequence[float], b: Sequence[float], block: int) -> list[flo
     """Median of each block of `a` over the median of the matching block of `b` (samples in the order taken)."""
     out = []
     for k in range(0, min(len(a), len(b)) - block + 1, block):
-        out.append(statistics.median(a[k:k + block]) / statistics.median(b[k:k + block]))
+        out.append(statistics.median(a[k : k + block]) / statistics.median(b[k : k + block]))
     return out
 
 
@@ -209,8 +226,15 @@ class LatencyComparison:
         return self.interval[1] < 1.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"baseline_ms": self.baseline_ms, "candidate_ms": self.candidate_ms, "speedup": self.speedup,
-                "interval": list(self.interval), "pairs": self.pairs, "block": self.block, "seconds": self.seconds}
+        return {
+            "baseline_ms": self.baseline_ms,
+            "candidate_ms": self.candidate_ms,
+            "speedup": self.speedup,
+            "interval": list(self.interval),
+            "pairs": self.pairs,
+            "block": self.block,
+            "seconds": self.seconds,
+        }
 
 
 BLOCK_SECONDS = 0.02  # a block of runs lasts about this long (at most MAX_BLOCK runs, at least one)
@@ -218,21 +242,46 @@ MAX_BLOCK = 10
 
 
 def compare_latency(
-    baseline: ModelSource, candidate: ModelSource, *, provider: str = "cpu", threads: int | None = 1,
-    clock: str = "wall", max_seconds: float = 20.0, pairs: int = 40, min_pairs: int = 5, seed: int = 0,
+    baseline: ModelSource,
+    candidate: ModelSource,
+    *,
+    provider: str = "cpu",
+    threads: int | None = 1,
+    clock: str = "wall",
+    max_seconds: float = 20.0,
+    pairs: int = 40,
+    min_pairs: int = 5,
+    seed: int = 0,
 ) -> LatencyComparison:
     """Time `candidate` against `baseline` on the same seeded inputs, in alternating blocks of runs, until `pairs`
     pairs of blocks are taken or `max_seconds` have passed (with at least `min_pairs`); see `LatencyComparison`.
 
     A block holds as many runs as fit in about `BLOCK_SECONDS` (1 to `MAX_BLOCK`), so small models are timed in
     a steady cache state and large ones still give enough pairs within the time limit."""
-    return compare_many(baseline, [candidate], provider=provider, threads=threads, clock=clock,
-                        max_seconds=max_seconds, pairs=pairs, min_pairs=min_pairs, seed=seed)[0]
+    return compare_many(
+        baseline,
+        [candidate],
+        provider=provider,
+        threads=threads,
+        clock=clock,
+        max_seconds=max_seconds,
+        pairs=pairs,
+        min_pairs=min_pairs,
+        seed=seed,
+    )[0]
 
 
 def compare_many(
-    baseline: ModelSource, candidates: Sequence[ModelSource], *, provider: str = "cpu", threads: int | None = 1,
-    clock: str = "wall", max_seconds: float = 20.0, pairs: int = 40, min_pairs: int = 5, seed: int = 0,
+    baseline: ModelSource,
+    candidates: Sequence[ModelSource],
+    *,
+    provider: str = "cpu",
+    threads: int | None = 1,
+    clock: str = "wall",
+    max_seconds: float = 20.0,
+    pairs: int = 40,
+    min_pairs: int = 5,
+    seed: int = 0,
 ) -> list[LatencyComparison]:
     """`compare_latency` for several candidates at once: the baseline and every candidate take turns, block by
     block, so each candidate's ratio to the baseline comes from blocks taken back to back."""
@@ -253,6 +302,15 @@ def compare_many(
     out = []
     for cand in cands:
         ratios = block_ratios(base.samples_ms, cand.samples_ms, timed.block)
-        out.append(LatencyComparison(base.median_ms, cand.median_ms, statistics.median(ratios),
-                                     median_interval(ratios, seed), len(ratios), timed.block, seconds))
+        out.append(
+            LatencyComparison(
+                base.median_ms,
+                cand.median_ms,
+                statistics.median(ratios),
+                median_interval(ratios, seed),
+                len(ratios),
+                timed.block,
+                seconds,
+            )
+        )
     return out

@@ -33,8 +33,17 @@ IR_VERSION = 8
 BIAS_STD = 0.01
 
 __all__ = [
-    "IR_VERSION", "MODELS", "OPSET", "SMALL_SIZES", "ModelInfo", "build_model", "catalog", "describe",
-    "example_inputs", "format_catalog", "model_names",
+    "IR_VERSION",
+    "MODELS",
+    "OPSET",
+    "SMALL_SIZES",
+    "ModelInfo",
+    "build_model",
+    "catalog",
+    "describe",
+    "example_inputs",
+    "format_catalog",
+    "model_names",
 ]
 
 
@@ -89,8 +98,7 @@ class _Graph:
     def const(self, name: str, array: np.ndarray) -> str:
         """Add ``array`` (float32 or int64) as an initializer, written in place."""
         name = self.unique(name)
-        dtypes = {np.dtype(np.float32): (TensorProto.FLOAT, "<f4"),
-                  np.dtype(np.int64): (TensorProto.INT64, "<i8")}
+        dtypes = {np.dtype(np.float32): (TensorProto.FLOAT, "<f4"), np.dtype(np.int64): (TensorProto.INT64, "<i8")}
         elem, layout = dtypes[array.dtype]
         tensor = self.graph.initializer.add()
         tensor.name = name
@@ -110,8 +118,15 @@ class _Graph:
         data *= np.float32(std)
         return self.const(name, data)
 
-    def node(self, op: str, inputs: Sequence[str], shape: Sequence[int], name: str,
-             output: str | None = None, **attrs: object) -> _T:
+    def node(
+        self,
+        op: str,
+        inputs: Sequence[str],
+        shape: Sequence[int],
+        name: str,
+        output: str | None = None,
+        **attrs: object,
+    ) -> _T:
         name = self.unique(name)
         if output is not None and output in self._taken:
             raise ValueError(f"output name {output!r} is already used")
@@ -142,9 +157,19 @@ class _Graph:
     def mul(self, a: _T, b: _T, name: str) -> _T:
         return self.binary("Mul", a, b, name)
 
-    def conv(self, x: _T, cout: int, kernel: int | Sequence[int], name: str, *,
-             stride: int | Sequence[int] = 1, pad: int | Sequence[int] = 0, groups: int = 1,
-             relu: bool = True, gain: float | None = None) -> _T:
+    def conv(
+        self,
+        x: _T,
+        cout: int,
+        kernel: int | Sequence[int],
+        name: str,
+        *,
+        stride: int | Sequence[int] = 1,
+        pad: int | Sequence[int] = 0,
+        groups: int = 1,
+        relu: bool = True,
+        gain: float | None = None,
+    ) -> _T:
         """Conv with bias (and a ReLU when ``relu``); ``pad`` is symmetric per axis."""
         n, cin, h, w = x.shape
         kh, kw = _pair(kernel)
@@ -158,17 +183,25 @@ class _Graph:
         weight = self.randn(f"{name}.weight", (cout, cin // groups, kh, kw), math.sqrt(gain / fan_in))
         bias = self.randn(f"{name}.bias", (cout,), BIAS_STD)
         shape = (n, cout, _window_out(h, kh, sh, ph), _window_out(w, kw, sw, pw))
-        y = self.node("Conv", [x.name, weight, bias], shape, name,
-                      kernel_shape=[kh, kw], strides=[sh, sw], pads=[ph, pw, ph, pw],
-                      dilations=[1, 1], group=groups)
+        y = self.node(
+            "Conv",
+            [x.name, weight, bias],
+            shape,
+            name,
+            kernel_shape=[kh, kw],
+            strides=[sh, sw],
+            pads=[ph, pw, ph, pw],
+            dilations=[1, 1],
+            group=groups,
+        )
         return self.relu(y, f"{name}.relu") if relu else y
 
-    def _pool(self, op: str, x: _T, kernel: int, stride: int, pad: int, name: str,
-              **attrs: object) -> _T:
+    def _pool(self, op: str, x: _T, kernel: int, stride: int, pad: int, name: str, **attrs: object) -> _T:
         n, c, h, w = x.shape
         shape = (n, c, _window_out(h, kernel, stride, pad), _window_out(w, kernel, stride, pad))
-        return self.node(op, [x.name], shape, name, kernel_shape=[kernel, kernel],
-                         strides=[stride, stride], pads=[pad] * 4, **attrs)
+        return self.node(
+            op, [x.name], shape, name, kernel_shape=[kernel, kernel], strides=[stride, stride], pads=[pad] * 4, **attrs
+        )
 
     def maxpool(self, x: _T, kernel: int, stride: int, pad: int, name: str) -> _T:
         return self._pool("MaxPool", x, kernel, stride, pad, name)
@@ -185,8 +218,7 @@ class _Graph:
     def concat(self, xs: Sequence[_T], name: str, axis: int = 1) -> _T:
         base = list(xs[0].shape)
         for t in xs[1:]:
-            if len(t.shape) != len(base) or any(
-                    a != b for i, (a, b) in enumerate(zip(t.shape, base)) if i != axis):
+            if len(t.shape) != len(base) or any(a != b for i, (a, b) in enumerate(zip(t.shape, base)) if i != axis):
                 raise ValueError(f"concat {name}: incompatible shapes {[t.shape for t in xs]}")
         base[axis] = sum(t.shape[axis] for t in xs)
         return self.node("Concat", [t.name for t in xs], base, name, axis=axis)
@@ -208,26 +240,24 @@ class _Graph:
     def weight(self, name: str, shape: Sequence[int], std: float) -> _T:
         return _T(self.randn(name, shape, std), tuple(shape))
 
-    def matmul_weight(self, x: _T, n_out: int, name: str, std: float,
-                      output: str | None = None) -> _T:
+    def matmul_weight(self, x: _T, n_out: int, name: str, std: float, output: str | None = None) -> _T:
         """``x @ W`` with a fresh (in, out) weight of the given std, no bias."""
         w = self.weight(f"{name}.weight", (x.shape[-1], n_out), std)
         return self.matmul(x, w, name, output)
 
-    def linear(self, x: _T, n_out: int, name: str, *, relu: bool = False,
-               output: str | None = None) -> _T:
+    def linear(self, x: _T, n_out: int, name: str, *, relu: bool = False, output: str | None = None) -> _T:
         """Fully connected layer as MatMul + Add (bias), optionally + Relu."""
         std = math.sqrt((2.0 if relu else 1.0) / x.shape[-1])
         y = self.matmul_weight(x, n_out, name, std)
         bias = _T(self.randn(f"{name}.bias", (n_out,), BIAS_STD), (n_out,))
-        y = self.node("Add", [y.name, bias.name], y.shape, f"{name}.add",
-                      None if relu else output)
+        y = self.node("Add", [y.name, bias.name], y.shape, f"{name}.add", None if relu else output)
         return self.relu(y, f"{name}.relu", output) if relu else y
 
     def model(self, outputs: Sequence[_T], doc: str = "") -> onnx.ModelProto:
         """Finish the graph with ``outputs`` and return the model (no copy of the weights)."""
         self.graph.output.extend(
-            helper.make_tensor_value_info(t.name, TensorProto.FLOAT, list(t.shape)) for t in outputs)
+            helper.make_tensor_value_info(t.name, TensorProto.FLOAT, list(t.shape)) for t in outputs
+        )
         self.graph.doc_string = doc
         self.proto.ir_version = IR_VERSION
         self.proto.producer_name = "tensat.models"
@@ -248,8 +278,9 @@ def _stem(g: _Graph, x: _T) -> _T:
     return g.maxpool(x, 3, 2, 1, "stem.maxpool")
 
 
-def bert(*, layers: int = 8, seq: int = 64, hidden: int = 1024, heads: int = 16,
-         wiring: str = "tensat", seed: int = 0) -> onnx.ModelProto:
+def bert(
+    *, layers: int = 8, seq: int = 64, hidden: int = 1024, heads: int = 16, wiring: str = "tensat", seed: int = 0
+) -> onnx.ModelProto:
     """Tensat's BERT: ``layers`` multi-head attention layers on a (seq, hidden) input ``x``.
 
     Per layer: Q, K, V = h @ W (hidden x hidden each), reshaped to (seq, heads,
@@ -304,8 +335,7 @@ def bert(*, layers: int = 8, seq: int = 64, hidden: int = 1024, heads: int = 16,
     return g.model([*outputs, h], bert.__doc__ or "")
 
 
-def nasrnn(*, steps: int = 5, hidden: int = 512, share_weights: bool = True,
-           seed: int = 0) -> onnx.ModelProto:
+def nasrnn(*, steps: int = 5, hidden: int = 512, share_weights: bool = True, seed: int = 0) -> onnx.ModelProto:
     """NasRNN cell (Zoph & Le) unrolled ``steps`` times on inputs ``x0``.. of shape (1, hidden).
 
     Each step computes 8 combines t_i = x @ W1_i + h @ W2_i and the NAS cell tree
@@ -323,10 +353,14 @@ def nasrnn(*, steps: int = 5, hidden: int = 512, share_weights: bool = True,
         p = f"step{t}"
         if not shared or not share_weights:
             wp = "cell" if share_weights else p
-            shared = [(g.weight(f"{wp}.w_x{i}", (hidden, hidden), std),
-                       g.weight(f"{wp}.w_h{i}", (hidden, hidden), std)) for i in range(8)]
-        ts = [g.add(g.matmul(x, wx, f"{p}.t{i}.x"), g.matmul(h, wh, f"{p}.t{i}.h"), f"{p}.t{i}")
-              for i, (wx, wh) in enumerate(shared)]
+            shared = [
+                (g.weight(f"{wp}.w_x{i}", (hidden, hidden), std), g.weight(f"{wp}.w_h{i}", (hidden, hidden), std))
+                for i in range(8)
+            ]
+        ts = [
+            g.add(g.matmul(x, wx, f"{p}.t{i}.x"), g.matmul(h, wh, f"{p}.t{i}.h"), f"{p}.t{i}")
+            for i, (wx, wh) in enumerate(shared)
+        ]
         m0 = g.add(g.relu(ts[0], f"{p}.t0.relu"), g.sigmoid(ts[3], f"{p}.t3.sigmoid"), f"{p}.mid0")
         m1 = g.add(g.sigmoid(ts[1], f"{p}.t1.sigmoid"), g.tanh(ts[2], f"{p}.t2.tanh"), f"{p}.mid1")
         m2 = g.mul(g.sigmoid(ts[4], f"{p}.t4.sigmoid"), g.tanh(ts[5], f"{p}.t5.tanh"), f"{p}.mid2")
@@ -338,8 +372,9 @@ def nasrnn(*, steps: int = 5, hidden: int = 512, share_weights: bool = True,
     return g.model([h], nasrnn.__doc__ or "")
 
 
-def _resnet_like(name: str, doc: str, *, image: int, stages: Sequence[tuple[int, int]],
-                 expansion: int, groups: int, seed: int) -> onnx.ModelProto:
+def _resnet_like(
+    name: str, doc: str, *, image: int, stages: Sequence[tuple[int, int]], expansion: int, groups: int, seed: int
+) -> onnx.ModelProto:
     """Shared body of ResNet-50 / ResNeXt-50 (bottleneck blocks, bias instead of BN)."""
     g = _Graph(name, seed)
     x = _stem(g, g.input("x", (1, 3, image, image)))
@@ -362,22 +397,33 @@ def resnext50(*, image: int = 224, seed: int = 0) -> onnx.ModelProto:
     blocks (1x1 -> 3x3 grouped conv carrying the stride -> 1x1 to 2*width, 1x1
     projection shortcut when the shape changes, add, relu), GAP and FC 1000.
     Input ``x`` (1, 3, image, image), output ``logits`` (1, 1000)."""
-    return _resnet_like("resnext50", resnext50.__doc__ or "", image=image,
-                        stages=[(3, 128), (4, 256), (6, 512), (3, 1024)],
-                        expansion=2, groups=32, seed=seed)
+    return _resnet_like(
+        "resnext50",
+        resnext50.__doc__ or "",
+        image=image,
+        stages=[(3, 128), (4, 256), (6, 512), (3, 1024)],
+        expansion=2,
+        groups=32,
+        seed=seed,
+    )
 
 
 def resnet50(*, image: int = 224, seed: int = 0) -> onnx.ModelProto:
     """ResNet-50 (control with little to gain): stem, bottleneck stages 3,4,6,3 of widths
     64,128,256,512 (expansion 4, stride on the 3x3 conv), conv biases instead of
     batch norm, GAP and FC 1000.  Input ``x`` (1, 3, image, image), output ``logits``."""
-    return _resnet_like("resnet50", resnet50.__doc__ or "", image=image,
-                        stages=[(3, 64), (4, 128), (6, 256), (3, 512)],
-                        expansion=4, groups=1, seed=seed)
+    return _resnet_like(
+        "resnet50",
+        resnet50.__doc__ or "",
+        image=image,
+        stages=[(3, 64), (4, 128), (6, 256), (3, 512)],
+        expansion=4,
+        groups=1,
+        seed=seed,
+    )
 
 
-def _sep_conv(g: _Graph, x: _T, kernel: int, name: str, stride: int = 1,
-              gain: float = 1.0) -> _T:
+def _sep_conv(g: _Graph, x: _T, kernel: int, name: str, stride: int = 1, gain: float = 1.0) -> _T:
     """Separable conv: depthwise KxK ("same" pad) + 1x1 conv, no activations."""
     c = x.shape[1]
     y = g.conv(x, c, kernel, f"{name}.depthwise", stride=stride, pad=kernel // 2, groups=c, relu=False)
@@ -401,13 +447,22 @@ def _nas_normal_cell(g: _Graph, prev: _T, cur: _T, channels: int, name: str) -> 
     prev, cur = _nas_adapt(g, prev, cur, channels, name)
     outs = [
         g.add(_sep_conv(g, cur, 3, f"{name}.b0.sep3_cur"), cur, f"{name}.b0.add"),
-        g.add(_sep_conv(g, prev, 3, f"{name}.b1.sep3_prev", gain=0.5),
-              _sep_conv(g, cur, 3, f"{name}.b1.sep3_cur", gain=0.5), f"{name}.b1.add"),
+        g.add(
+            _sep_conv(g, prev, 3, f"{name}.b1.sep3_prev", gain=0.5),
+            _sep_conv(g, cur, 3, f"{name}.b1.sep3_cur", gain=0.5),
+            f"{name}.b1.add",
+        ),
         g.add(g.avgpool(cur, 3, 1, 1, f"{name}.b2.avg3_cur"), prev, f"{name}.b2.add"),
-        g.add(g.avgpool(prev, 3, 1, 1, f"{name}.b3.avg3_prev_a"),
-              g.avgpool(prev, 3, 1, 1, f"{name}.b3.avg3_prev_b"), f"{name}.b3.add"),
-        g.add(_sep_conv(g, prev, 3, f"{name}.b4.sep3_prev_a", gain=0.5),
-              _sep_conv(g, prev, 3, f"{name}.b4.sep3_prev_b", gain=0.5), f"{name}.b4.add"),
+        g.add(
+            g.avgpool(prev, 3, 1, 1, f"{name}.b3.avg3_prev_a"),
+            g.avgpool(prev, 3, 1, 1, f"{name}.b3.avg3_prev_b"),
+            f"{name}.b3.add",
+        ),
+        g.add(
+            _sep_conv(g, prev, 3, f"{name}.b4.sep3_prev_a", gain=0.5),
+            _sep_conv(g, prev, 3, f"{name}.b4.sep3_prev_b", gain=0.5),
+            f"{name}.b4.add",
+        ),
     ]
     return g.concat(outs, f"{name}.concat")
 
@@ -415,20 +470,31 @@ def _nas_normal_cell(g: _Graph, prev: _T, cur: _T, channels: int, name: str) -> 
 def _nas_reduction_cell(g: _Graph, prev: _T, cur: _T, channels: int, name: str) -> _T:
     """Tensat's stride-2 reduction cell (all stride-2 branches give ceil(H/2))."""
     prev, cur = _nas_adapt(g, prev, cur, channels, name)
-    o0 = g.add(_sep_conv(g, prev, 7, f"{name}.b0.sep7_prev", stride=2, gain=0.5),
-               _sep_conv(g, cur, 5, f"{name}.b0.sep5_cur", stride=2, gain=0.5), f"{name}.b0.add")
-    o1 = g.add(g.maxpool(cur, 3, 2, 1, f"{name}.b1.max3_cur"),
-               _sep_conv(g, prev, 7, f"{name}.b1.sep7_prev", stride=2), f"{name}.b1.add")
-    o2 = g.add(g.avgpool(cur, 3, 2, 1, f"{name}.b2.avg3_cur"),
-               _sep_conv(g, prev, 5, f"{name}.b2.sep5_prev", stride=2), f"{name}.b2.add")
-    o3 = g.add(g.maxpool(cur, 3, 2, 1, f"{name}.b3.max3_cur"),
-               _sep_conv(g, o0, 3, f"{name}.b3.sep3_o0"), f"{name}.b3.add")
+    o0 = g.add(
+        _sep_conv(g, prev, 7, f"{name}.b0.sep7_prev", stride=2, gain=0.5),
+        _sep_conv(g, cur, 5, f"{name}.b0.sep5_cur", stride=2, gain=0.5),
+        f"{name}.b0.add",
+    )
+    o1 = g.add(
+        g.maxpool(cur, 3, 2, 1, f"{name}.b1.max3_cur"),
+        _sep_conv(g, prev, 7, f"{name}.b1.sep7_prev", stride=2),
+        f"{name}.b1.add",
+    )
+    o2 = g.add(
+        g.avgpool(cur, 3, 2, 1, f"{name}.b2.avg3_cur"),
+        _sep_conv(g, prev, 5, f"{name}.b2.sep5_prev", stride=2),
+        f"{name}.b2.add",
+    )
+    o3 = g.add(
+        g.maxpool(cur, 3, 2, 1, f"{name}.b3.max3_cur"), _sep_conv(g, o0, 3, f"{name}.b3.sep3_o0"), f"{name}.b3.add"
+    )
     o4 = g.add(g.avgpool(o0, 3, 1, 1, f"{name}.b4.avg3_o0"), o1, f"{name}.b4.add")
     return g.concat([o0, o1, o2, o3, o4], f"{name}.concat")
 
 
-def nasnet_a(*, image: int = 224, channels: int = 128, stages: int = 3, cells: int = 5,
-             seed: int = 0) -> onnx.ModelProto:
+def nasnet_a(
+    *, image: int = 224, channels: int = 128, stages: int = 3, cells: int = 5, seed: int = 0
+) -> onnx.ModelProto:
     """NasNet-A as in Tensat's ``nasneta.rs``: ResNet stem, then ``stages`` x (``cells``
     normal cells + a reduction cell) starting at ``channels`` (doubled for each
     reduction cell and the stage after it), GAP and FC 1000.
@@ -496,12 +562,22 @@ def _inception_d(g: _Graph, x: _T, p: str) -> _T:
 def _inception_e(g: _Graph, x: _T, p: str) -> _T:
     b1 = g.conv(x, 320, 1, f"{p}.branch1x1")
     b3 = g.conv(x, 384, 1, f"{p}.branch3x3_1")
-    b3 = g.concat([g.conv(b3, 384, (1, 3), f"{p}.branch3x3_2a", pad=(0, 1)),
-                   g.conv(b3, 384, (3, 1), f"{p}.branch3x3_2b", pad=(1, 0))], f"{p}.branch3x3.concat")
+    b3 = g.concat(
+        [
+            g.conv(b3, 384, (1, 3), f"{p}.branch3x3_2a", pad=(0, 1)),
+            g.conv(b3, 384, (3, 1), f"{p}.branch3x3_2b", pad=(1, 0)),
+        ],
+        f"{p}.branch3x3.concat",
+    )
     bd = g.conv(x, 448, 1, f"{p}.branch3x3dbl_1")
     bd = g.conv(bd, 384, 3, f"{p}.branch3x3dbl_2", pad=1)
-    bd = g.concat([g.conv(bd, 384, (1, 3), f"{p}.branch3x3dbl_3a", pad=(0, 1)),
-                   g.conv(bd, 384, (3, 1), f"{p}.branch3x3dbl_3b", pad=(1, 0))], f"{p}.branch3x3dbl.concat")
+    bd = g.concat(
+        [
+            g.conv(bd, 384, (1, 3), f"{p}.branch3x3dbl_3a", pad=(0, 1)),
+            g.conv(bd, 384, (3, 1), f"{p}.branch3x3dbl_3b", pad=(1, 0)),
+        ],
+        f"{p}.branch3x3dbl.concat",
+    )
     bp = g.conv(g.avgpool(x, 3, 1, 1, f"{p}.branch_pool.avgpool"), 192, 1, f"{p}.branch_pool")
     return g.concat([b1, b3, bd, bp], f"{p}.concat")
 
@@ -534,8 +610,9 @@ def inception_v3(*, image: int = 299, seed: int = 0) -> onnx.ModelProto:
 
 def _fire(g: _Graph, x: _T, squeeze: int, expand: int, p: str) -> _T:
     s = g.conv(x, squeeze, 1, f"{p}.squeeze")
-    return g.concat([g.conv(s, expand, 1, f"{p}.expand1x1"),
-                     g.conv(s, expand, 3, f"{p}.expand3x3", pad=1)], f"{p}.concat")
+    return g.concat(
+        [g.conv(s, expand, 1, f"{p}.expand1x1"), g.conv(s, expand, 3, f"{p}.expand3x3", pad=1)], f"{p}.concat"
+    )
 
 
 def squeezenet(*, image: int = 224, seed: int = 0) -> onnx.ModelProto:
@@ -663,8 +740,9 @@ class ModelInfo:
 def _info(name: str, model: onnx.ModelProto) -> ModelInfo:
     graph = model.graph
     init = {t.name for t in graph.initializer}
-    inputs = {vi.name: tuple(d.dim_value for d in vi.type.tensor_type.shape.dim)
-              for vi in graph.input if vi.name not in init}
+    inputs = {
+        vi.name: tuple(d.dim_value for d in vi.type.tensor_type.shape.dim) for vi in graph.input if vi.name not in init
+    }
     params = sum(math.prod(t.dims) for t in graph.initializer if t.data_type == TensorProto.FLOAT)
     return ModelInfo(name, _DESCRIPTIONS[name], inputs, len(graph.node), params)
 
@@ -713,14 +791,17 @@ def _format_inputs(inputs: dict[str, tuple[int, ...]]) -> str:
 def format_catalog(infos: Sequence[ModelInfo]) -> str:
     """An aligned plain-text table of ``infos``: name, ONNX nodes, parameters (millions), inputs, description."""
     header = ("name", "ONNX nodes", "parameters", "inputs", "description")
-    rows = [(i.name, str(i.onnx_nodes), f"{i.parameters / 1e6:.1f}M", _format_inputs(i.inputs), i.description)
-            for i in infos]
+    rows = [
+        (i.name, str(i.onnx_nodes), f"{i.parameters / 1e6:.1f}M", _format_inputs(i.inputs), i.description)
+        for i in infos
+    ]
     widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header))]
     right = {1, 2}  # numeric columns
 
     def line(cells: Sequence[str]) -> str:
-        text = "  ".join(cell.rjust(w) if c in right else cell.ljust(w)
-                         for c, (cell, w) in enumerate(zip(cells, widths)))
+        text = "  ".join(
+            cell.rjust(w) if c in right else cell.ljust(w) for c, (cell, w) in enumerate(zip(cells, widths))
+        )
         return text.rstrip()
 
     rule = ["-" * w for w in widths]

@@ -1,11 +1,29 @@
 """The ONNX layer's public names, kept importable from here; the code is in the `tensat.onnx` package."""
 
 from tensat.onnx import (
-    EXPORTERS, IMPORTERS, MAX_IR_VERSION, MIN_OPSET, PROTO_LIMIT, export_model, import_model, ir_version_for,
-    load_model, run_node, save_model,
+    EXPORTERS,
+    IMPORTERS,
+    MAX_IR_VERSION,
+    MIN_OPSET,
+    PROTO_LIMIT,
+    export_model,
+    import_model,
+    ir_version_for,
+    load_model,
+    run_node,
+    save_model,
 )
 
 __all__ = [
-    "EXPORTERS", "IMPORTERS", "MAX_IR_VERSION", "MIN_OPSET", "PROTO_LIMIT", "export_model", "import_model",
-    "ir_version_for", "load_model", "run_node", "save_model",
+    "EXPORTERS",
+    "IMPORTERS",
+    "MAX_IR_VERSION",
+    "MIN_OPSET",
+    "PROTO_LIMIT",
+    "export_model",
+    "import_model",
+    "ir_version_for",
+    "load_model",
+    "run_node",
+    "save_model",
 ]

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from tensat.errors import TensatError
 
@@ -70,8 +71,13 @@ def non_negative_float(text: str) -> float:
 class _InputShapes(argparse.Action):
     """`--input-shape NAME=D1,D2,...`, repeatable: collects the shapes into one {name: dims} dict."""
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         name, dims = values
         setattr(namespace, self.dest, {**(getattr(namespace, self.dest) or {}), name: dims})
 
@@ -87,36 +93,66 @@ class Options:
     """Every knob of one optimization run. Each field's `metadata["help"]` says what it does, as the command-line
     flag of the same name (`--node-limit` for `node_limit`) shows it in `tensat optimize --help`."""
 
-    node_limit: int = _option(50_000, "stop exploring before the e-graph exceeds this many e-nodes (default {default})",
-                              type=positive_int)
+    node_limit: int = _option(
+        50_000, "stop exploring before the e-graph exceeds this many e-nodes (default {default})", type=positive_int
+    )
     iter_limit: int = _option(15, "maximum exploration iterations (default {default})", type=int)
-    time_limit: float = _option(60.0, "exploration time limit in seconds, checked between iterations (default "
-                                      "{default})", type=positive_float)
-    k_multi: int = _option(1, "number of first iterations in which multi-pattern rules run (default {default})",
-                           type=int, choices=(0, 1, 2))
-    guided_rounds: int = _option(4, "rounds after exploration that run the multi-pattern rules on pairs of the "
-                                    "extracted graph's e-classes, extending its merges (default {default}; 0 disables)",
-                                 type=int)
-    extractor: str = _option("ilp", "extraction method: optimal ILP or greedy DAG (default {default})",
-                             choices=EXTRACTORS)
+    time_limit: float = _option(
+        60.0, "exploration time limit in seconds, checked between iterations (default {default})", type=positive_float
+    )
+    k_multi: int = _option(
+        1,
+        "number of first iterations in which multi-pattern rules run (default {default})",
+        type=int,
+        choices=(0, 1, 2),
+    )
+    guided_rounds: int = _option(
+        4,
+        "rounds after exploration that run the multi-pattern rules on pairs of the "
+        "extracted graph's e-classes, extending its merges (default {default}; 0 disables)",
+        type=int,
+    )
+    extractor: str = _option(
+        "ilp", "extraction method: optimal ILP or greedy DAG (default {default})", choices=EXTRACTORS
+    )
     solver: str = _option("highs", "ILP solver (default {default})", choices=SOLVERS)
     ilp_time_limit: float = _option(60.0, "ILP solver time limit in seconds (default {default})", type=positive_float)
-    cost: str = _option("measured", "cost model: measured (per-op latency measured in onnxruntime on the target "
-                                    "device, cached) or analytic (the roofline estimate: quick and reproducible) "
-                                    "(default {default})", choices=COSTS)
-    device: str = _option("auto", "device whose latency the measured cost model uses and the end-to-end check times "
-                                  "on (default {default}: CUDA where it loads and a GPU exists, else CPU)",
-                          choices=DEVICES)
-    latency_check: float = _option(20.0, "time the optimized model against the input end to end, at one thread and "
-                                         "at every core, for up to this long, and keep the input unless the optimized "
-                                         "one runs faster (default {default}; 0 skips)",
-                                   type=non_negative_float, metavar="SECONDS")
-    verify: bool = _option(True, "skip the numerical check of the optimized model against the input in onnxruntime",
-                           name="--no-verify", action="store_false")
+    cost: str = _option(
+        "measured",
+        "cost model: measured (per-op latency measured in onnxruntime on the target "
+        "device, cached) or analytic (the roofline estimate: quick and reproducible) "
+        "(default {default})",
+        choices=COSTS,
+    )
+    device: str = _option(
+        "auto",
+        "device whose latency the measured cost model uses and the end-to-end check times "
+        "on (default {default}: CUDA where it loads and a GPU exists, else CPU)",
+        choices=DEVICES,
+    )
+    latency_check: float = _option(
+        20.0,
+        "time the optimized model against the input end to end, at one thread and "
+        "at every core, for up to this long, and keep the input unless the optimized "
+        "one runs faster (default {default}; 0 skips)",
+        type=non_negative_float,
+        metavar="SECONDS",
+    )
+    verify: bool = _option(
+        True,
+        "skip the numerical check of the optimized model against the input in onnxruntime",
+        name="--no-verify",
+        action="store_false",
+    )
     seed: int = _option(0, "seed of the random verification inputs (default {default})", type=int)
     input_shapes: Mapping[str, Sequence[int]] | None = _option(
-        None, "concrete shape for an input with dynamic dims (repeat for several inputs)", name="--input-shape",
-        metavar="NAME=D1,D2,...", type=parse_input_shape, action=_InputShapes)
+        None,
+        "concrete shape for an input with dynamic dims (repeat for several inputs)",
+        name="--input-shape",
+        metavar="NAME=D1,D2,...",
+        type=parse_input_shape,
+        action=_InputShapes,
+    )
 
     def check(self) -> None:
         """Reject out-of-range options with a one-line error."""

@@ -12,7 +12,8 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Callable, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 ProgressFn = Callable[[str, str], None]
 
@@ -49,8 +50,9 @@ class StderrProgress:
     """A progress reporter writing to stderr (or `stream`): `live` redraws one line in place, ticking every
     `tick` seconds; otherwise one line per report. Use as a context manager, or call `close()`."""
 
-    def __init__(self, stream: TextIO | None = None, live: bool | None = None, tick: float = 0.5,
-                 prefix: str = "tensat") -> None:
+    def __init__(
+        self, stream: TextIO | None = None, live: bool | None = None, tick: float = 0.5, prefix: str = "tensat"
+    ) -> None:
         self.stream = stream if stream is not None else sys.stderr
         self.live = stream_is_tty(self.stream) if live is None else live
         self.prefix = prefix
@@ -104,7 +106,7 @@ class StderrProgress:
                 self.stream.flush()
                 self._width = 0
 
-    def __enter__(self) -> "StderrProgress":
+    def __enter__(self) -> StderrProgress:
         return self
 
     def __exit__(self, *exc: object) -> None:

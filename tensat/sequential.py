@@ -30,16 +30,25 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from tensat import rewrites
-from tensat.rewrites.match import (
-    Context, Match, Matcher, NotApplicable, TermGraph, build_rhs, effective_roots, rewrite, rewrite_mapped,
-    rhs_tensor_vars,
-)
 from tensat.cost import CostModel, graph_cost
 from tensat.ir import Graph, Node
+from tensat.rewrites.match import (
+    Context,
+    Match,
+    Matcher,
+    NotApplicable,
+    TermGraph,
+    build_rhs,
+    effective_roots,
+    rewrite,
+    rewrite_mapped,
+    rhs_tensor_vars,
+)
 
 Progress = Callable[[dict[str, Any]], None]
 
@@ -79,11 +88,22 @@ class SequentialResult:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready summary (without the graphs)."""
         return {
-            "cost_before": self.cost_before, "cost_after": self.cost_after, "speedup": self.speedup,
-            "ops_before": self.ops_before, "ops_after": self.ops_after, "expansions": self.expansions,
-            "seconds": self.seconds, "stop_reason": self.stop_reason, "alpha": self.alpha, "budget": self.budget,
-            "matches": self.matches, "candidates": self.candidates, "pushed": self.pushed,
-            "rejected": dict(self.rejected), "best_expansion": self.best_expansion, "applied": list(self.applied),
+            "cost_before": self.cost_before,
+            "cost_after": self.cost_after,
+            "speedup": self.speedup,
+            "ops_before": self.ops_before,
+            "ops_after": self.ops_after,
+            "expansions": self.expansions,
+            "seconds": self.seconds,
+            "stop_reason": self.stop_reason,
+            "alpha": self.alpha,
+            "budget": self.budget,
+            "matches": self.matches,
+            "candidates": self.candidates,
+            "pushed": self.pushed,
+            "rejected": dict(self.rejected),
+            "best_expansion": self.best_expansion,
+            "applied": list(self.applied),
             "rules": len(self.rules),
         }
 
@@ -104,7 +124,7 @@ class _State:
     cost: float
     ops: int
     key: int
-    parent: "_State | None"
+    parent: _State | None
     match: Match | None
     found_at: int
     outputs: tuple[tuple[str, int], ...] | None = None
@@ -115,9 +135,17 @@ class _State:
 class SequentialSearch:
     """Best-first search over one graph with a rule set and a cost model; `run()` does the search."""
 
-    def __init__(self, graph: Graph, cost: CostModel, rules: Sequence[rewrites.Rule] | None = None, *,
-                 alpha: float = 1.05, budget: int = 100, time_limit: float | None = None,
-                 progress: Progress | None = None) -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        cost: CostModel,
+        rules: Sequence[rewrites.Rule] | None = None,
+        *,
+        alpha: float = 1.05,
+        budget: int = 100,
+        time_limit: float | None = None,
+        progress: Progress | None = None,
+    ) -> None:
         if alpha <= 0:
             raise ValueError(f"alpha must be positive, got {alpha}")
         if budget < 0:
@@ -139,8 +167,15 @@ class SequentialSearch:
 
     # -- per-node costs -----------------------------------------------------------------------------------------
 
-    def _price(self, op: str, attrs: tuple[tuple[str, Any], ...], shape: tuple[int, ...], dtype: str,
-               in_shapes: tuple[tuple[int, ...], ...], in_const: tuple[bool, ...]) -> float:
+    def _price(
+        self,
+        op: str,
+        attrs: tuple[tuple[str, Any], ...],
+        shape: tuple[int, ...],
+        dtype: str,
+        in_shapes: tuple[tuple[int, ...], ...],
+        in_const: tuple[bool, ...],
+    ) -> float:
         key = (op, attrs, shape, dtype, in_shapes, in_const)
         found = self._sig_cost.get(key)
         if found is None:
@@ -158,8 +193,16 @@ class SequentialSearch:
                 self._isop.append(False)
                 continue
             ins = s.inputs[i]
-            self._cost.append(self._price(s.op[i], s.attrs[i], s.shape[i], s.dtype[i],
-                                          tuple(s.shape[j] for j in ins), tuple(s.const[j] for j in ins)))
+            self._cost.append(
+                self._price(
+                    s.op[i],
+                    s.attrs[i],
+                    s.shape[i],
+                    s.dtype[i],
+                    tuple(s.shape[j] for j in ins),
+                    tuple(s.const[j] for j in ins),
+                )
+            )
             self._isop.append(True)
 
     def _materialize(self, st: _State) -> None:
@@ -200,8 +243,11 @@ class SequentialSearch:
                 found = None
             else:
                 tensors = dict(m.tensors)
-                found = _Rhs(new_roots, tuple(tensors[v] for v in sorted(rhs_tensor_vars(m.rule))),
-                             self._built(new_roots, set(tensors.values())))
+                found = _Rhs(
+                    new_roots,
+                    tuple(tensors[v] for v in sorted(rhs_tensor_vars(m.rule))),
+                    self._built(new_roots, set(tensors.values())),
+                )
         self._sync()
         self._rhs_cache[m] = found
         return found
@@ -286,8 +332,9 @@ class SequentialSearch:
                     h[a] = hash((sig[a], tuple(map(get, inputs[a], input_mh[a]))))
         return "ok", cost, nops, hash(tuple([(name, get(o, mh[o])) for name, o in ctx.outputs]))
 
-    def _add_new(self, new_roots: tuple[int, ...], live: set[int], cost: float, nops: int,
-                 delta: dict[int, int]) -> tuple[float, int]:
+    def _add_new(
+        self, new_roots: tuple[int, ...], live: set[int], cost: float, nops: int, delta: dict[int, int]
+    ) -> tuple[float, int]:
         """Add the right side's nodes that the graph does not have yet."""
         inputs, costs, isop = self.store.inputs, self._cost, self._isop
         stack = [r for r in new_roots if r not in live]
@@ -306,8 +353,9 @@ class SequentialSearch:
                     stack.append(i)
         return cost, nops
 
-    def _drop_dead(self, delta: dict[int, int], uses: dict[int, int], inputs: list[tuple[int, ...]], cost: float,
-                   nops: int) -> tuple[float, int]:
+    def _drop_dead(
+        self, delta: dict[int, int], uses: dict[int, int], inputs: list[tuple[int, ...]], cost: float, nops: int
+    ) -> tuple[float, int]:
         """Remove the nodes whose use count falls to zero, and so on down."""
         costs, isop = self._cost, self._isop
         dead = [x for x, d in delta.items() if d < 0 and uses[x] + d == 0]
@@ -322,8 +370,9 @@ class SequentialSearch:
                     dead.append(i)
         return cost, nops
 
-    def _candidate_general(self, st: _State, roots: tuple[int, ...], new_roots: tuple[int, ...], bound: float,
-                           max_ops: int) -> tuple[str, float, int, int]:
+    def _candidate_general(
+        self, st: _State, roots: tuple[int, ...], new_roots: tuple[int, ...], bound: float, max_ops: int
+    ) -> tuple[str, float, int, int]:
         """`_candidate` when rebuilt ancestors may coincide with existing nodes or change their cost."""
         ctx = st.ctx
         assert ctx is not None
@@ -368,8 +417,9 @@ class SequentialSearch:
                 elif in_const == tuple(const[i] for i in inputs[a]):
                     c, k = costs[a], isop[a]
                 else:
-                    c = self._price(s.op[a], s.attrs[a], s.shape[a], s.dtype[a],
-                                    tuple(s.shape[i] for i in inputs[a]), in_const)
+                    c = self._price(
+                        s.op[a], s.attrs[a], s.shape[a], s.dtype[a], tuple(s.shape[i] for i in inputs[a]), in_const
+                    )
                     k = True
             sub[a] = new_id
             cost += c
@@ -402,8 +452,15 @@ class SequentialSearch:
         start = time.perf_counter()
         root_cost = sum(self._cost[i] for i in self._root_ctx.order)
         root_ops = sum(self._isop[i] for i in self._root_ctx.order)
-        root = _State(root_cost, root_ops, self.store.graph_key(tuple(self.graph.outputs)), None, None, 0,
-                      outputs=tuple(self.graph.outputs))
+        root = _State(
+            root_cost,
+            root_ops,
+            self.store.graph_key(tuple(self.graph.outputs)),
+            None,
+            None,
+            0,
+            outputs=tuple(self.graph.outputs),
+        )
         max_ops = 2 * root_ops
         counter = itertools.count()
         heap: list[tuple[float, int, _State]] = [(root.cost, next(counter), root)]
@@ -445,12 +502,27 @@ class SequentialSearch:
                     heapq.heappush(heap, (cost, next(counter), _State(cost, nops, key, st, m, expansions)))
             assert st.ctx is not None
             st.ctx.forget()
-            trace.append({"expansion": expansions, "cost": st.cost, "best": best.cost, "queue": len(heap),
-                          "seconds": time.perf_counter() - start})
+            trace.append(
+                {
+                    "expansion": expansions,
+                    "cost": st.cost,
+                    "best": best.cost,
+                    "queue": len(heap),
+                    "seconds": time.perf_counter() - start,
+                }
+            )
             if self.progress is not None:
-                self.progress({"expansion": expansions, "budget": self.budget, "best": best.cost,
-                               "cost_before": root.cost, "queue": len(heap), "candidates": n_candidates,
-                               "seconds": time.perf_counter() - start})
+                self.progress(
+                    {
+                        "expansion": expansions,
+                        "budget": self.budget,
+                        "best": best.cost,
+                        "cost_before": root.cost,
+                        "queue": len(heap),
+                        "candidates": n_candidates,
+                        "seconds": time.perf_counter() - start,
+                    }
+                )
         if heap and heap[0][0] < best.cost * (1 - _EPS):
             best = heap[0][2]
             best_expansion = best.found_at
@@ -466,22 +538,43 @@ class SequentialSearch:
             applied.append(node.match.rule.name)
             node = node.parent
         return SequentialResult(
-            graph=result_graph, original_graph=self.graph, cost_before=cost_before,
-            cost_after=graph_cost(result_graph, self.cost_model), ops_before=ops_before,
-            ops_after=result_graph.op_count(), expansions=expansions, seconds=seconds, stop_reason=stop,
-            alpha=self.alpha, budget=self.budget, matches=n_matches, candidates=n_candidates, pushed=pushed,
-            rejected=rejected, best_expansion=best_expansion, applied=applied[::-1],
-            rules=[r.name for r in self.rules], trace=trace,
+            graph=result_graph,
+            original_graph=self.graph,
+            cost_before=cost_before,
+            cost_after=graph_cost(result_graph, self.cost_model),
+            ops_before=ops_before,
+            ops_after=result_graph.op_count(),
+            expansions=expansions,
+            seconds=seconds,
+            stop_reason=stop,
+            alpha=self.alpha,
+            budget=self.budget,
+            matches=n_matches,
+            candidates=n_candidates,
+            pushed=pushed,
+            rejected=rejected,
+            best_expansion=best_expansion,
+            applied=applied[::-1],
+            rules=[r.name for r in self.rules],
+            trace=trace,
         )
 
 
-def sequential_search(graph: Graph, cost: CostModel, rules: Sequence[rewrites.Rule] | None = None, *,
-                      alpha: float = 1.05, budget: int = 100, time_limit: float | None = None,
-                      progress: Progress | None = None) -> SequentialResult:
+def sequential_search(
+    graph: Graph,
+    cost: CostModel,
+    rules: Sequence[rewrites.Rule] | None = None,
+    *,
+    alpha: float = 1.05,
+    budget: int = 100,
+    time_limit: float | None = None,
+    progress: Progress | None = None,
+) -> SequentialResult:
     """TASO-style best-first search on `graph` under `cost`, with `rules` (default: `select_rules` for its ops).
 
     `alpha` (1.05) relaxes the pruning bound, `budget` (100) caps the expansions, `time_limit` (seconds, none by
     default) stops between expansions; `progress` is called with a dict after every expansion.
     """
-    return SequentialSearch(graph, cost, rules, alpha=alpha, budget=budget, time_limit=time_limit,
-                            progress=progress).run()
+    return SequentialSearch(
+        graph, cost, rules, alpha=alpha, budget=budget, time_limit=time_limit, progress=progress
+    ).run()

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from onnx import ModelProto
 
@@ -28,9 +29,16 @@ def onnxruntime_module() -> Any:
 
 
 def make_session(
-    model: ModelProto | bytes | str | os.PathLike[str], provider: str | Sequence[str] = "cpu",
-    threads: int | None = None, spinning: bool = True, optimizations: bool = True, *, log_severity: int = 3,
-    optimized_path: str | None = None, profile_prefix: str | None = None, disabled_optimizers: Sequence[str] = (),
+    model: ModelProto | bytes | str | os.PathLike[str],
+    provider: str | Sequence[str] = "cpu",
+    threads: int | None = None,
+    spinning: bool = True,
+    optimizations: bool = True,
+    *,
+    log_severity: int = 3,
+    optimized_path: str | None = None,
+    profile_prefix: str | None = None,
+    disabled_optimizers: Sequence[str] = (),
 ) -> Any:
     """An onnxruntime InferenceSession for `model` (a proto, its serialized bytes or a path) on `provider` ("cpu",
     "cuda" with CPU fallback, or a list of onnxruntime provider names), logging at `log_severity`, with `threads`

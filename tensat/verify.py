@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import onnx
@@ -74,7 +75,9 @@ def random_inputs(model: ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def run_model(
-    model: ModelProto | str | os.PathLike[str], feeds: Mapping[str, np.ndarray], provider: str = "cpu",
+    model: ModelProto | str | os.PathLike[str],
+    feeds: Mapping[str, np.ndarray],
+    provider: str = "cpu",
     optimizations: bool = True,
 ) -> dict[str, np.ndarray]:
     """Run `model` on `feeds` (extra feeds ignored), returning every output by name."""

@@ -34,9 +34,18 @@ def bench_run(tmp_path_factory):
 def test_bench_writes_report_plots_and_data(bench_run):
     rc, out = bench_run
     assert rc == 0
-    assert sorted(p.name for p in out.iterdir()) == sorted([
-        "report.md", "report.json", "compare.md", "compare.json", "exploration.md", "exploration.json",
-        "growth.png", "growth_resnet50.png"])
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [
+            "report.md",
+            "report.json",
+            "compare.md",
+            "compare.json",
+            "exploration.md",
+            "exploration.json",
+            "growth.png",
+            "growth_resnet50.png",
+        ]
+    )
     assert not [p for p in out.iterdir() if p.name.startswith(".")], "temporary files left behind"
 
 
@@ -63,9 +72,11 @@ def test_report_states_the_versions(bench_run):
     import highspy
 
     ort = "onnxruntime-gpu" if _installed("onnxruntime-gpu") else "onnxruntime"
-    assert line == (f"Versions: tensat {metadata.version('tensat')}, egglog {metadata.version('egglog')}, "
-                    f"{ort} {metadata.version(ort)}, PuLP {metadata.version('pulp')}, "
-                    f"HiGHS {highspy.Highs().version()} (highspy {metadata.version('highspy')}).")
+    assert line == (
+        f"Versions: tensat {metadata.version('tensat')}, egglog {metadata.version('egglog')}, "
+        f"{ort} {metadata.version(ort)}, PuLP {metadata.version('pulp')}, "
+        f"HiGHS {highspy.Highs().version()} (highspy {metadata.version('highspy')})."
+    )
 
 
 def _installed(package: str) -> bool:
@@ -104,10 +115,13 @@ def test_report_json_holds_the_data(bench_run):
     assert json.loads((out / "compare.json").read_text())["rows"] == doc["compare"]["rows"]
 
 
-@pytest.mark.parametrize("models, message", [
-    ("resnet50,nope", "unknown model 'nope'"),
-    (",", "--models names no graph"),
-])
+@pytest.mark.parametrize(
+    "models, message",
+    [
+        ("resnet50,nope", "unknown model 'nope'"),
+        (",", "--models names no graph"),
+    ],
+)
 def test_bad_model_is_a_one_line_error(tmp_path, capsys, models, message):
     out = tmp_path / "results"
     assert main(["--models", models, "--out-dir", str(out)]) == 1
@@ -151,11 +165,18 @@ def test_parse_models_keeps_order_and_drops_repeats():
 
 
 def test_python_dash_m_bench_reports_errors_in_tensat_style(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "bench", "--models", "nope", "--out-dir", str(tmp_path / "r")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--models", "nope", "--out-dir", str(tmp_path / "r")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1
-    assert proc.stderr.strip() == ("tensat: error: unknown model 'nope'; valid names: bert, resnext50, nasnet_a, "
-                                   "nasrnn, inception_v3, squeezenet, vgg19, resnet50")
+    assert proc.stderr.strip() == (
+        "tensat: error: unknown model 'nope'; valid names: bert, resnext50, nasnet_a, "
+        "nasrnn, inception_v3, squeezenet, vgg19, resnet50"
+    )
 
 
 def test_usage_errors_are_one_line_and_tensat_has_no_bench_command(capsys):

@@ -5,10 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tensat import extraction
-from tensat import rewrites
-from tensat.cost import AnalyticCost, graph_cost
 import tensat.egraph as egraph_mod
+from tensat import extraction, rewrites
+from tensat.cost import AnalyticCost, graph_cost
 from tensat.egraph import TensorEGraph
 from tensat.ir import Graph, OpaqueSpec
 
@@ -31,8 +30,15 @@ def w(g: Graph, *shape: int, name: str = "w") -> int:
 def conv(g: Graph, x: int, cout: int, k: int, name: str, act: int = 0, cin: int | None = None) -> int:
     cin = cin or g.nodes[x].shape[1]
     p = k // 2
-    return g.add("conv2d", [x, w(g, cout, cin, k, k, name=name), g.weight(np.zeros(cout, np.float32), name + "_b")],
-                 strides=(1, 1), pads=(p, p, p, p), dilations=(1, 1), group=1, act=act)
+    return g.add(
+        "conv2d",
+        [x, w(g, cout, cin, k, k, name=name), g.weight(np.zeros(cout, np.float32), name + "_b")],
+        strides=(1, 1),
+        pads=(p, p, p, p),
+        dilations=(1, 1),
+        group=1,
+        act=act,
+    )
 
 
 def every_op_graph() -> Graph:
@@ -43,8 +49,11 @@ def every_op_graph() -> Graph:
     r = g.add("relu", [c])
     mp = g.add("maxpool", [r], kernel=(2, 2), strides=(2, 2), pads=(0, 0, 0, 0))
     ap = g.add("avgpool", [mp], kernel=(3, 3), strides=(1, 1), pads=(1, 1, 1, 1), count_include_pad=0)
-    bn = g.add("batchnorm", [ap, w(g, 8, name="s"), w(g, 8, name="b"), w(g, 8, name="m"),
-                             g.weight(np.ones(8, np.float32), "v")], epsilon=1e-5)
+    bn = g.add(
+        "batchnorm",
+        [ap, w(g, 8, name="s"), w(g, 8, name="b"), w(g, 8, name="m"), g.weight(np.ones(8, np.float32), "v")],
+        epsilon=1e-5,
+    )
     gap = g.add("globalavgpool", [bn])
     flat = g.reshape(gap, (1, 8))
     mm = g.add("matmul", [flat, w(g, 8, 6, name="fc")])
@@ -110,8 +119,12 @@ def test_matmul_merge_is_discovered_and_rebuilt_correctly():
     stats = te.explore(k_multi=1)
     assert stats.iterations[0].matches["matmul-merge-shared-input"] > 0
     xg, decoded, forbidden = te.export(COST)
-    merged = [d for d in decoded.values() if d.op == "matmul" and "concat" in
-              {decoded_op.op for decoded_op in decoded.values() if decoded_op.eclass == d.children[1]}]
+    merged = [
+        d
+        for d in decoded.values()
+        if d.op == "matmul"
+        and "concat" in {decoded_op.op for decoded_op in decoded.values() if decoded_op.eclass == d.children[1]}
+    ]
     assert merged, "no matmul over a concatenated weight in the e-graph"
     rebuilt = extract_and_rebuild(te, "ilp")
     feeds = {"x": RNG.standard_normal((16, 32)).astype(np.float32)}
@@ -175,8 +188,15 @@ def _depthwise_graph() -> Graph:
     """A depthwise conv (groups = channels), whose dense and group-merged forms the rules add to its e-class."""
     g = Graph()
     x = g.input("x", (1, 64, 28, 28))
-    dw = g.add("conv2d", [x, w(g, 64, 1, 3, 3, name="dw"), g.weight(np.zeros(64, np.float32), "dw_b")],
-               strides=(1, 1), pads=(1, 1, 1, 1), dilations=(1, 1), group=64, act=0)
+    dw = g.add(
+        "conv2d",
+        [x, w(g, 64, 1, 3, 3, name="dw"), g.weight(np.zeros(64, np.float32), "dw_b")],
+        strides=(1, 1),
+        pads=(1, 1, 1, 1),
+        dilations=(1, 1),
+        group=64,
+        act=0,
+    )
     g.output("y", g.add("relu", [dw]))
     return g
 
@@ -218,7 +238,11 @@ def test_node_limit_holds(fill):
     g = qkv_graph(n=6)
     full = TensorEGraph(g, rules_named(*MATMUL_CORE)).explore(k_multi=2, iter_limit=4)
     assert full.saturated and full.enodes > full.iterations[0].enodes
-    for limit in (full.initial_enodes + 5, full.iterations[0].enodes + 7, (full.iterations[0].enodes + full.enodes) // 2):
+    for limit in (
+        full.initial_enodes + 5,
+        full.iterations[0].enodes + 7,
+        (full.iterations[0].enodes + full.enodes) // 2,
+    ):
         te = TensorEGraph(g, rules_named(*MATMUL_CORE))
         stats = te.explore(node_limit=limit, k_multi=2, iter_limit=4, fill=fill)
         assert stats.stop_reason == "node_limit"
@@ -268,6 +292,7 @@ def test_exploration_is_deterministic():
 def test_a_reused_egraph_explores_like_a_fresh_one():
     """A TensorEGraph takes over the registered rules of one that is gone (egglog pop back to them): it starts
     from the input graph alone, whatever its predecessor explored, and grows exactly like a fresh e-graph."""
+
     def run(te: TensorEGraph) -> tuple:
         stats = te.explore(k_multi=1)
         return [(i.enodes, i.eclasses, dict(i.matches)) for i in stats.iterations], extract_and_rebuild(te).summary()
@@ -326,12 +351,17 @@ def test_merged_input_nodes_keep_an_acyclic_original_selection_and_cycles_are_fi
 def test_the_whole_egraph_pass_recovers_an_enode_cycle_filtering_removed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Extraction solves the filtered e-graph, then the whole one: a needed e-node the filter dropped comes back."""
     import tensat.extraction.portfolio as portfolio
-    from tensat.extraction import ENode, EGraph, ExtractionResult, extract_best
+    from tensat.extraction import EGraph, ENode, ExtractionResult, extract_best
 
     # a = x@w (pa, 10) or slice(m) (sa, 1); m = merged matmul (mm, 1) or concat(a) (mc, 0); root r = f(a)
-    nodes = {"x": ENode("input", 0.0, "x", ()), "pa": ENode("matmul", 10.0, "a", ("x",)),
-             "sa": ENode("slice", 1.0, "a", ("m",)), "mm": ENode("matmul", 1.0, "m", ("x",)),
-             "mc": ENode("concat", 0.0, "m", ("a",)), "r": ENode("relu", 1.0, "r", ("a",))}
+    nodes = {
+        "x": ENode("input", 0.0, "x", ()),
+        "pa": ENode("matmul", 10.0, "a", ("x",)),
+        "sa": ENode("slice", 1.0, "a", ("m",)),
+        "mm": ENode("matmul", 1.0, "m", ("x",)),
+        "mc": ENode("concat", 0.0, "m", ("a",)),
+        "r": ENode("relu", 1.0, "r", ("a",)),
+    }
     xg = EGraph(nodes, ["r"])
     original = {"x": "x", "a": "pa", "r": "r"}
     initial = ExtractionResult(choices=original, cost=11.0, bound=None, status="input", seconds=0.0, method="input")
@@ -365,8 +395,8 @@ def test_guided_round_merges_only_pairs_of_chosen_eclasses():
 
 
 def test_guided_rounds_merge_all_time_steps_of_a_shared_weight():
-    from tensat.models import nasrnn
     from tensat import api
+    from tensat.models import nasrnn
 
     model = nasrnn(steps=3, hidden=512)  # at full width a product's cost is its weight read, so merges pay
     without = api.optimize_with_details(model, guided_rounds=0, ilp_time_limit=2, cost="analytic", latency_check=0)

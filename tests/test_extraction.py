@@ -352,15 +352,17 @@ def test_validate_checks_result_cost_and_own_forbidden() -> None:
     [
         ([], "object"),
         ({"root_eclasses": ["c"]}, "nodes"),
-        ({"nodes": {"a": {"op": "x", "cost": 1, "eclass": "c", "children": ["zz"]}}, "root_eclasses": ["c"]},
-         "unknown child"),
-        ({"nodes": {"a": {"op": "x", "cost": 1, "eclass": "c", "children": []}}, "root_eclasses": ["d"]},
-         "root e-class"),
+        (
+            {"nodes": {"a": {"op": "x", "cost": 1, "eclass": "c", "children": ["zz"]}}, "root_eclasses": ["c"]},
+            "unknown child",
+        ),
+        (
+            {"nodes": {"a": {"op": "x", "cost": 1, "eclass": "c", "children": []}}, "root_eclasses": ["d"]},
+            "root e-class",
+        ),
         ({"nodes": {"a": {"op": "x", "cost": 1, "eclass": "c", "children": []}}}, "root_eclasses"),
-        ({"nodes": {"a": {"op": "x", "cost": -1, "eclass": "c", "children": []}}, "root_eclasses": ["c"]},
-         "cost"),
-        ({"nodes": {"a": {"op": "x", "cost": "1", "eclass": "c", "children": []}}, "root_eclasses": ["c"]},
-         "cost"),
+        ({"nodes": {"a": {"op": "x", "cost": -1, "eclass": "c", "children": []}}, "root_eclasses": ["c"]}, "cost"),
+        ({"nodes": {"a": {"op": "x", "cost": "1", "eclass": "c", "children": []}}, "root_eclasses": ["c"]}, "cost"),
         ({"nodes": {"a": {"op": "x", "cost": 1, "children": []}}, "root_eclasses": ["c"]}, "eclass"),
     ],
 )
@@ -488,8 +490,14 @@ def test_vgg_real() -> None:
 
 def _cli(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "tensat.extraction", *argv], capture_output=True, text=True,
-                          cwd=tmp_path, env=env, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "tensat.extraction", *argv],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=60,
+    )
 
 
 def test_cli_ok(tmp_path: Path) -> None:
@@ -503,8 +511,13 @@ def test_cli_ok(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "content",
-    [None, "{not json", '{"nodes": {"a": {"op": "x", "cost": 1, "eclass": "c", "children": ["q"]}}, '
-                       '"root_eclasses": ["c"]}', '{"nodes": {}, "root_eclasses": ["c"]}', b"\xff\xfe\x00"],
+    [
+        None,
+        "{not json",
+        '{"nodes": {"a": {"op": "x", "cost": 1, "eclass": "c", "children": ["q"]}}, "root_eclasses": ["c"]}',
+        '{"nodes": {}, "root_eclasses": ["c"]}',
+        b"\xff\xfe\x00",
+    ],
 )
 def test_cli_bad_input(tmp_path: Path, content: str | bytes | None) -> None:
     path = tmp_path / "bad.json"
@@ -516,7 +529,8 @@ def test_cli_bad_input(tmp_path: Path, content: str | bytes | None) -> None:
     assert proc.returncode == 1
     assert proc.stdout == ""
     assert proc.stderr.startswith(
-        f"python -m tensat.extraction: error: {'cannot read ' if content is None else ''}{path}")
+        f"python -m tensat.extraction: error: {'cannot read ' if content is None else ''}{path}"
+    )
     assert proc.stderr.count("\n") == 1
     assert "Traceback" not in proc.stderr
 
@@ -544,17 +558,28 @@ def test_cli_main_reports_bad_input_in_one_line(tmp_path: Path, capsys: pytest.C
     assert main([str(tmp_path / "missing.json")]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err == f"python -m tensat.extraction: error: cannot read {tmp_path / 'missing.json'}: " \
-                           "No such file or directory\n"
-    (tmp_path / "cyclic.json").write_text(json.dumps(
-        {"nodes": {"a": {"op": "f", "cost": 1, "eclass": "c", "children": ["a"]}}, "root_eclasses": ["c"]}))
+    assert (
+        captured.err == f"python -m tensat.extraction: error: cannot read {tmp_path / 'missing.json'}: "
+        "No such file or directory\n"
+    )
+    (tmp_path / "cyclic.json").write_text(
+        json.dumps({"nodes": {"a": {"op": "f", "cost": 1, "eclass": "c", "children": ["a"]}}, "root_eclasses": ["c"]})
+    )
     assert main([str(tmp_path / "cyclic.json"), "--extractor", "greedy"]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"python -m tensat.extraction: error: {tmp_path / 'cyclic.json'}: ") and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("flag, value", [("--time-limit", "0"), ("--time-limit", "x"), ("--stall-seconds", "-1"),
-                                         ("--gap-tolerance", "-0.1"), ("--gap-tolerance", "nan")])
+@pytest.mark.parametrize(
+    "flag, value",
+    [
+        ("--time-limit", "0"),
+        ("--time-limit", "x"),
+        ("--stall-seconds", "-1"),
+        ("--gap-tolerance", "-0.1"),
+        ("--gap-tolerance", "nan"),
+    ],
+)
 def test_cli_rejects_bad_flag_values_as_usage_errors(flag: str, value: str, capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["g.json", flag, value])
@@ -624,7 +649,7 @@ def test_filter_cycles_leaves_no_cycle_and_keeps_protected_nodes():
 
         def visit(c: str) -> None:
             state[c] = 1
-            for i, n in usable.items():
+            for n in usable.values():
                 if n.eclass == c:
                     for ch in n.children:
                         assert state.get(ch) != 1, f"cycle left through class {ch} (seed {seed})"
@@ -639,9 +664,13 @@ def test_filter_cycles_spares_preferred_nodes_where_a_cycle_has_another_victim()
     from tensat.extraction import filter_cycles
 
     # class a: input node pa (leaf) and s = slice(b); class b: input node pb (leaf) and c = concat(a)
-    nodes = {"pa": ENode("leaf", 1.0, "a", ()), "s": ENode("slice", 1.0, "a", ("b",)),
-             "pb": ENode("leaf", 1.0, "b", ()), "c": ENode("concat", 1.0, "b", ("a",)),
-             "r": ENode("add", 1.0, "r", ("a", "b"))}
+    nodes = {
+        "pa": ENode("leaf", 1.0, "a", ()),
+        "s": ENode("slice", 1.0, "a", ("b",)),
+        "pb": ENode("leaf", 1.0, "b", ()),
+        "c": ENode("concat", 1.0, "b", ("a",)),
+        "r": ENode("add", 1.0, "r", ("a", "b")),
+    }
     eg = EGraph(nodes, ["r"])
     protected = ["pa", "pb", "r"]
     assert len(filter_cycles(eg, protected)) == 1
@@ -665,11 +694,16 @@ def test_filter_cycles_blacklists_the_costly_recombination_not_the_slice_a_merge
     from tensat.extraction.cycles import regrets
 
     # a = x@w1 (pa) or slice(m) (sa); b likewise; m = matmul(concat(x), concat(w1, w2)) (mm) or concat(a, b) (mc)
-    nodes = {"x": ENode("input", 0.0, "x", ()),
-             "pa": ENode("matmul", 10.0, "a", ("x",)), "sa": ENode("slice", 1.0, "a", ("m",)),
-             "pb": ENode("matmul", 10.0, "b", ("x",)), "sb": ENode("slice", 1.0, "b", ("m",)),
-             "mm": ENode("matmul", 12.0, "m", ("x",)), "mc": ENode("concat", 1.0, "m", ("a", "b")),
-             "r": ENode("add", 1.0, "r", ("b", "a"))}
+    nodes = {
+        "x": ENode("input", 0.0, "x", ()),
+        "pa": ENode("matmul", 10.0, "a", ("x",)),
+        "sa": ENode("slice", 1.0, "a", ("m",)),
+        "pb": ENode("matmul", 10.0, "b", ("x",)),
+        "sb": ENode("slice", 1.0, "b", ("m",)),
+        "mm": ENode("matmul", 12.0, "m", ("x",)),
+        "mc": ENode("concat", 1.0, "m", ("a", "b")),
+        "r": ENode("add", 1.0, "r", ("b", "a")),
+    }
     eg = EGraph(nodes, ["r"])
     assert regrets(eg) == {"x": 0.0, "pa": 0.0, "sa": 3.0, "pb": 0.0, "sb": 3.0, "mm": 0.0, "mc": 9.0, "r": 0.0}
     protected = ["x", "pa", "pb", "r"]
@@ -685,8 +719,11 @@ def _merge_chain_egraph() -> EGraph:
     """Three products x_i @ w (10 each) feeding r; a pair merge (12) and a three-way merge (13) over concatenated
     inputs (0.5 each), slices (1 each) back to each product, and concats of the products closing cycles like the
     e-graph's recombinations do."""
-    nodes = {"x1": ENode("input", 0.0, "x1", ()), "x2": ENode("input", 0.0, "x2", ()),
-             "x3": ENode("input", 0.0, "x3", ())}
+    nodes = {
+        "x1": ENode("input", 0.0, "x1", ()),
+        "x2": ENode("input", 0.0, "x2", ()),
+        "x3": ENode("input", 0.0, "x3", ()),
+    }
     for i in (1, 2, 3):
         nodes[f"p{i}"] = ENode("matmul", 10.0, f"a{i}", (f"x{i}",))
     nodes["x12"] = ENode("concat", 0.5, "x12", ("x1", "x2"))

@@ -17,8 +17,9 @@ import subprocess
 import sys
 import textwrap
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -26,16 +27,16 @@ import pulp
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tensat import extraction
-from tensat.extraction import ilp as ilp_mod
-from tensat.extraction import portfolio
 import tensat
 import tensat.api as api
 import tensat.onnx_io as onnx_io
+from tensat import extraction
 from tensat.cli import main
 from tensat.cost import AnalyticCost, Shape, runtime_cost
 from tensat.egraph import TensorEGraph
 from tensat.errors import ModelError, TensatError, VerificationError
+from tensat.extraction import ilp as ilp_mod
+from tensat.extraction import portfolio
 from tensat.ir import Graph, Node
 from tensat.onnx import external
 from tensat.onnx_io import export_model, save_model
@@ -57,8 +58,15 @@ def _graph() -> Graph:
     img = g.input("img", (1, 3, 6, 6))
     g.output("a", g.add("relu", [g.add("matmul", [x, g.weight(w(8, 6), "w1")])]))
     g.output("b", g.add("tanh", [g.add("matmul", [x, g.weight(w(8, 5), "w2")])]))
-    conv = g.add("conv2d", [img, g.weight(w(4, 3, 3, 3), "wc"), g.weight(w(4), "bc")], strides=(1, 1),
-                 pads=(1, 1, 1, 1), dilations=(1, 1), group=1, act=0)
+    conv = g.add(
+        "conv2d",
+        [img, g.weight(w(4, 3, 3, 3), "wc"), g.weight(w(4), "bc")],
+        strides=(1, 1),
+        pads=(1, 1, 1, 1),
+        dilations=(1, 1),
+        group=1,
+        act=0,
+    )
     twice = g.add("transpose", [g.add("transpose", [x], perm=(1, 0))], perm=(1, 0))  # cancels: a real gain
     g.output("d", g.add("sigmoid", [twice]))
     g.output("c", g.add("relu", [conv]))
@@ -86,8 +94,7 @@ def _valid(result: tensat.OptimizeResult, graph: Graph) -> None:
     assert result.verification is not None and result.verification.ok
     assert result.cost_after <= result.cost_before * (1 + 1e-9)
     rng = np.random.default_rng(7)
-    feeds = {graph.input_name(i): rng.standard_normal(graph.nodes[i].shape).astype(np.float32)
-             for i in graph.input_ids}
+    feeds = {graph.input_name(i): rng.standard_normal(graph.nodes[i].shape).astype(np.float32) for i in graph.input_ids}
     want = graph.evaluate(feeds, [n for _, n in graph.outputs])
     got = run_model(export_model(result.graph), feeds)
     for name, node in graph.outputs:
@@ -110,8 +117,9 @@ def test_the_fault_graph_is_optimized_when_nothing_goes_wrong() -> None:
     result = _optimize(graph)
     _valid(result, graph)
     assert result.cost_after < result.cost_before and not _same_graph(result.graph, graph)
-    assert all(w.startswith(("exploration stopped at its", "extraction reached its ILP time limit"))
-               for w in result.warnings)
+    assert all(
+        w.startswith(("exploration stopped at its", "extraction reached its ILP time limit")) for w in result.warnings
+    )
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -121,8 +129,9 @@ def test_the_fault_graph_is_optimized_when_nothing_goes_wrong() -> None:
 def test_ilp_time_out_without_a_solution_returns_the_greedy_selection(monkeypatch: pytest.MonkeyPatch) -> None:
     """The solver hits its time limit with no solution: the greedy selection comes back, flagged."""
     monkeypatch.setattr(ilp_mod, "_closed", lambda cost, bound: False)
-    monkeypatch.setattr(ilp_mod._Model, "solve", lambda self, solver, seconds, start: ilp_mod._Solve(None, None, None,
-                                                                                                     False))
+    monkeypatch.setattr(
+        ilp_mod._Model, "solve", lambda self, solver, seconds, start: ilp_mod._Solve(None, None, None, False)
+    )
     graph = _graph()
     greedy = _optimize(graph, extractor="greedy")
     result = _optimize(graph, extractor="ilp")
@@ -161,8 +170,9 @@ def test_an_ilp_time_limit_too_short_to_build_a_model_returns_the_incumbent() ->
     _valid(result, graph)
 
 
-@pytest.mark.parametrize("error", [RuntimeError("solver crashed"), pulp.PulpSolverError("HiGHS: not available"),
-                                   MemoryError()])
+@pytest.mark.parametrize(
+    "error", [RuntimeError("solver crashed"), pulp.PulpSolverError("HiGHS: not available"), MemoryError()]
+)
 def test_an_ilp_crash_falls_back_to_the_greedy_selection(monkeypatch: pytest.MonkeyPatch, error: Exception) -> None:
     def crash(*args: Any, **kwargs: Any) -> Any:
         raise error
@@ -190,12 +200,17 @@ def test_a_greedy_crash_keeps_the_input_selection(monkeypatch: pytest.MonkeyPatc
 def test_a_proof_on_the_cycle_filtered_e_graph_is_not_claimed_for_the_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     """The filtered pass proves its sub-problem optimal, the whole e-graph's pass crashes: the result is the
     filtered pass's, flagged unproven, with no bound (the sub-problem's bound does not hold for the whole)."""
-    xg = extraction.EGraph.from_json({"nodes": {
-        "r0": {"op": "f", "children": ["a0"], "eclass": "r", "cost": 1.0},
-        "a0": {"op": "x", "children": [], "eclass": "a", "cost": 1.0},
-        "a1": {"op": "g", "children": ["b0"], "eclass": "a", "cost": 1.0},
-        "b0": {"op": "k", "children": ["a0"], "eclass": "b", "cost": 1.0},
-    }, "root_eclasses": ["r"]})
+    xg = extraction.EGraph.from_json(
+        {
+            "nodes": {
+                "r0": {"op": "f", "children": ["a0"], "eclass": "r", "cost": 1.0},
+                "a0": {"op": "x", "children": [], "eclass": "a", "cost": 1.0},
+                "a1": {"op": "g", "children": ["b0"], "eclass": "a", "cost": 1.0},
+                "b0": {"op": "k", "children": ["a0"], "eclass": "b", "cost": 1.0},
+            },
+            "root_eclasses": ["r"],
+        }
+    )
     real = extraction.ilp_extract
     passes: list[frozenset[str]] = []
 
@@ -291,8 +306,10 @@ def test_a_failing_search_keeps_the_input_model_from_a_file(monkeypatch: pytest.
     assert sorted(os.listdir(tmp_path)) == ["in.onnx", "out.onnx"]
 
 
-@pytest.mark.parametrize("limit, reason", [(dict(node_limit=1), "node_limit"), (dict(time_limit=1e-9), "time_limit"),
-                                           (dict(iter_limit=1), "iter_limit")])
+@pytest.mark.parametrize(
+    "limit, reason",
+    [(dict(node_limit=1), "node_limit"), (dict(time_limit=1e-9), "time_limit"), (dict(iter_limit=1), "iter_limit")],
+)
 def test_a_limit_hit_returns_a_valid_graph_with_a_warning(limit: dict[str, Any], reason: str) -> None:
     graph = _graph()
     result = _optimize(graph, **limit)
@@ -477,7 +494,9 @@ def test_an_unexportable_optimized_graph_is_replaced_by_the_input(monkeypatch: p
 # Ctrl-C and crashes: never a partial output file
 
 
-def test_ctrl_c_during_the_search_propagates_and_writes_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_ctrl_c_during_the_search_propagates_and_writes_nothing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     def interrupt(*args: Any, **kwargs: Any) -> Any:
         raise KeyboardInterrupt
 
@@ -496,7 +515,7 @@ class _HalfWriter:
     def __init__(self, f: Any) -> None:
         self.f = f
 
-    def __enter__(self) -> "_HalfWriter":
+    def __enter__(self) -> _HalfWriter:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -598,9 +617,13 @@ def test_a_crash_while_writing_never_leaves_a_partial_output(tmp_path: Path) -> 
 def _external_matmul(value: float) -> onnx.ModelProto:
     """x @ w with w a 64x32 initializer full of `value`."""
     w = numpy_helper.from_array(np.full((64, 32), value, np.float32), "w")
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 32])], [w])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 32])],
+        [w],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
@@ -676,8 +699,12 @@ def test_the_tensat_process_exits_1_with_one_line_for_bad_input(tmp_path: Path) 
     cases = {needle: source for source, needle in _bad_cases(tmp_path)}
     for k, needle in enumerate(["not found", "cycle"]):
         out = tmp_path / f"out{k}.onnx"
-        proc = subprocess.run([sys.executable, "-m", "tensat", "optimize", _write_case(tmp_path, k, cases[needle]),
-                               "-o", str(out)], capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-m", "tensat", "optimize", _write_case(tmp_path, k, cases[needle]), "-o", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 1 and proc.stdout == "", (proc.returncode, proc.stdout)
         assert proc.stderr.startswith("tensat: error:") and proc.stderr.count("\n") == 1, proc.stderr
         assert needle in proc.stderr and not out.exists()
@@ -771,16 +798,23 @@ def _unsafe_uses(tree: ast.AST) -> list[str]:
             found += [f"import {a.name}" for a in node.names if a.name.split(".")[0] in UNSAFE_MODULES]
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in UNSAFE_MODULES:
             found.append(f"from {node.module} import")
-        elif isinstance(node, ast.keyword) and node.arg == "allow_pickle" and not (
-            isinstance(node.value, ast.Constant) and node.value.value is False
+        elif (
+            isinstance(node, ast.keyword)
+            and node.arg == "allow_pickle"
+            and not (isinstance(node.value, ast.Constant) and node.value.value is False)
         ):
             found.append("allow_pickle")
-        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and (
-            (node.value.id == "torch" and node.attr == "load") or node.value.id in UNSAFE_MODULES
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and ((node.value.id == "torch" and node.attr == "load") or node.value.id in UNSAFE_MODULES)
         ):
             found.append(f"{node.value.id}.{node.attr}")
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "__import__" and any(
-            isinstance(a, ast.Constant) and str(a.value).split(".")[0] in UNSAFE_MODULES for a in node.args
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "__import__"
+            and any(isinstance(a, ast.Constant) and str(a.value).split(".")[0] in UNSAFE_MODULES for a in node.args)
         ):
             found.append("__import__")
     return found
@@ -794,8 +828,14 @@ def test_the_scan_finds_unsafe_deserialization() -> None:
 
 def test_no_pickle_anywhere() -> None:
     """No Python file of the project imports a code-running deserializer or enables pickle loading."""
-    files = [p for p in REPO.rglob("*.py") if not any(part.startswith(".") or part in ("build", "venv", ".venv")
-                                                      or part.endswith(".egg-info") for part in p.relative_to(REPO).parts)]
+    files = [
+        p
+        for p in REPO.rglob("*.py")
+        if not any(
+            part.startswith(".") or part in ("build", "venv", ".venv") or part.endswith(".egg-info")
+            for part in p.relative_to(REPO).parts
+        )
+    ]
     assert len(files) > 20
     bad = {str(p.relative_to(REPO)): uses for p in files if (uses := _unsafe_uses(ast.parse(p.read_text(), str(p))))}
     assert not bad, bad

@@ -43,8 +43,18 @@ ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = {"tensat": "tensat", "rewrites": "tensat.rewrites", "extraction": "tensat.extraction", "bench": "bench"}
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("tensat._version", "tensat.errors", "tensat.files", "tensat.progress", "tensat.options", "tensat.ops",
-              "tensat.ir")),
+    (
+        "base",
+        (
+            "tensat._version",
+            "tensat.errors",
+            "tensat.files",
+            "tensat.progress",
+            "tensat.options",
+            "tensat.ops",
+            "tensat.ir",
+        ),
+    ),
     ("rules", ("tensat.rewrites",)),
     ("extraction", ("tensat.extraction",)),
     ("onnx", ("tensat.onnx_io", "tensat.onnx", "tensat.session", "tensat.verify", "tensat.latency", "tensat.models")),
@@ -150,8 +160,10 @@ def layer_of(module: str) -> int | None:
 
 def test_every_import_of_the_project_names_an_existing_module():
     missing = [_where(imp) for imp in IMPORTS if imp.target not in MODULES]
-    assert not missing, "imports of modules that do not exist (rewrites and extraction are tensat.rewrites and " \
-                        "tensat.extraction):\n" + "\n".join(missing)
+    assert not missing, (
+        "imports of modules that do not exist (rewrites and extraction are tensat.rewrites and "
+        "tensat.extraction):\n" + "\n".join(missing)
+    )
 
 
 def test_no_file_imports_the_bare_folder_names():
@@ -159,10 +171,18 @@ def test_no_file_imports_the_bare_folder_names():
     bad = []
     for path in sorted([*ROOT.joinpath("tests").glob("*.py"), *MODULES.values()]):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
-            bad += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names
-                    if n.split(".")[0] in ("rewrites", "extraction")]
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            bad += [
+                f"{path.relative_to(ROOT)}:{node.lineno}: {n}"
+                for n in names
+                if n.split(".")[0] in ("rewrites", "extraction")
+            ]
     assert not bad, "import tensat.rewrites / tensat.extraction instead:\n" + "\n".join(bad)
 
 
@@ -179,7 +199,7 @@ def test_no_import_cycle():
         path.append(module)
         for target in sorted(graph[module]):
             if state.get(target) == 1:
-                return path[path.index(target):] + [target]
+                return path[path.index(target) :] + [target]
             if target not in state:
                 cycle = visit(target)
                 if cycle:
@@ -195,14 +215,22 @@ def test_no_import_cycle():
 
 
 def test_extraction_imports_nothing_else_of_the_project():
-    bad = [_where(imp) for imp in IMPORTS
-           if imp.source.startswith("tensat.extraction") and not imp.target.startswith("tensat.extraction")]
+    bad = [
+        _where(imp)
+        for imp in IMPORTS
+        if imp.source.startswith("tensat.extraction") and not imp.target.startswith("tensat.extraction")
+    ]
     assert not bad, "\n".join(bad)
 
 
 def test_rewrites_imports_only_the_base_modules():
-    bad = [_where(imp) for imp in IMPORTS if imp.source.startswith("tensat.rewrites")
-           and not imp.target.startswith("tensat.rewrites") and imp.target not in REWRITES_MAY_IMPORT]
+    bad = [
+        _where(imp)
+        for imp in IMPORTS
+        if imp.source.startswith("tensat.rewrites")
+        and not imp.target.startswith("tensat.rewrites")
+        and imp.target not in REWRITES_MAY_IMPORT
+    ]
     assert not bad, "\n".join(bad)
 
 
@@ -226,13 +254,17 @@ def test_no_import_goes_up_a_layer():
 
 def test_an_import_inside_a_function_says_why():
     bad = [_where(imp) for imp in IMPORTS if imp.in_function and not imp.commented]
-    assert not bad, ("move these imports to the top of the module, or say on the same line why they are inside a "
-                     "function:\n" + "\n".join(bad))
+    assert not bad, (
+        "move these imports to the top of the module, or say on the same line why they are inside a "
+        "function:\n" + "\n".join(bad)
+    )
 
 
 def test_importing_a_part_does_not_load_the_pipeline():
-    code = ("import sys, tensat.extraction, tensat.rewrites; "
-            "print(sorted(m for m in ('tensat.api', 'tensat.egraph', 'bench') if m in sys.modules))")
+    code = (
+        "import sys, tensat.extraction, tensat.rewrites; "
+        "print(sorted(m for m in ('tensat.api', 'tensat.egraph', 'bench') if m in sys.modules))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
@@ -245,7 +277,7 @@ def test_the_package_exposes_the_pipeline_lazily():
     assert tensat.Options.__module__ == "tensat.options" and tensat.Graph.__module__ == "tensat.ir"
     assert set(tensat.__all__) <= set(dir(tensat))
     with pytest.raises(AttributeError):
-        getattr(tensat, "no_such_name")
+        _ = tensat.no_such_name
 
 
 def test_pyproject_installs_one_package_tensat():
@@ -253,5 +285,10 @@ def test_pyproject_installs_one_package_tensat():
     config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
     assert all(p == "tensat" or p.startswith("tensat.") for p in config["packages"])
     installed = {folder: package for folder, package in FOLDERS.items() if folder != "bench"}
-    assert set(config["packages"]) == set(installed.values())
+    subpackages = {  # every package inside the installed folders, so that a wheel holds all of them
+        ".".join((installed[top.parts[0]], *top.parts[1:]))
+        for folder in installed
+        for top in (p.parent.relative_to(ROOT) for p in (ROOT / folder).rglob("__init__.py"))
+    }
+    assert set(config["packages"]) == subpackages
     assert config["package-dir"] == {p: f for f, p in installed.items() if f != p}

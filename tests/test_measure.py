@@ -22,17 +22,33 @@ import tensat
 import tensat.api as api
 from tensat import ops
 from tensat.cost import graph_cost
-from tensat.measure.cache import CostCache, CostEntry, default_cache_dir
 from tensat.cost_report import (
-    cost_report, fused_graph_cost, fusion_groups, group_unit, interleaved_end_to_end, runtime_nodes,
+    cost_report,
+    fused_graph_cost,
+    fusion_groups,
+    group_unit,
+    interleaved_end_to_end,
+    runtime_nodes,
 )
 from tensat.errors import TensatError
 from tensat.ir import Graph, Node
 from tensat.latency import Interleaved, compare_latency, compare_many, time_models
 from tensat.measure import (
-    ALIGNMENT, NCHWC_DOMAIN, MeasuredCost, Progress, Unit, cuda_available, graph_working_set, make_measured_cost,
-    pricing_unit, replicate, resolve_device, time_rounds, unit_model,
+    ALIGNMENT,
+    NCHWC_DOMAIN,
+    MeasuredCost,
+    Progress,
+    Unit,
+    cuda_available,
+    graph_working_set,
+    make_measured_cost,
+    pricing_unit,
+    replicate,
+    resolve_device,
+    time_rounds,
+    unit_model,
 )
+from tensat.measure.cache import CostCache, CostEntry, default_cache_dir
 from tensat.measure_cli import add_cost_report_arguments, add_profile_arguments, run_cost_report, run_profile
 from tensat.onnx_io import export_model, save_model
 from tensat.verify import make_session, random_inputs
@@ -80,8 +96,14 @@ def cost_model(tmp_path, **kw) -> MeasuredCost:
 
 def items(graph: Graph) -> list[tuple[Node, list[tuple[int, ...]], list[bool]]]:
     const = graph.weight_only()
-    return [(graph.nodes[i], [graph.nodes[j].shape for j in graph.nodes[i].inputs],
-             [j in const for j in graph.nodes[i].inputs]) for i in runtime_nodes(graph)]
+    return [
+        (
+            graph.nodes[i],
+            [graph.nodes[j].shape for j in graph.nodes[i].inputs],
+            [j in const for j in graph.nodes[i].inputs],
+        )
+        for i in runtime_nodes(graph)
+    ]
 
 
 # -- units and their models ------------------------------------------------------------------------------------
@@ -100,11 +122,21 @@ def test_unit_signature_names_op_attrs_shapes_and_weights():
 def test_a_fused_relu_is_priced_as_the_plain_convolution(tmp_path):
     node, shapes, const = items(small_cnn())[0]
     assert node.op == "conv2d" and node.attr["act"] == 0
-    fused = Node("conv2d", node.inputs, tuple((k, ops.ACT_RELU if k == "act" else v) for k, v in node.attrs),
-                 node.shape, node.dtype)
+    fused = Node(
+        "conv2d",
+        node.inputs,
+        tuple((k, ops.ACT_RELU if k == "act" else v) for k, v in node.attrs),
+        node.shape,
+        node.dtype,
+    )
     assert pricing_unit(fused, shapes, const) == pricing_unit(node, shapes, const)
-    sigmoid = Node("conv2d", node.inputs, tuple((k, ops.ACT_SIGMOID if k == "act" else v) for k, v in node.attrs),
-                   node.shape, node.dtype)
+    sigmoid = Node(
+        "conv2d",
+        node.inputs,
+        tuple((k, ops.ACT_SIGMOID if k == "act" else v) for k, v in node.attrs),
+        node.shape,
+        node.dtype,
+    )
     assert pricing_unit(sigmoid, shapes, const) != pricing_unit(node, shapes, const)
     cost = cost_model(tmp_path)
     assert cost(fused, shapes, const) == cost(node, shapes, const) and cost.stats.measured == 1
@@ -153,8 +185,9 @@ def test_weights_and_opaque_ops_are_not_measured(tmp_path):
     assert cost(leaf, [], []) == 0.0
     folded = Node("add", (), (), (4,), "float32")
     assert cost(folded, [(4,), (4,)], [True, True]) == 0.0
-    opaque = Node("opaque", (), (("key", "Softmax_0"), ("index", 0), ("shape", (4, 4)), ("dtype", "float32")),
-                  (4, 4), "float32")
+    opaque = Node(
+        "opaque", (), (("key", "Softmax_0"), ("index", 0), ("shape", (4, 4)), ("dtype", "float32")), (4, 4), "float32"
+    )
     assert cost(opaque, [(4, 4)], [False]) > 0
     assert cost.stats.analytic == 1 and cost.stats.measured == 0
 
@@ -201,7 +234,7 @@ def test_a_second_optimize_run_in_a_new_process_measures_nothing(tmp_path):
         import tensat.api as api
         made = []
         def make(name, device="auto", progress=False):
-            made.append(MeasuredCost("cpu", cache_path={str(tmp_path / 'c.sqlite3')!r}, progress=False,
+            made.append(MeasuredCost("cpu", cache_path={str(tmp_path / "c.sqlite3")!r}, progress=False,
                                      max_seconds=0.01))
             return made[-1]
         api.make_cost_model = make
@@ -214,8 +247,9 @@ def test_a_second_optimize_run_in_a_new_process_measures_nothing(tmp_path):
         tensat.optimize_with_details(g, cost="measured", ilp_time_limit=10, time_limit=10, latency_check=0)
         print(made[0].stats.measured)
     """)
-    runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-            for _ in range(2)]
+    runs = [
+        subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120) for _ in range(2)
+    ]
     for r in runs:
         assert r.returncode == 0, r.stderr
     assert int(runs[0].stdout.split()[-1]) > 0
@@ -226,8 +260,7 @@ def test_a_second_optimize_run_in_a_new_process_measures_nothing(tmp_path):
 
 
 def _group(graph: Graph, ops: tuple[str, ...]) -> Unit:
-    return next(group_unit(graph, grp) for grp in fusion_groups(graph)
-                if tuple(graph.nodes[i].op for i in grp) == ops)
+    return next(group_unit(graph, grp) for grp in fusion_groups(graph) if tuple(graph.nodes[i].op for i in grp) == ops)
 
 
 def _blocked_or_skip(cost: MeasuredCost) -> None:
@@ -274,8 +307,14 @@ def test_weights_are_evicted_only_where_the_copies_do_not_span_the_working_set(t
     assert cost.evict_bytes(2**20, 3) == 5 * 2**20
     assert cost.evict_bytes(2**20, 8) == 0
     order: list[str] = []
-    timing = time_rounds([lambda: order.append("a"), lambda: order.append("b")], lambda t: t[0] - t[1],
-                         min_rounds=5, max_rounds=5, warmup=0, before=lambda: order.append("before"))
+    timing = time_rounds(
+        [lambda: order.append("a"), lambda: order.append("b")],
+        lambda t: t[0] - t[1],
+        min_rounds=5,
+        max_rounds=5,
+        warmup=0,
+        before=lambda: order.append("before"),
+    )
     assert timing.rounds == 5
     assert order[::2] == ["before"] * 10 and sorted(order[1::2]) == ["a"] * 5 + ["b"] * 5
 
@@ -424,10 +463,12 @@ def test_optimizing_with_measured_costs_times_the_result_against_the_input(monke
     g.output("y", g.add("add", [g.add("matmul", [x, weight]), g.add("matmul", [x, weight])]))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        result = tensat.optimize_with_details(g, cost="measured", latency_check=1.0, iter_limit=2, time_limit=10,
-                                              ilp_time_limit=5)
-        unchecked = tensat.optimize_with_details(g, cost="measured", latency_check=0, iter_limit=2, time_limit=10,
-                                                 ilp_time_limit=5)
+        result = tensat.optimize_with_details(
+            g, cost="measured", latency_check=1.0, iter_limit=2, time_limit=10, ilp_time_limit=5
+        )
+        unchecked = tensat.optimize_with_details(
+            g, cost="measured", latency_check=0, iter_limit=2, time_limit=10, ilp_time_limit=5
+        )
     assert unchecked.cost_after < unchecked.cost_before and unchecked.latency is None  # one matmul is shared
     assert unchecked.measurement["stats"]["cached"] > 0
     assert unchecked.measurement["working_set_mib"] == 4  # the weights one inference reads, each counted once
@@ -620,8 +661,17 @@ def _parser(add) -> argparse.ArgumentParser:
 def test_profile_command_fills_the_cache(tmp_path, capsys):
     path = tmp_path / "m.onnx"
     save_model(export_model(small_cnn()), path)
-    argv = [str(path), "--device", "cpu", "--cache-dir", str(tmp_path / "cache"), "--iter-limit", "2",
-            "--time-limit", "10"]
+    argv = [
+        str(path),
+        "--device",
+        "cpu",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--iter-limit",
+        "2",
+        "--time-limit",
+        "10",
+    ]
     args = _parser(add_profile_arguments).parse_args(argv)
     assert run_profile(args) == 0
     out = capsys.readouterr().out
@@ -635,9 +685,26 @@ def test_cost_report_command(tmp_path, capsys):
     path = tmp_path / "m.onnx"
     save_model(export_model(small_cnn()), path)
     out_json = tmp_path / "r.json"
-    argv = [str(path), "--device", "cpu", "--cache-dir", str(tmp_path / "cache"), "--runs", "6", "--block", "2",
-            "--iter-limit", "2", "--time-limit", "10", "--ilp-time-limit", "10", "--json", str(out_json),
-            "--details"]
+    argv = [
+        str(path),
+        "--device",
+        "cpu",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--runs",
+        "6",
+        "--block",
+        "2",
+        "--iter-limit",
+        "2",
+        "--time-limit",
+        "10",
+        "--ilp-time-limit",
+        "10",
+        "--json",
+        str(out_json),
+        "--details",
+    ]
     assert run_cost_report(_parser(add_cost_report_arguments).parse_args(argv)) == 0
     out = capsys.readouterr().out
     assert "original" in out and "optimized" in out and "end-to-end" in out

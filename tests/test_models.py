@@ -14,12 +14,31 @@ from onnx import numpy_helper
 
 from tensat import models
 from tensat.models import (
-    MODELS, ModelInfo, build_model, catalog, describe, example_inputs, format_catalog, model_names,
+    MODELS,
+    ModelInfo,
+    build_model,
+    catalog,
+    describe,
+    example_inputs,
+    format_catalog,
+    model_names,
 )
 
 ALLOWED_OPS = {
-    "Conv", "Relu", "Sigmoid", "Tanh", "MaxPool", "AveragePool", "GlobalAveragePool", "Add",
-    "Mul", "MatMul", "Concat", "Reshape", "Transpose", "Flatten",
+    "Conv",
+    "Relu",
+    "Sigmoid",
+    "Tanh",
+    "MaxPool",
+    "AveragePool",
+    "GlobalAveragePool",
+    "Add",
+    "Mul",
+    "MatMul",
+    "Concat",
+    "Reshape",
+    "Transpose",
+    "Flatten",
 }
 
 SMALL: dict[str, dict[str, object]] = {
@@ -102,8 +121,7 @@ def _small(name: str) -> onnx.ModelProto:
 
 
 def test_model_names() -> None:
-    expected = ["bert", "resnext50", "nasnet_a", "nasrnn", "inception_v3", "squeezenet", "vgg19",
-                "resnet50"]
+    expected = ["bert", "resnext50", "nasnet_a", "nasrnn", "inception_v3", "squeezenet", "vgg19", "resnet50"]
     assert model_names() == expected
     assert list(MODELS) == expected
     for name in expected:
@@ -131,10 +149,13 @@ def test_small_model_runs(name: str) -> None:
     _check_outputs(name, SMALL[name], _run(model))
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(layers=2, seq=16, hidden=128, heads=4, wiring="sequential"),
-    dict(layers=3, seq=64, hidden=1024, heads=16, wiring="sequential"),
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(layers=2, seq=16, hidden=128, heads=4, wiring="sequential"),
+        dict(layers=3, seq=64, hidden=1024, heads=16, wiring="sequential"),
+    ],
+)
 def test_bert_sequential_wiring(kwargs: dict[str, object]) -> None:
     model = build_model("bert", **kwargs)
     _check_structure(model)
@@ -185,8 +206,7 @@ def test_deterministic() -> None:
     assert a == b
     assert a != c
     for name in model_names():
-        assert (build_model(name, **SMALL[name]).SerializeToString()
-                == _small(name).SerializeToString())
+        assert build_model(name, **SMALL[name]).SerializeToString() == _small(name).SerializeToString()
 
 
 def test_full_size_deterministic() -> None:
@@ -199,8 +219,7 @@ def test_full_size_model(name: str) -> None:
     _check_structure(model)
     nodes, params = FULL[name]
     assert len(model.graph.node) == nodes
-    assert sum(int(np.prod(t.dims)) for t in model.graph.initializer
-               if t.data_type == onnx.TensorProto.FLOAT) == params
+    assert sum(int(np.prod(t.dims)) for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT) == params
     if name != "vgg19":
         _check_outputs(name, {}, _run(model))
 
@@ -224,8 +243,17 @@ def _float_params(model: onnx.ModelProto) -> int:
 
 
 def test_public_api() -> None:
-    for name in ("build_model", "model_names", "catalog", "describe", "ModelInfo", "example_inputs", "MODELS",
-                 "SMALL_SIZES", "format_catalog"):
+    for name in (
+        "build_model",
+        "model_names",
+        "catalog",
+        "describe",
+        "ModelInfo",
+        "example_inputs",
+        "MODELS",
+        "SMALL_SIZES",
+        "format_catalog",
+    ):
         assert name in models.__all__
     assert all(hasattr(models, name) for name in models.__all__)
     import tensat.models
@@ -263,11 +291,14 @@ def test_describe() -> None:
         info.name = "other"  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("call", [
-    lambda: describe("alexnet"),
-    lambda: catalog(["squeezenet", "alexnet"]),
-    lambda: build_model("alexnet"),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: describe("alexnet"),
+        lambda: catalog(["squeezenet", "alexnet"]),
+        lambda: build_model("alexnet"),
+    ],
+)
 def test_unknown_name_lists_valid_names(call) -> None:
     with pytest.raises(ValueError) as info:
         call()
@@ -296,7 +327,7 @@ def test_format_catalog() -> None:
     # Aligned: numbers end under their (right-aligned) headers, descriptions start together.
     for header in ("ONNX nodes", "parameters"):
         end = lines[0].index(header) + len(header)
-        assert all(line[end - 1] != " " and line[end:end + 1] in ("", " ") for line in lines[2:])
+        assert all(line[end - 1] != " " and line[end : end + 1] in ("", " ") for line in lines[2:])
     start = lines[0].index("description")
     assert all(line[start - 1] == " " and line[start] != " " for line in lines[2:])
 

@@ -15,8 +15,9 @@ def test_egraph_growth_notebook_runs_headless():
     nb = nbformat.read(NOTEBOOK, as_version=4)
     setup = nb.cells[next(k for k, c in enumerate(nb.cells) if 'MODEL = "nasrnn"' in c.source)]
     setup.source = setup.source.replace('MODEL = "nasrnn"', 'MODEL = "squeezenet"')  # the smallest graph: a quick run
-    client = NotebookClient(nb, timeout=400, kernel_name="python3",
-                            resources={"metadata": {"path": str(NOTEBOOK.parents[1])}})
+    client = NotebookClient(
+        nb, timeout=400, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parents[1])}}
+    )
     client.execute()
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]

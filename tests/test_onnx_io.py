@@ -405,8 +405,12 @@ def test_a_no_op_reshape_of_any_type_is_dropped_and_scalars_keep_their_rank() ->
         helper.make_node("Gather", ["emb", "ids2"], ["e"]),
         helper.make_node("Pow", ["e", "three"], ["y"]),
     ]
-    model = make(nodes, [vi("ids", [1, 8], TP.INT64)], [vi("y", [1, 8, 4])],
-                 [init("emb", emb), init("shape", np.array([1, 8], np.int64)), init("three", np.float32(3.0))])
+    model = make(
+        nodes,
+        [vi("ids", [1, 8], TP.INT64)],
+        [vi("y", [1, 8, 4])],
+        [init("emb", emb), init("shape", np.array([1, 8], np.int64)), init("three", np.float32(3.0))],
+    )
     graph, out = roundtrip(model)
     assert [n.op_type for n in out.graph.node] == ["Gather", "Pow"]
     assert [list(t.dims) for t in out.graph.initializer if t.name == "three"] == [[]]

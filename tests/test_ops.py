@@ -18,7 +18,8 @@ def run_one(op_type: str, inputs: list[np.ndarray], attrs: dict, out_rank: int) 
     names = [f"i{k}" for k in range(len(inputs))]
     node = helper.make_node(op_type, names, ["y"], **attrs)
     graph = helper.make_graph(
-        [node], "g",
+        [node],
+        "g",
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, a.shape) for n, a in zip(names, inputs)],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None] * out_rank)],
     )
@@ -50,8 +51,12 @@ def test_conv2d_matches_onnxruntime(xs, ws, strides, pads, dilations, group, act
     shape = ops.shape_of("conv2d", [x.shape, w.shape, b.shape], attrs)
     got = ops.evaluate("conv2d", [x, w, b], attrs)
     onnx_pads = [pads[0], pads[1], pads[2], pads[3]]
-    want = run_one("Conv", [x, w, b], dict(strides=strides, pads=onnx_pads, dilations=dilations, group=group,
-                                          kernel_shape=ws[2:]), 4)
+    want = run_one(
+        "Conv",
+        [x, w, b],
+        dict(strides=strides, pads=onnx_pads, dilations=dilations, group=group, kernel_shape=ws[2:]),
+        4,
+    )
     want = ops.ACTIVATIONS[act](want)
     assert got.shape == shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
@@ -91,13 +96,16 @@ def test_elementwise_and_structural_ops_match_onnxruntime():
         ops.evaluate("transpose", [a], {"perm": (2, 0, 1)}), run_one("Transpose", [a], {"perm": [2, 0, 1]}, 3)
     )
     x = rand(2, 3, 5, 5)
-    np.testing.assert_allclose(ops.evaluate("globalavgpool", [x], {}), run_one("GlobalAveragePool", [x], {}, 4),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        ops.evaluate("globalavgpool", [x], {}), run_one("GlobalAveragePool", [x], {}, 4), rtol=1e-5, atol=1e-6
+    )
     scale, bias, mean = rand(3), rand(3), rand(3)
     var = np.abs(rand(3)) + 0.1
     np.testing.assert_allclose(
         ops.evaluate("batchnorm", [x, scale, bias, mean, var], {"epsilon": 1e-3}),
-        run_one("BatchNormalization", [x, scale, bias, mean, var], {"epsilon": 1e-3}, 4), rtol=1e-4, atol=1e-5,
+        run_one("BatchNormalization", [x, scale, bias, mean, var], {"epsilon": 1e-3}, 4),
+        rtol=1e-4,
+        atol=1e-5,
     )
 
 
@@ -106,16 +114,31 @@ def test_elementwise_and_structural_ops_match_onnxruntime():
     [
         ("add", [(2, 3), (3, 3)], {}),
         ("matmul", [(2, 3), (4, 5)], {}),
-        ("conv2d", [(1, 4, 8, 8), (6, 3, 3, 3), (6,)], dict(strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1),
-                                                            group=1, act=0)),
-        ("conv2d", [(1, 4, 8, 8), (6, 2, 3, 3), (6,)], dict(strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1),
-                                                            group=4, act=0)),
-        ("conv2d", [(1, 4, 8, 8), (6, 4, 3, 3), (6,)], dict(strides=(1, 1), pads=(-1, 0, 1, 0), dilations=(1, 1),
-                                                            group=1, act=0)),
-        ("conv2d", [(1, 4, 8, 8), (6, 4, 3, 3), (6,)], dict(strides=(0, 1), pads=(0, 0, 0, 0), dilations=(1, 1),
-                                                            group=1, act=0)),
-        ("conv2d", [(1, 4, 8, 8), (6, 4, 3, 3), (6,)], dict(strides=(1, 1), pads=(0, 0, 0, 0), dilations=(0, 1),
-                                                            group=1, act=0)),
+        (
+            "conv2d",
+            [(1, 4, 8, 8), (6, 3, 3, 3), (6,)],
+            dict(strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), group=1, act=0),
+        ),
+        (
+            "conv2d",
+            [(1, 4, 8, 8), (6, 2, 3, 3), (6,)],
+            dict(strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), group=4, act=0),
+        ),
+        (
+            "conv2d",
+            [(1, 4, 8, 8), (6, 4, 3, 3), (6,)],
+            dict(strides=(1, 1), pads=(-1, 0, 1, 0), dilations=(1, 1), group=1, act=0),
+        ),
+        (
+            "conv2d",
+            [(1, 4, 8, 8), (6, 4, 3, 3), (6,)],
+            dict(strides=(0, 1), pads=(0, 0, 0, 0), dilations=(1, 1), group=1, act=0),
+        ),
+        (
+            "conv2d",
+            [(1, 4, 8, 8), (6, 4, 3, 3), (6,)],
+            dict(strides=(1, 1), pads=(0, 0, 0, 0), dilations=(0, 1), group=1, act=0),
+        ),
         ("maxpool", [(1, 4, 8, 8)], dict(kernel=(3, 3), strides=(1, 1), pads=(0, -1, 0, 1))),
         ("avgpool", [(1, 4, 8, 8)], dict(kernel=(0, 3), strides=(1, 1), pads=(0, 0, 0, 0), count_include_pad=0)),
         ("concat", [(2, 3), (3, 3)], {"axis": 1}),
@@ -167,8 +190,12 @@ def test_abs_is_modelled_end_to_end():
         helper.make_node("Abs", ["t2"], ["a"]),
         helper.make_node("Mul", ["a", "a"], ["y"]),
     ]
-    graph = helper.make_graph(nodes, "abs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])])
+    graph = helper.make_graph(
+        nodes,
+        "abs",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     assert "abs" in {n.op for n in import_model(model).nodes}

@@ -11,13 +11,13 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tensat import extraction
 import tensat
+from tensat import extraction
 from tensat.api import Options
 from tensat.cli import build_parser, main
 from tensat.compare_cli import TENSAT_OPTIONS
-from tensat.options import OPTION_NAMES, option_help, options_from_args
 from tensat.models import SMALL_SIZES, build_model, model_names
+from tensat.options import OPTION_NAMES, option_help, options_from_args
 from tensat.verify import run_model
 
 SMALL = SMALL_SIZES
@@ -56,8 +56,14 @@ def _attention_with_opaque_ops() -> onnx.ModelProto:
     def init(name: str, *shape: int) -> onnx.TensorProto:
         return numpy_helper.from_array((rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32), name)
 
-    inits = [init("wq", d, d), init("wk", d, d), init("wv", d, d), init("ln_scale", d), init("ln_bias", d),
-             numpy_helper.from_array(np.array([0, 2, 4, 6], dtype=np.int64), "rows")]
+    inits = [
+        init("wq", d, d),
+        init("wk", d, d),
+        init("wv", d, d),
+        init("ln_scale", d),
+        init("ln_bias", d),
+        numpy_helper.from_array(np.array([0, 2, 4, 6], dtype=np.int64), "rows"),
+    ]
     nodes = [
         helper.make_node("LayerNormalization", ["x", "ln_scale", "ln_bias"], ["xn"], axis=-1),
         helper.make_node("MatMul", ["xn", "wq"], ["q"]),
@@ -70,8 +76,13 @@ def _attention_with_opaque_ops() -> onnx.ModelProto:
         helper.make_node("Gather", ["att", "rows"], ["picked"], axis=0),
         helper.make_node("Relu", ["picked"], ["y"]),
     ]
-    graph = helper.make_graph(nodes, "attn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, d])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, d])], inits)
+    graph = helper.make_graph(
+        nodes,
+        "attn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, d])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, d])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
@@ -118,14 +129,18 @@ def _subcommands() -> dict[str, argparse.ArgumentParser]:
     return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
 
 
-@pytest.mark.parametrize("command, names", [
-    ("optimize", OPTION_NAMES),
-    ("compare", ("input_shapes", *TENSAT_OPTIONS)),  # its --cost, --device and --seed are the comparison's own
-    ("profile", ("input_shapes", "node_limit", "iter_limit", "time_limit", "k_multi")),
-    ("cost-report", ("input_shapes", "node_limit", "iter_limit", "time_limit", "k_multi", "ilp_time_limit")),
-])
-def test_every_command_derives_its_option_flags_from_options(monkeypatch: pytest.MonkeyPatch, command: str,
-                                                             names: tuple[str, ...]) -> None:
+@pytest.mark.parametrize(
+    "command, names",
+    [
+        ("optimize", OPTION_NAMES),
+        ("compare", ("input_shapes", *TENSAT_OPTIONS)),  # its --cost, --device and --seed are the comparison's own
+        ("profile", ("input_shapes", "node_limit", "iter_limit", "time_limit", "k_multi")),
+        ("cost-report", ("input_shapes", "node_limit", "iter_limit", "time_limit", "k_multi", "ilp_time_limit")),
+    ],
+)
+def test_every_command_derives_its_option_flags_from_options(
+    monkeypatch: pytest.MonkeyPatch, command: str, names: tuple[str, ...]
+) -> None:
     """Each command's flags for tensat's options are built from the `Options` fields: the help text is the field's
     and states its default; a changed default changes the flag's default (compare leaves them unset, so tensat's
     applies) and its help."""
@@ -149,8 +164,7 @@ def test_every_command_derives_its_option_flags_from_options(monkeypatch: pytest
 def test_cli_optimizes_a_builtin_model(tmp_path: Path, capsys):
     out = tmp_path / "squeezenet.opt.onnx"
     stats = tmp_path / "stats.json"
-    code = main(["optimize", "--model", "squeezenet", "-o", str(out), "--stats", str(stats),
-                 "--ilp-time-limit", "30"])
+    code = main(["optimize", "--model", "squeezenet", "-o", str(out), "--stats", str(stats), "--ilp-time-limit", "30"])
     assert code == 0
     onnx.checker.check_model(onnx.load(str(out)), full_check=True)
     data = json.loads(stats.read_text())
@@ -201,8 +215,20 @@ def test_cli_help_documents_every_flag(capsys):
         main(["optimize", "--help"])
     assert exc.value.code == 0
     text = capsys.readouterr().out
-    for flag in ("--model", "--output", "--input-shape", "--node-limit", "--iter-limit", "--time-limit",
-                 "--k-multi", "--extractor", "--solver", "--ilp-time-limit", "--no-verify", "--stats"):
+    for flag in (
+        "--model",
+        "--output",
+        "--input-shape",
+        "--node-limit",
+        "--iter-limit",
+        "--time-limit",
+        "--k-multi",
+        "--extractor",
+        "--solver",
+        "--ilp-time-limit",
+        "--no-verify",
+        "--stats",
+    ):
         assert flag in text
 
 

@@ -18,8 +18,9 @@ import os
 import tempfile
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import onnx
@@ -40,8 +41,11 @@ RTOL, ATOL = 1e-4, 1e-5  # float32, relative to each output's largest magnitude 
 
 # Warnings a healthy run may give; any other (a search that crashed and fell back to the input, an egglog error, a
 # cost-model fallback) is a bug the graceful fallback would otherwise hide.
-EXPECTED_WARNINGS = ("exploration stopped at its", "ILP extraction did not prove optimality",
-                     "the optimized graph did not run measurably faster")
+EXPECTED_WARNINGS = (
+    "exploration stopped at its",
+    "ILP extraction did not prove optimality",
+    "the optimized graph did not run measurably faster",
+)
 
 
 def _scaled(factor: float, least: int) -> settings:
@@ -166,7 +170,9 @@ class _IRBuilder:
         a = self.pick(pool)
         shape = self.shape(a)
         axis = self.draw(st.integers(0, len(shape) - 1))
-        partners = [j for j in pool if self.shape(j)[:axis] + self.shape(j)[axis + 1:] == shape[:axis] + shape[axis + 1:]]
+        partners = [
+            j for j in pool if self.shape(j)[:axis] + self.shape(j)[axis + 1 :] == shape[:axis] + shape[axis + 1 :]
+        ]
         b = self.draw(st.sampled_from(partners))
         if self.draw(st.booleans()):
             b = self.g.add(self.draw(st.sampled_from(["relu", "tanh"])), [b])
@@ -200,7 +206,9 @@ class _IRBuilder:
         if len(shape) == 4:
             target = (shape[0] * shape[1], shape[2] * shape[3])
         else:
-            target = self.draw(st.sampled_from([(1, size), (size, 1), (shape[1], shape[0]), (1, shape[0], shape[1], 1)]))
+            target = self.draw(
+                st.sampled_from([(1, size), (size, 1), (shape[1], shape[0]), (1, shape[0], shape[1], 1)])
+            )
         self.act(self.keep(self.g.reshape(x, target)))
 
     # -- motifs on images ----------------------------------------------------------------------------------------
@@ -223,11 +231,25 @@ class _IRBuilder:
             m = group * self.draw(st.integers(1, 3))
             wt = self.weight((m, c // group, k, k), c // group * k * k)
             b = self.weight((m,))
-            y = self.keep(self.g.add("conv2d", [x, wt, b], strides=(stride, stride), pads=pads,
-                                     dilations=(dilation, dilation), group=group, act=fused))
+            y = self.keep(
+                self.g.add(
+                    "conv2d",
+                    [x, wt, b],
+                    strides=(stride, stride),
+                    pads=pads,
+                    dilations=(dilation, dilation),
+                    group=group,
+                    act=fused,
+                )
+            )
             if self.draw(st.booleans()):
-                y = self.keep(self.g.add("batchnorm", [y, self.weight((m,)), self.weight((m,)), self.weight((m,)),
-                                                       self.weight((m,), positive=True)], epsilon=1e-5))
+                y = self.keep(
+                    self.g.add(
+                        "batchnorm",
+                        [y, self.weight((m,)), self.weight((m,)), self.weight((m,)), self.weight((m,), positive=True)],
+                        epsilon=1e-5,
+                    )
+                )
             self.act(y)
 
     def pool(self) -> None:
@@ -276,8 +298,9 @@ class _IRBuilder:
             outs = self._opaque("Softmax", [x], [shape], axis=-1)
         elif kind == "LayerNormalization":
             n = shape[-1]
-            outs = self._opaque("LayerNormalization", [x, self.weight((n,), positive=True), self.weight((n,))],
-                                [shape], axis=-1)
+            outs = self._opaque(
+                "LayerNormalization", [x, self.weight((n,), positive=True), self.weight((n,))], [shape], axis=-1
+            )
         elif kind == "Gather":
             rows = self.draw(st.lists(st.integers(0, shape[0] - 1), min_size=1, max_size=3))
             idx = self.g.weight(np.array(rows, dtype=np.int64), f"idx{len(self.g.weights)}")
@@ -287,15 +310,22 @@ class _IRBuilder:
                 return
             first = self.draw(st.integers(1, shape[-1] - 1))
             sizes = self.g.weight(np.array([first, shape[-1] - first], dtype=np.int64), f"split{len(self.g.weights)}")
-            outs = self._opaque("Split", [x, sizes], [shape[:-1] + (first,), shape[:-1] + (shape[-1] - first,)],
-                                axis=len(shape) - 1)
+            outs = self._opaque(
+                "Split", [x, sizes], [shape[:-1] + (first,), shape[:-1] + (shape[-1] - first,)], axis=len(shape) - 1
+            )
         for o in outs:
             self.act(self.keep(o))
 
     def motifs(self) -> list[Callable[[], None]]:
         """The motifs that apply to the tensors built so far, weighted towards the ones rules merge."""
-        out: list[Callable[[], None]] = [self.elementwise, self.concat_slice, self.transpose, self.reshape,
-                                         self.opaque_op, self.batchnorm]
+        out: list[Callable[[], None]] = [
+            self.elementwise,
+            self.concat_slice,
+            self.transpose,
+            self.reshape,
+            self.opaque_op,
+            self.batchnorm,
+        ]
         if self.mats:
             out += [self.matmul_shared] * 3 + [self.matmul_chain, self.gram]
         if self.imgs:
@@ -352,8 +382,7 @@ def ir_cases(draw: Draw) -> tuple[Graph, dict[str, Any]]:
 
 def _feeds(graph: Graph, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    return {graph.input_name(i): rng.standard_normal(graph.nodes[i].shape).astype(np.float32)
-            for i in graph.input_ids}
+    return {graph.input_name(i): rng.standard_normal(graph.nodes[i].shape).astype(np.float32) for i in graph.input_ids}
 
 
 def test_optimize_preserves_outputs_and_never_raises_cost() -> None:
@@ -483,8 +512,12 @@ class _OnnxBuilder:
             oh, ow = h + 2 * pad - k + 1, w + 2 * pad - k + 1
             y = self.node("Conv", inputs, (1, m, oh, ow), pads=[pad] * 4, kernel_shape=[k, k])
             if self.draw(st.booleans()):
-                stats = [self.weight((m,)), self.weight((m,)), self.weight((m,)),
-                         self.init(self.rng.uniform(0.5, 1.5, (m,)).astype(np.float32))]
+                stats = [
+                    self.weight((m,)),
+                    self.weight((m,)),
+                    self.weight((m,)),
+                    self.init(self.rng.uniform(0.5, 1.5, (m,)).astype(np.float32)),
+                ]
                 y = self.node("BatchNormalization", [y, *stats], (1, m, oh, ow), epsilon=1e-5)
             self.act(y)
 
@@ -514,10 +547,12 @@ class _OnnxBuilder:
         a = self.pick(pool)
         shape = self.shapes[a]
         axis = len(shape) - 1 if len(shape) == 2 else 1
-        partners = [j for j in pool if self.shapes[j][:axis] + self.shapes[j][axis + 1:] == shape[:axis] + shape[axis + 1:]]
+        partners = [
+            j for j in pool if self.shapes[j][:axis] + self.shapes[j][axis + 1 :] == shape[:axis] + shape[axis + 1 :]
+        ]
         b = self.draw(st.sampled_from(partners))
         total = shape[axis] + self.shapes[b][axis]
-        cat = self.node("Concat", [a, b], shape[:axis] + (total,) + shape[axis + 1:], axis=axis)
+        cat = self.node("Concat", [a, b], shape[:axis] + (total,) + shape[axis + 1 :], axis=axis)
         if self.draw(st.booleans()):
             first = self.draw(st.integers(1, total - 1)) if total > 1 else 0
             if first:
@@ -525,7 +560,7 @@ class _OnnxBuilder:
                 outs = [self.name("t"), self.name("u")]
                 self.nodes.append(helper.make_node("Split", [cat, sizes], outs, axis=axis))
                 for o, size in zip(outs, (first, total - first)):
-                    self.shapes[o] = shape[:axis] + (size,) + shape[axis + 1:]
+                    self.shapes[o] = shape[:axis] + (size,) + shape[axis + 1 :]
                     (self.mats if len(shape) == 2 else self.imgs).append(o)
                     self.made.append(o)
                     self.act(o)
@@ -533,7 +568,7 @@ class _OnnxBuilder:
             start = self.draw(st.integers(0, total - 1))
             stop = self.draw(st.integers(start + 1, total))
             args = [self.init(np.array(v, dtype=np.int64)) for v in ([start], [stop], [axis])]
-            self.act(self.node("Slice", [cat, *args], shape[:axis] + (stop - start,) + shape[axis + 1:]))
+            self.act(self.node("Slice", [cat, *args], shape[:axis] + (stop - start,) + shape[axis + 1 :]))
 
     def misc(self) -> None:
         """Transpose, Sub/Mul by a bias, or an op kept opaque: Softmax, LayerNormalization, Gather."""
@@ -581,15 +616,32 @@ def onnx_cases(draw: Draw) -> tuple[onnx.ModelProto, list[str]]:
         first = (b.mats or b.imgs)[0]
         b.node("Relu", [first], b.shapes[first])
     outputs = list(dict.fromkeys([b.made[-1]] + draw(st.lists(st.sampled_from(b.made), max_size=2))))
-    graph = helper.make_graph(b.nodes, "random", b.inputs,
-                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, list(b.shapes[o])) for o in outputs],
-                              b.inits)
+    graph = helper.make_graph(
+        b.nodes,
+        "random",
+        b.inputs,
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, list(b.shapes[o])) for o in outputs],
+        b.inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model, full_check=True)
-    flags = ["--extractor", draw(st.sampled_from(["greedy", "ilp"])), "--k-multi", str(draw(st.sampled_from([0, 1, 2]))),
-             "--iter-limit", str(draw(st.integers(1, 3))), "--ilp-time-limit", "5", "--time-limit", "5",
-             "--cost", "analytic", "--latency-check", "0.5"]
+    flags = [
+        "--extractor",
+        draw(st.sampled_from(["greedy", "ilp"])),
+        "--k-multi",
+        str(draw(st.sampled_from([0, 1, 2]))),
+        "--iter-limit",
+        str(draw(st.integers(1, 3))),
+        "--ilp-time-limit",
+        "5",
+        "--time-limit",
+        "5",
+        "--cost",
+        "analytic",
+        "--latency-check",
+        "0.5",
+    ]
     return model, flags
 
 

@@ -4,25 +4,23 @@ e-graph and chosen by extraction."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tensat import extraction
-from tensat import rewrites
-from tensat.rewrites.dsl import canonical_form, evaluate_sides, parse_rules
-from tensat.rewrites.verify import verify_all, verify_rule
-from tensat import ops
+from tensat import extraction, ops, rewrites
 from tensat.cli import main
 from tensat.cost import AnalyticCost, graph_cost
 from tensat.egraph import TensorEGraph
 from tensat.ir import Graph, Node
 from tensat.models import build_model
 from tensat.onnx_io import export_model, import_model
+from tensat.rewrites.dsl import canonical_form, evaluate_sides, parse_rules
+from tensat.rewrites.verify import verify_all, verify_rule
 
 RNG = np.random.default_rng(3)
 
@@ -57,17 +55,37 @@ def test_duplicates_up_to_variable_renaming_are_counted_once():
     assert rewrites.rule_counts([a, b, c])["single_distinct"] == 2
 
 
-@pytest.mark.parametrize("needed", [
-    "add-assoc-left", "mul-comm", "mul-add-distribute-right",                     # element-wise algebra
-    "conv-weight-add-split", "conv-input-add-split", "matmul-add-distribute-left",  # linearity
-    "slice-concat-left", "concat-adjacent-slices", "slice-full",                 # concat / split identities
-    "transpose-compose-3", "transpose-matmul-2", "concat-transpose-factor",      # transpose identities
-    "relu-concat-distribute", "relu-transpose-commute",                          # relu through concat / transpose
-    "maxpool-concat-distribute", "avgpool-concat-distribute",                    # pooling over concat
-    "batchnorm-conv-fold", "grouped-conv-merge-2", "add-matmul-concat-inner",
-    "matmul-merge-shared-input", "matmul-merge-shared-weight", "conv-merge-shared-input",
-    "conv-merge-shared-weight", "relu-merge-batch", "conv-enlarge-merge", "conv-enlarge-to-sibling",
-])
+@pytest.mark.parametrize(
+    "needed",
+    [
+        "add-assoc-left",
+        "mul-comm",
+        "mul-add-distribute-right",  # element-wise algebra
+        "conv-weight-add-split",
+        "conv-input-add-split",
+        "matmul-add-distribute-left",  # linearity
+        "slice-concat-left",
+        "concat-adjacent-slices",
+        "slice-full",  # concat / split identities
+        "transpose-compose-3",
+        "transpose-matmul-2",
+        "concat-transpose-factor",  # transpose identities
+        "relu-concat-distribute",
+        "relu-transpose-commute",  # relu through concat / transpose
+        "maxpool-concat-distribute",
+        "avgpool-concat-distribute",  # pooling over concat
+        "batchnorm-conv-fold",
+        "grouped-conv-merge-2",
+        "add-matmul-concat-inner",
+        "matmul-merge-shared-input",
+        "matmul-merge-shared-weight",
+        "conv-merge-shared-input",
+        "conv-merge-shared-weight",
+        "relu-merge-batch",
+        "conv-enlarge-merge",
+        "conv-enlarge-to-sibling",
+    ],
+)
 def test_library_covers_the_reference_properties(needed):
     assert rule(needed)
 
@@ -151,38 +169,56 @@ def test_verification_covers_integers_and_attribute_combinations(verdicts):
 
 
 WRONG = [
-    ("concat-on-the-wrong-axis", """
+    (
+        "concat-on-the-wrong-axis",
+        """
         (rule concat-on-the-wrong-axis
           (matmul ?x (concat ?y ?z :axis ?a))
           (concat (matmul ?x ?y) (matmul ?x ?z) :axis (- ?a 1))
-          :when ((= ?a (- (rank ?y) 1))))"""),
-    ("dropped-term", """
+          :when ((= ?a (- (rank ?y) 1))))""",
+    ),
+    (
+        "dropped-term",
+        """
         (rule dropped-term
           (matmul (concat ?x ?y :axis ?a) (concat ?z ?w :axis ?b))
           (matmul ?x ?z)
-          :when ((= ?a (- (rank ?x) 1)) (= ?b (- (rank ?x) 2)) (= (dim ?x -1) (dim ?z -2))))"""),
-    ("linearity-through-an-activation", """
+          :when ((= ?a (- (rank ?x) 1)) (= ?b (- (rank ?x) 2)) (= (dim ?x -1) (dim ?z -2))))""",
+    ),
+    (
+        "linearity-through-an-activation",
+        """
         (rule linearity-through-an-activation
           (conv2d ?x (add ?w1 ?w2) (add ?b1 ?b2) :strides ?s :pads ?p :dilations ?d :group ?g :act ?a)
           (add (conv2d ?x ?w1 ?b1 :strides ?s :pads ?p :dilations ?d :group ?g :act ?a)
                (conv2d ?x ?w2 ?b2 :strides ?s :pads ?p :dilations ?d :group ?g :act ?a))
-          :when ((same-shape ?w1 ?w2) (same-shape ?b1 ?b2)))"""),
-    ("grouped-weight-concat", """
+          :when ((same-shape ?w1 ?w2) (same-shape ?b1 ?b2)))""",
+    ),
+    (
+        "grouped-weight-concat",
+        """
         (rule grouped-weight-concat
           (concat (conv2d ?x ?w1 ?b1 :strides ?s :pads ?p :dilations ?d :group ?g :act ?a)
                   (conv2d ?x ?w2 ?b2 :strides ?s :pads ?p :dilations ?d :group ?g :act ?a) :axis 1)
           (conv2d ?x (concat ?w1 ?w2 :axis 0) (concat ?b1 ?b2 :axis 0) :strides ?s :pads ?p :dilations ?d :group ?g :act ?a)
-          :when ((same-except ?w1 ?w2 0)))"""),
-    ("missing-bounds-guard", """
+          :when ((same-except ?w1 ?w2 0)))""",
+    ),
+    (
+        "missing-bounds-guard",
+        """
         (rule missing-bounds-guard
           (slice (concat ?x ?y :axis ?a) :axis ?a :start ?st :size ?n)
-          (slice ?x :axis ?a :start ?st :size ?n))"""),
-    ("wrong-merge-slice", """
+          (slice ?x :axis ?a :start ?st :size ?n))""",
+    ),
+    (
+        "wrong-merge-slice",
+        """
         (multi wrong-merge-slice
           ((matmul ?x ?w1) (matmul ?x ?w2))
           ((slice ?m :axis ?l :start 0 :size (dim ?w1 ?l)) (slice ?m :axis ?l :start 0 :size (dim ?w2 ?l)))
           :let ((?l (- (rank ?x) 1)) (?m (matmul ?x (concat ?w1 ?w2 :axis ?l))))
-          :when ((same-except ?w1 ?w2 ?l)))"""),
+          :when ((same-except ?w1 ?w2 ?l)))""",
+    ),
 ]
 
 
@@ -222,27 +258,42 @@ GUARDED = [
     # rank: a rank-3 permutation composition does not apply to rank-4 tensors
     ("transpose-compose-3", {"x": rand(2, 3, 4, 5)}, {"p": (0, 1, 3, 2), "q": (1, 0, 2, 3)}),
     # non-axis dims: two weights merged on the output channels need equal kernels
-    ("concat-conv-weight-factor",
-     {"x": rand(1, 2, 7, 7), "w1": rand(3, 2, 3, 3), "b1": rand(3), "w2": rand(4, 2, 2, 2), "b2": rand(4)},
-     dict(CONV, s=(2, 2))),
+    (
+        "concat-conv-weight-factor",
+        {"x": rand(1, 2, 7, 7), "w1": rand(3, 2, 3, 3), "b1": rand(3), "w2": rand(4, 2, 2, 2), "b2": rand(4)},
+        dict(CONV, s=(2, 2)),
+    ),
     # non-axis dims: matmuls sharing a weight merge on rows only when their batch dims agree
     ("concat-matmul-rows-factor", {"x": rand(1, 2, 3), "y": rand(2, 2, 3), "z": rand(2, 3, 4)}, {"a": 1}),
     # inner dims: (x | y) @ (z ; w) splits only where x's columns meet z's rows
-    ("matmul-concat-inner-split", {"x": rand(2, 3), "y": rand(2, 2), "z": rand(2, 4), "w": rand(3, 4)},
-     {"a": 1, "b": 0}),
+    (
+        "matmul-concat-inner-split",
+        {"x": rand(2, 3), "y": rand(2, 2), "z": rand(2, 4), "w": rand(3, 4)},
+        {"a": 1, "b": 0},
+    ),
     # kernel sizes: a 2x2 kernel cannot be centred inside a 3x3 one
-    ("conv-enlarge-merge",
-     {"x": rand(1, 2, 6, 6), "w1": rand(3, 2, 2, 2), "b1": rand(3), "w2": rand(4, 2, 3, 3), "b2": rand(4)},
-     {"s": (1, 1), "p1": (0, 0, 0, 0), "p2": (1, 1, 1, 1), "d": (1, 1), "a": 0}),
+    (
+        "conv-enlarge-merge",
+        {"x": rand(1, 2, 6, 6), "w1": rand(3, 2, 2, 2), "b1": rand(3), "w2": rand(4, 2, 3, 3), "b2": rand(4)},
+        {"s": (1, 1), "p1": (0, 0, 0, 0), "p2": (1, 1, 1, 1), "d": (1, 1), "a": 0},
+    ),
     # kernel sizes: the larger kernel must be the reference, not the smaller one
-    ("conv-enlarge-merge",
-     {"x": rand(1, 2, 6, 6), "w1": rand(3, 2, 3, 3), "b1": rand(3), "w2": rand(4, 2, 1, 1), "b2": rand(4)},
-     {"s": (1, 1), "p1": (1, 1, 1, 1), "p2": (0, 0, 0, 0), "d": (1, 1), "a": 0}),
+    (
+        "conv-enlarge-merge",
+        {"x": rand(1, 2, 6, 6), "w1": rand(3, 2, 3, 3), "b1": rand(3), "w2": rand(4, 2, 1, 1), "b2": rand(4)},
+        {"s": (1, 1), "p1": (1, 1, 1, 1), "p2": (0, 0, 0, 0), "d": (1, 1), "a": 0},
+    ),
     # groups dividing channels: 3 groups cannot be merged pairwise
-    ("grouped-conv-merge-2", {"x": rand(1, 6, 5, 5), "w": rand(6, 2, 3, 3), "b": rand(6)},
-     {"s": (1, 1), "p": (1, 1, 1, 1), "d": (1, 1), "g": 3, "a": 0}),
-    ("grouped-conv-merge-4", {"x": rand(1, 4, 5, 5), "w": rand(4, 2, 3, 3), "b": rand(4)},
-     {"s": (1, 1), "p": (1, 1, 1, 1), "d": (1, 1), "g": 2, "a": 0}),
+    (
+        "grouped-conv-merge-2",
+        {"x": rand(1, 6, 5, 5), "w": rand(6, 2, 3, 3), "b": rand(6)},
+        {"s": (1, 1), "p": (1, 1, 1, 1), "d": (1, 1), "g": 3, "a": 0},
+    ),
+    (
+        "grouped-conv-merge-4",
+        {"x": rand(1, 4, 5, 5), "w": rand(4, 2, 3, 3), "b": rand(4)},
+        {"s": (1, 1), "p": (1, 1, 1, 1), "d": (1, 1), "g": 2, "a": 0},
+    ),
     # broadcasting: + distributes over a concat only between same-shaped operands
     ("slice-add-distribute", {"x": rand(4, 3), "y": rand(1, 3)}, {"a": 0, "st": 1, "n": 2}),
 ]
@@ -256,8 +307,7 @@ def test_guards_block_ill_shaped_bindings(name, tensors, attrs):
     assert evaluate_sides(r, tensors, attrs) is None  # ... but the guards refuse the binding
 
 
-def _conv(g: Graph, x: int, cout: int, k: int, name: str, pad: int | None = None, act: int = 0,
-          stride: int = 1) -> int:
+def _conv(g: Graph, x: int, cout: int, k: int, name: str, pad: int | None = None, act: int = 0, stride: int = 1) -> int:
     cin = g.nodes[x].shape[1]
     p = k // 2 if pad is None else pad
     w = g.weight((RNG.standard_normal((cout, cin, k, k)) / math.sqrt(cin * k * k)).astype(np.float32), name)
@@ -268,8 +318,12 @@ def _conv(g: Graph, x: int, cout: int, k: int, name: str, pad: int | None = None
 def test_egglog_guards_block_the_kernel_and_stride_mismatches():
     g = Graph()
     x = g.input("x", (1, 4, 8, 8))
-    outs = [_conv(g, x, 3, 1, "a"), _conv(g, x, 5, 3, "b"), _conv(g, x, 2, 2, "c", pad=0),
-            _conv(g, x, 6, 3, "d", stride=2)]
+    outs = [
+        _conv(g, x, 3, 1, "a"),
+        _conv(g, x, 5, 3, "b"),
+        _conv(g, x, 2, 2, "c", pad=0),
+        _conv(g, x, 6, 3, "d", stride=2),
+    ]
     for k, o in enumerate(outs):
         g.output(f"y{k}", o)
     stats = TensorEGraph(g, [rule("conv-enlarge-merge")]).explore(k_multi=1, iter_limit=1)
@@ -311,8 +365,9 @@ def test_dim_and_shape_expressions():
     x = rand(2, 3)
     assert evaluate_sides(r, {"x": x}, {"s": (2, 3)}) is not None
     assert evaluate_sides(r, {"x": x}, {"s": (3, 2)}) is None
-    (bad,) = parse_rules("(rule r (slice ?x :axis ?i :start 0 :size 1) (slice ?x :axis ?i :start 0 :size 1)"
-                         " :when ((= (dim ?x ?i) 2)))")
+    (bad,) = parse_rules(
+        "(rule r (slice ?x :axis ?i :start 0 :size 1) (slice ?x :axis ?i :start 0 :size 1) :when ((= (dim ?x ?i) 2)))"
+    )
     assert evaluate_sides(bad, {"x": x}, {"i": 0}) is not None
     assert evaluate_sides(bad, {"x": x}, {"i": 5}) is None  # out of range fails the match, as in egglog
     assert evaluate_sides(bad, {"x": x}, {"i": -2}) is None  # only literal indices count from the end
@@ -328,8 +383,11 @@ def test_new_ops_agree_with_egglog_shapes_and_onnxruntime():
     g = Graph()
     w = g.input("w", (4, 2, 1, 3))
     v = g.input("v", (5,))
-    outs = {"e": g.add("enlarge", [w], kernel=(3, 5)), "m": g.add("merge", [w], group=2, count=2),
-            "r": g.add("rsqrt", [v], epsilon=1e-3)}
+    outs = {
+        "e": g.add("enlarge", [w], kernel=(3, 5)),
+        "m": g.add("merge", [w], group=2, count=2),
+        "r": g.add("rsqrt", [v], epsilon=1e-3),
+    }
     for name, i in outs.items():
         g.output(name, i)
     TensorEGraph(g)  # raises if egglog's shape rules disagree with ops.py
@@ -413,8 +471,14 @@ def inception_block(g: Graph, x: int) -> int:
     b1 = _conv(g, x, 8, 1, "b1", act=2)
     b5 = _conv(g, _conv(g, x, 6, 1, "b5_1", act=2), 8, 5, "b5_2", act=2)
     b3 = _conv(g, _conv(g, x, 8, 1, "b3_1", act=2), 12, 3, "b3_2", act=2)
-    bp = _conv(g, g.add("avgpool", [x], kernel=(3, 3), strides=(1, 1), pads=(1, 1, 1, 1), count_include_pad=0),
-               4, 1, "bp", act=2)
+    bp = _conv(
+        g,
+        g.add("avgpool", [x], kernel=(3, 3), strides=(1, 1), pads=(1, 1, 1, 1), count_include_pad=0),
+        4,
+        1,
+        "bp",
+        act=2,
+    )
     return g.add("concat", [g.add("concat", [g.add("concat", [b1, b5], axis=1), b3], axis=1), bp], axis=1)
 
 
@@ -438,12 +502,19 @@ def test_squeezenet_fire_expands_are_merged_through_enlarge():
     assert any(d.op == "enlarge" for d in decoded.values())  # discovered in the e-graph
     enlarged = [i for i in out.live() if out.nodes[i].op == "enlarge"]
     assert enlarged  # and chosen: a 1x1 kernel zero-padded to 3x3 inside one merged conv
-    merged = [i for i in out.live() if out.nodes[i].op == "conv2d" and any(
-        j in out.weight_only() and out.nodes[j].op == "concat" and enlarged[0] in out.nodes[j].inputs
-        for j in out.nodes[i].inputs)]
+    merged = [
+        i
+        for i in out.live()
+        if out.nodes[i].op == "conv2d"
+        and any(
+            j in out.weight_only() and out.nodes[j].op == "concat" and enlarged[0] in out.nodes[j].inputs
+            for j in out.nodes[i].inputs
+        )
+    ]
     assert merged and out.nodes[merged[0]].attr["pads"] == (1, 1, 1, 1)
     assert sum(n == "conv2d" for n in (out.nodes[i].op for i in out.live())) < len(
-        [i for i in g.live() if g.nodes[i].op == "conv2d"])
+        [i for i in g.live() if g.nodes[i].op == "conv2d"]
+    )
     same_outputs(g, out, feeds_for(g))
 
 
@@ -453,8 +524,12 @@ def test_nasrnn_combines_become_one_matmul_over_concatenations():
     out, _ = optimize(g, AnalyticCost(), iter_limit=1)
     matmuls = [i for i in out.live() if out.nodes[i].op == "matmul"]
     assert len(matmuls) < before
-    over_concat = [m for m in matmuls if out.nodes[out.nodes[m].inputs[0]].op == "concat"
-                   and out.nodes[out.nodes[m].inputs[0]].inputs[0] not in out.weight_only()]
+    over_concat = [
+        m
+        for m in matmuls
+        if out.nodes[out.nodes[m].inputs[0]].op == "concat"
+        and out.nodes[out.nodes[m].inputs[0]].inputs[0] not in out.weight_only()
+    ]
     # x @ W1 + h @ W2 as (x | h) @ (W1 ; W2): an activation concat times a weight-only concat
     assert any(weight_only_concat(out, out.nodes[m].inputs[1]) for m in over_concat)
     same_outputs(g, out, feeds_for(g))
@@ -467,14 +542,26 @@ def conv_bn_model() -> onnx.ModelProto:
     def init(name: str, array: np.ndarray) -> onnx.TensorProto:
         return numpy_helper.from_array(array.astype(np.float32), name)
 
-    inits = [init("w", rng.standard_normal((c, 3, 3, 3)) / 5), init("b", rng.standard_normal(c)),
-             init("scale", rng.random(c) + 0.5), init("shift", rng.standard_normal(c)),
-             init("mean", rng.standard_normal(c)), init("var", rng.random(c) + 0.5)]
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
-             helper.make_node("BatchNormalization", ["c", "scale", "shift", "mean", "var"], ["n"], epsilon=1e-3),
-             helper.make_node("Relu", ["n"], ["y"])]
-    graph = helper.make_graph(nodes, "conv_bn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, 8, 8])], inits)
+    inits = [
+        init("w", rng.standard_normal((c, 3, 3, 3)) / 5),
+        init("b", rng.standard_normal(c)),
+        init("scale", rng.random(c) + 0.5),
+        init("shift", rng.standard_normal(c)),
+        init("mean", rng.standard_normal(c)),
+        init("var", rng.random(c) + 0.5),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c", "scale", "shift", "mean", "var"], ["n"], epsilon=1e-3),
+        helper.make_node("Relu", ["n"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "conv_bn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, 8, 8])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model

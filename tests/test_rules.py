@@ -31,9 +31,11 @@ CASES = [
     ("slice-concat-right", {"a": rand(2, 3), "b": rand(5, 3)}, {"ax": 0, "st": 2, "n": 5}),
     ("matmul-merge-shared-input", {"x": rand(6, 4), "w1": rand(4, 3), "w2": rand(4, 5)}, {}),
     ("matmul-merge-shared-input", {"x": rand(2, 6, 4), "w1": rand(2, 4, 3), "w2": rand(2, 4, 2)}, {}),
-    ("conv-merge-shared-input",
-     {"x": rand(1, 3, 6, 6), "w1": rand(4, 3, 3, 3), "b1": rand(4), "w2": rand(2, 3, 3, 3), "b2": rand(2)},
-     {"s": (2, 1), "p": (1, 0, 1, 0), "d": (1, 1), "a": 2}),
+    (
+        "conv-merge-shared-input",
+        {"x": rand(1, 3, 6, 6), "w1": rand(4, 3, 3, 3), "b1": rand(4), "w2": rand(2, 3, 3, 3), "b2": rand(2)},
+        {"s": (2, 1), "p": (1, 0, 1, 0), "d": (1, 1), "a": 2},
+    ),
 ]
 
 
@@ -65,15 +67,18 @@ def test_a_wrong_rule_is_caught_numerically():
     assert not all(np.allclose(a, b) for a, b in pairs)
 
 
-@pytest.mark.parametrize("text,message", [
-    ("(rule r (frob ?x) ?x)", "unknown operator"),
-    ("(rule r (relu ?x) ?y)", "not bound"),
-    ("(rule r (matmul ?x) ?x)", "takes 2 tensor arguments"),
-    ("(rule r (relu ?x) (relu ?x) :when ((dim ?x 0)))", "not a comparison"),
-    ("(rule r (relu ?x) (relu ?x)", "unbalanced"),
-    ("(rule r (conv2d ?x ?w ?b) (conv2d ?x ?w ?b))", "needs attribute"),
-    ("(rule r (slice ?x :color 1) ?x)", "no attribute"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("(rule r (frob ?x) ?x)", "unknown operator"),
+        ("(rule r (relu ?x) ?y)", "not bound"),
+        ("(rule r (matmul ?x) ?x)", "takes 2 tensor arguments"),
+        ("(rule r (relu ?x) (relu ?x) :when ((dim ?x 0)))", "not a comparison"),
+        ("(rule r (relu ?x) (relu ?x)", "unbalanced"),
+        ("(rule r (conv2d ?x ?w ?b) (conv2d ?x ?w ?b))", "needs attribute"),
+        ("(rule r (slice ?x :color 1) ?x)", "no attribute"),
+    ],
+)
 def test_bad_rules_are_rejected(text, message):
     with pytest.raises(RuleError, match=message):
         rules = parse_rules(text)

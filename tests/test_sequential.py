@@ -10,14 +10,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tensat import rewrites
-from tensat.rewrites.dsl import Var, attr_value, eval_expr, evaluate_sides, parse_rules
-from tensat.rewrites.match import Context, Matcher, TermGraph, apply_match, find_matches, rewrite
-from tensat import onnx_io, ops
+from tensat import onnx_io, ops, rewrites
 from tensat.cost import AnalyticCost, graph_cost
 from tensat.errors import TensatError
 from tensat.ir import Graph
 from tensat.models import build_model
+from tensat.rewrites.dsl import Var, attr_value, eval_expr, evaluate_sides, parse_rules
+from tensat.rewrites.match import Context, Matcher, TermGraph, apply_match, find_matches, rewrite
 from tensat.sequential import SequentialSearch, _State, sequential_search
 
 # Small versions of the benchmark graphs (the same structure, sizes that evaluate in milliseconds).
@@ -39,8 +38,9 @@ def small_graph(name: str) -> Graph:
 
 def feeds_for(graph: Graph, seed: int = 0, dtype: Any = np.float64) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    return {graph.nodes[i].attr["name"]: rng.standard_normal(graph.nodes[i].shape).astype(dtype)
-            for i in graph.input_ids}
+    return {
+        graph.nodes[i].attr["name"]: rng.standard_normal(graph.nodes[i].shape).astype(dtype) for i in graph.input_ids
+    }
 
 
 def outputs_of(graph: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -101,8 +101,9 @@ def _instances(rule: rewrites.Rule, wanted: int = 2) -> list[tuple[dict[str, tup
     return found
 
 
-def _lhs_graph(rule: rewrites.Rule, shapes: dict[str, tuple[int, ...]],
-               attrs: dict[str, Any]) -> tuple[Graph, list[int]] | None:
+def _lhs_graph(
+    rule: rewrites.Rule, shapes: dict[str, tuple[int, ...]], attrs: dict[str, Any]
+) -> tuple[Graph, list[int]] | None:
     """A graph computing the rule's left side(s) over one input per tensor variable (None if it cannot be built)."""
     g = Graph()
     ids = {v: g.input(v, shapes[v]) for v in rule.tensor_vars()}
@@ -145,8 +146,9 @@ def test_rule_matches_its_left_side_and_every_match_rewrites_correctly(rule):
 # Every match on the benchmark graphs
 
 
-def store_values(store: TermGraph, wanted: list[int], feeds: dict[str, np.ndarray],
-                 memo: dict[int, np.ndarray]) -> list[np.ndarray]:
+def store_values(
+    store: TermGraph, wanted: list[int], feeds: dict[str, np.ndarray], memo: dict[int, np.ndarray]
+) -> list[np.ndarray]:
     """Numpy values of store nodes, reusing (and filling) `memo`."""
     needed: set[int] = set()
     stack = [i for i in wanted if i not in memo]
@@ -190,11 +192,17 @@ def test_every_match_on_benchmark_graphs_computes_its_roots(name):
         except NotApplicable:
             continue
         built += 1
-        for old, new in zip(store_values(store, list(m.roots), feeds, memo),
-                            store_values(store, list(new_roots), feeds, memo)):
+        for old, new in zip(
+            store_values(store, list(m.roots), feeds, memo), store_values(store, list(new_roots), feeds, memo)
+        ):
             assert old.shape == new.shape, m.rule.name
-            np.testing.assert_allclose(new, old, rtol=1e-9, atol=1e-9 * max(1.0, float(np.max(np.abs(old)))),
-                                       err_msg=f"{m.rule.name} at {m.roots} on {name}")
+            np.testing.assert_allclose(
+                new,
+                old,
+                rtol=1e-9,
+                atol=1e-9 * max(1.0, float(np.max(np.abs(old)))),
+                err_msg=f"{m.rule.name} at {m.roots} on {name}",
+            )
     assert built > 0
 
 
@@ -262,8 +270,15 @@ def test_incremental_pricing_and_matching_agree_with_rebuilding(name):
     search = SequentialSearch(g, AnalyticCost())
     search._sync()
     ctx = search._root_ctx
-    st = _State(sum(search._cost[i] for i in ctx.order), sum(search._isop[i] for i in ctx.order), 0, None, None, 0,
-                outputs=tuple(g.outputs))
+    st = _State(
+        sum(search._cost[i] for i in ctx.order),
+        sum(search._isop[i] for i in ctx.order),
+        0,
+        None,
+        None,
+        0,
+        outputs=tuple(g.outputs),
+    )
     search._materialize(st)
     assert st.cost == pytest.approx(graph_cost(g, search.cost_model), rel=1e-12)
     rng = random.Random(1)
@@ -291,8 +306,9 @@ def test_incremental_pricing_and_matching_agree_with_rebuilding(name):
         search._materialize(child)
         assert child.ctx is not None and child.matches is not None
         full = search.matcher.find(child.ctx)
-        assert sorted((x.rule.name, x.roots, tuple(sorted(x.tensors))) for x in child.matches) == \
-            sorted((x.rule.name, x.roots, tuple(sorted(x.tensors))) for x in full)
+        assert sorted((x.rule.name, x.roots, tuple(sorted(x.tensors))) for x in child.matches) == sorted(
+            (x.rule.name, x.roots, tuple(sorted(x.tensors))) for x in full
+        )
         st = child
     assert checked > 0
 
@@ -371,8 +387,24 @@ def test_compare_cli_on_a_model_file(tmp_path, capsys):
     path = tmp_path / "nasrnn.onnx"
     onnx_io.save_model(build_model("nasrnn", steps=1, hidden=16), str(path))
     out = tmp_path / "cmp.json"
-    args = _parser().parse_args([str(path), "--budget", "5", "--latency-runs", "5", "--latency-seconds", "5",
-                                 "--iter-limit", "2", "--extractor", "greedy", "--json", str(out), "--progress"])
+    args = _parser().parse_args(
+        [
+            str(path),
+            "--budget",
+            "5",
+            "--latency-runs",
+            "5",
+            "--latency-seconds",
+            "5",
+            "--iter-limit",
+            "2",
+            "--extractor",
+            "greedy",
+            "--json",
+            str(out),
+            "--progress",
+        ]
+    )
     assert compare_cli.run(args) == 0
     captured = capsys.readouterr()
     assert "| nasrnn |" in captured.out and "sequential: cost" in captured.err
@@ -403,8 +435,12 @@ def test_compare_all_writes_files_only_to_an_out_dir(tmp_path, monkeypatch, caps
     assert compare_cli.finish(_parser().parse_args(["--all", "-q"]), rows, {"rows": []}, "| table |") == 0
     assert capsys.readouterr().out == "| table |\n" and list(tmp_path.iterdir()) == []
     out = tmp_path / "out"
-    assert compare_cli.finish(_parser().parse_args(["--all", "-q", "--out-dir", str(out)]), rows, {"rows": []},
-                              "| table |") == 0
+    assert (
+        compare_cli.finish(
+            _parser().parse_args(["--all", "-q", "--out-dir", str(out)]), rows, {"rows": []}, "| table |"
+        )
+        == 0
+    )
     assert sorted(p.name for p in out.iterdir()) == ["compare.json", "compare.md"]
 
 
@@ -430,12 +466,37 @@ def test_compare_summary_and_markdown():
     from tensat.compare import report as compare_report
 
     def row(name: str, seq_cost: float, seq_s: float, t_cost: float, t_s: float) -> Row:
-        return Row(name, 10, 2.0, "analytic",
-                   {"cost": seq_cost, "seconds": seq_s, "verified": True, "expansions": 100, "stop_reason": "budget", "ops": 8,
-                    "candidates": 5, "pushed": 4, "best_expansion": 3},
-                   {"cost": t_cost, "seconds": t_s, "seconds_with_overhead": 2 * t_s, "verified": True, "enodes": 9, "ops": 7,
-                    "eclasses": 5, "iterations": 2, "stop_reason": "saturated", "times": {"lower": 0.1}},
-                   None, 7)
+        return Row(
+            name,
+            10,
+            2.0,
+            "analytic",
+            {
+                "cost": seq_cost,
+                "seconds": seq_s,
+                "verified": True,
+                "expansions": 100,
+                "stop_reason": "budget",
+                "ops": 8,
+                "candidates": 5,
+                "pushed": 4,
+                "best_expansion": 3,
+            },
+            {
+                "cost": t_cost,
+                "seconds": t_s,
+                "seconds_with_overhead": 2 * t_s,
+                "verified": True,
+                "enodes": 9,
+                "ops": 7,
+                "eclasses": 5,
+                "iterations": 2,
+                "stop_reason": "saturated",
+                "times": {"lower": 0.1},
+            },
+            None,
+            7,
+        )
 
     rows = [row("a", 1.0, 10.0, 0.9, 0.1), row("b", 1.0, 1.0, 1.2, 1.0)]
     rows[0].tensat.update(stop_reason="iter_limit", extraction={"method": "ilp", "status": "feasible"})
@@ -462,16 +523,45 @@ def test_bench_compare_checks_the_targets_from_the_report(tmp_path, capsys):
     from tensat.compare import Row, Settings, report
 
     def row(name: str, seq_s: float, t_s: float, t_cost: float) -> Row:
-        return Row(name, 10, 2.0, "analytic",
-                   {"cost": 1.0, "seconds": seq_s, "verified": True, "expansions": 10, "stop_reason": "budget", "ops": 8,
-                    "candidates": 5, "pushed": 4, "best_expansion": 3},
-                   {"cost": t_cost, "seconds": t_s, "seconds_with_overhead": t_s, "verified": True, "enodes": 9, "ops": 7,
-                    "eclasses": 5, "iterations": 2, "stop_reason": "saturated", "times": {}}, None, 7)
+        return Row(
+            name,
+            10,
+            2.0,
+            "analytic",
+            {
+                "cost": 1.0,
+                "seconds": seq_s,
+                "verified": True,
+                "expansions": 10,
+                "stop_reason": "budget",
+                "ops": 8,
+                "candidates": 5,
+                "pushed": 4,
+                "best_expansion": 3,
+            },
+            {
+                "cost": t_cost,
+                "seconds": t_s,
+                "seconds_with_overhead": t_s,
+                "verified": True,
+                "enodes": 9,
+                "ops": 7,
+                "eclasses": 5,
+                "iterations": 2,
+                "stop_reason": "saturated",
+                "times": {},
+            },
+            None,
+            7,
+        )
 
     machine = {"cpu": "cpu", "cores": 2, "versions": {"python": "3"}, "date": "today"}
     slow = report([row("a", 1.0, 2.0, 1.0), row("b", 1.0, 0.5, 1.1)], Settings(), machine)
-    assert bench_compare.targets(slow) == {"time_ratio_target": 48.0, "cost_target_met": False,
-                                           "time_ratio_target_met": False}
+    assert bench_compare.targets(slow) == {
+        "time_ratio_target": 48.0,
+        "cost_target_met": False,
+        "time_ratio_target_met": False,
+    }
     lines = "\n".join(bench_compare.target_lines(slow))
     assert "missed on 1 of 2 (b)" in lines and "missed by 48.0x (1.00)" in lines
     fast = report([row("a", 100.0, 1.0, 1.0)], Settings(), machine)

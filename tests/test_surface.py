@@ -39,14 +39,25 @@ def _squeezenet(tmp_path: Path) -> Path:
 
 def test_the_api_reports_every_stage_in_order() -> None:
     seen: list[tuple[str, str]] = []
-    result = tensat.optimize_with_details(build_model("squeezenet", **SMALL_SIZES["squeezenet"]),
-                                          progress=lambda s, d: seen.append((s, d)), **FAST)
+    result = tensat.optimize_with_details(
+        build_model("squeezenet", **SMALL_SIZES["squeezenet"]), progress=lambda s, d: seen.append((s, d)), **FAST
+    )
     stages = list(dict.fromkeys(s for s, _ in seen))
     assert stages[:3] == ["import", "cost", "explore"] and set(stages) <= set(STAGES)
     assert "extract" in stages and stages.index("extract") > stages.index("explore")
     assert any(re.fullmatch(r"iteration \d+: [\d,]+ e-nodes, [\d,]+ e-classes", d) for s, d in seen if s == "explore")
-    order = ["import", "lower", "explore", "price", "guided", "cycle_filter", "extract", "export", "verify",
-             "latency_check"]  # the stages timed, in the order they run
+    order = [
+        "import",
+        "lower",
+        "explore",
+        "price",
+        "guided",
+        "cycle_filter",
+        "extract",
+        "export",
+        "verify",
+        "latency_check",
+    ]  # the stages timed, in the order they run
     assert list(result.times) == [k for k in order if k in result.times], result.times
     assert {"import", "lower", "explore", "price", "cycle_filter", "extract"} <= set(result.times)
     assert all(seconds >= 0 for seconds in result.times.values())
@@ -56,8 +67,9 @@ def test_a_failing_progress_callback_does_not_break_the_run() -> None:
     def broken(stage: str, detail: str) -> None:
         raise ValueError("display gone")
 
-    result = tensat.optimize_with_details(build_model("squeezenet", **SMALL_SIZES["squeezenet"]), progress=broken,
-                                          **FAST)
+    result = tensat.optimize_with_details(
+        build_model("squeezenet", **SMALL_SIZES["squeezenet"]), progress=broken, **FAST
+    )
     assert result.verification.ok
 
 
@@ -74,8 +86,9 @@ def test_cli_progress_on_request_is_one_line_per_step(tmp_path: Path, capsys: py
     err = capsys.readouterr().err
     lines = err.splitlines()
     assert len(lines) >= 5 and "\r" not in err
-    assert all(re.match(r"tensat: \[ *\d+\.\ds\] (import|cost|explore|price|guided|extract|export|verify)", ln)
-               for ln in lines), lines
+    assert all(
+        re.match(r"tensat: \[ *\d+\.\ds\] (import|cost|explore|price|guided|extract|export|verify)", ln) for ln in lines
+    ), lines
     assert any("explore: iteration 1:" in ln for ln in lines)
 
 
@@ -108,24 +121,28 @@ def test_a_terminal_gets_one_line_redrawn_with_a_ticking_clock() -> None:
 # outputs are checked before any work
 
 
-def test_cli_checks_the_output_directory_before_any_work(tmp_path: Path, capsys: pytest.CaptureFixture,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_checks_the_output_directory_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def never(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("optimization started")
 
     monkeypatch.setattr(api, "optimize_with_details", never)
     src = _squeezenet(tmp_path)
-    for flags in (["-o", str(tmp_path / "missing" / "out.onnx")],
-                  ["-o", str(tmp_path / "out.onnx"), "--stats", str(tmp_path / "missing" / "s.json")],
-                  ["-o", str(tmp_path)]):
+    for flags in (
+        ["-o", str(tmp_path / "missing" / "out.onnx")],
+        ["-o", str(tmp_path / "out.onnx"), "--stats", str(tmp_path / "missing" / "s.json")],
+        ["-o", str(tmp_path)],
+    ):
         assert main(["optimize", str(src), *flags]) == 1
         err = capsys.readouterr().err
         assert err.startswith("tensat: error: cannot write") and err.count("\n") == 1, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["squeezenet.onnx"]
 
 
-def test_the_api_checks_the_output_directory_before_reading_the_model(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_api_checks_the_output_directory_before_reading_the_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import tensat.onnx_io as onnx_io
 
     def never(*args: Any, **kwargs: Any) -> Any:
@@ -182,8 +199,9 @@ def test_no_gain_onnxruntime_gets_by_itself_is_claimed() -> None:
 def test_warnings_go_to_the_result_and_the_logger_not_to_python_warnings(caplog: pytest.LogCaptureFixture) -> None:
     with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.WARNING, logger="tensat"):
         warnings.simplefilter("always")
-        result = tensat.optimize_with_details(build_model("squeezenet", **SMALL_SIZES["squeezenet"]), iter_limit=1,
-                                              **FAST)
+        result = tensat.optimize_with_details(
+            build_model("squeezenet", **SMALL_SIZES["squeezenet"]), iter_limit=1, **FAST
+        )
     assert not [w for w in caught if "tensat" in str(w.filename)], [str(w.message) for w in caught]
     assert result.warnings and any("iter limit" in w for w in result.warnings)
     assert [r.getMessage() for r in caplog.records if r.name == "tensat"] == result.warnings
@@ -193,7 +211,9 @@ def test_warnings_go_to_the_result_and_the_logger_not_to_python_warnings(caplog:
 def test_a_quick_extraction_does_not_warn_about_its_time_limit() -> None:
     result = tensat.optimize_with_details(build_model("squeezenet", **SMALL_SIZES["squeezenet"]), **FAST)
     assert not any("time limit" in w for w in result.warnings), result.warnings
-    assert result.extraction.info["ilp_stop"] in ("proven optimal",) or "not proven" in result.extraction.info["ilp_stop"]
+    assert (
+        result.extraction.info["ilp_stop"] in ("proven optimal",) or "not proven" in result.extraction.info["ilp_stop"]
+    )
 
 
 def test_a_result_not_kept_says_why_with_its_figures() -> None:
@@ -237,18 +257,21 @@ def test_cli_models_lists_sizes_and_descriptions(capsys: pytest.CaptureFixture) 
 # one error style
 
 
-@pytest.mark.parametrize("argv", [
-    ["optimize", "m.onnx", "-o", "x.onnx", "--node-limit", "-5"],
-    ["optimize", "m.onnx", "-o", "x.onnx", "--cost", "guess"],
-    ["optimize", "m.onnx", "--model", "bert", "-o", "x.onnx"],
-    ["extract", "e.json", "--time-limit", "0"],
-    ["rules", "--trials", "many"],
-    ["compare", "--budget", "lots"],
-    ["profile", "--device", "tpu"],
-    ["cost-report", "--bogus"],
-    ["models", "--bogus"],
-    ["frobnicate"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["optimize", "m.onnx", "-o", "x.onnx", "--node-limit", "-5"],
+        ["optimize", "m.onnx", "-o", "x.onnx", "--cost", "guess"],
+        ["optimize", "m.onnx", "--model", "bert", "-o", "x.onnx"],
+        ["extract", "e.json", "--time-limit", "0"],
+        ["rules", "--trials", "many"],
+        ["compare", "--budget", "lots"],
+        ["profile", "--device", "tpu"],
+        ["cost-report", "--bogus"],
+        ["models", "--bogus"],
+        ["frobnicate"],
+    ],
+)
 def test_every_usage_error_is_one_line_and_exit_2(argv: list[str], capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exc:
         main(argv)
@@ -257,16 +280,19 @@ def test_every_usage_error_is_one_line_and_exit_2(argv: list[str], capsys: pytes
     assert err.startswith("tensat: error: ") and err.count("\n") == 1 and "--help" in err, err
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["optimize", "missing.onnx", "-o", "x.onnx"], "missing.onnx"),
-    (["extract", "missing.json"], "missing.json"),
-    (["rules", "--file", "missing.rules"], "missing.rules"),
-    (["compare", "missing.onnx", "--no-latency"], "missing.onnx"),
-    (["profile", "missing.onnx"], "missing.onnx"),
-])
-def test_every_input_error_is_one_line_and_exit_1(argv: list[str], needle: str, tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["optimize", "missing.onnx", "-o", "x.onnx"], "missing.onnx"),
+        (["extract", "missing.json"], "missing.json"),
+        (["rules", "--file", "missing.rules"], "missing.rules"),
+        (["compare", "missing.onnx", "--no-latency"], "missing.onnx"),
+        (["profile", "missing.onnx"], "missing.onnx"),
+    ],
+)
+def test_every_input_error_is_one_line_and_exit_1(
+    argv: list[str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     assert main(argv) == 1
     err = capsys.readouterr().err

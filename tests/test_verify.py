@@ -109,7 +109,7 @@ def test_dropped_bias_add_is_caught() -> None:
 def test_reassociated_float32_math_passes() -> None:
     """(x @ A) @ B against x @ (A @ B) and a re-ordered long sum: float32 rounding differences only."""
     a, b = randn(256, 256, std=1 / 16), randn(256, 64, std=1 / 16)
-    terms = [("t%d" % k, randn(1, 64)) for k in range(12)]
+    terms = [(f"t{k}", randn(1, 64)) for k in range(12)]
     nodes = [helper.make_node("MatMul", ["x", "A"], ["xa"]), helper.make_node("MatMul", ["xa", "B"], ["y0"])]
     prev = "y0"
     for k, (name, _) in enumerate(terms):

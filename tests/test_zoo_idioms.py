@@ -153,8 +153,9 @@ def test_computed_reshape_shape_is_folded(opset: int) -> None:
     assert not op_types(out) & {"Shape", "Gather", "Unsqueeze", "Concat"}
 
 
-@pytest.mark.parametrize(("name", "opset"), [("squeeze_attribute", 7), ("squeeze_attribute", 11),
-                                             ("squeeze_input", 13)])
+@pytest.mark.parametrize(
+    ("name", "opset"), [("squeeze_attribute", 7), ("squeeze_attribute", 11), ("squeeze_input", 13)]
+)
 def test_squeeze_and_unsqueeze(name: str, opset: int) -> None:
     model = small(name, opset=opset)
     squeeze = next(n for n in model.graph.node if n.op_type == "Squeeze")

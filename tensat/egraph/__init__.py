@@ -20,13 +20,32 @@ from tensat.egraph.export import COMPETITIVE_SLACK_MS, PRICE_BATCH, UNCHOSEN_MS,
 from tensat.egraph.lower import GUIDED, LoweredGraph
 from tensat.egraph.pool import BLANKS_KEPT
 from tensat.egraph.runner import (
-    BAN_LENGTH, FILL_MIN_SECONDS, MATCH_LIMIT, Backoff, Exploration, ExplorationStats, IterationStats,
+    BAN_LENGTH,
+    FILL_MIN_SECONDS,
+    MATCH_LIMIT,
+    Backoff,
+    Exploration,
+    ExplorationStats,
+    IterationStats,
 )
 
 __all__ = [
-    "BAN_LENGTH", "BLANKS_KEPT", "COMPETITIVE_SLACK_MS", "FILL_MIN_SECONDS", "GUIDED", "MATCH_LIMIT", "PRICE_BATCH",
-    "UNCHOSEN_MS", "Backoff", "CostFn", "DecodedNode", "ExplorationStats", "IterationStats", "LoweredGraph",
-    "TensorEGraph", "pool",
+    "BAN_LENGTH",
+    "BLANKS_KEPT",
+    "COMPETITIVE_SLACK_MS",
+    "FILL_MIN_SECONDS",
+    "GUIDED",
+    "MATCH_LIMIT",
+    "PRICE_BATCH",
+    "UNCHOSEN_MS",
+    "Backoff",
+    "CostFn",
+    "DecodedNode",
+    "ExplorationStats",
+    "IterationStats",
+    "LoweredGraph",
+    "TensorEGraph",
+    "pool",
 ]
 
 

@@ -5,14 +5,15 @@ into IR ops, the input graph's own selection, and the IR graph a selection descr
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from tensat.extraction import EGraph as XGraph
-from tensat.extraction import ENode, tree_costs
 from tensat import ops
 from tensat.cost import AnalyticCost
 from tensat.egraph.lower import LoweredGraph
+from tensat.extraction import EGraph as XGraph
+from tensat.extraction import ENode, tree_costs
 from tensat.ir import Graph, Node
 
 UNCHOSEN_MS = 1e-9  # added to the cost of e-nodes the input graph does not use: a tie-break, not a price
@@ -35,8 +36,12 @@ class DecodedNode:
 class Export(LoweredGraph):
     """Exporting an explored graph for the extractor, and rebuilding the IR graph of an extracted selection."""
 
-    def export(self, node_cost: CostFn, competitive: float | None = None, price_seconds: float | None = None,
-               ) -> tuple[XGraph, dict[str, DecodedNode], set[str]]:
+    def export(
+        self,
+        node_cost: CostFn,
+        competitive: float | None = None,
+        price_seconds: float | None = None,
+    ) -> tuple[XGraph, dict[str, DecodedNode], set[str]]:
         """The e-graph for the extractor: costs from `node_cost`, roots the graph outputs.
 
         Returns the extraction e-graph, the decoded e-node behind every node id, and the ids of e-nodes that must
@@ -80,7 +85,7 @@ class Export(LoweredGraph):
                     attr_values = args[:-1]
                 else:
                     children = tuple(cid(v) for v in args[: d.inputs])
-                    attr_values = args[d.inputs:]
+                    attr_values = args[d.inputs :]
                 attrs = {n: self._decode(kind, v) for (n, kind), v in zip(d.attrs, attr_values)}
                 decoded[f"{name}#{k}"] = DecodedNode(d.name, attrs, children, cid(row.output))
         const = self._constant_classes(decoded)
@@ -129,41 +134,64 @@ class Export(LoweredGraph):
         for nid in dominated:
             costs[nid] = estimate[nid] * scale
         nodes = {
-            nid: ENode(ops.get(dn.op).egg, costs[nid] + (0.0 if nid in original else UNCHOSEN_MS), str(dn.eclass),
-                       tuple(str(c) for c in dn.children))
+            nid: ENode(
+                ops.get(dn.op).egg,
+                costs[nid] + (0.0 if nid in original else UNCHOSEN_MS),
+                str(dn.eclass),
+                tuple(str(c) for c in dn.children),
+            )
             for nid, dn in decoded.items()
         }
         roots = list(dict.fromkeys(str(node_of[n]) for _, n in self.graph.outputs))
         return XGraph(nodes, roots), decoded, forbidden
 
     def _dominated(
-        self, decoded: dict[str, DecodedNode], to_price: dict[str, tuple[Node, list[tuple[int, ...]], list[bool]]],
-        costs: dict[str, float], forbidden: set[str], ratio: float, original: set[str],
+        self,
+        decoded: dict[str, DecodedNode],
+        to_price: dict[str, tuple[Node, list[tuple[int, ...]], list[bool]]],
+        costs: dict[str, float],
+        forbidden: set[str],
+        ratio: float,
+        original: set[str],
     ) -> tuple[dict[str, float], set[str], list[str]]:
         """The analytic estimate of every e-node of `to_price`; those whose cheapest tree under it (the e-node with
         the work it needs below it) exceeds `ratio` times the cheapest tree of their e-class (never one of
         `original`, the input graph's own); and the others in pricing order (see `export`)."""
         analytic = AnalyticCost()
         estimate = {nid: float(analytic(*item)) for nid, item in to_price.items()}
-        estimated = XGraph({nid: ENode(ops.get(dn.op).egg, estimate.get(nid, costs.get(nid, 0.0)),
-                                       str(dn.eclass), tuple(str(c) for c in dn.children))
-                            for nid, dn in decoded.items()},
-                           [str(self._node_of[n]) for _, n in self.graph.outputs])
+        estimated = XGraph(
+            {
+                nid: ENode(
+                    ops.get(dn.op).egg,
+                    estimate.get(nid, costs.get(nid, 0.0)),
+                    str(dn.eclass),
+                    tuple(str(c) for c in dn.children),
+                )
+                for nid, dn in decoded.items()
+            },
+            [str(self._node_of[n]) for _, n in self.graph.outputs],
+        )
         tree = tree_costs(estimated, frozenset(forbidden))
         cheapest: dict[int, float] = {}
         for nid, dn in decoded.items():
             cheapest[dn.eclass] = min(cheapest.get(dn.eclass, tree[nid]), tree[nid])
-        dominated = {nid for nid in estimate
-                     if tree[nid] > ratio * cheapest[decoded[nid].eclass] + COMPETITIVE_SLACK_MS
-                     and nid not in original}
-        order = sorted((nid for nid in to_price if nid not in dominated),
-                       key=lambda nid: (nid not in original, -estimate[nid]))
+        dominated = {
+            nid
+            for nid in estimate
+            if tree[nid] > ratio * cheapest[decoded[nid].eclass] + COMPETITIVE_SLACK_MS and nid not in original
+        }
+        order = sorted(
+            (nid for nid in to_price if nid not in dominated), key=lambda nid: (nid not in original, -estimate[nid])
+        )
         return estimate, dominated, order
 
     @staticmethod
-    def _prefetch(prefetch: Callable[[Any], None], order: Sequence[str],
-                  to_price: dict[str, tuple[Node, list[tuple[int, ...]], list[bool]]],
-                  seconds: float | None) -> list[str]:
+    def _prefetch(
+        prefetch: Callable[[Any], None],
+        order: Sequence[str],
+        to_price: dict[str, tuple[Node, list[tuple[int, ...]], list[bool]]],
+        seconds: float | None,
+    ) -> list[str]:
         """Prefetch the prices of `order` in batches until `seconds` have passed; the ids left unpriced."""
         if seconds is None:
             prefetch([to_price[nid] for nid in order])
@@ -172,7 +200,7 @@ class Export(LoweredGraph):
         for k in range(0, len(order), PRICE_BATCH):
             if k and time.perf_counter() - start > seconds:
                 return list(order[k:])
-            prefetch([to_price[nid] for nid in order[k:k + PRICE_BATCH]])
+            prefetch([to_price[nid] for nid in order[k : k + PRICE_BATCH]])
         return []
 
     @staticmethod
@@ -207,8 +235,9 @@ class Export(LoweredGraph):
         return self._selection(decoded, graph, graph.live(), ids)
 
     @staticmethod
-    def _selection(decoded: dict[str, DecodedNode], graph: Graph, live: Sequence[int],
-                   class_of: dict[int, int]) -> dict[str, str]:
+    def _selection(
+        decoded: dict[str, DecodedNode], graph: Graph, live: Sequence[int], class_of: dict[int, int]
+    ) -> dict[str, str]:
         """The e-node of each of `graph`'s nodes (in topological order; the first wins where classes merged)."""
         index: dict[tuple[Any, ...], str] = {}
         for nid, dn in decoded.items():

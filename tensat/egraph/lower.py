@@ -4,10 +4,10 @@ the egglog plumbing the exploration and the export share (running commands, snap
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from tensat import rewrites
-from tensat import ops
+from tensat import ops, rewrites
 from tensat.egraph.pool import blank_egraph, run_program
 from tensat.ir import Graph, Node
 
@@ -25,9 +25,11 @@ class LoweredGraph:
         self._strings: list[str] = []
         self._string_ids: dict[str, int] = {}
         self._ruleset_of: dict[str, str] = {}
-        program = [ops.egg_declarations(),
-                   "(function node-of (i64) T :no-merge)\n(function chosen-of (i64) T :no-merge)\n(relation chosen (T))",
-                   "\n".join(ops.egg_shape_rules(present.union(*(r.produced_ops() for r in self.rules))))]
+        program = [
+            ops.egg_declarations(),
+            "(function node-of (i64) T :no-merge)\n(function chosen-of (i64) T :no-merge)\n(relation chosen (T))",
+            "\n".join(ops.egg_shape_rules(present.union(*(r.produced_ops() for r in self.rules)))),
+        ]
         for k, rule in enumerate(self.rules):
             name = f"rule-{k}"
             self._ruleset_of[rule.name] = name
@@ -42,7 +44,7 @@ class LoweredGraph:
         self.live = graph.live()
         commands = [f"(set (node-of {i}) {self._lower(graph.nodes[i])})" for i in self.live]
         for k in range(0, len(commands), 256):
-            self._run("\n".join(commands[k:k + 256]))
+            self._run("\n".join(commands[k : k + 256]))
         self._run("(run-schedule (saturate shapes))")
         self._check_initial_shapes()
 
@@ -138,7 +140,7 @@ class LoweredGraph:
         commands = [f"(set (chosen-of {base + i}) {self._lower(graph.nodes[i], 'chosen-of', base)})" for i in live]
         commands += [f"(chosen (chosen-of {base + i}))" for i in live]
         for k in range(0, len(commands), 256):
-            self._run("\n".join(commands[k:k + 256]))
+            self._run("\n".join(commands[k : k + 256]))
         self._run("(run-schedule (saturate shapes))")
         return base
 

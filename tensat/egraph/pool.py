@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import weakref
 from collections import OrderedDict
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from egglog import bindings
 

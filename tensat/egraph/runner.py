@@ -5,8 +5,9 @@ limit rolled back and its rules re-applied in groups that fit (the fill), and wh
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from tensat import rewrites
 from tensat.egraph.lower import GUIDED, LoweredGraph
@@ -33,9 +34,11 @@ class IterationStats:
     banned: list[str] = field(default_factory=list)  # rules over their match threshold, not applied
 
     def __repr__(self) -> str:
-        return (f"<iteration {self.iteration}{' (multi-pattern)' if self.multi else ''}: {self.enodes:,} e-nodes, "
-                f"{self.eclasses:,} e-classes, {sum(self.matches.values()):,} matches, {self.seconds:.3f} s"
-                f"{', partial' if self.partial else ''}{f', {len(self.banned)} rules banned' if self.banned else ''}>")
+        return (
+            f"<iteration {self.iteration}{' (multi-pattern)' if self.multi else ''}: {self.enodes:,} e-nodes, "
+            f"{self.eclasses:,} e-classes, {sum(self.matches.values()):,} matches, {self.seconds:.3f} s"
+            f"{', partial' if self.partial else ''}{f', {len(self.banned)} rules banned' if self.banned else ''}>"
+        )
 
 
 @dataclass
@@ -62,9 +65,11 @@ class ExplorationStats:
         return self.iterations[-1].eclasses if self.iterations else self.initial_eclasses
 
     def __repr__(self) -> str:
-        return (f"<exploration: {self.initial_enodes:,} -> {self.enodes:,} e-nodes, {self.eclasses:,} e-classes in "
-                f"{len(self.iterations)} iterations, {self.stop_reason.replace('_', ' ') or 'not run'}, "
-                f"{self.seconds:.2f} s>")
+        return (
+            f"<exploration: {self.initial_enodes:,} -> {self.enodes:,} e-nodes, {self.eclasses:,} e-classes in "
+            f"{len(self.iterations)} iterations, {self.stop_reason.replace('_', ' ') or 'not run'}, "
+            f"{self.seconds:.2f} s>"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -94,8 +99,9 @@ class Backoff:
         for name in self.banned_until:
             self.banned_until[name] = min(self.banned_until[name], iteration)
 
-    def record(self, schedule: list[tuple[str, list[str], int | None]], found: dict[str, int],
-               iteration: int) -> set[str]:
+    def record(
+        self, schedule: list[tuple[str, list[str], int | None]], found: dict[str, int], iteration: int
+    ) -> set[str]:
         """Ban the throttled rules whose search found more matches than their threshold; return them."""
         banned = set()
         for _, names, limit in schedule:
@@ -143,9 +149,15 @@ class Exploration(LoweredGraph):
     # -- exploration --------------------------------------------------------------------------------------------
 
     def explore(
-        self, *, node_limit: int = Options.node_limit, iter_limit: int = Options.iter_limit,
-        time_limit: float = Options.time_limit, k_multi: int = Options.k_multi,
-        fill: bool = True, guided: bool = False, on_iteration: Callable[[IterationStats], None] | None = None,
+        self,
+        *,
+        node_limit: int = Options.node_limit,
+        iter_limit: int = Options.iter_limit,
+        time_limit: float = Options.time_limit,
+        k_multi: int = Options.k_multi,
+        fill: bool = True,
+        guided: bool = False,
+        on_iteration: Callable[[IterationStats], None] | None = None,
     ) -> ExplorationStats:
         """Apply the rules to saturation or a limit, one iteration at a time.
 
@@ -214,8 +226,9 @@ class Exploration(LoweredGraph):
                 budget = min(max(self._explored + elapsed, FILL_MIN_SECONDS), time_limit - elapsed)
                 applied = [n for n in names if n not in banned]
                 groups = [[n for n in applied if n in self._single], [n for n in applied if n not in self._single]]
-                matches = self._fill([g for g in groups if g], node_limit, time.perf_counter() + budget,
-                                     backoff, it == 0)
+                matches = self._fill(
+                    [g for g in groups if g], node_limit, time.perf_counter() + budget, backoff, it == 0
+                )
                 partial = True
                 if not matches:
                     break
@@ -223,7 +236,8 @@ class Exploration(LoweredGraph):
             unchanged = (enodes, eclasses) == (stats.enodes, stats.eclasses)
             seconds = time.perf_counter() - t0
             stats.iterations.append(
-                IterationStats(it + 1, enodes, eclasses, seconds, multi, matches, partial, sorted(banned)))
+                IterationStats(it + 1, enodes, eclasses, seconds, multi, matches, partial, sorted(banned))
+            )
             if on_iteration is not None:
                 on_iteration(stats.iterations[-1])
             if partial:
@@ -241,14 +255,18 @@ class Exploration(LoweredGraph):
         self._explored += stats.seconds
         return stats
 
-    def _schedule(self, names: Sequence[str], backoff: "Backoff", unthrottled_multi: bool) -> list[tuple[str, list[str], int | None]]:
+    def _schedule(
+        self, names: Sequence[str], backoff: Backoff, unthrottled_multi: bool
+    ) -> list[tuple[str, list[str], int | None]]:
         """Rule groups to run in one iteration: (ruleset, rule names, match limit or None for unthrottled)."""
         by_limit: dict[int | None, list[str]] = {}
         for name in names:
             limit = None if unthrottled_multi and name not in self._single_set else backoff.threshold(name)
             by_limit.setdefault(limit, []).append(name)
-        return [(self._ruleset_for(group), group, limit) for limit, group in sorted(
-            by_limit.items(), key=lambda kv: -1 if kv[0] is None else kv[0])]
+        return [
+            (self._ruleset_for(group), group, limit)
+            for limit, group in sorted(by_limit.items(), key=lambda kv: -1 if kv[0] is None else kv[0])
+        ]
 
     def _ruleset_for(self, names: Sequence[str]) -> str:
         key = tuple(names)
@@ -290,8 +308,9 @@ class Exploration(LoweredGraph):
                     found[name] = found.get(name, 0) + sum(int(r.num_matches) for r in rule_reports)
         return found
 
-    def _fill(self, groups: list[list[str]], node_limit: int, deadline: float, backoff: "Backoff",
-              unthrottled_multi: bool) -> dict[str, int]:
+    def _fill(
+        self, groups: list[list[str]], node_limit: int, deadline: float, backoff: Backoff, unthrottled_multi: bool
+    ) -> dict[str, int]:
         """Apply the rule groups that keep the e-graph within the limit, bisecting groups that do not.
 
         Single-pattern rules come as the first group, so an explosion of multi-pattern merges cannot use up the
@@ -315,5 +334,5 @@ class Exploration(LoweredGraph):
                 continue
             self._pop()
             if len(group) > 1:
-                queue += [group[: len(group) // 2], group[len(group) // 2:]]
+                queue += [group[: len(group) // 2], group[len(group) // 2 :]]
         return matches

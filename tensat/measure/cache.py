@@ -20,9 +20,10 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 SCHEMA_VERSION = 1
 FILE_NAME = "costs.sqlite3"
@@ -112,8 +113,7 @@ class CostCache:
                 return
 
     def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
-                               check_same_thread=False)
+        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False)
         try:
             conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             if not self.memory_only:
@@ -173,8 +173,11 @@ class CostCache:
                     except OSError:
                         pass
         self.rebuilt.append(target)
-        warnings.warn(f"the cost cache {self.path} was damaged; moved it to {target} and started a new one",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"the cost cache {self.path} was damaged; moved it to {target} and started a new one",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     def _degrade(self, why: str) -> None:
         warnings.warn(f"{why}; measured costs are kept in memory for this run only", RuntimeWarning, stacklevel=3)
@@ -214,11 +217,13 @@ class CostCache:
 
         def query(conn: sqlite3.Connection) -> None:
             for k in range(0, len(sigs), 500):
-                chunk = sigs[k:k + 500]
+                chunk = sigs[k : k + 500]
                 marks = ",".join("?" * len(chunk))
                 rows = conn.execute(
                     f"SELECT signature, ms, spread, runs, op, detail FROM costs WHERE fingerprint=? "
-                    f"AND signature IN ({marks})", [fingerprint, *chunk]).fetchall()
+                    f"AND signature IN ({marks})",
+                    [fingerprint, *chunk],
+                ).fetchall()
                 for sig, ms, spread, runs, op, detail in rows:
                     out[sig] = CostEntry(float(ms), float(spread), int(runs), op, _loads(detail))
 
@@ -234,8 +239,19 @@ class CostCache:
         if not entries:
             return
         now = time.time()
-        rows = [(fingerprint, sig, e.op, float(e.ms), float(e.spread), int(e.runs),
-                 json.dumps(dict(e.detail or {}), sort_keys=True), now) for sig, e in entries.items()]
+        rows = [
+            (
+                fingerprint,
+                sig,
+                e.op,
+                float(e.ms),
+                float(e.spread),
+                int(e.runs),
+                json.dumps(dict(e.detail or {}), sort_keys=True),
+                now,
+            )
+            for sig, e in entries.items()
+        ]
 
         def write(conn: sqlite3.Connection) -> None:
             with conn:
@@ -252,8 +268,7 @@ class CostCache:
         """(device info, calibration or None) recorded for `fingerprint`, or None if never seen."""
 
         def query(conn: sqlite3.Connection) -> Any:
-            return conn.execute("SELECT info, calibration FROM devices WHERE fingerprint=?",
-                                (fingerprint,)).fetchone()
+            return conn.execute("SELECT info, calibration FROM devices WHERE fingerprint=?", (fingerprint,)).fetchone()
 
         row = self._run(query)
         if row is None:
@@ -262,8 +277,12 @@ class CostCache:
 
     def put_device(self, fingerprint: str, info: Mapping[str, Any], calibration: Mapping[str, Any] | None) -> None:
         """Record a device and its calibration constants."""
-        data = (fingerprint, json.dumps(dict(info), sort_keys=True),
-                None if calibration is None else json.dumps(dict(calibration), sort_keys=True), time.time())
+        data = (
+            fingerprint,
+            json.dumps(dict(info), sort_keys=True),
+            None if calibration is None else json.dumps(dict(calibration), sort_keys=True),
+            time.time(),
+        )
 
         def write(conn: sqlite3.Connection) -> None:
             with conn:
@@ -304,7 +323,7 @@ class CostCache:
                 self._conn.close()
                 self._conn = None
 
-    def __enter__(self) -> "CostCache":
+    def __enter__(self) -> CostCache:
         return self
 
     def __exit__(self, *exc: Any) -> None:

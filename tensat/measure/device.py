@@ -11,7 +11,8 @@ import platform
 import shutil
 import subprocess
 import sys
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -71,14 +72,16 @@ def cuda_available() -> bool:
 
 
 def resolve_device(device: str = "auto") -> str:
-    """"cpu" or "cuda" for a requested device ("auto" = CUDA where it loads, else CPU)."""
+    """ "cpu" or "cuda" for a requested device ("auto" = CUDA where it loads, else CPU)."""
     if device not in DEVICES:
         raise TensatError(f"unknown device {device!r}; choose from {', '.join(DEVICES)}")
     if device == "auto":
         return "cuda" if cuda_available() else "cpu"
     if device == "cuda" and not cuda_available():
-        raise TensatError("device cuda requested, but onnxruntime's CUDA execution provider does not run on this "
-                          "machine; use --device cpu or auto")
+        raise TensatError(
+            "device cuda requested, but onnxruntime's CUDA execution provider does not run on this "
+            "machine; use --device cpu or auto"
+        )
     return device
 
 
@@ -100,8 +103,13 @@ def gpu_name() -> str:
     exe = shutil.which("nvidia-smi")
     if exe:
         try:
-            out = subprocess.run([exe, "--query-gpu=name", "--format=csv,noheader", "-i", "0"], capture_output=True,
-                                 text=True, timeout=10, check=False)
+            out = subprocess.run(
+                [exe, "--query-gpu=name", "--format=csv,noheader", "-i", "0"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=False,
+            )
             name = out.stdout.strip().splitlines()[0].strip() if out.stdout.strip() else ""
             if name:
                 return name
@@ -111,7 +119,7 @@ def gpu_name() -> str:
 
 
 def default_clock(device: str, threads: int) -> str:
-    """"cpu" (thread CPU time) for single-threaded CPU sessions, else "wall"."""
+    """ "cpu" (thread CPU time) for single-threaded CPU sessions, else "wall"."""
     return "cpu" if device == "cpu" and int(threads) == 1 else "wall"
 
 
@@ -132,4 +140,3 @@ def device_info(device: str, threads: int, clock: str | None = None) -> dict[str
 def fingerprint(info: Mapping[str, Any]) -> str:
     """A short stable hash of `device_info`."""
     return hashlib.sha256(json.dumps(dict(info), sort_keys=True).encode()).hexdigest()[:24]
-

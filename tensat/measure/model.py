@@ -10,8 +10,9 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import onnx
 from onnx import ModelProto
@@ -25,8 +26,20 @@ from tensat.measure.cache import CostCache, CostEntry
 from tensat.measure.device import _silenced, default_clock, device_info, fingerprint, resolve_device
 from tensat.measure.timing import Calibration, Runner, Timing, measure_calibration, time_pair
 from tensat.measure.units import (
-    NCHWC_DOMAIN, Shape, Unit, _is_plausibly_blocked, _jsonable, _nbytes, _with_prologue, pricing_unit,
-    prologue_model, reorder_model, replicate, sample_outputs, strip_reorders, unit_model,
+    NCHWC_DOMAIN,
+    Shape,
+    Unit,
+    _is_plausibly_blocked,
+    _jsonable,
+    _nbytes,
+    _with_prologue,
+    pricing_unit,
+    prologue_model,
+    reorder_model,
+    replicate,
+    sample_outputs,
+    strip_reorders,
+    unit_model,
 )
 from tensat.progress import ProgressFn
 
@@ -56,9 +69,15 @@ class MeasureStats:
     errors: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"measured": self.measured, "cached": self.cached, "analytic": self.analytic, "failed": self.failed,
-                "seconds": round(self.seconds, 3), "analytic_ops": dict(self.analytic_ops),
-                "errors": list(self.errors[:20])}
+        return {
+            "measured": self.measured,
+            "cached": self.cached,
+            "analytic": self.analytic,
+            "failed": self.failed,
+            "seconds": round(self.seconds, 3),
+            "analytic_ops": dict(self.analytic_ops),
+            "errors": list(self.errors[:20]),
+        }
 
 
 def _bucket(nbytes: float) -> int:
@@ -91,9 +110,16 @@ class MeasuredCost:
     name = "measured"
 
     def __init__(
-        self, device: str = "auto", cache_path: str | os.PathLike[str] | None = None,
-        progress: bool | ProgressFn = True, threads: int = 1, working_set: int | None = None, max_seconds: float = 1.5,
-        cache: CostCache | None = None, clock: str | None = None, windows: int | None = None,
+        self,
+        device: str = "auto",
+        cache_path: str | os.PathLike[str] | None = None,
+        progress: bool | ProgressFn = True,
+        threads: int = 1,
+        working_set: int | None = None,
+        max_seconds: float = 1.5,
+        cache: CostCache | None = None,
+        clock: str | None = None,
+        windows: int | None = None,
         chunk: int = CHUNK,
     ) -> None:
         if int(threads) < 1:
@@ -241,7 +267,7 @@ class MeasuredCost:
         bar = Progress(len(order) * windows, f"measuring {len(order)} op costs on {self.device}", self.progress)
         try:
             for c in range(0, len(order), self.chunk):
-                chunk = order[c:c + self.chunk]
+                chunk = order[c : c + self.chunk]
                 plans: dict[str, _Plan | CostEntry] = {}
                 for k, unit in chunk:
                     plans[k] = self._plan(unit)
@@ -312,7 +338,7 @@ class MeasuredCost:
         self.stats.errors.append(message)
         return CostEntry(self._analytic_us(unit) / 1e3, 0.0, 0, label, {"fallback": "analytic", "error": message})
 
-    def _plan(self, unit: Unit) -> "_Plan | CostEntry":
+    def _plan(self, unit: Unit) -> _Plan | CostEntry:
         """How `unit` is timed: copies, eviction, and on CPU the blocked-layout model (or the reorders it causes)."""
         cal = self.calibration
         if unit.ops == ("reshape",):
@@ -338,7 +364,7 @@ class MeasuredCost:
         except Exception as exc:  # noqa: BLE001 - onnxruntime raises many types; never stop the optimization
             return self._fallback(unit, exc)
 
-    def _window(self, plan: "_Plan | CostEntry") -> None:
+    def _window(self, plan: _Plan | CostEntry) -> None:
         """One timing window of a planned unit (a unit that fails falls back to the analytic estimate)."""
         if not isinstance(plan, _Plan) or plan.failure is not None:
             return
@@ -355,12 +381,20 @@ class MeasuredCost:
                     k = plan.copies
                     null = r.bound(r.session(replicate(plan.null_model, k) if k > 1 else plan.null_model))
                 budget = self.max_seconds / plan.windows_wanted
-                plan.windows.append(time_pair(run, null, plan.copies, max_seconds=budget, clock=r.clock,
-                                              before=r.cold_weights(run, plan.evict_bytes)))
+                plan.windows.append(
+                    time_pair(
+                        run,
+                        null,
+                        plan.copies,
+                        max_seconds=budget,
+                        clock=r.clock,
+                        before=r.cold_weights(run, plan.evict_bytes),
+                    )
+                )
         except Exception as exc:  # noqa: BLE001
             plan.failure = self._fallback(plan.unit, exc)
 
-    def _entry(self, plan: "_Plan | CostEntry") -> CostEntry:
+    def _entry(self, plan: _Plan | CostEntry) -> CostEntry:
         """The cost of a timed unit: median of its window medians plus the per-node cost and the reorders it
         causes."""
         if isinstance(plan, CostEntry):
@@ -374,9 +408,13 @@ class MeasuredCost:
         us = max(raw + dispatch + plan.add_us, cal.node_us)
         self.stats.measured += 1
         detail: dict[str, Any] = {
-            "raw_us": round(raw, 4), "windows_us": [round(m, 4) for m in medians], "copies": plan.copies,
-            "rounds": sum(w.rounds for w in plan.windows), "node_us": cal.node_us,
-            "boundary_us": round(plan.add_us, 4), "nchwc": plan.blocked,
+            "raw_us": round(raw, 4),
+            "windows_us": [round(m, 4) for m in medians],
+            "copies": plan.copies,
+            "rounds": sum(w.rounds for w in plan.windows),
+            "node_us": cal.node_us,
+            "boundary_us": round(plan.add_us, 4),
+            "nchwc": plan.blocked,
             "seconds": round(sum(w.seconds for w in plan.windows), 3),
         }
         if plan.unit.weighted:
@@ -404,15 +442,22 @@ class MeasuredCost:
         self.stats.measured += 1
         return CostEntry((us + boundary) / 1e3, 0.0, 0, "reshape", detail)
 
-    def uncached(self, windows: int | None = None, max_seconds: float | None = None,
-                 chunk: int | None = None) -> "MeasuredCost":
+    def uncached(
+        self, windows: int | None = None, max_seconds: float | None = None, chunk: int | None = None
+    ) -> MeasuredCost:
         """A model with the same device, settings and calibration whose costs are kept in memory only (so
         everything it prices is measured now), optionally with other `windows`, `max_seconds` and `chunk`."""
-        fresh = MeasuredCost(self.device, progress=self.progress, threads=self.threads, working_set=self.working_set,
-                             max_seconds=self.max_seconds if max_seconds is None else max_seconds,
-                             cache=CostCache(":memory:"), clock=self.clock,
-                             windows=self.windows if windows is None else windows,
-                             chunk=self.chunk if chunk is None else chunk)
+        fresh = MeasuredCost(
+            self.device,
+            progress=self.progress,
+            threads=self.threads,
+            working_set=self.working_set,
+            max_seconds=self.max_seconds if max_seconds is None else max_seconds,
+            cache=CostCache(":memory:"),
+            clock=self.clock,
+            windows=self.windows if windows is None else windows,
+            chunk=self.chunk if chunk is None else chunk,
+        )
         fresh._calibration = self.calibration
         return fresh
 
@@ -429,8 +474,9 @@ class MeasuredCost:
             path = os.path.join(tmp, "opt.onnx")
             self.runner.session(unit_model(timed), optimized_path=path)
             opt = onnx.load(path)
-        if not any(n.domain == NCHWC_DOMAIN and n.op_type not in ("ReorderInput", "ReorderOutput")
-                   for n in opt.graph.node):
+        if not any(
+            n.domain == NCHWC_DOMAIN and n.op_type not in ("ReorderInput", "ReorderOutput") for n in opt.graph.node
+        ):
             return None
         stripped = strip_reorders(opt, self.calibration.block)
         if not prologue:
@@ -442,7 +488,7 @@ class MeasuredCost:
         4-D input (for a slice, its share of the tensor) and back into it at a 4-D output."""
         total = 0.0
         head = unit.nodes[0]
-        for k, (shape, const, dtype) in enumerate(unit.externals):
+        for shape, const, dtype in unit.externals:
             if const or not _is_plausibly_blocked(shape, dtype):
                 continue
             share = 1.0
@@ -470,8 +516,13 @@ class MeasuredCost:
             run = r.bound(r.session(model))
             timing = time_pair(run, r.null(copies), copies, max_seconds=self.max_seconds, clock=r.clock)
             us = max(timing.median_us + cal.node_us, 0.0)
-            found = CostEntry(us / 1e3, timing.spread, timing.rounds, f"reorder_{kind}",
-                              {"raw_us": timing.median_us, "copies": copies})
+            found = CostEntry(
+                us / 1e3,
+                timing.spread,
+                timing.rounds,
+                f"reorder_{kind}",
+                {"raw_us": timing.median_us, "copies": copies},
+            )
             self.cache.put(self.fingerprint, key, found)
         self._memo[key] = found.ms
         return found.ms * 1e3
@@ -486,8 +537,12 @@ class MeasuredCost:
     def describe(self) -> dict[str, Any]:
         """Device, fingerprint, calibration, working set, cache location and counters, JSON-ready."""
         return {
-            "device": dict(self.info), "fingerprint": self.fingerprint, "calibration": self.calibration.to_dict(),
-            "working_set_mib": self._ws_bucket(), "cache": self.cache.path, "stats": self.stats.to_dict(),
+            "device": dict(self.info),
+            "fingerprint": self.fingerprint,
+            "calibration": self.calibration.to_dict(),
+            "working_set_mib": self._ws_bucket(),
+            "cache": self.cache.path,
+            "stats": self.stats.to_dict(),
         }
 
 
@@ -515,8 +570,12 @@ class _Plan:
 
 
 def make_measured_cost(
-    device: str = "auto", cache_path: str | os.PathLike[str] | None = None, progress: bool | ProgressFn = True, *,
-    threads: int | None = None, working_set: int | None = None,
+    device: str = "auto",
+    cache_path: str | os.PathLike[str] | None = None,
+    progress: bool | ProgressFn = True,
+    *,
+    threads: int | None = None,
+    working_set: int | None = None,
 ) -> MeasuredCost:
     """The measured cost model on `device` ("auto", "cpu" or "cuda"), caching in `cache_path` (default: the user
     cache directory, or `$TENSAT_CACHE_DIR`). `threads` defaults to `$TENSAT_MEASURE_THREADS` or 1."""

@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 from onnx import ModelProto
 
+from tensat.latency import clock_function, time_models
 from tensat.measure.device import _silenced
 from tensat.measure.units import _random_array, _tiny_model, chain_model, null_model, reorder_model
 from tensat.session import make_session, onnxruntime_module
-from tensat.latency import clock_function, time_models
 
 ALIGNMENT = 64  # bytes: bound buffers start at such a boundary, as onnxruntime's own do
 EVICT_CAP = 256 * 2**20  # at most this many bytes are streamed through the caches before a timed run
@@ -27,7 +28,7 @@ def aligned(arr: np.ndarray, alignment: int = ALIGNMENT) -> np.ndarray:
     large arrays start 16 bytes past a page boundary, and vector loads across cache lines are slower)."""
     raw = np.empty(arr.nbytes + alignment, np.uint8)
     offset = (-raw.ctypes.data) % alignment
-    out = raw[offset:offset + arr.nbytes].view(arr.dtype).reshape(arr.shape)
+    out = raw[offset : offset + arr.nbytes].view(arr.dtype).reshape(arr.shape)
     out[...] = arr
     return out
 
@@ -71,13 +72,21 @@ class Runner:
 
         return before
 
-    def session(self, model: ModelProto | bytes, optimized_path: str | None = None,
-                profile_prefix: str | None = None) -> Any:
+    def session(
+        self, model: ModelProto | bytes, optimized_path: str | None = None, profile_prefix: str | None = None
+    ) -> Any:
         """A session of `model` as units are timed: quiet, `threads` intra-op threads, all graph optimizations but
         common-subexpression elimination (which would merge the copies of a unit)."""
         data = model if isinstance(model, bytes) else model.SerializeToString()
-        return make_session(data, self.device, self.threads, log_severity=4, optimized_path=optimized_path,
-                            profile_prefix=profile_prefix, disabled_optimizers=["CommonSubexpressionElimination"])
+        return make_session(
+            data,
+            self.device,
+            self.threads,
+            log_severity=4,
+            optimized_path=optimized_path,
+            profile_prefix=profile_prefix,
+            disabled_optimizers=["CommonSubexpressionElimination"],
+        )
 
     def bound(self, sess: Any, seed: int = 0) -> Callable[[], None]:
         """A no-argument function running `sess` once on seeded inputs via IO binding (synchronized on CUDA)."""
@@ -124,8 +133,13 @@ class Runner:
 
 
 _ORT_TYPES = {
-    "tensor(float)": "float32", "tensor(double)": "float64", "tensor(float16)": "float16",
-    "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(int8)": "int8", "tensor(uint8)": "uint8",
+    "tensor(float)": "float32",
+    "tensor(double)": "float64",
+    "tensor(float16)": "float16",
+    "tensor(int64)": "int64",
+    "tensor(int32)": "int32",
+    "tensor(int8)": "int8",
+    "tensor(uint8)": "uint8",
     "tensor(bool)": "bool",
 }
 
@@ -142,9 +156,18 @@ class Timing:
 
 
 def time_rounds(
-    fns: Sequence[Callable[[], None]], combine: Callable[[Sequence[float]], float], copies: int = 1, *,
-    min_rounds: int = 5, max_rounds: int = 400, max_seconds: float = 1.5, warmup: int = 1, check_every: int = 5,
-    tol: float = STABLE_TOL, clock: Callable[[], float] = time.perf_counter, before: Callable[[], None] | None = None,
+    fns: Sequence[Callable[[], None]],
+    combine: Callable[[Sequence[float]], float],
+    copies: int = 1,
+    *,
+    min_rounds: int = 5,
+    max_rounds: int = 400,
+    max_seconds: float = 1.5,
+    warmup: int = 1,
+    check_every: int = 5,
+    tol: float = STABLE_TOL,
+    clock: Callable[[], float] = time.perf_counter,
+    before: Callable[[], None] | None = None,
 ) -> Timing:
     """Run every function of `fns` once per round (alternating the order between rounds) until the median of
     `combine(seconds of each function)` (in microseconds) is stable or a cap is hit (`max_seconds` of wall time).
@@ -181,7 +204,10 @@ def time_rounds(
 
 
 def time_pair(
-    run: Callable[[], None], null: Callable[[], None], copies: int, **kw: Any,
+    run: Callable[[], None],
+    null: Callable[[], None],
+    copies: int,
+    **kw: Any,
 ) -> Timing:
     """Alternate `run` and `null`: the median of (t_run - t_null) / copies, in microseconds (see `time_rounds`)."""
     return time_rounds([run, null], lambda t: (t[0] - t[1]) / copies, copies, **kw)
@@ -209,8 +235,9 @@ def measure_calibration(runner: Runner, clock: str) -> Calibration:
         long, short = r.bound(r.session(chain_model(65))), r.bound(r.session(chain_model(1)))
         per_node = time_pair(long, short, 64, min_rounds=50, max_rounds=2000, max_seconds=2.0, clock=r.clock)
         node_us = max(per_node.median_us, 0.0)
-        stats = time_models([_tiny_model()], provider=r.device, threads=r.threads, warmup=20, runs=2000,
-                            max_seconds=1.5, clock=clock)[0]
+        stats = time_models(
+            [_tiny_model()], provider=r.device, threads=r.threads, warmup=20, runs=2000, max_seconds=1.5, clock=clock
+        )[0]
         run_us = max(stats.median_ms * 1e3 - node_us, 0.0)
         block = _block_size(r) if r.device == "cpu" else 0
     return Calibration(round(node_us, 4), round(run_us, 3), block)

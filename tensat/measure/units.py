@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -47,7 +48,7 @@ class Unit:
     externals: tuple[tuple[Shape, bool, str], ...]
 
     @staticmethod
-    def single(node: Node, in_shapes: Sequence[Sequence[int]], const: Sequence[bool]) -> "Unit":
+    def single(node: Node, in_shapes: Sequence[Sequence[int]], const: Sequence[bool]) -> Unit:
         """The unit of one node."""
         flags = list(const) + [False] * (len(in_shapes) - len(const))
         ext = tuple((tuple(int(d) for d in s), bool(c), node.dtype) for s, c in zip(in_shapes, flags))
@@ -155,6 +156,7 @@ def replicate(model: ModelProto, copies: int) -> ModelProto:
     floats = [(t, numpy_helper.to_array(t)) for t in g1.initializer if t.data_type in _FLOAT_TYPES]
     nodes, outputs = [], []
     for k in range(copies):
+
         def rn(name: str) -> str:
             return name if not name or name in shared else f"{name}__{k}"
 
@@ -226,13 +228,23 @@ def strip_reorders(model: ModelProto, block: int) -> ModelProto:
             nodes.append(n)
     used = {i for n in nodes for i in n.input}
     kept = [vi for vi in g.input if vi.name in used]
-    kept += [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in blocked_in.items()
-             if name in used]
-    outs = [helper.make_tensor_value_info(renamed_out[vi.name], TensorProto.FLOAT, padded(dims[vi.name]))
-            if vi.name in renamed_out else vi for vi in g.output]
+    kept += [
+        helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+        for name, shape in blocked_in.items()
+        if name in used
+    ]
+    outs = [
+        helper.make_tensor_value_info(renamed_out[vi.name], TensorProto.FLOAT, padded(dims[vi.name]))
+        if vi.name in renamed_out
+        else vi
+        for vi in g.output
+    ]
     used_inits = [t for t in g.initializer if t.name in used]
-    out = helper.make_model(helper.make_graph(nodes, g.name, kept, outs, initializer=used_inits),
-                            opset_imports=list(model.opset_import), producer_name="tensat-measure")
+    out = helper.make_model(
+        helper.make_graph(nodes, g.name, kept, outs, initializer=used_inits),
+        opset_imports=list(model.opset_import),
+        producer_name="tensat-measure",
+    )
     out.ir_version = model.ir_version
     return out
 
@@ -245,11 +257,23 @@ def sample_outputs(model: ModelProto) -> ModelProto:
     for vi in g.output:
         dims = [d.dim_value for d in vi.type.tensor_type.shape.dim]
         name = f"{vi.name}__sample"
-        nodes.append(helper.make_node("MaxPool", [vi.name], [name], domain=NCHWC_DOMAIN, kernel_shape=[1, 1],
-                                      strides=dims[2:], pads=[0, 0, 0, 0]))
+        nodes.append(
+            helper.make_node(
+                "MaxPool",
+                [vi.name],
+                [name],
+                domain=NCHWC_DOMAIN,
+                kernel_shape=[1, 1],
+                strides=dims[2:],
+                pads=[0, 0, 0, 0],
+            )
+        )
         outs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, [*dims[:2], 1, 1]))
-    out = helper.make_model(helper.make_graph(nodes, g.name, list(g.input), outs, initializer=list(g.initializer)),
-                            opset_imports=list(model.opset_import), producer_name="tensat-measure")
+    out = helper.make_model(
+        helper.make_graph(nodes, g.name, list(g.input), outs, initializer=list(g.initializer)),
+        opset_imports=list(model.opset_import),
+        producer_name="tensat-measure",
+    )
     out.ir_version = model.ir_version
     return out
 
@@ -260,11 +284,17 @@ def prologue_model(stripped: ModelProto, count: int) -> ModelProto:
     g = stripped.graph
     pools = list(g.node)[:count]
     inputs = {vi.name: vi for vi in g.input}
-    outs = [helper.make_tensor_value_info(n.output[0], TensorProto.FLOAT,
-                                          [d.dim_value for d in inputs[n.input[0]].type.tensor_type.shape.dim])
-            for n in pools]
-    out = helper.make_model(helper.make_graph(pools, "prologue", [inputs[n.input[0]] for n in pools], outs),
-                            opset_imports=list(stripped.opset_import), producer_name="tensat-measure")
+    outs = [
+        helper.make_tensor_value_info(
+            n.output[0], TensorProto.FLOAT, [d.dim_value for d in inputs[n.input[0]].type.tensor_type.shape.dim]
+        )
+        for n in pools
+    ]
+    out = helper.make_model(
+        helper.make_graph(pools, "prologue", [inputs[n.input[0]] for n in pools], outs),
+        opset_imports=list(stripped.opset_import),
+        producer_name="tensat-measure",
+    )
     out.ir_version = stripped.ir_version
     return sample_outputs(out)
 
@@ -285,8 +315,7 @@ def chain_model(length: int) -> ModelProto:
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])
     names = ["x"] + [f"t{k}" for k in range(length - 1)] + ["y"]
     nodes = [helper.make_node("Relu", [names[k]], [names[k + 1]]) for k in range(length)]
-    model = helper.make_model(helper.make_graph(nodes, "chain", [x], [y]),
-                              opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(helper.make_graph(nodes, "chain", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
 

@@ -20,6 +20,15 @@ from tensat.onnx.load import MIN_OPSET, load_model
 from tensat.onnx.save import save_model
 
 __all__ = [
-    "EXPORTERS", "IMPORTERS", "MAX_IR_VERSION", "MIN_OPSET", "PROTO_LIMIT", "export_model", "import_model",
-    "ir_version_for", "load_model", "run_node", "save_model",
+    "EXPORTERS",
+    "IMPORTERS",
+    "MAX_IR_VERSION",
+    "MIN_OPSET",
+    "PROTO_LIMIT",
+    "export_model",
+    "import_model",
+    "ir_version_for",
+    "load_model",
+    "run_node",
+    "save_model",
 ]

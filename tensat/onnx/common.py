@@ -4,7 +4,8 @@ the names of opaque nodes' captured tensors, and running one ONNX node in onnxru
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnx

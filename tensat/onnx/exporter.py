@@ -7,8 +7,9 @@ attributes and opaque nodes have emitters below.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -19,7 +20,15 @@ from tensat._version import __version__
 from tensat.errors import ModelError
 from tensat.ir import FLOAT, Graph, OpaqueSpec
 from tensat.onnx.common import (
-    NONDETERMINISTIC, OUTER, OUTER_RE, elem_type, free_names, ir_version_for, onnx_schema, rename_free, run_node,
+    NONDETERMINISTIC,
+    OUTER,
+    OUTER_RE,
+    elem_type,
+    free_names,
+    ir_version_for,
+    onnx_schema,
+    rename_free,
+    run_node,
 )
 from tensat.onnx.external import subgraphs
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, helper, numpy_helper
-
 
 PROTO_LIMIT = 2**31 - 2**26  # protobuf's 2 GiB message limit, with headroom for everything but tensors
 _LARGE_TENSOR = 1 << 20  # tensors above this many bytes are stripped from the copy used for shape inference
@@ -145,4 +145,3 @@ def _tensor_bytes(tensor: TensorProto) -> int:
 def is_large(model: ModelProto) -> bool:
     """Whether `model` may exceed protobuf's 2 GiB limit (estimated from its tensors' sizes)."""
     return sum(_tensor_bytes(t) for t in model_tensors(model) if not has_external(t)) > PROTO_LIMIT
-

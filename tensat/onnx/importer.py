@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -21,11 +22,20 @@ from onnx import AttributeProto, ModelProto, NodeProto, helper, numpy_helper
 from tensat import ops
 from tensat.errors import ModelError
 from tensat.ir import FLOAT, Graph, OpaqueSpec
-from tensat.onnx.external import subgraphs
 from tensat.onnx.common import (
-    NONDETERMINISTIC, OUTER, dtype_name, free_names, node_label, norm_domain, opset_versions, rename_free, run_node,
-    single_node_model, sparse_to_array,
+    NONDETERMINISTIC,
+    OUTER,
+    dtype_name,
+    free_names,
+    node_label,
+    norm_domain,
+    opset_versions,
+    rename_free,
+    run_node,
+    single_node_model,
+    sparse_to_array,
 )
+from tensat.onnx.external import subgraphs
 from tensat.onnx.load import load_model
 
 
@@ -255,8 +265,10 @@ class _Importer:
                         rename_free(sub, mapping)
                 for name in free:
                     if name not in self.env and name not in self.consts:
-                        raise ModelError(f"{node_label(node, self.index)} reads tensor '{name}' in a subgraph, "
-                                         "which nothing produces")
+                        raise ModelError(
+                            f"{node_label(node, self.index)} reads tensor '{name}' in a subgraph, "
+                            "which nothing produces"
+                        )
                     inputs.append(self.value_of(name))
         key = f"{node.op_type}_{self.index}" + (f"@{','.join(map(str, empty))}" if empty else "")
         self.graph.opaque[key] = OpaqueSpec(

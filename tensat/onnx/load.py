@@ -6,8 +6,9 @@ from __future__ import annotations
 import heapq
 import os
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import PurePath
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import onnx
 import onnx.inliner
@@ -15,8 +16,7 @@ from onnx import GraphProto, ModelProto
 
 from tensat.errors import ModelError, one_line
 from tensat.onnx.common import free_names, node_label, norm_domain, opset_versions
-from tensat.onnx.external import subgraphs
-from tensat.onnx.external import has_external, is_large, light_copy, model_tensors, write_external
+from tensat.onnx.external import has_external, is_large, light_copy, model_tensors, subgraphs, write_external
 
 MIN_OPSET = 7
 

@@ -68,8 +68,12 @@ def _external_locations(path: str, directory: str) -> set[str]:
     except Exception:  # no file, or not a model: nothing of ours to clean up
         return set()
     ours = re.compile(re.escape(os.path.basename(path)) + r"(\.[0-9a-f]{12})?\.data")
-    found = {entry.value for tensor in old.graph.initializer for entry in tensor.external_data
-             if entry.key == "location" and ours.fullmatch(entry.value)}
+    found = {
+        entry.value
+        for tensor in old.graph.initializer
+        for entry in tensor.external_data
+        if entry.key == "location" and ours.fullmatch(entry.value)
+    }
     return {name for name in found if os.path.isfile(os.path.join(directory, name))}
 
 

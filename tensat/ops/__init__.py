@@ -14,18 +14,61 @@ Adding an element-wise op is one line in `elementwise.py` (see `unary` and `bina
 from __future__ import annotations
 
 # Registration order is egglog's declaration order: the families are imported in it.
-from tensat.ops import leaves, elementwise, matmul, conv, pool, layout, norm, transforms, opaque  # noqa: F401
+from tensat.ops import conv, elementwise, layout, leaves, matmul, norm, opaque, pool, transforms  # noqa: F401
 from tensat.ops.conv import (
-    ACT_CODES, ACT_NAMES, ACT_NONE, ACT_RELU, ACT_SIGMOID, ACT_TANH, ACTIVATIONS, conv2d_reference,
+    ACT_CODES,
+    ACT_NAMES,
+    ACT_NONE,
+    ACT_RELU,
+    ACT_SIGMOID,
+    ACT_TANH,
+    ACTIVATIONS,
+    conv2d_reference,
 )
 from tensat.ops.registry import (
-    BY_EGG, EGG_SORT, MAX_RANK, REGISTRY, SAME, Attrs, Equations, OpDef, Shape, ShapeError, egg_declarations,
-    egg_shape_rules, evaluate, get, register, shape_of,
+    BY_EGG,
+    EGG_SORT,
+    MAX_RANK,
+    REGISTRY,
+    SAME,
+    Attrs,
+    Equations,
+    OpDef,
+    Shape,
+    ShapeError,
+    egg_declarations,
+    egg_shape_rules,
+    evaluate,
+    get,
+    register,
+    shape_of,
 )
 from tensat.ops.transforms import merge_mask
 
 __all__ = [
-    "ACT_CODES", "ACT_NAMES", "ACT_NONE", "ACT_RELU", "ACT_SIGMOID", "ACT_TANH", "ACTIVATIONS", "BY_EGG", "EGG_SORT",
-    "MAX_RANK", "REGISTRY", "SAME", "Attrs", "Equations", "OpDef", "Shape", "ShapeError", "conv2d_reference",
-    "egg_declarations", "egg_shape_rules", "evaluate", "get", "merge_mask", "register", "shape_of",
+    "ACT_CODES",
+    "ACT_NAMES",
+    "ACT_NONE",
+    "ACT_RELU",
+    "ACT_SIGMOID",
+    "ACT_TANH",
+    "ACTIVATIONS",
+    "BY_EGG",
+    "EGG_SORT",
+    "MAX_RANK",
+    "REGISTRY",
+    "SAME",
+    "Attrs",
+    "Equations",
+    "OpDef",
+    "Shape",
+    "ShapeError",
+    "conv2d_reference",
+    "egg_declarations",
+    "egg_shape_rules",
+    "evaluate",
+    "get",
+    "merge_mask",
+    "register",
+    "shape_of",
 ]

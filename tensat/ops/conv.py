@@ -6,7 +6,8 @@ Inputs: x (N,C,H,W), w (M, C/group, KH, KW), b (M,). pads = (top, left, bottom, 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -37,8 +38,10 @@ def check_window(op: str, attrs: Attrs) -> None:
     check(len(attrs["strides"]) == 2 and min(attrs["strides"]) >= 1, f"{op} strides {attrs['strides']} invalid")
     check(len(attrs["pads"]) == 4 and min(attrs["pads"]) >= 0, f"{op} pads {attrs['pads']} invalid")
     if "dilations" in attrs:
-        check(len(attrs["dilations"]) == 2 and min(attrs["dilations"]) >= 1,
-              f"{op} dilations {attrs['dilations']} invalid")
+        check(
+            len(attrs["dilations"]) == 2 and min(attrs["dilations"]) >= 1,
+            f"{op} dilations {attrs['dilations']} invalid",
+        )
     if "kernel" in attrs:
         check(len(attrs["kernel"]) == 2 and min(attrs["kernel"]) >= 1, f"{op} kernel {attrs['kernel']} invalid")
 
@@ -69,8 +72,14 @@ def _conv_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
 
 
 def conv2d_reference(
-    x: np.ndarray, w: np.ndarray, b: np.ndarray, strides: Sequence[int], pads: Sequence[int],
-    dilations: Sequence[int], group: int, act: int = ACT_NONE,
+    x: np.ndarray,
+    w: np.ndarray,
+    b: np.ndarray,
+    strides: Sequence[int],
+    pads: Sequence[int],
+    dilations: Sequence[int],
+    group: int,
+    act: int = ACT_NONE,
 ) -> np.ndarray:
     """Numpy 2-D convolution with ONNX semantics (grouped, dilated, padded), bias and fused activation."""
     pt, pl, pb, pr = pads
@@ -91,12 +100,17 @@ def _conv_eval(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:
 
 def _conv_rules(op: OpDef) -> list[str]:
     s0, s1 = "s0", "s1"
-    oh = (f"(+ (/ (- (+ {egg_dim(s0, 2)} (+ (vec-get pads 0) (vec-get pads 2))) (+ (* (vec-get dilations 0) "
-          f"(- {egg_dim(s1, 2)} 1)) 1)) (vec-get strides 0)) 1)")
-    ow = (f"(+ (/ (- (+ {egg_dim(s0, 3)} (+ (vec-get pads 1) (vec-get pads 3))) (+ (* (vec-get dilations 1) "
-          f"(- {egg_dim(s1, 3)} 1)) 1)) (vec-get strides 1)) 1)")
+    oh = (
+        f"(+ (/ (- (+ {egg_dim(s0, 2)} (+ (vec-get pads 0) (vec-get pads 2))) (+ (* (vec-get dilations 0) "
+        f"(- {egg_dim(s1, 2)} 1)) 1)) (vec-get strides 0)) 1)"
+    )
+    ow = (
+        f"(+ (/ (- (+ {egg_dim(s0, 3)} (+ (vec-get pads 1) (vec-get pads 3))) (+ (* (vec-get dilations 1) "
+        f"(- {egg_dim(s1, 3)} 1)) 1)) (vec-get strides 1)) 1)"
+    )
     query = [
-        "(= (vec-length s0) 4)", "(= (vec-length s1) 4)",
+        "(= (vec-length s0) 4)",
+        "(= (vec-length s1) 4)",
         f"(= {egg_dim(s0, 1)} (* {egg_dim(s1, 1)} group))",
         f"(= 0 (% {egg_dim(s1, 0)} group))",
         f"(= s2 (vec-of {egg_dim(s1, 0)}))",
@@ -120,8 +134,17 @@ def _conv_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[st
     strides, pads, dil = at["strides"], at["pads"], at["dilations"]
     for i, (lo, hi) in ((2, (0, 2)), (3, (1, 3))):
         j = i - 2
-        s.eq(out[i], s.apply(lambda size, k, st, p, d, j=j, lo=lo, hi=hi: window_out(
-            size, k, st[j], p[lo], p[hi], d[j]), x[i], w[i], strides, pads, dil))
+        s.eq(
+            out[i],
+            s.apply(
+                lambda size, k, st, p, d, j=j, lo=lo, hi=hi: window_out(size, k, st[j], p[lo], p[hi], d[j]),
+                x[i],
+                w[i],
+                strides,
+                pads,
+                dil,
+            ),
+        )
 
 
 def _conv_flops(shapes: Sequence[Shape], out: Shape, a: Attrs) -> float:
@@ -129,19 +152,28 @@ def _conv_flops(shapes: Sequence[Shape], out: Shape, a: Attrs) -> float:
     return 2.0 * numel(out) * w[1] * w[2] * w[3]
 
 
-CONV2D = register(OpDef(
-    "conv2d", "Conv2d", 3,
-    (("strides", "ints"), ("pads", "ints"), ("dilations", "ints"), ("group", "int"), ("act", "int")),
-    _conv_shape, _conv_eval, _conv_rules, _conv_flops,
-    onnx="Conv",
-    ranks=(4, 4, 4, 1), equations=_conv_equations,
-    domains={
-        "strides": [(1, 1), (2, 1)],
-        "pads": [(0, 0, 0, 0), (1, 1, 1, 1), (0, 1, 2, 1)],
-        "dilations": [(1, 1), (2, 1)],
-        "group": [1, 2, 4],
-        "act": [ACT_NONE, ACT_SIGMOID, ACT_RELU, ACT_TANH],
-    },
-    int_exact=True, int_exact_if={"act": frozenset({ACT_NONE, ACT_RELU})},
-    breaks_layout=True,
-))
+CONV2D = register(
+    OpDef(
+        "conv2d",
+        "Conv2d",
+        3,
+        (("strides", "ints"), ("pads", "ints"), ("dilations", "ints"), ("group", "int"), ("act", "int")),
+        _conv_shape,
+        _conv_eval,
+        _conv_rules,
+        _conv_flops,
+        onnx="Conv",
+        ranks=(4, 4, 4, 1),
+        equations=_conv_equations,
+        domains={
+            "strides": [(1, 1), (2, 1)],
+            "pads": [(0, 0, 0, 0), (1, 1, 1, 1), (0, 1, 2, 1)],
+            "dilations": [(1, 1), (2, 1)],
+            "group": [1, 2, 4],
+            "act": [ACT_NONE, ACT_SIGMOID, ACT_RELU, ACT_TANH],
+        },
+        int_exact=True,
+        int_exact_if={"act": frozenset({ACT_NONE, ACT_RELU})},
+        breaks_layout=True,
+    )
+)

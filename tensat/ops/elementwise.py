@@ -8,12 +8,25 @@ Binary operands have the same rank (the IR builder inserts reshapes to make it s
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from tensat.ops.registry import (
-    MAX_RANK, SAME, Attrs, Dims, Equations, OpDef, Shape, check, egg_dim, egg_rule, egg_vec, numel, register,
+    MAX_RANK,
+    SAME,
+    Attrs,
+    Dims,
+    Equations,
+    OpDef,
+    Shape,
+    check,
+    egg_dim,
+    egg_rule,
+    egg_vec,
+    numel,
+    register,
 )
 
 
@@ -64,15 +77,38 @@ def unary(name: str, egg: str, fn: Callable[[np.ndarray], np.ndarray] | None, **
     """An element-wise op of one tensor computing `fn` (or `evaluate=`, given attributes); `fields` add the ONNX
     op type (`onnx=`), `int_exact=True` where `fn` is exact on integers, and anything else an OpDef holds."""
     evaluate = fields.pop("evaluate", None) or (lambda xs, a: fn(xs[0]))
-    return OpDef(name, egg, 1, fields.pop("attrs", ()), _same_shape, evaluate, _same_rules, elementwise_flops,
-                 kind="unary", ranks=(SAME, SAME), equations=_same_equations, **fields)
+    return OpDef(
+        name,
+        egg,
+        1,
+        fields.pop("attrs", ()),
+        _same_shape,
+        evaluate,
+        _same_rules,
+        elementwise_flops,
+        kind="unary",
+        ranks=(SAME, SAME),
+        equations=_same_equations,
+        **fields,
+    )
 
 
 def binary(name: str, egg: str, fn: Callable[[np.ndarray, np.ndarray], np.ndarray], **fields: Any) -> OpDef:
     """An element-wise op of two broadcasting tensors computing `fn`; `fields` as for `unary`."""
-    return OpDef(name, egg, 2, (), broadcast_shape, lambda xs, a: fn(xs[0], xs[1]), _broadcast_rules,
-                 elementwise_flops, kind="broadcast", ranks=(SAME, SAME, SAME), equations=_broadcast_equations,
-                 **fields)
+    return OpDef(
+        name,
+        egg,
+        2,
+        (),
+        broadcast_shape,
+        lambda xs, a: fn(xs[0], xs[1]),
+        _broadcast_rules,
+        elementwise_flops,
+        kind="broadcast",
+        ranks=(SAME, SAME, SAME),
+        equations=_broadcast_equations,
+        **fields,
+    )
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:

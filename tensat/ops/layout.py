@@ -4,12 +4,26 @@ start and size), transpose and reshape."""
 from __future__ import annotations
 
 import itertools
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from tensat.ops.registry import (
-    MAX_RANK, SAME, Attrs, Dims, Equations, OpDef, Shape, check, egg_dim, egg_rule, egg_vec, no_flops, numel, register,
+    MAX_RANK,
+    SAME,
+    Attrs,
+    Dims,
+    Equations,
+    OpDef,
+    Shape,
+    check,
+    egg_dim,
+    egg_rule,
+    egg_vec,
+    no_flops,
+    numel,
+    register,
 )
 
 
@@ -21,8 +35,8 @@ def _concat_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
     a, b = shapes
     ax = attrs["axis"]
     check(len(a) == len(b) and 0 <= ax < len(a), f"concat axis {ax} invalid for {a} and {b}")
-    check(a[:ax] + a[ax + 1:] == b[:ax] + b[ax + 1:], f"concat on axis {ax}: non-axis dims differ, {a} vs {b}")
-    return a[:ax] + (a[ax] + b[ax],) + a[ax + 1:]
+    check(a[:ax] + a[ax + 1 :] == b[:ax] + b[ax + 1 :], f"concat on axis {ax}: non-axis dims differ, {a} vs {b}")
+    return a[:ax] + (a[ax] + b[ax],) + a[ax + 1 :]
 
 
 def _concat_rules(op: OpDef) -> list[str]:
@@ -42,12 +56,23 @@ def _concat_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[
             s.eq(out[i], ins[1][i])
 
 
-CONCAT = register(OpDef(
-    "concat", "Concat", 2, (("axis", "int"),), _concat_shape,
-    lambda xs, a: np.concatenate(xs, axis=a["axis"]), _concat_rules, no_flops,
-    onnx="Concat",
-    ranks=(SAME, SAME, SAME), equations=_concat_equations, domains={"axis": _axes}, int_exact=True,
-))
+CONCAT = register(
+    OpDef(
+        "concat",
+        "Concat",
+        2,
+        (("axis", "int"),),
+        _concat_shape,
+        lambda xs, a: np.concatenate(xs, axis=a["axis"]),
+        _concat_rules,
+        no_flops,
+        onnx="Concat",
+        ranks=(SAME, SAME, SAME),
+        equations=_concat_equations,
+        domains={"axis": _axes},
+        int_exact=True,
+    )
+)
 
 
 def _slice_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
@@ -55,7 +80,7 @@ def _slice_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
     ax, start, size = attrs["axis"], attrs["start"], attrs["size"]
     check(0 <= ax < len(x), f"slice axis {ax} invalid for {x}")
     check(0 <= start and size >= 1 and start + size <= x[ax], f"slice [{start}, {start + size}) outside dim {x[ax]}")
-    return x[:ax] + (size,) + x[ax + 1:]
+    return x[:ax] + (size,) + x[ax + 1 :]
 
 
 def _slice_eval(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:
@@ -65,8 +90,13 @@ def _slice_eval(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:
 
 
 def _slice_rules(op: OpDef) -> list[str]:
-    query = ["(< -1 axis)", "(< axis (vec-length s0))", "(< -1 start)", "(< 0 size)",
-             "(< (+ start size) (+ (vec-get s0 axis) 1))"]
+    query = [
+        "(< -1 axis)",
+        "(< axis (vec-length s0))",
+        "(< -1 start)",
+        "(< 0 size)",
+        "(< (+ start size) (+ (vec-get s0 axis) 1))",
+    ]
     return [egg_rule(op, query, "(vec-set s0 axis size)")]
 
 
@@ -79,14 +109,26 @@ def _slice_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[s
     s.eq(ins[0][ax], s.add(start, size, s.sym(0, 3, slack=True)))
 
 
-SLICE = register(OpDef(
-    "slice", "Slice", 1, (("axis", "int"), ("start", "int"), ("size", "int")), _slice_shape, _slice_eval,
-    _slice_rules, no_flops,
-    onnx="Slice", onnx_also=("Split", "Gather"),
-    ranks=(SAME, SAME), equations=_slice_equations, domains={"axis": _axes},
-    solved={"start": lambda s, out: s.sym(0, 3), "size": lambda s, out: s.sym(1, 4)}, int_exact=True,
-    breaks_layout=True,
-))
+SLICE = register(
+    OpDef(
+        "slice",
+        "Slice",
+        1,
+        (("axis", "int"), ("start", "int"), ("size", "int")),
+        _slice_shape,
+        _slice_eval,
+        _slice_rules,
+        no_flops,
+        onnx="Slice",
+        onnx_also=("Split", "Gather"),
+        ranks=(SAME, SAME),
+        equations=_slice_equations,
+        domains={"axis": _axes},
+        solved={"start": lambda s, out: s.sym(0, 3), "size": lambda s, out: s.sym(1, 4)},
+        int_exact=True,
+        breaks_layout=True,
+    )
+)
 
 
 def _transpose_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
@@ -111,14 +153,24 @@ def _transpose_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mappi
         s.eq(out[i], ins[0][p])
 
 
-TRANSPOSE = register(OpDef(
-    "transpose", "Transpose", 1, (("perm", "ints"),), _transpose_shape,
-    lambda xs, a: np.transpose(xs[0], a["perm"]), _transpose_rules, no_flops,
-    onnx="Transpose",
-    ranks=(SAME, SAME), equations=_transpose_equations,
-    domains={"perm": lambda rank: list(itertools.permutations(range(rank)))}, int_exact=True,
-    breaks_layout=True,
-))
+TRANSPOSE = register(
+    OpDef(
+        "transpose",
+        "Transpose",
+        1,
+        (("perm", "ints"),),
+        _transpose_shape,
+        lambda xs, a: np.transpose(xs[0], a["perm"]),
+        _transpose_rules,
+        no_flops,
+        onnx="Transpose",
+        ranks=(SAME, SAME),
+        equations=_transpose_equations,
+        domains={"perm": lambda rank: list(itertools.permutations(range(rank)))},
+        int_exact=True,
+        breaks_layout=True,
+    )
+)
 
 
 def _reshape_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
@@ -138,8 +190,11 @@ def _reshape_rules(op: OpDef) -> list[str]:
     out = []
     for r in range(0, MAX_RANK + 1):
         for q in range(0, MAX_RANK + 1):
-            query = [f"(= (vec-length s0) {r})", f"(= (vec-length shape) {q})",
-                     f"(= {_product('s0', r)} {_product('shape', q)})"]
+            query = [
+                f"(= (vec-length s0) {r})",
+                f"(= (vec-length shape) {q})",
+                f"(= {_product('s0', r)} {_product('shape', q)})",
+            ]
             out.append(egg_rule(op, query, "shape"))
     return out
 
@@ -153,10 +208,22 @@ def _reshape_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping
         s.eq(out[-1], s.quotient(s.prod(ins[0]), s.prod(out[:-1])))
 
 
-RESHAPE = register(OpDef(
-    "reshape", "Reshape", 1, (("shape", "ints"),), _reshape_shape,
-    lambda xs, a: xs[0].reshape(a["shape"]), _reshape_rules, no_flops,
-    onnx="Reshape", onnx_also=("Flatten", "Squeeze", "Unsqueeze"),
-    equations=_reshape_equations, solved={"shape": lambda s, out: out}, int_exact=True,
-    view=True, breaks_layout=True,
-))
+RESHAPE = register(
+    OpDef(
+        "reshape",
+        "Reshape",
+        1,
+        (("shape", "ints"),),
+        _reshape_shape,
+        lambda xs, a: xs[0].reshape(a["shape"]),
+        _reshape_rules,
+        no_flops,
+        onnx="Reshape",
+        onnx_also=("Flatten", "Squeeze", "Unsqueeze"),
+        equations=_reshape_equations,
+        solved={"shape": lambda s, out: out},
+        int_exact=True,
+        view=True,
+        breaks_layout=True,
+    )
+)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from tensat.ops.registry import Attrs, OpDef, Shape, no_flops, register, shape_from_attr
 
@@ -12,8 +12,18 @@ def leaf_shape(_: Sequence[Shape], attrs: Attrs) -> Shape:
 
 
 def _leaf(name: str, egg: str) -> OpDef:
-    return OpDef(name, egg, 0, (("name", "str"), ("shape", "ints")), leaf_shape, None, shape_from_attr, no_flops,
-                 leaf=True, kind="leaf")
+    return OpDef(
+        name,
+        egg,
+        0,
+        (("name", "str"), ("shape", "ints")),
+        leaf_shape,
+        None,
+        shape_from_attr,
+        no_flops,
+        leaf=True,
+        kind="leaf",
+    )
 
 
 INPUT = register(_leaf("input", "Input"))

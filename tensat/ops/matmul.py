@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from tensat.ops.elementwise import broadcast_shape
 from tensat.ops.registry import (
-    MAX_RANK, SAME, Attrs, Dims, Equations, OpDef, Shape, check, egg_dim, egg_rule, egg_vec, numel, register,
+    MAX_RANK,
+    SAME,
+    Attrs,
+    Dims,
+    Equations,
+    OpDef,
+    Shape,
+    check,
+    egg_dim,
+    egg_rule,
+    egg_vec,
+    numel,
+    register,
 )
 
 
@@ -23,8 +36,11 @@ def _matmul_shape(shapes: Sequence[Shape], _: Attrs) -> Shape:
 def _matmul_rules(op: OpDef) -> list[str]:
     out = []
     for r in range(2, MAX_RANK + 1):
-        query = [f"(= (vec-length s0) {r})", f"(= (vec-length s1) {r})",
-                 f"(= {egg_dim('s0', r - 1)} {egg_dim('s1', r - 2)})"]
+        query = [
+            f"(= (vec-length s0) {r})",
+            f"(= (vec-length s1) {r})",
+            f"(= {egg_dim('s0', r - 1)} {egg_dim('s1', r - 2)})",
+        ]
         dims = []
         for i in range(r - 2):
             a, b = egg_dim("s0", i), egg_dim("s1", i)
@@ -48,9 +64,22 @@ def _matmul_flops(shapes: Sequence[Shape], out: Shape, _: Attrs) -> float:
     return 2.0 * numel(out) * shapes[0][-1]
 
 
-MATMUL = register(OpDef(
-    "matmul", "MatMul", 2, (), _matmul_shape, lambda xs, a: np.matmul(xs[0], xs[1]), _matmul_rules, _matmul_flops,
-    onnx="MatMul", onnx_also=("Gemm",),
-    ranks=(SAME, SAME, SAME), min_rank=2, equations=_matmul_equations, int_exact=True,
-    breaks_layout=True,
-))
+MATMUL = register(
+    OpDef(
+        "matmul",
+        "MatMul",
+        2,
+        (),
+        _matmul_shape,
+        lambda xs, a: np.matmul(xs[0], xs[1]),
+        _matmul_rules,
+        _matmul_flops,
+        onnx="MatMul",
+        onnx_also=("Gemm",),
+        ranks=(SAME, SAME, SAME),
+        min_rank=2,
+        equations=_matmul_equations,
+        int_exact=True,
+        breaks_layout=True,
+    )
+)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -34,11 +35,22 @@ def _bn_equations(s: Equations, out: Dims, ins: Sequence[Dims], _: Mapping[str, 
         s.eq(p[0], ins[0][1])
 
 
-BATCHNORM = register(OpDef(
-    "batchnorm", "BatchNorm", 5, (("epsilon", "float"),), _bn_shape, _bn_eval, _bn_rules,
-    lambda s, o, a: 2.0 * numel(o),
-    onnx="BatchNormalization",
-    ranks=(SAME, SAME, 1, 1, 1, 1), min_rank=2, equations=_bn_equations, domains={"epsilon": [1e-5, 0.25]},
-    positive=(4,),
-    breaks_layout=True,
-))
+BATCHNORM = register(
+    OpDef(
+        "batchnorm",
+        "BatchNorm",
+        5,
+        (("epsilon", "float"),),
+        _bn_shape,
+        _bn_eval,
+        _bn_rules,
+        lambda s, o, a: 2.0 * numel(o),
+        onnx="BatchNormalization",
+        ranks=(SAME, SAME, 1, 1, 1, 1),
+        min_rank=2,
+        equations=_bn_equations,
+        domains={"epsilon": [1e-5, 0.25]},
+        positive=(4,),
+        breaks_layout=True,
+    )
+)

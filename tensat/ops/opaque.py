@@ -6,8 +6,16 @@ from __future__ import annotations
 from tensat.ops.leaves import leaf_shape
 from tensat.ops.registry import OpDef, numel, register, shape_from_attr
 
-OPAQUE = register(OpDef(
-    "opaque", "Opaque", None, (("key", "str"), ("index", "int"), ("shape", "ints"), ("dtype", "str")),
-    leaf_shape, None, shape_from_attr, lambda s, o, a: float(numel(o)),
-    breaks_layout=True,
-))
+OPAQUE = register(
+    OpDef(
+        "opaque",
+        "Opaque",
+        None,
+        (("key", "str"), ("index", "int"), ("shape", "ints"), ("dtype", "str")),
+        leaf_shape,
+        None,
+        shape_from_attr,
+        lambda s, o, a: float(numel(o)),
+        breaks_layout=True,
+    )
+)

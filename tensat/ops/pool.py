@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -22,10 +23,14 @@ def _pool_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
 
 
 def _pool_rules(op: OpDef) -> list[str]:
-    oh = (f"(+ (/ (- (+ {egg_dim('s0', 2)} (+ (vec-get pads 0) (vec-get pads 2))) (vec-get kernel 0)) "
-          f"(vec-get strides 0)) 1)")
-    ow = (f"(+ (/ (- (+ {egg_dim('s0', 3)} (+ (vec-get pads 1) (vec-get pads 3))) (vec-get kernel 1)) "
-          f"(vec-get strides 1)) 1)")
+    oh = (
+        f"(+ (/ (- (+ {egg_dim('s0', 2)} (+ (vec-get pads 0) (vec-get pads 2))) (vec-get kernel 0)) "
+        f"(vec-get strides 0)) 1)"
+    )
+    ow = (
+        f"(+ (/ (- (+ {egg_dim('s0', 3)} (+ (vec-get pads 1) (vec-get pads 3))) (vec-get kernel 1)) "
+        f"(vec-get strides 1)) 1)"
+    )
     return [egg_rule(op, ["(= (vec-length s0) 4)"], egg_vec([egg_dim("s0", 0), egg_dim("s0", 1), oh, ow]))]
 
 
@@ -37,8 +42,16 @@ def _pool_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[st
     for i, (lo, hi) in ((2, (0, 2)), (3, (1, 3))):
         j = i - 2
         s.hint(x[i], 3, 8)
-        s.eq(out[i], s.apply(lambda size, k, st, p, j=j, lo=lo, hi=hi: window_out(
-            size, k[j], st[j], p[lo], p[hi]), x[i], at["kernel"], at["strides"], at["pads"]))
+        s.eq(
+            out[i],
+            s.apply(
+                lambda size, k, st, p, j=j, lo=lo, hi=hi: window_out(size, k[j], st[j], p[lo], p[hi]),
+                x[i],
+                at["kernel"],
+                at["strides"],
+                at["pads"],
+            ),
+        )
 
 
 def _pool(x: np.ndarray, attrs: Attrs, kind: str) -> np.ndarray:
@@ -68,19 +81,40 @@ _POOL_DOMAINS = {
     "pads": [(0, 0, 0, 0), (1, 0, 1, 0)],
 }
 
-MAXPOOL = register(OpDef(
-    "maxpool", "MaxPool", 1, _POOL_ATTRS, _pool_shape, lambda xs, a: _pool(xs[0], a, "max"), _pool_rules, _pool_flops,
-    onnx="MaxPool",
-    ranks=(4, 4), equations=_pool_equations, domains=_POOL_DOMAINS,
-    breaks_layout=True,
-))
-AVGPOOL = register(OpDef(
-    "avgpool", "AvgPool", 1, _POOL_ATTRS + (("count_include_pad", "int"),), _pool_shape,
-    lambda xs, a: _pool(xs[0], a, "avg"), _pool_rules, _pool_flops,
-    onnx="AveragePool",
-    ranks=(4, 4), equations=_pool_equations, domains={**_POOL_DOMAINS, "count_include_pad": [0, 1]},
-    breaks_layout=True,
-))
+MAXPOOL = register(
+    OpDef(
+        "maxpool",
+        "MaxPool",
+        1,
+        _POOL_ATTRS,
+        _pool_shape,
+        lambda xs, a: _pool(xs[0], a, "max"),
+        _pool_rules,
+        _pool_flops,
+        onnx="MaxPool",
+        ranks=(4, 4),
+        equations=_pool_equations,
+        domains=_POOL_DOMAINS,
+        breaks_layout=True,
+    )
+)
+AVGPOOL = register(
+    OpDef(
+        "avgpool",
+        "AvgPool",
+        1,
+        _POOL_ATTRS + (("count_include_pad", "int"),),
+        _pool_shape,
+        lambda xs, a: _pool(xs[0], a, "avg"),
+        _pool_rules,
+        _pool_flops,
+        onnx="AveragePool",
+        ranks=(4, 4),
+        equations=_pool_equations,
+        domains={**_POOL_DOMAINS, "count_include_pad": [0, 1]},
+        breaks_layout=True,
+    )
+)
 
 
 def _gap_shape(shapes: Sequence[Shape], _: Attrs) -> Shape:
@@ -98,11 +132,19 @@ def _gap_equations(s: Equations, out: Dims, ins: Sequence[Dims], _: Mapping[str,
     s.eq(out, (x[0], x[1], 1, 1))
 
 
-GLOBALAVGPOOL = register(OpDef(
-    "globalavgpool", "GlobalAvgPool", 1, (), _gap_shape,
-    lambda xs, a: xs[0].mean(axis=tuple(range(2, xs[0].ndim)), keepdims=True), _gap_rules,
-    lambda s, o, a: float(numel(s[0])),
-    onnx="GlobalAveragePool",
-    ranks=(4, 4), equations=_gap_equations,
-    breaks_layout=True,
-))
+GLOBALAVGPOOL = register(
+    OpDef(
+        "globalavgpool",
+        "GlobalAvgPool",
+        1,
+        (),
+        _gap_shape,
+        lambda xs, a: xs[0].mean(axis=tuple(range(2, xs[0].ndim)), keepdims=True),
+        _gap_rules,
+        lambda s, o, a: float(numel(s[0])),
+        onnx="GlobalAveragePool",
+        ranks=(4, 4),
+        equations=_gap_equations,
+        breaks_layout=True,
+    )
+)

@@ -7,8 +7,9 @@ their operators here; the helpers below are what their shape functions and egglo
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, NoReturn, Protocol, Sequence
+from typing import Any, NoReturn, Protocol
 
 import numpy as np
 
@@ -82,7 +83,7 @@ class OpDef:
     attrs: tuple[tuple[str, str], ...]  # (name, kind) in egglog argument order; kind in EGG_SORT
     shape: Callable[[Sequence[Shape], Attrs], Shape]
     evaluate: Callable[[Sequence[np.ndarray], Attrs], np.ndarray] | None  # numpy reference semantics
-    egg_shape_rules: Callable[["OpDef"], list[str]]  # builds this op's egglog shape rules
+    egg_shape_rules: Callable[[OpDef], list[str]]  # builds this op's egglog shape rules
     flops: Callable[[Sequence[Shape], Shape, Attrs], float]  # for the analytic cost model
     leaf: bool = False  # input / weight: no tensor inputs, shape from attrs
     kind: str = "custom"  # shape family: "unary" (the input's shape), "broadcast" (numpy broadcasting), "custom"
@@ -178,8 +179,9 @@ def egg_declarations() -> str:
 def egg_shape_rules(names: Iterable[str] | None = None) -> list[str]:
     """The egglog shape rules of the ops called `names` (default: every op)."""
     wanted = None if names is None else set(names)
-    return [rule for name, op in REGISTRY.items() if wanted is None or name in wanted
-            for rule in op.egg_shape_rules(op)]
+    return [
+        rule for name, op in REGISTRY.items() if wanted is None or name in wanted for rule in op.egg_shape_rules(op)
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -11,13 +11,24 @@ None has an ONNX op of its own: the ONNX layer emits each as a few nodes.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from tensat.ops.elementwise import unary
 from tensat.ops.registry import (
-    Attrs, Dims, Equations, OpDef, Shape, check, egg_dim, egg_rule, egg_vec, no_flops, register,
+    Attrs,
+    Dims,
+    Equations,
+    OpDef,
+    Shape,
+    check,
+    egg_dim,
+    egg_rule,
+    egg_vec,
+    no_flops,
+    register,
 )
 
 
@@ -25,8 +36,17 @@ def _rsqrt_eval(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:
     return 1.0 / np.sqrt(xs[0] + a["epsilon"])
 
 
-RSQRT = register(unary("rsqrt", "RSqrt", None, evaluate=_rsqrt_eval, attrs=(("epsilon", "float"),),
-                       domains={"epsilon": [1e-5, 0.25]}, positive=(0,)))
+RSQRT = register(
+    unary(
+        "rsqrt",
+        "RSqrt",
+        None,
+        evaluate=_rsqrt_eval,
+        attrs=(("epsilon", "float"),),
+        domains={"epsilon": [1e-5, 0.25]},
+        positive=(0,),
+    )
+)
 
 
 def _enlarge_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
@@ -48,8 +68,9 @@ def _enlarge_rules(op: OpDef) -> list[str]:
     for i in (0, 1):
         have, want = egg_dim("s0", i + 2), egg_dim("kernel", i)
         query += [f"(<= {have} {want})", f"(= 0 (% (- {want} {have}) 2))"]
-    return [egg_rule(op, query, egg_vec([egg_dim("s0", 0), egg_dim("s0", 1), egg_dim("kernel", 0),
-                                         egg_dim("kernel", 1)]))]
+    return [
+        egg_rule(op, query, egg_vec([egg_dim("s0", 0), egg_dim("s0", 1), egg_dim("kernel", 0), egg_dim("kernel", 1)]))
+    ]
 
 
 def _enlarge_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[str, Any]) -> None:
@@ -60,11 +81,22 @@ def _enlarge_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping
     s.eq(k[1], s.add(w[3], s.mul(2, s.sym(0, 2, slack=True))))
 
 
-ENLARGE = register(OpDef(
-    "enlarge", "Enlarge", 1, (("kernel", "ints"),), _enlarge_shape, _enlarge_eval, _enlarge_rules, no_flops,
-    ranks=(4, 4), equations=_enlarge_equations, solved={"kernel": lambda s, out: (s.sym(1, 5), s.sym(1, 5))},
-    int_exact=True,
-))
+ENLARGE = register(
+    OpDef(
+        "enlarge",
+        "Enlarge",
+        1,
+        (("kernel", "ints"),),
+        _enlarge_shape,
+        _enlarge_eval,
+        _enlarge_rules,
+        no_flops,
+        ranks=(4, 4),
+        equations=_enlarge_equations,
+        solved={"kernel": lambda s, out: (s.sym(1, 5), s.sym(1, 5))},
+        int_exact=True,
+    )
+)
 
 
 def _merge_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
@@ -90,10 +122,18 @@ def _merge_eval(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:
 
 
 def _merge_rules(op: OpDef) -> list[str]:
-    query = ["(= (vec-length s0) 4)", "(< 0 count)", "(< 0 group)", "(= 0 (% group count))",
-             f"(= 0 (% {egg_dim('s0', 0)} group))"]
-    return [egg_rule(op, query, egg_vec([egg_dim("s0", 0), f"(* {egg_dim('s0', 1)} count)", egg_dim("s0", 2),
-                                         egg_dim("s0", 3)]))]
+    query = [
+        "(= (vec-length s0) 4)",
+        "(< 0 count)",
+        "(< 0 group)",
+        "(= 0 (% group count))",
+        f"(= 0 (% {egg_dim('s0', 0)} group))",
+    ]
+    return [
+        egg_rule(
+            op, query, egg_vec([egg_dim("s0", 0), f"(* {egg_dim('s0', 1)} count)", egg_dim("s0", 2), egg_dim("s0", 3)])
+        )
+    ]
 
 
 def _merge_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[str, Any]) -> None:
@@ -102,7 +142,19 @@ def _merge_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[s
     s.eq(w[0], s.mul(s.sym(1, 2), at["group"]))
 
 
-MERGE = register(OpDef(
-    "merge", "Merge", 1, (("group", "int"), ("count", "int")), _merge_shape, _merge_eval, _merge_rules, no_flops,
-    ranks=(4, 4), equations=_merge_equations, domains={"group": [1, 2, 4], "count": [1, 2]}, int_exact=True,
-))
+MERGE = register(
+    OpDef(
+        "merge",
+        "Merge",
+        1,
+        (("group", "int"), ("count", "int")),
+        _merge_shape,
+        _merge_eval,
+        _merge_rules,
+        no_flops,
+        ranks=(4, 4),
+        equations=_merge_equations,
+        domains={"group": [1, 2, 4], "count": [1, 2]},
+        int_exact=True,
+    )
+)
