@@ -323,6 +323,18 @@ class LatencyCheck:
 LATENCY_RESOLUTION = 0.01  # two sessions of one model can differ by about this much (where their memory lies)
 
 
+def _not_faster(check: LatencyCheck) -> str:
+    """Why `_faster` rejected a candidate, in words that match its figures."""
+    slow = [t for t, c in check.by_threads.items() if c.interval[0] <= 1.0]
+    if slow:
+        where = ", ".join(f"{t} thread{'s' if t > 1 else ''}" for t in slow)
+        return f"the optimized graph was not measurably faster end to end at {where} ({check.figures()})"
+    return (
+        f"the optimized graph was faster end to end by less than the {100 * LATENCY_RESOLUTION:g}% two sessions "
+        f"of one model can differ by ({check.figures()})"
+    )
+
+
 def _faster(by_threads: Mapping[int, LatencyComparison]) -> bool:
     """Measurably faster (95% interval above 1) at every thread count, and beyond the timing's resolution (above
     1 + `LATENCY_RESOLUTION`) at one at least: a candidate whose gain is within what two sessions of one model
@@ -703,7 +715,7 @@ def _latency_check(run: _Run) -> None:
     device = run.measured.device if run.measured is not None else _check_device(opts)
     run.check = _end_to_end_check(run.model, run.candidate_model, device, opts, run.log)
     if run.check is not None and not run.check.kept:
-        _reject(run, f"the optimized graph was not measurably faster end to end ({run.check.figures()})")
+        _reject(run, _not_faster(run.check))
 
 
 def _accept(run: _Run) -> None:

@@ -224,6 +224,15 @@ def test_a_result_not_kept_says_why_with_its_figures() -> None:
     assert not check.kept
     assert check.figures() == "0.997x at 1 thread, 95% interval 0.990-1.004"
     assert "slower" not in repr(check) and "not kept" in repr(check)
+    assert api._not_faster(check) == (
+        "the optimized graph was not measurably faster end to end at 1 thread "
+        "(0.997x at 1 thread, 95% interval 0.990-1.004)"
+    )
+    marginal = LatencyComparison(3.736, 3.705, 1.008, (1.004, 1.012), 10, 5, 1.0)
+    check = api.LatencyCheck({1: marginal}, kept=api._faster({1: marginal}))
+    assert not check.kept and api._not_faster(check).startswith(
+        "the optimized graph was faster end to end by less than the 1% two sessions of one model can differ by"
+    )
 
 
 # -------------------------------------------------------------------------------------------------------------------
