@@ -19,6 +19,7 @@ from tensat.compare_cli import TENSAT_OPTIONS
 from tensat.models import SMALL_SIZES, build_model, model_names
 from tensat.options import OPTION_NAMES, option_help, options_from_args
 from tensat.verify import run_model
+from tests.helpers import bad_model_inputs
 
 SMALL = SMALL_SIZES
 
@@ -194,9 +195,7 @@ def test_cli_optimizes_a_file_with_input_shape(tmp_path: Path):
 
 
 def test_cli_bad_input_one_line_error_no_output(tmp_path: Path, capsys):
-    from test_onnx_io import _bad_cases
-
-    for k, (source, needle) in enumerate(_bad_cases(tmp_path)):
+    for k, (source, needle) in enumerate(bad_model_inputs(tmp_path)):
         if isinstance(source, onnx.ModelProto):
             path = tmp_path / f"case{k}.onnx"
             path.write_bytes(source.SerializeToString())
