@@ -1,5 +1,5 @@
-"""What tests of several folders share: the repository root, ONNX model builders and the corpus of bad model
-inputs."""
+"""What tests of several folders share: the repository root, ONNX model builders, the corpus of bad model inputs,
+and small versions of the benchmark graphs for the matcher and the sequential search."""
 
 from __future__ import annotations
 
@@ -9,6 +9,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
+
+from tensat import onnx_io
+from tensat.ir import Graph
+from tensat.models import build_model
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository: README, notebooks/, bench/ and pyproject.toml
 
@@ -67,3 +71,22 @@ def bad_model_inputs(tmp_path: Path) -> list[tuple[object, str]]:
     old = make([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [2])], [vi("y", [2])], opset=6)
     cases.append((old, "opset 6"))
     return cases
+
+
+# Small versions of the benchmark graphs (the same structure, sizes that evaluate in milliseconds), smaller than
+# tensat.models.SMALL_SIZES: the matcher's tests evaluate every match on them.
+TINY_SIZES = {
+    "bert": dict(layers=1, seq=8, hidden=32, heads=4),
+    "nasrnn": dict(steps=2, hidden=16),
+    "resnext50": dict(image=32),
+    "nasnet_a": dict(image=32, channels=8, stages=1, cells=2),
+    "inception_v3": dict(image=75),
+    "squeezenet": dict(image=32),
+    "vgg19": dict(image=32, fc=32),
+    "resnet50": dict(image=32),
+}
+
+
+def tiny_graph(name: str) -> Graph:
+    """The benchmark graph `name` at TINY_SIZES, imported into the IR."""
+    return onnx_io.import_model(build_model(name, **TINY_SIZES[name])).compact()
