@@ -669,7 +669,7 @@ def test_saving_over_an_external_data_model_replaces_its_data_and_leaves_one_dat
 
 # -------------------------------------------------------------------------------------------------------------------
 # bad input: one-line errors and exit codes (the corpus is tests/helpers.bad_model_inputs; the command line's
-# handling of it is tests/pipeline/test_pipeline.py::test_cli_bad_input_one_line_error_no_output)
+# handling of it is tests/cli/test_cli.py::test_cli_bad_input_one_line_error_no_output)
 
 
 def _write_case(tmp_path: Path, k: int, source: object) -> str:

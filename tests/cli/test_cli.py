@@ -1,0 +1,215 @@
+"""The `tensat` command: every command's flags derive from the API's options, `tensat optimize` on built-in models
+and files, help, `tensat models`, and one error style across every subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from tensat.api import Options
+from tensat.cli import build_parser, main
+from tensat.compare_cli import TENSAT_OPTIONS
+from tensat.models import SMALL_SIZES, build_model
+from tensat.options import OPTION_NAMES, option_help, options_from_args
+from tensat.verify import run_model
+from tests.helpers import bad_model_inputs
+
+
+def test_cli_defaults_are_the_api_defaults():
+    """`tensat optimize` without flags runs exactly as `tensat.optimize` with no options."""
+    args = build_parser().parse_args(["optimize", "in.onnx", "-o", "out.onnx"])
+    assert Options(**options_from_args(args)) == Options()
+
+
+def _option_flags(parser: argparse.ArgumentParser, names: tuple[str, ...]) -> dict[str, argparse.Action]:
+    """The flags of `parser` that parse into the named `Options` fields, by field."""
+    return {a.dest: a for a in parser._actions if a.dest in names}
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+@pytest.mark.parametrize(
+    "command, names",
+    [
+        ("optimize", OPTION_NAMES),
+        ("compare", ("input_shapes", *TENSAT_OPTIONS)),  # its --cost, --device and --seed are the comparison's own
+        ("profile", ("input_shapes", "node_limit", "iter_limit", "time_limit", "k_multi")),
+        ("cost-report", ("input_shapes", "node_limit", "iter_limit", "time_limit", "k_multi", "ilp_time_limit")),
+    ],
+)
+def test_every_command_derives_its_option_flags_from_options(
+    monkeypatch: pytest.MonkeyPatch, command: str, names: tuple[str, ...]
+) -> None:
+    """Each command's flags for tensat's options are built from the `Options` fields: the help text is the field's
+    and states its default; a changed default changes the flag's default (compare leaves them unset, so tensat's
+    applies) and its help."""
+    flags = _option_flags(_subcommands()[command], names)
+    assert set(flags) == set(names)
+    for name, action in flags.items():
+        assert action.help == option_help(name)
+        f = Options.__dataclass_fields__[name]
+        if "{default}" in f.metadata["help"]:
+            shown = f"{f.default:g}" if isinstance(f.default, float) else str(f.default)
+            assert f"default {shown}" in action.help, action.help
+        else:  # a switch, or a flag that adds to a collection
+            assert action.nargs == 0 or name == "input_shapes", name
+        unset = command == "compare" and name != "input_shapes"
+        assert action.default == (None if unset else f.default), name
+    monkeypatch.setattr(Options.__dataclass_fields__["node_limit"], "default", 1234)
+    action = _option_flags(_subcommands()[command], names)["node_limit"]
+    assert "(default 1234)" in action.help and action.default == (None if command == "compare" else 1234)
+
+
+def test_cli_optimizes_a_builtin_model(tmp_path: Path, capsys):
+    out = tmp_path / "squeezenet.opt.onnx"
+    stats = tmp_path / "stats.json"
+    code = main(["optimize", "--model", "squeezenet", "-o", str(out), "--stats", str(stats), "--ilp-time-limit", "30"])
+    assert code == 0
+    onnx.checker.check_model(onnx.load(str(out)), full_check=True)
+    data = json.loads(stats.read_text())
+    assert data["cost_after"] <= data["cost_before"]
+    assert data["exploration"]["iterations"] and data["verification"]["ok"]
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_cli_optimizes_a_file_with_input_shape(tmp_path: Path):
+    model = build_model("bert", **SMALL_SIZES["bert"])
+    dynamic = onnx.ModelProto()
+    dynamic.CopyFrom(model)
+    dim = dynamic.graph.input[0].type.tensor_type.shape.dim[0]
+    dim.ClearField("dim_value")
+    dim.dim_param = "seq"
+    src = tmp_path / "bert.onnx"
+    onnx.save(dynamic, str(src))
+    out = tmp_path / "bert.opt.onnx"
+    assert main(["optimize", str(src), "-o", str(out), "-q"]) == 1
+    assert not out.exists()
+    assert main(["optimize", str(src), "-o", str(out), "-q", "--input-shape", "x=16,64", "--cost", "analytic"]) == 0
+    feeds = {"x": np.random.default_rng(3).standard_normal((16, 64)).astype(np.float32)}
+    want = run_model(model, feeds)
+    got = run_model(onnx.load(str(out)), feeds)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-4)
+
+
+def test_cli_bad_input_one_line_error_no_output(tmp_path: Path, capsys):
+    for k, (source, needle) in enumerate(bad_model_inputs(tmp_path)):
+        if isinstance(source, onnx.ModelProto):
+            path = tmp_path / f"case{k}.onnx"
+            path.write_bytes(source.SerializeToString())
+            source = str(path)
+        out = tmp_path / f"out{k}.onnx"
+        assert main(["optimize", str(source), "-o", str(out)]) == 1, needle
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("tensat: error:") and "\n" not in err, err
+        assert needle in err, (needle, err)
+        assert not out.exists()
+        assert not [p for p in tmp_path.iterdir() if p.name.startswith(f".out{k}")], "temporary file left behind"
+
+
+def test_cli_help_documents_every_flag(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["optimize", "--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    for flag in (
+        "--model",
+        "--output",
+        "--input-shape",
+        "--node-limit",
+        "--iter-limit",
+        "--time-limit",
+        "--k-multi",
+        "--extractor",
+        "--solver",
+        "--ilp-time-limit",
+        "--no-verify",
+        "--stats",
+    ):
+        assert flag in text
+
+
+def test_cli_unknown_model_is_a_clear_error(tmp_path: Path, capsys):
+    assert main(["optimize", "--model", "alexnet", "-o", str(tmp_path / "x.onnx")]) == 1
+    assert "alexnet" in capsys.readouterr().err
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# built-in models
+
+
+def test_cli_models_lists_sizes_and_descriptions(capsys: pytest.CaptureFixture) -> None:
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:3] == ["name", "ONNX", "nodes"]
+    squeeze = next(ln for ln in out if ln.startswith("squeezenet "))
+    assert "SqueezeNet" in squeeze and "1x3x224x224" in squeeze
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# one error style
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["optimize", "m.onnx", "-o", "x.onnx", "--node-limit", "-5"],
+        ["optimize", "m.onnx", "-o", "x.onnx", "--cost", "guess"],
+        ["optimize", "m.onnx", "--model", "bert", "-o", "x.onnx"],
+        ["extract", "e.json", "--time-limit", "0"],
+        ["rules", "--trials", "many"],
+        ["compare", "--budget", "lots"],
+        ["profile", "--device", "tpu"],
+        ["cost-report", "--bogus"],
+        ["models", "--bogus"],
+        ["frobnicate"],
+    ],
+)
+def test_every_usage_error_is_one_line_and_exit_2(argv: list[str], capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tensat: error: ") and err.count("\n") == 1 and "--help" in err, err
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["optimize", "missing.onnx", "-o", "x.onnx"], "missing.onnx"),
+        (["extract", "missing.json"], "missing.json"),
+        (["rules", "--file", "missing.rules"], "missing.rules"),
+        (["compare", "missing.onnx", "--no-latency"], "missing.onnx"),
+        (["profile", "missing.onnx"], "missing.onnx"),
+    ],
+)
+def test_every_input_error_is_one_line_and_exit_1(
+    argv: list[str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("tensat: error: ") and err.count("\n") == 1 and needle in err, err
+
+
+def test_help_states_defaults_and_where_output_goes(capsys: pytest.CaptureFixture) -> None:
+    for argv in (["optimize", "--help"], ["extract", "--help"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default auto: CUDA where it loads" in text
+    assert "stdout" in text and "nothing is written" in text.lower()
+
+
+def test_the_parser_is_the_one_error_style_for_subcommands() -> None:
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    assert all(type(p) is type(parser) for p in subparsers.choices.values())
