@@ -2,8 +2,8 @@
 
 `pytest` loads "tensat"; `pytest --hypothesis-profile=long` loads the nightly one (hypothesis' own pytest plugin
 handles that option). Tests without their own `max_examples` get the profile's (100, nightly 1000); the property
-tests of tests/test_properties.py scale theirs from it (300 random graphs, nightly 3000). The regular profile is
-derandomized and keeps no example database, so CI runs the same examples every time.
+tests of tests/pipeline/test_properties.py scale theirs from it (300 random graphs, nightly 3000). The regular
+profile is derandomized and keeps no example database, so CI runs the same examples every time.
 """
 
 from __future__ import annotations

@@ -169,7 +169,7 @@ def test_every_import_of_the_project_names_an_existing_module():
 def test_no_file_imports_the_bare_folder_names():
     """rewrites/ and extraction/ install as tensat.rewrites and tensat.extraction; tests included."""
     bad = []
-    for path in sorted([*ROOT.joinpath("tests").glob("*.py"), *MODULES.values()]):
+    for path in sorted([*ROOT.joinpath("tests").rglob("*.py"), *MODULES.values()]):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
             names = (
                 [a.name for a in node.names]

@@ -9,7 +9,6 @@ import struct
 import subprocess
 import sys
 from importlib import metadata
-from pathlib import Path
 
 import pytest
 
@@ -17,8 +16,8 @@ from bench.machine import cpu_model
 from bench.report import check_out_dir, growth_series, main, parse_models
 from tensat.cli import main as tensat_main
 from tensat.errors import TensatError
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TABLE_HEADER = "| graph | ONNX nodes (original / sequential / tensat) | original cost (ms) |"
 

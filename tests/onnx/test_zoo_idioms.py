@@ -16,7 +16,7 @@ from tensat.errors import ModelError
 from tensat.ir import Graph
 from tensat.onnx_io import MIN_OPSET, export_model, import_model, load_model
 from tensat.verify import compare_models, random_inputs, run_model
-from tests.test_onnx_io import make, vi
+from tests.helpers import make, vi
 
 # ---------------------------------------------------------------------------------------------------------------
 # helpers

@@ -3,12 +3,12 @@ benchmark graph: its NasRNN default takes minutes)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import nbformat
 from nbclient import NotebookClient
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "egraph_growth.ipynb"
+from tests.helpers import ROOT
+
+NOTEBOOK = ROOT / "notebooks" / "egraph_growth.ipynb"
 
 
 def test_egraph_growth_notebook_runs_headless():

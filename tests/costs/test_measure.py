@@ -563,11 +563,10 @@ def test_fusion_groups_follow_onnxruntime():
 
 @pytest.mark.parametrize("name", ["nasrnn", "squeezenet", "resnext50", "bert"])
 def test_group_count_matches_onnxruntime_nodes(name, tmp_path):
-    from tensat.models import build_model
+    from tensat.models import SMALL_SIZES, build_model
     from tensat.onnx_io import import_model
-    from tests.test_pipeline import SMALL
 
-    g = import_model(build_model(name, **SMALL[name])).compact()
+    g = import_model(build_model(name, **SMALL_SIZES[name])).compact()
     m = export_model(g)
     import onnxruntime as ort
 

@@ -29,8 +29,8 @@ from tensat.extraction import (
     validate,
 )
 from tensat.extraction.cli import add_arguments, main, run
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "extraction-gym-tensat"  # the shared data folder beside the checkout
 
 

@@ -16,6 +16,7 @@ from tensat.errors import ModelError
 from tensat.ir import Graph
 from tensat.onnx_io import EXPORTERS, IMPORTERS, export_model, import_model, load_model, save_model
 from tensat.verify import random_inputs, run_model
+from tests.helpers import bad_model_inputs, make, vi
 
 RNG = np.random.default_rng(1234)
 
@@ -24,24 +25,12 @@ RNG = np.random.default_rng(1234)
 # helpers
 
 
-def vi(name: str, shape, elem: int = TP.FLOAT) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, elem, shape)
-
-
 def init(name: str, array) -> onnx.TensorProto:
     return numpy_helper.from_array(np.asarray(array), name)
 
 
 def randn(*shape: int) -> np.ndarray:
     return RNG.standard_normal(shape).astype(np.float32)
-
-
-def make(nodes, inputs, outputs, inits=(), opset: int = 17, extra_opsets=(), ir: int | None = None) -> onnx.ModelProto:
-    graph = helper.make_graph(nodes, "test", inputs, outputs, initializer=list(inits))
-    imports = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in extra_opsets]
-    model = helper.make_model(graph, opset_imports=imports)
-    model.ir_version = ir if ir is not None else helper.find_min_ir_version_for(imports, ignore_unknown=True)
-    return model
 
 
 def roundtrip(model: onnx.ModelProto, input_shapes=None, seed: int = 0) -> tuple[Graph, onnx.ModelProto]:
@@ -356,48 +345,6 @@ def test_data_dependent_shape_is_refused() -> None:
 # bad input
 
 
-def _small_model() -> onnx.ModelProto:
-    return make([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [2])], [vi("y", [2])])
-
-
-def _bad_cases(tmp_path) -> list[tuple[object, str]]:
-    cases: list[tuple[object, str]] = [(str(tmp_path / "missing.onnx"), "not found"), (str(tmp_path), "directory")]
-    empty = tmp_path / "empty.onnx"
-    empty.write_bytes(b"")
-    cases.append((str(empty), "empty"))
-    noise = tmp_path / "noise.onnx"
-    noise.write_bytes(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes())
-    cases.append((str(noise), "not an ONNX model"))
-    text = tmp_path / "text.onnx"
-    text.write_text("this is not a model\n")
-    cases.append((str(text), "not an ONNX model"))
-    truncated = tmp_path / "truncated.onnx"
-    data = _big_enough_model().SerializeToString()
-    truncated.write_bytes(data[: len(data) // 2])
-    cases.append((str(truncated), "truncated.onnx"))
-    bad_arity = make([helper.make_node("Relu", ["x", "x"], ["y"])], [vi("x", [2])], [vi("y", [2])])
-    cases.append((bad_arity, "onnx.checker"))
-    unknown = make(
-        [helper.make_node("Foo", ["x"], ["y"], domain="x.y")], [vi("x", [2])], [vi("y", [2])], extra_opsets=[("x.y", 1)]
-    )
-    cases.append((unknown, "unknown opset domain 'x.y'"))
-    dangling = make([helper.make_node("Add", ["x", "ghost"], ["y"], name="adder")], [vi("x", [2])], [vi("y", [2])])
-    cases.append((dangling, "'ghost'"))
-    cycle = make(
-        [helper.make_node("Add", ["x", "b"], ["a"], name="n1"), helper.make_node("Relu", ["a"], ["b"], name="n2")],
-        [vi("x", [2])],
-        [vi("b", [2])],
-    )
-    cases.append((cycle, "cycle"))
-    old = make([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [2])], [vi("y", [2])], opset=6)
-    cases.append((old, "opset 6"))
-    return cases
-
-
-def _big_enough_model() -> onnx.ModelProto:
-    return make([helper.make_node("Add", ["x", "w"], ["y"])], [vi("x", [64])], [vi("y", [64])], [init("w", randn(64))])
-
-
 def test_a_no_op_reshape_of_any_type_is_dropped_and_scalars_keep_their_rank() -> None:
     emb = randn(16, 4)
     nodes = [
@@ -417,7 +364,7 @@ def test_a_no_op_reshape_of_any_type_is_dropped_and_scalars_keep_their_rank() ->
 
 
 def test_bad_inputs_raise_one_line_model_errors(tmp_path) -> None:
-    for source, needle in _bad_cases(tmp_path):
+    for source, needle in bad_model_inputs(tmp_path):
         with pytest.raises(ModelError) as err:
             import_model(source)
         msg = str(err.value)

@@ -41,8 +41,8 @@ from tensat.ir import Graph, Node
 from tensat.onnx import external
 from tensat.onnx_io import export_model, save_model
 from tensat.verify import run_model
+from tests.helpers import ROOT, bad_model_inputs
 
-REPO = Path(__file__).resolve().parent.parent
 FAST = dict(iter_limit=3, time_limit=10.0, ilp_time_limit=10.0, cost="analytic", latency_check=0)
 
 
@@ -668,8 +668,8 @@ def test_saving_over_an_external_data_model_replaces_its_data_and_leaves_one_dat
 
 
 # -------------------------------------------------------------------------------------------------------------------
-# bad input: one-line errors and exit codes (the corpus is tests/test_onnx_io._bad_cases; the command line's
-# handling of it is tests/test_pipeline.py::test_cli_bad_input_one_line_error_no_output)
+# bad input: one-line errors and exit codes (the corpus is tests/helpers.bad_model_inputs; the command line's
+# handling of it is tests/cli/test_cli.py::test_cli_bad_input_one_line_error_no_output)
 
 
 def _write_case(tmp_path: Path, k: int, source: object) -> str:
@@ -682,9 +682,7 @@ def _write_case(tmp_path: Path, k: int, source: object) -> str:
 
 
 def test_the_api_raises_one_line_model_errors_for_the_bad_input_corpus_and_writes_nothing(tmp_path: Path) -> None:
-    from test_onnx_io import _bad_cases
-
-    for k, (source, needle) in enumerate(_bad_cases(tmp_path)):
+    for k, (source, needle) in enumerate(bad_model_inputs(tmp_path)):
         out = tmp_path / f"out{k}.onnx"
         with pytest.raises(ModelError) as err:
             tensat.optimize(_write_case(tmp_path, k, source), output=str(out), **FAST)
@@ -694,9 +692,7 @@ def test_the_api_raises_one_line_model_errors_for_the_bad_input_corpus_and_write
 
 def test_the_tensat_process_exits_1_with_one_line_for_bad_input(tmp_path: Path) -> None:
     """The real executable, for a missing file and a cyclic graph: status 1, one stderr line, nothing else."""
-    from test_onnx_io import _bad_cases
-
-    cases = {needle: source for source, needle in _bad_cases(tmp_path)}
+    cases = {needle: source for source, needle in bad_model_inputs(tmp_path)}
     for k, needle in enumerate(["not found", "cycle"]):
         out = tmp_path / f"out{k}.onnx"
         proc = subprocess.run(
@@ -767,8 +763,8 @@ def test_external_data_outside_the_model_directory_is_refused_by_the_cli(
 def test_a_model_with_external_data_over_the_proto_limit_works_through_the_cli(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """The > 2 GiB path (limit lowered; the real 2.25 GiB model is tests/test_onnx_io.py's slow test): external data
-    in, optimized, verified, written with external data next to the output."""
+    """The > 2 GiB path (limit lowered; the real 2.25 GiB model is tests/onnx/test_onnx_io.py's slow test): external
+    data in, optimized, verified, written with external data next to the output."""
     monkeypatch.setattr(external, "PROTO_LIMIT", 4096)
     monkeypatch.setattr(external, "_LARGE_TENSOR", 1024)
     (tmp_path / "in").mkdir()
@@ -830,14 +826,14 @@ def test_no_pickle_anywhere() -> None:
     """No Python file of the project imports a code-running deserializer or enables pickle loading."""
     files = [
         p
-        for p in REPO.rglob("*.py")
+        for p in ROOT.rglob("*.py")
         if not any(
             part.startswith(".") or part in ("build", "venv", ".venv") or part.endswith(".egg-info")
-            for part in p.relative_to(REPO).parts
+            for part in p.relative_to(ROOT).parts
         )
     ]
     assert len(files) > 20
-    bad = {str(p.relative_to(REPO)): uses for p in files if (uses := _unsafe_uses(ast.parse(p.read_text(), str(p))))}
+    bad = {str(p.relative_to(ROOT)): uses for p in files if (uses := _unsafe_uses(ast.parse(p.read_text(), str(p))))}
     assert not bad, bad
 
 

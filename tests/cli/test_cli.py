@@ -1,4 +1,5 @@
-"""End to end: ONNX in, e-graph, extraction, verified ONNX out — through the API and the CLI."""
+"""The `tensat` command: every command's flags derive from the API's options, `tensat optimize` on built-in models
+and files, help, `tensat models`, and one error style across every subcommand."""
 
 from __future__ import annotations
 
@@ -9,108 +10,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
-import tensat
-from tensat import extraction
 from tensat.api import Options
 from tensat.cli import build_parser, main
 from tensat.compare_cli import TENSAT_OPTIONS
-from tensat.models import SMALL_SIZES, build_model, model_names
+from tensat.models import SMALL_SIZES, build_model
 from tensat.options import OPTION_NAMES, option_help, options_from_args
 from tensat.verify import run_model
-
-SMALL = SMALL_SIZES
-
-FAST = dict(ilp_time_limit=5, time_limit=20, iter_limit=6, cost="analytic", latency_check=0)
-
-
-def test_small_configs_cover_every_benchmark():
-    assert sorted(SMALL) == sorted(model_names())
-
-
-@pytest.mark.parametrize("name", sorted(SMALL))
-def test_benchmark_graph_optimizes_end_to_end(name):
-    model = build_model(name, **SMALL[name])
-    result = tensat.optimize_with_details(model, **FAST)
-    out = result.output
-    assert isinstance(out, onnx.ModelProto)
-    onnx.checker.check_model(out, full_check=True)
-    assert result.verification is not None and result.verification.ok
-    assert result.cost_after <= result.cost_before * (1 + 1e-9)
-    assert [i.name for i in out.graph.input] == [i.name for i in model.graph.input]
-    assert [o.name for o in out.graph.output] == [o.name for o in model.graph.output]
-    assert result.exploration.iterations, "no exploration iteration ran"
-    assert set(result.times) >= {"import", "explore", "extract"}
-    assert "verify" in result.times or result.returned_input is not None
-    ex = result.extraction
-    assert ex.bound is None or ex.bound <= ex.cost * (1 + 1e-9)
-    assert ex.status != "optimal" or ex.gap() <= extraction.GAP_TOLERANCE
-
-
-def _attention_with_opaque_ops() -> onnx.ModelProto:
-    """Q, K, V projections sharing an input, with LayerNormalization, Softmax and Gather that tensat does not model."""
-    rng = np.random.default_rng(0)
-    d = 16
-
-    def init(name: str, *shape: int) -> onnx.TensorProto:
-        return numpy_helper.from_array((rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32), name)
-
-    inits = [
-        init("wq", d, d),
-        init("wk", d, d),
-        init("wv", d, d),
-        init("ln_scale", d),
-        init("ln_bias", d),
-        numpy_helper.from_array(np.array([0, 2, 4, 6], dtype=np.int64), "rows"),
-    ]
-    nodes = [
-        helper.make_node("LayerNormalization", ["x", "ln_scale", "ln_bias"], ["xn"], axis=-1),
-        helper.make_node("MatMul", ["xn", "wq"], ["q"]),
-        helper.make_node("MatMul", ["xn", "wk"], ["k"]),
-        helper.make_node("MatMul", ["xn", "wv"], ["v"]),
-        helper.make_node("Transpose", ["k"], ["kt"], perm=[1, 0]),
-        helper.make_node("MatMul", ["q", "kt"], ["logits"]),
-        helper.make_node("Softmax", ["logits"], ["probs"], axis=-1),
-        helper.make_node("MatMul", ["probs", "v"], ["att"]),
-        helper.make_node("Gather", ["att", "rows"], ["picked"], axis=0),
-        helper.make_node("Relu", ["picked"], ["y"]),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "attn",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, d])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, d])],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
-
-
-def test_optimizes_around_ops_tensat_does_not_model():
-    model = _attention_with_opaque_ops()
-    result = tensat.optimize_with_details(model, **FAST)
-    assert result.verification.ok
-    merges = sum(it.matches.get("matmul-merge-shared-input", 0) for it in result.exploration.iterations)
-    assert merges > 0, "the Q/K/V matmuls around the opaque ops were not explored"
-    kept = {n.op_type for n in result.output.graph.node}
-    assert {"LayerNormalization", "Softmax", "Gather"} <= kept
-
-
-def test_api_returns_the_form_it_was_given(tmp_path: Path):
-    model = build_model("squeezenet", **SMALL["squeezenet"])
-    path = tmp_path / "sq.onnx"
-    onnx.save(model, str(path))
-    assert isinstance(tensat.optimize(model, **FAST), onnx.ModelProto)
-    assert isinstance(tensat.optimize(str(path), **FAST), onnx.ModelProto)
-    out = tmp_path / "sq.opt.onnx"
-    assert tensat.optimize(path, output=str(out), **FAST) == out and out.exists()
-    from tensat.onnx_io import import_model
-
-    graph = import_model(model)
-    optimized = tensat.optimize(graph, **FAST)
-    assert isinstance(optimized, tensat.Graph)
+from tests.helpers import bad_model_inputs
 
 
 def test_cli_defaults_are_the_api_defaults():
@@ -174,7 +81,7 @@ def test_cli_optimizes_a_builtin_model(tmp_path: Path, capsys):
 
 
 def test_cli_optimizes_a_file_with_input_shape(tmp_path: Path):
-    model = build_model("bert", **SMALL["bert"])
+    model = build_model("bert", **SMALL_SIZES["bert"])
     dynamic = onnx.ModelProto()
     dynamic.CopyFrom(model)
     dim = dynamic.graph.input[0].type.tensor_type.shape.dim[0]
@@ -194,9 +101,7 @@ def test_cli_optimizes_a_file_with_input_shape(tmp_path: Path):
 
 
 def test_cli_bad_input_one_line_error_no_output(tmp_path: Path, capsys):
-    from test_onnx_io import _bad_cases
-
-    for k, (source, needle) in enumerate(_bad_cases(tmp_path)):
+    for k, (source, needle) in enumerate(bad_model_inputs(tmp_path)):
         if isinstance(source, onnx.ModelProto):
             path = tmp_path / f"case{k}.onnx"
             path.write_bytes(source.SerializeToString())
@@ -235,3 +140,76 @@ def test_cli_help_documents_every_flag(capsys):
 def test_cli_unknown_model_is_a_clear_error(tmp_path: Path, capsys):
     assert main(["optimize", "--model", "alexnet", "-o", str(tmp_path / "x.onnx")]) == 1
     assert "alexnet" in capsys.readouterr().err
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# built-in models
+
+
+def test_cli_models_lists_sizes_and_descriptions(capsys: pytest.CaptureFixture) -> None:
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:3] == ["name", "ONNX", "nodes"]
+    squeeze = next(ln for ln in out if ln.startswith("squeezenet "))
+    assert "SqueezeNet" in squeeze and "1x3x224x224" in squeeze
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# one error style
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["optimize", "m.onnx", "-o", "x.onnx", "--node-limit", "-5"],
+        ["optimize", "m.onnx", "-o", "x.onnx", "--cost", "guess"],
+        ["optimize", "m.onnx", "--model", "bert", "-o", "x.onnx"],
+        ["extract", "e.json", "--time-limit", "0"],
+        ["rules", "--trials", "many"],
+        ["compare", "--budget", "lots"],
+        ["profile", "--device", "tpu"],
+        ["cost-report", "--bogus"],
+        ["models", "--bogus"],
+        ["frobnicate"],
+    ],
+)
+def test_every_usage_error_is_one_line_and_exit_2(argv: list[str], capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tensat: error: ") and err.count("\n") == 1 and "--help" in err, err
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["optimize", "missing.onnx", "-o", "x.onnx"], "missing.onnx"),
+        (["extract", "missing.json"], "missing.json"),
+        (["rules", "--file", "missing.rules"], "missing.rules"),
+        (["compare", "missing.onnx", "--no-latency"], "missing.onnx"),
+        (["profile", "missing.onnx"], "missing.onnx"),
+    ],
+)
+def test_every_input_error_is_one_line_and_exit_1(
+    argv: list[str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("tensat: error: ") and err.count("\n") == 1 and needle in err, err
+
+
+def test_help_states_defaults_and_where_output_goes(capsys: pytest.CaptureFixture) -> None:
+    for argv in (["optimize", "--help"], ["extract", "--help"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default auto: CUDA where it loads" in text
+    assert "stdout" in text and "nothing is written" in text.lower()
+
+
+def test_the_parser_is_the_one_error_style_for_subcommands() -> None:
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    assert all(type(p) is type(parser) for p in subparsers.choices.values())

@@ -1,5 +1,5 @@
 """The surface a user meets: progress, early output checks, summaries true of the written file, warnings, reprs and
-one error style across every subcommand."""
+a readable summary (the command line's one error style is in tests/cli/test_cli.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 
 import tensat
 import tensat.api as api
-from tensat.cli import build_parser, main
+from tensat.cli import main
 from tensat.cost import AnalyticCost, graph_cost, runtime_cost
 from tensat.models import SMALL_SIZES, build_model
 from tensat.onnx_io import import_model
@@ -248,76 +248,3 @@ def test_results_have_short_reprs_and_a_summary() -> None:
     lines = result.summary().splitlines()
     assert [ln.split()[0] for ln in lines[:3]] == ["cost", "nodes", "e-graph"]
     assert lines[-1].startswith(("result", "warning")) and all(len(ln) < 400 for ln in lines)
-
-
-# -------------------------------------------------------------------------------------------------------------------
-# built-in models
-
-
-def test_cli_models_lists_sizes_and_descriptions(capsys: pytest.CaptureFixture) -> None:
-    assert main(["models"]) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert out[0].split()[:3] == ["name", "ONNX", "nodes"]
-    squeeze = next(ln for ln in out if ln.startswith("squeezenet "))
-    assert "SqueezeNet" in squeeze and "1x3x224x224" in squeeze
-
-
-# -------------------------------------------------------------------------------------------------------------------
-# one error style
-
-
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ["optimize", "m.onnx", "-o", "x.onnx", "--node-limit", "-5"],
-        ["optimize", "m.onnx", "-o", "x.onnx", "--cost", "guess"],
-        ["optimize", "m.onnx", "--model", "bert", "-o", "x.onnx"],
-        ["extract", "e.json", "--time-limit", "0"],
-        ["rules", "--trials", "many"],
-        ["compare", "--budget", "lots"],
-        ["profile", "--device", "tpu"],
-        ["cost-report", "--bogus"],
-        ["models", "--bogus"],
-        ["frobnicate"],
-    ],
-)
-def test_every_usage_error_is_one_line_and_exit_2(argv: list[str], capsys: pytest.CaptureFixture) -> None:
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert err.startswith("tensat: error: ") and err.count("\n") == 1 and "--help" in err, err
-
-
-@pytest.mark.parametrize(
-    "argv, needle",
-    [
-        (["optimize", "missing.onnx", "-o", "x.onnx"], "missing.onnx"),
-        (["extract", "missing.json"], "missing.json"),
-        (["rules", "--file", "missing.rules"], "missing.rules"),
-        (["compare", "missing.onnx", "--no-latency"], "missing.onnx"),
-        (["profile", "missing.onnx"], "missing.onnx"),
-    ],
-)
-def test_every_input_error_is_one_line_and_exit_1(
-    argv: list[str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.chdir(tmp_path)
-    assert main(argv) == 1
-    err = capsys.readouterr().err
-    assert err.startswith("tensat: error: ") and err.count("\n") == 1 and needle in err, err
-
-
-def test_help_states_defaults_and_where_output_goes(capsys: pytest.CaptureFixture) -> None:
-    for argv in (["optimize", "--help"], ["extract", "--help"]):
-        with pytest.raises(SystemExit):
-            main(argv)
-    text = " ".join(capsys.readouterr().out.split())
-    assert "(default auto: CUDA where it loads" in text
-    assert "stdout" in text and "nothing is written" in text.lower()
-
-
-def test_the_parser_is_the_one_error_style_for_subcommands() -> None:
-    parser = build_parser()
-    subparsers = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
-    assert all(type(p) is type(parser) for p in subparsers.choices.values())

@@ -1,0 +1,1 @@
+"""Tests of the base layer: the operator registry."""

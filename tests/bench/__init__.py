@@ -1,0 +1,1 @@
+"""Tests of the benchmarks: the report, its README table, and the e-graph growth notebook."""

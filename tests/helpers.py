@@ -1,0 +1,92 @@
+"""What tests of several folders share: the repository root, ONNX model builders, the corpus of bad model inputs,
+and small versions of the benchmark graphs for the matcher and the sequential search."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto as TP
+from onnx import helper, numpy_helper
+
+from tensat import onnx_io
+from tensat.ir import Graph
+from tensat.models import build_model
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository: README, notebooks/, bench/ and pyproject.toml
+
+
+def vi(name: str, shape, elem: int = TP.FLOAT) -> onnx.ValueInfoProto:
+    """A tensor value info, float by default."""
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def make(nodes, inputs, outputs, inits=(), opset: int = 17, extra_opsets=(), ir: int | None = None) -> onnx.ModelProto:
+    """A model of `nodes` at `opset` (and the domains of `extra_opsets`), with the lowest IR version they allow."""
+    graph = helper.make_graph(nodes, "test", inputs, outputs, initializer=list(inits))
+    imports = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in extra_opsets]
+    model = helper.make_model(graph, opset_imports=imports)
+    model.ir_version = ir if ir is not None else helper.find_min_ir_version_for(imports, ignore_unknown=True)
+    return model
+
+
+def _big_enough_model() -> onnx.ModelProto:
+    w = numpy_helper.from_array(np.random.default_rng(1234).standard_normal(64).astype(np.float32), "w")
+    return make([helper.make_node("Add", ["x", "w"], ["y"])], [vi("x", [64])], [vi("y", [64])], [w])
+
+
+def bad_model_inputs(tmp_path: Path) -> list[tuple[object, str]]:
+    """Inputs no layer may accept, as (path or model, a word the one-line error must contain): missing, empty,
+    noise and truncated files, a directory, and models failing the checker, with an unknown domain, a dangling
+    input, a cycle or too old an opset. The importer, the API and the command line are tested on them."""
+    cases: list[tuple[object, str]] = [(str(tmp_path / "missing.onnx"), "not found"), (str(tmp_path), "directory")]
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    cases.append((str(empty), "empty"))
+    noise = tmp_path / "noise.onnx"
+    noise.write_bytes(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes())
+    cases.append((str(noise), "not an ONNX model"))
+    text = tmp_path / "text.onnx"
+    text.write_text("this is not a model\n")
+    cases.append((str(text), "not an ONNX model"))
+    truncated = tmp_path / "truncated.onnx"
+    data = _big_enough_model().SerializeToString()
+    truncated.write_bytes(data[: len(data) // 2])
+    cases.append((str(truncated), "truncated.onnx"))
+    bad_arity = make([helper.make_node("Relu", ["x", "x"], ["y"])], [vi("x", [2])], [vi("y", [2])])
+    cases.append((bad_arity, "onnx.checker"))
+    unknown = make(
+        [helper.make_node("Foo", ["x"], ["y"], domain="x.y")], [vi("x", [2])], [vi("y", [2])], extra_opsets=[("x.y", 1)]
+    )
+    cases.append((unknown, "unknown opset domain 'x.y'"))
+    dangling = make([helper.make_node("Add", ["x", "ghost"], ["y"], name="adder")], [vi("x", [2])], [vi("y", [2])])
+    cases.append((dangling, "'ghost'"))
+    cycle = make(
+        [helper.make_node("Add", ["x", "b"], ["a"], name="n1"), helper.make_node("Relu", ["a"], ["b"], name="n2")],
+        [vi("x", [2])],
+        [vi("b", [2])],
+    )
+    cases.append((cycle, "cycle"))
+    old = make([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [2])], [vi("y", [2])], opset=6)
+    cases.append((old, "opset 6"))
+    return cases
+
+
+# Small versions of the benchmark graphs (the same structure, sizes that evaluate in milliseconds), smaller than
+# tensat.models.SMALL_SIZES: the matcher's tests evaluate every match on them.
+TINY_SIZES = {
+    "bert": dict(layers=1, seq=8, hidden=32, heads=4),
+    "nasrnn": dict(steps=2, hidden=16),
+    "resnext50": dict(image=32),
+    "nasnet_a": dict(image=32, channels=8, stages=1, cells=2),
+    "inception_v3": dict(image=75),
+    "squeezenet": dict(image=32),
+    "vgg19": dict(image=32, fc=32),
+    "resnet50": dict(image=32),
+}
+
+
+def tiny_graph(name: str) -> Graph:
+    """The benchmark graph `name` at TINY_SIZES, imported into the IR."""
+    return onnx_io.import_model(build_model(name, **TINY_SIZES[name])).compact()
