@@ -97,7 +97,7 @@ def _settle(ix: _Index, banned: list[bool], prefer: list[int]) -> list[int]:
     kids, cost, ncls, parents = ix.kids, ix.cost, ix.node_class, ix.parents
     fixed = [False] * n_classes
     choice = [-1] * n_classes
-    under: list[frozenset[int] | None] = [None] * n_classes  # node indices of the fixed sub-DAG
+    under: list[frozenset[int]] = [frozenset()] * n_classes  # node indices of the fixed sub-DAG (read once fixed)
     missing = [len(ks) for ks in kids]
     heap: list[tuple[float, int, int]] = []
 
@@ -105,12 +105,12 @@ def _settle(ix: _Index, banned: list[bool], prefer: list[int]) -> list[int]:
         ks = kids[n]
         if not ks:
             return cost[n], frozenset((n,))
-        big = max((under[k] for k in ks), key=len)  # type: ignore[arg-type,return-value]
-        acc = set(big)  # type: ignore[arg-type]
+        big = max((under[k] for k in ks), key=len)
+        acc = set(big)
         for k in ks:
             s = under[k]
             if s is not big:
-                acc.update(s)  # type: ignore[arg-type]
+                acc.update(s)
         acc.add(n)
         return math.fsum(cost[m] for m in acc), frozenset(acc)
 

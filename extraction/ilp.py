@@ -416,7 +416,11 @@ class _HiGHSWarm(pulp.HiGHS):
         ints = np.array([v.index for v in variables if v.cat == pulp.LpInteger], dtype=np.int32)
         if self.mip and len(ints):
             model.changeColsIntegrality(len(ints), ints, np.full(len(ints), 1, dtype=np.uint8))
-        starts, index, value, row_lo, row_hi = [], [], [], [], []
+        starts: list[int] = []
+        index: list[int] = []
+        value: list[float] = []
+        row_lo: list[float] = []
+        row_hi: list[float] = []
         for i, con in enumerate(lp.constraints()):
             starts.append(len(index))
             for var, coef in con.items():

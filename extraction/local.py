@@ -173,20 +173,20 @@ def _delta(ix: _Index, arr: list[int], refs: list[int], pos: list[int], move: di
         stack = [(s0, iter(kids[move.get(s0, arr[s0])]))]
         while stack:
             c, it = stack[-1]
-            k = next(it, None)
-            if k is None:
+            kid = next(it, None)
+            if kid is None:
                 state[c] = 2
                 stack.pop()
                 continue
-            st = state.get(k, 0)
+            st = state.get(kid, 0)
             if st == 1:
                 return None
             if st == 0:
-                if refs[k] > 0 and k not in move and pos[k] < limit:
-                    state[k] = 2
+                if refs[kid] > 0 and kid not in move and pos[kid] < limit:
+                    state[kid] = 2
                     continue
-                state[k] = 1
-                stack.append((k, iter(kids[move.get(k, arr[k])])))
+                state[kid] = 1
+                stack.append((kid, iter(kids[move.get(kid, arr[kid])])))
     return delta
 
 
@@ -229,7 +229,10 @@ def local_search(
         return (out, *_refcounts(ix, selection, reached), reached)
 
     arrays, refs, pos, reached = overlay(current)
-    best = first = selection_cost(ix, arrays[0])
+    first = selection_cost(ix, arrays[0])
+    if first is None:  # never: overlay has raised ValueError for an invalid selection already
+        raise ValueError("the selection is not a valid acyclic extraction")
+    best = first
     moves_applied = passes = evaluated = 0
     density = 0.0  # with major_only: the least saving per changed e-class a move may have (set by the first pass)
 

@@ -27,7 +27,7 @@ e-graph explorer, the sequential search and the verifier all read one definition
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -260,8 +260,8 @@ def canonical_form(rule: Rule) -> str:
         visit(value)
     for g in rule.guards:
         visit(g)
-    for t in rule.rhs:
-        visit(t)
+    for p in rule.rhs:
+        visit(p)
     lhs = [repr(_rename(t, order)) for t in rule.lhs]
     lets = [(order[n], repr(_rename(v, order))) for n, v in rule.lets]
     guards = sorted(_guard_key(g, order) for g in rule.guards)
@@ -358,6 +358,8 @@ def parse_rules(text: str) -> list[Rule]:
             raise RuleError(f"expected (rule NAME LHS RHS ...) or (multi NAME (LHS...) (RHS...) ...), got {form!r:.80}")
         kind, name, lhs, rhs = form[0], str(form[1]), form[2], form[3]
         opts = _options(form[4:], name)
+        lhs_t: tuple[Pattern, ...]
+        rhs_t: tuple[Pattern, ...]
         if kind == "rule":
             lhs_t, rhs_t = (_pattern(lhs),), (_pattern(rhs),)
         else:
@@ -415,8 +417,8 @@ def _vars_of(x: Any) -> Iterator[str]:
         for a in x.args:
             yield from _vars_of(a)
     elif isinstance(x, Term):
-        for a in x.args:
-            yield from _vars_of(a)
+        for p in x.args:
+            yield from _vars_of(p)
         for _, e in x.attrs:
             yield from _vars_of(e)
 
@@ -449,37 +451,41 @@ class _EggCompiler:
             return repr(e.value)
         args = e.args
         if e.fn in ("dim", "rank", "shape", "same-except", "same-shape"):
-            for a in args[: 2 if e.fn.startswith("same") else 1]:
-                if not isinstance(a, Var):
-                    raise RuleError(f"rule {self.rule.name}: {e.fn} takes a tensor variable")
-                self.shapes.add(a.name)
-        if e.fn == "dim":
-            sh = _egg_shape(args[0].name)  # type: ignore[union-attr]
-            idx = args[1]
-            if isinstance(idx, Lit) and isinstance(idx.value, int) and idx.value < 0:
-                return f"(vec-get {sh} (+ (vec-length {sh}) {idx.value}))"
-            return f"(vec-get {sh} {self.expr(idx)})"
-        if e.fn == "rank":
-            return f"(vec-length {_egg_shape(args[0].name)})"  # type: ignore[union-attr]
-        if e.fn == "shape":
-            return _egg_shape(args[0].name)  # type: ignore[union-attr]
+            return self.shape_expr(e.fn, args)
         if e.fn == "vec":
             return f"(vec-of {' '.join(self.expr(a) for a in args)})"
-        if e.fn == "same-shape":
-            # Both sides computed, so egglog filters matched terms instead of joining tensors by shape (70x faster
-            # on NasNet-A's e-graph than equating the two shape variables).
-            a, b = _egg_shape(args[0].name), _egg_shape(args[1].name)  # type: ignore[union-attr]
-            return f"(= (vec-push {a} 0) (vec-push {b} 0))"
-        if e.fn == "same-except":
-            a, b, ax = _egg_shape(args[0].name), _egg_shape(args[1].name), self.expr(args[2])  # type: ignore[union-attr]
-            if isinstance(args[2], Lit) and isinstance(args[2].value, int) and args[2].value < 0:
-                ax = f"(+ (vec-length {a}) {args[2].value})"
-            return f"(= (vec-set {a} {ax} 0) (vec-set {b} {ax} 0))"
         fn = {">": "<", ">=": "<="}.get(e.fn, e.fn)
         parts = [self.expr(a) for a in args]
         if e.fn in (">", ">="):
             parts.reverse()
         return f"({fn} {' '.join(parts)})"
+
+    def shape_expr(self, fn: str, args: tuple[Expr, ...]) -> str:
+        """A function of tensor shapes; the query binds the shapes of its tensor variables (`self.shapes`)."""
+        sh = []
+        for t in args[: 2 if fn.startswith("same") else 1]:
+            if not isinstance(t, Var):
+                raise RuleError(f"rule {self.rule.name}: {fn} takes a tensor variable")
+            self.shapes.add(t.name)
+            sh.append(_egg_shape(t.name))
+        if fn == "dim":
+            idx = args[1]
+            if isinstance(idx, Lit) and isinstance(idx.value, int) and idx.value < 0:
+                return f"(vec-get {sh[0]} (+ (vec-length {sh[0]}) {idx.value}))"
+            return f"(vec-get {sh[0]} {self.expr(idx)})"
+        if fn == "rank":
+            return f"(vec-length {sh[0]})"
+        if fn == "shape":
+            return sh[0]
+        a, b = sh
+        if fn == "same-shape":
+            # Both sides computed, so egglog filters matched terms instead of joining tensors by shape (70x faster
+            # on NasNet-A's e-graph than equating the two shape variables).
+            return f"(= (vec-push {a} 0) (vec-push {b} 0))"
+        ax = self.expr(args[2])  # same-except
+        if isinstance(args[2], Lit) and isinstance(args[2].value, int) and args[2].value < 0:
+            ax = f"(+ (vec-length {a}) {args[2].value})"
+        return f"(= (vec-set {a} {ax} 0) (vec-set {b} {ax} 0))"
 
     def pattern(self, p: Pattern, lhs: bool) -> str:
         if isinstance(p, Var):
@@ -535,16 +541,16 @@ def eval_expr(e: Any, env: Mapping[str, Any], shapes: Mapping[str, tuple[int, ..
         return e.value
     fn, args = e.fn, e.args
     if fn == "dim":
-        shape = shapes[args[0].name]  # type: ignore[union-attr]
+        shape = shapes[args[0].name]
         return shape[_index(args[1], eval_expr(args[1], env, shapes), len(shape))]
     if fn == "rank":
-        return len(shapes[args[0].name])  # type: ignore[union-attr]
+        return len(shapes[args[0].name])
     if fn == "shape":
-        return tuple(shapes[args[0].name])  # type: ignore[union-attr]
+        return tuple(shapes[args[0].name])
     if fn == "same-shape":
-        return shapes[args[0].name] == shapes[args[1].name]  # type: ignore[union-attr]
+        return shapes[args[0].name] == shapes[args[1].name]
     if fn == "same-except":
-        a, b = shapes[args[0].name], shapes[args[1].name]  # type: ignore[union-attr]
+        a, b = shapes[args[0].name], shapes[args[1].name]
         ax = eval_expr(args[2], env, shapes)
         if isinstance(args[2], Lit) and ax < 0:
             ax += len(a)
@@ -554,7 +560,7 @@ def eval_expr(e: Any, env: Mapping[str, Any], shapes: Mapping[str, tuple[int, ..
         return tuple(vals)
     if fn == "vec-get":
         return vals[0][_index(args[1], vals[1], len(vals[0]))]
-    binary = {
+    binary: dict[str, Callable[[Any, Any], Any]] = {
         "+": lambda a, b: a + b,
         "-": lambda a, b: a - b,
         "*": lambda a, b: a * b,

@@ -410,7 +410,7 @@ class Matcher:
                 continue
             paths = [_paths(t) for t in rule.lhs]
             shared = set(paths[0]) & set(paths[1])
-            partner = []
+            partner: list[tuple[str, tuple[tuple[str, int], ...]] | None] = []
             for me in (0, 1):
                 other = paths[1 - me]
                 if shared:
@@ -504,7 +504,7 @@ class Matcher:
         store = ctx.store
         found: dict[tuple[int, tuple[int, ...]], Match] = {}
         incremental = roots is not None
-        nodes = sorted(set(roots) & ctx.live) if incremental else ctx.order
+        nodes = sorted(set(roots) & ctx.live) if roots is not None else ctx.order
         for n in nodes:
             op = store.op[n]
             for c in self._single.get(op, ()):

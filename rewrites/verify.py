@@ -258,7 +258,7 @@ class Solver:
         if isinstance(a, Sym):
             r = self.root(a)
             if r not in self.defn:
-                seen: set[int] = set()
+                seen = set()
                 self._deps(b, seen)
                 if r not in seen:
                     self.defn[r] = b
@@ -588,7 +588,7 @@ class _Builder:
             raise _Unbound(e.name)
         fn, args = e.fn, e.args
         if fn in ("dim", "rank", "shape"):
-            key = args[0].name  # type: ignore[union-attr]
+            key = args[0].name
             dims = self.dims[key]
             if fn == "rank":
                 return len(dims)

@@ -384,7 +384,8 @@ class _Run:
     """One optimization run, filled in stage by stage: what every stage reads and writes.
 
     What the run returns is the input (graph, model and cost) until an optimized graph, the `candidate`, passes
-    every check; `returned_input` says why the input is returned, and is None once the candidate is accepted."""
+    every check; `returned_input` says why the input is returned, and is None once the candidate is accepted.
+    The fields left None are set by the stages in order; a stage asserts that those it reads are set."""
 
     opts: Options
     log: RunLog
@@ -478,6 +479,7 @@ def _import(run: _Run) -> None:
 
 def _price_input(run: _Run) -> None:
     """Build the cost model and price the input as onnxruntime runs it."""
+    assert run.graph is not None
     run.cost = _cost_model(run.opts, run.log)
     run.measured = _measured(run.cost, run.opts)
     if run.measured is not None:  # it sizes its cache state by the weights one inference reads
@@ -493,6 +495,7 @@ LIMITS = ("node_limit", "iter_limit", "time_limit")
 
 
 def _lower(run: _Run) -> None:
+    assert run.graph is not None
     run.log.say("explore", f"lowering {run.graph.op_count()} ops into egglog")
     run.te = TensorEGraph(run.graph)
 
@@ -504,6 +507,7 @@ def _explore(run: _Run) -> None:
     def iteration(it: IterationStats) -> None:
         log.say("explore", f"iteration {it.iteration}: {it.enodes:,} e-nodes, {it.eclasses:,} e-classes")
 
+    assert run.te is not None
     run.stats = stats = run.te.explore(
         node_limit=opts.node_limit,
         iter_limit=opts.iter_limit,
@@ -527,6 +531,7 @@ def _export(run: _Run) -> Exported:
     """The e-graph exported for extraction; with a cost model that measures (every price takes time), only
     competitive e-nodes are priced, within `PRICE_SECONDS` (see `TensorEGraph.export`)."""
     te = run.te
+    assert te is not None and run.cost is not None
     if run.measured is not None:
         xg, decoded, forbidden = te.export(run.cost, competitive=COMPETITIVE_RATIO, price_seconds=PRICE_SECONDS)
     else:
@@ -565,6 +570,7 @@ def _guided_rounds(run: _Run) -> None:
     te, opts, stats, log = run.te, run.opts, run.stats, run.log
     t0 = time.perf_counter()
     exported = run.exported
+    assert te is not None and exported is not None
     initial = exported.priced(exported.input_choices, "input")
     seconds = extraction.portfolio.local_search_seconds(opts.ilp_time_limit)
     try:
@@ -630,6 +636,7 @@ def _without_guided(run: _Run, exc: BaseException) -> None:
 def _extract(run: _Run) -> None:
     """The extraction portfolio (`extraction.extract_best`) from the input's selection and the guided rounds'."""
     x, opts = run.exported, run.opts
+    assert x is not None
     run.chosen = extraction.extract_best(
         x.egraph,
         x.priced(x.input_choices, "input"),
@@ -647,6 +654,7 @@ def _extract(run: _Run) -> None:
 
 
 def _rebuild(run: _Run) -> None:
+    assert run.te is not None and run.chosen is not None and run.exported is not None
     run.candidate = run.te.rebuild(run.chosen.choices, run.exported.decoded).compact()
 
 
@@ -676,7 +684,7 @@ def _search(run: _Run) -> None:
 
 
 def _export_candidate(run: _Run) -> None:
-
+    assert run.candidate is not None
     run.log.say("export", "writing the optimized graph as ONNX")
     run.candidate_model = onnx_io.export_model(run.candidate)
     run.written = onnx_io.import_model(run.candidate_model).compact()  # priced as written: the file is what runs
@@ -692,6 +700,7 @@ def _unexportable(run: _Run, exc: BaseException) -> None:
 
 def _price_candidate(run: _Run) -> None:
     """Price the candidate as written; a gain within the ILP's own tolerance is none."""
+    assert run.written is not None and run.cost is not None
     run.candidate_cost = runtime_cost(run.written, run.cost)
     if run.candidate_cost >= run.cost_before * (1 - extraction.GAP_TOLERANCE):
         _reject(
@@ -703,6 +712,7 @@ def _price_candidate(run: _Run) -> None:
 
 
 def _verify(run: _Run) -> None:
+    assert run.model is not None and run.candidate_model is not None
     run.log.say("verify", "running both models in onnxruntime")
     run.report = _verified(run.model, run.candidate_model, run.opts, run.log)
     if run.report is None:
@@ -711,6 +721,7 @@ def _verify(run: _Run) -> None:
 
 def _latency_check(run: _Run) -> None:
     opts = run.opts
+    assert run.model is not None and run.candidate_model is not None
     run.log.say("latency", f"timing both models end to end (at most {opts.latency_check:g} s)")
     device = run.measured.device if run.measured is not None else _check_device(opts)
     run.check = _end_to_end_check(run.model, run.candidate_model, device, opts, run.log)
@@ -723,6 +734,7 @@ def _accept(run: _Run) -> None:
 
 
 def _report_costs(run: _Run) -> None:
+    assert run.cost is not None
     run.cost.report()
 
 
@@ -758,13 +770,14 @@ def optimize_with_details(model: ModelLike, *, progress: ProgressFn | None = Non
 
 def _result(run: _Run, output_path: str | os.PathLike[str] | None) -> OptimizeResult:
     """The run's result: the accepted candidate, or the input; written to `output_path` if given."""
-
+    assert run.graph is not None
     optimized = run.returned_input is None
     graph = run.candidate if optimized else run.graph
     if optimized:
         out_model = run.candidate_model
     else:
         out_model = run.model if run.model is not None else onnx_io.export_model(run.graph)
+    assert graph is not None and out_model is not None
     report = run.report
     if not optimized and run.opts.verify and report is None:
         report = VerifyReport(

@@ -264,7 +264,7 @@ def compare_model(
         f"({ex.enodes} e-nodes, {ex.eclasses} e-classes); verified: {tensat_info['verified']}",
     )
 
-    latency = None
+    latency: dict[str, Any] | None = None
     if settings.latency:
         _say(progress, f"[{name}] timing original, sequential and tensat graphs in onnxruntime (interleaved)")
         stats = time_models(

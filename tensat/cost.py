@@ -25,7 +25,8 @@ class CostModel(Protocol):
     once with every node it is about to price, so a measuring model can batch its work and show progress.
     """
 
-    name: str
+    @property
+    def name(self) -> str: ...  # read only, so a frozen dataclass's field satisfies it
 
     def __call__(self, node: Node, in_shapes: Sequence[Shape], const: Sequence[bool] = ()) -> float: ...
 

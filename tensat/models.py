@@ -23,6 +23,7 @@ import contextvars
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
@@ -125,7 +126,7 @@ class _Graph:
         shape: Sequence[int],
         name: str,
         output: str | None = None,
-        **attrs: object,
+        **attrs: Any,
     ) -> _T:
         name = self.unique(name)
         if output is not None and output in self._taken:
@@ -196,7 +197,7 @@ class _Graph:
         )
         return self.relu(y, f"{name}.relu") if relu else y
 
-    def _pool(self, op: str, x: _T, kernel: int, stride: int, pad: int, name: str, **attrs: object) -> _T:
+    def _pool(self, op: str, x: _T, kernel: int, stride: int, pad: int, name: str, **attrs: Any) -> _T:
         n, c, h, w = x.shape
         shape = (n, c, _window_out(h, kernel, stride, pad), _window_out(w, kernel, stride, pad))
         return self.node(

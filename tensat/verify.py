@@ -108,7 +108,9 @@ def _signature(model: ModelProto) -> tuple[dict[str, tuple[int, tuple[Any, ...] 
     sig: dict[str, tuple[int, tuple[Any, ...] | None]] = {}
     for vi in model.graph.output:
         tt = vi.type.tensor_type
-        dims = tuple(d.dim_value if d.HasField("dim_value") else d.dim_param for d in tt.shape.dim)
+        dims: tuple[Any, ...] | None = tuple(
+            d.dim_value if d.HasField("dim_value") else d.dim_param for d in tt.shape.dim
+        )
         if not tt.HasField("shape"):
             dims = None
         sig.setdefault(vi.name, (tt.elem_type, dims))

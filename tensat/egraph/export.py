@@ -126,9 +126,9 @@ class Export(LoweredGraph):
         elif prefetch is not None:
             prefetch(list(to_price.values()))
         scale = 1.0
-        for nid, (node, child_shapes, flags) in to_price.items():
+        for nid, (node, in_shapes, flags) in to_price.items():
             if nid not in dominated:
-                costs[nid] = float(node_cost(node, child_shapes, flags))
+                costs[nid] = float(node_cost(node, in_shapes, flags))
                 if dominated and estimate[nid] > 0:
                     scale = max(scale, costs[nid] / estimate[nid])
         for nid in dominated:

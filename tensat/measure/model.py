@@ -279,7 +279,7 @@ class MeasuredCost:
                             if between is not None:
                                 between()
                         bar.step(unit.label())
-                extra = [k for k, _ in chunk if isinstance(plans[k], _Plan) and plans[k].disagree()]
+                extra = [k for k, _ in chunk if isinstance(p := plans[k], _Plan) and p.disagree()]
                 bar.total += len(extra)
                 for k in extra:
                     self._window(plans[k])

@@ -462,6 +462,14 @@ def _ex_plain(op_type: str) -> Emitter:
     return export
 
 
+def _onnx_type(op: str) -> str:
+    """The ONNX op type of `op`, for an emitter writing one of several ops (an activation, a pooling)."""
+    onnx_type = ops.get(op).onnx
+    if onnx_type is None:
+        raise TypeError(f"the ONNX layer has no ONNX op type for {op}")
+    return onnx_type
+
+
 @_emitter("conv2d")
 def _ex_conv(e: _Exporter, i: int) -> None:
     n = e.graph.nodes[i]
@@ -481,7 +489,7 @@ def _ex_conv(e: _Exporter, i: int) -> None:
         group=a["group"],
     )
     if act != ops.ACT_NONE:
-        op_type = ops.get(ops.ACT_NAMES[act]).onnx
+        op_type = _onnx_type(ops.ACT_NAMES[act])
         e.emit(op_type, [out], [e.tensor(i)], f"conv2d_{i}_{op_type.lower()}")
 
 
@@ -492,7 +500,7 @@ def _ex_pool(e: _Exporter, i: int) -> None:
     attrs: dict[str, Any] = {"kernel_shape": list(a["kernel"]), "strides": list(a["strides"]), "pads": list(a["pads"])}
     if n.op == "avgpool":
         attrs["count_include_pad"] = a["count_include_pad"]
-    e.emit(ops.get(n.op).onnx, [e.tensor(n.inputs[0])], [e.tensor(i)], f"{n.op}_{i}", **attrs)
+    e.emit(_onnx_type(n.op), [e.tensor(n.inputs[0])], [e.tensor(i)], f"{n.op}_{i}", **attrs)
 
 
 @_emitter("concat")

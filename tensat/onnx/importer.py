@@ -312,10 +312,10 @@ class _Importer:
                 except TypeError:
                     return {}
         model = single_node_model(node, arrays, self.opsets)
-        consts = {f"i{k}" for k, name in enumerate(node.input) if name in self.consts}
+        consts = {f"i{k}": self.consts[name] for k, name in enumerate(node.input) if name in self.consts}
         for vi in list(model.graph.input):
             if vi.name in consts:
-                model.graph.initializer.append(numpy_helper.from_array(arrays[int(vi.name[1:])], vi.name))
+                model.graph.initializer.append(numpy_helper.from_array(consts[vi.name], vi.name))
         out: dict[int, tuple[str, tuple[int, ...] | None]] = {}
         try:
             inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
@@ -630,10 +630,10 @@ def _squeeze(c: _Importer, node: NodeProto) -> list[Any]:
         axes = _ints(c.param(1)) if c.present(1) else None
     if axes is None:
         axes = [i for i, d in enumerate(shape) if d == 1]
-    axes = {_axis(a, len(shape)) for a in axes}
-    if any(shape[a] != 1 for a in axes):
+    squeezed = {_axis(a, len(shape)) for a in axes}
+    if any(shape[a] != 1 for a in squeezed):
         raise _Unsupported("squeeze of a non-1 dim")
-    return [c.reshape(x, [d for i, d in enumerate(shape) if i not in axes])]
+    return [c.reshape(x, [d for i, d in enumerate(shape) if i not in squeezed])]
 
 
 @_lowering("Unsqueeze")

@@ -312,6 +312,7 @@ def load_model(
     _fix_input_shapes(model, input_shapes)
     _infer(model)
     if external:
+        assert base_dir is not None  # _check_external refuses external data of a model not read from a file
         try:
             onnx.external_data_helper.load_external_data_for_model(model, base_dir)
         except Exception as e:  # noqa: BLE001

@@ -73,10 +73,19 @@ def elementwise_flops(_: Sequence[Shape], out: Shape, __: Attrs) -> float:
     return float(numel(out))
 
 
+def _of_first(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[Sequence[np.ndarray], Attrs], np.ndarray]:
+    """The evaluator of a one-input op computing `fn`."""
+    return lambda xs, a: fn(xs[0])
+
+
 def unary(name: str, egg: str, fn: Callable[[np.ndarray], np.ndarray] | None, **fields: Any) -> OpDef:
     """An element-wise op of one tensor computing `fn` (or `evaluate=`, given attributes); `fields` add the ONNX
     op type (`onnx=`), `int_exact=True` where `fn` is exact on integers, and anything else an OpDef holds."""
-    evaluate = fields.pop("evaluate", None) or (lambda xs, a: fn(xs[0]))
+    evaluate = fields.pop("evaluate", None)
+    if evaluate is None:
+        if fn is None:
+            raise TypeError(f"unary op {name!r} needs fn or evaluate=")
+        evaluate = _of_first(fn)
     return OpDef(
         name,
         egg,

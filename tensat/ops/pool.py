@@ -8,7 +8,20 @@ from typing import Any
 import numpy as np
 
 from tensat.ops.conv import check_window, window_out, windows
-from tensat.ops.registry import Attrs, Dims, Equations, OpDef, Shape, check, egg_dim, egg_rule, egg_vec, numel, register
+from tensat.ops.registry import (
+    Attrs,
+    Dims,
+    Domain,
+    Equations,
+    OpDef,
+    Shape,
+    check,
+    egg_dim,
+    egg_rule,
+    egg_vec,
+    numel,
+    register,
+)
 
 
 def _pool_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
@@ -75,7 +88,7 @@ def _pool_flops(shapes: Sequence[Shape], out: Shape, a: Attrs) -> float:
 
 
 _POOL_ATTRS = (("kernel", "ints"), ("strides", "ints"), ("pads", "ints"))
-_POOL_DOMAINS = {
+_POOL_DOMAINS: dict[str, Domain] = {
     "kernel": [(2, 2), (3, 1)],
     "strides": [(1, 1), (2, 2)],
     "pads": [(0, 0, 0, 0), (1, 0, 1, 0)],
