@@ -253,7 +253,9 @@ def report_markdown(
         f"Analytic cost model (summed per-operator cost in ms); the same rule set on both sides. Sequential: "
         f"TASO-style best-first search, alpha {settings.alpha:g}, budget {settings.budget} expansions. tensat: "
         f"{tensat_opts}. Search time: the whole sequential loop against tensat's exploration + cycle filtering + "
-        f"extraction. Latency: {latency}. Details per graph: [compare.md](compare.md).",
+        f"extraction. Time to a cost: when a search's best graph first cost at most the other search's final "
+        f"graph (search costs: the summed cost each search minimizes; tensat's from the extraction's improvements "
+        f"after exploration). Latency: {latency}. Details per graph: [compare.md](compare.md).",
         "",
         table(rows),
         "",

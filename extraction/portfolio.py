@@ -71,14 +71,19 @@ def extract_best(
 
     `warn(message)` receives one-line warnings (a failed extractor, a time limit reached before a proof), and
     `say(detail)` progress. The result's `info["ilp_stop"]` says why the ILP stopped, in words (method "ilp");
-    `info["cycle_filter"]` gives the blacklist's size and the filter's seconds.
+    `info["cycle_filter"]` gives the blacklist's size and the filter's seconds; `info["trajectory"]` lists
+    `(seconds, cost)` each time the best selection so far got cheaper, seconds counted from this call: when the
+    portfolio reached a given cost.
     """
+    trajectory = _Trajectory(initial.cost)
     say("greedy")
     try:
         greedy: ExtractionResult | None = greedy_dag(eg, forbidden=forbidden)
     except Exception as exc:  # noqa: BLE001 - any extractor failure keeps the input's own selection
         warn(f"greedy extraction failed ({one_line(exc, typed=True)}); kept the input graph: {BUG}")
         greedy = None
+    if greedy is not None:
+        trajectory.offer(greedy.cost)
     t = time.perf_counter()
     if blacklist is None:
         # The greedy selection is acyclic too: sparing its e-nodes keeps a good graph in the filtered e-graph.
@@ -91,9 +96,27 @@ def extract_best(
     elif method == "greedy":
         best = greedy if greedy.cost <= initial.cost else initial
     else:
-        best = _ilp_passes(eg, initial, greedy, starts, forbidden, frozenset(blacklist), solver, time_limit, warn, say)
+        best = _ilp_passes(
+            eg, initial, greedy, starts, forbidden, frozenset(blacklist), solver, time_limit, warn, say, trajectory
+        )
     best.info["cycle_filter"] = filtered
+    trajectory.offer(best.cost)
+    best.info["trajectory"] = trajectory.points
     return best
+
+
+class _Trajectory:
+    """When the best selection so far got cheaper: `(seconds since the start, cost)` points."""
+
+    def __init__(self, cost: float) -> None:
+        self.start = time.perf_counter()
+        self.points: list[tuple[float, float]] = [(0.0, cost)]
+
+    def offer(self, cost: float, at: float | None = None) -> None:
+        """Record `cost` if it beats the last point (`at`: seconds since the start, default now)."""
+        if cost < self.points[-1][1] - 1e-12:
+            seconds = time.perf_counter() - self.start if at is None else at
+            self.points.append((max(seconds, self.points[-1][0]), cost))
 
 
 def _ilp_passes(
@@ -107,12 +130,13 @@ def _ilp_passes(
     time_limit: float,
     warn: Say,
     say: Say,
+    trajectory: _Trajectory,
 ) -> ExtractionResult:
     """The local search from every start, then the ILP on the cycle-filtered and on the whole e-graph."""
     best = greedy if greedy.cost <= initial.cost else initial
     deadline = time.perf_counter() + time_limit
     seconds = local_search_seconds(time_limit)
-    best = polished = _polish(eg, [initial, greedy, *starts], best, forbidden, seconds, warn, say)
+    best = polished = _polish(eg, [initial, greedy, *starts], best, forbidden, seconds, warn, say, trajectory)
     passes = [(forbidden | blacklist, "cycle-filtered"), (forbidden, "whole")] if blacklist else [(forbidden, "whole")]
     proven = False
     first_pass = 0.0
@@ -143,6 +167,9 @@ def _ilp_passes(
             continue
         first_pass = time.perf_counter() - now
         stop = ilp.info.get("stop", "")
+        offset = now - trajectory.start
+        for found_at, cost, *_ in ilp.info.get("incumbents", []):  # when the solver found each cheaper selection
+            trajectory.offer(cost, offset + found_at)
         if ilp.status != "fallback" and ilp.cost <= best.cost + 1e-12:
             # a cycle-filtered pass proves nothing about the whole e-graph: its bound is the sub-problem's
             best = ilp if label == "whole" else replace(ilp, bound=None, status="feasible")
@@ -150,7 +177,7 @@ def _ilp_passes(
             best.bound = max(best.bound or 0.0, min(ilp.bound, best.cost))
         proven = label == "whole" and ilp.status == "optimal"
     if not proven and best.cost < polished.cost - 1e-12:  # the ILP improved on the search: polish its result too
-        best = _polish(eg, [best], best, forbidden, seconds, warn, say)
+        best = _polish(eg, [best], best, forbidden, seconds, warn, say, trajectory)
     if not proven and stop == "time" and time.perf_counter() >= deadline - 0.05:
         gap = best.gap()
         warn(
@@ -183,6 +210,7 @@ def _polish(
     seconds: float,
     warn: Say,
     say: Say,
+    trajectory: _Trajectory,
 ) -> ExtractionResult:
     """The cheapest of `best`, the starts and the local search's improvements of each start (`seconds` each).
 
@@ -198,4 +226,5 @@ def _polish(
             found = start
         if found.cost < best.cost - 1e-12:
             best = found
+            trajectory.offer(found.cost)
     return best

@@ -7,8 +7,10 @@ the three models are then timed interleaved (`tensat.latency.time_models`), medi
 
 Search time, sequential: the whole best-first loop (matching, pricing candidates, materializing popped graphs).
 Search time, tensat: exploration + cycle filtering + extraction (as the paper counts it); building the e-graph
-(`lower`) and pricing its e-nodes for the extractor (`export`) are reported separately, and a ratio including them
-is given too.
+(`lower`) and pricing its e-nodes for the extractor (`price`) are reported separately, and a ratio including them
+is given too. Time to a cost: when each search's best graph first cost at most the other's final one, in the
+summed cost both minimize (the sequential search's trace; tensat's exploration and guided rounds, then the
+extraction's improvements, `info["trajectory"]`); "never" where it did not get there.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ Progress = Callable[[str], None]
 
 # Relative slack when asking whether tensat's cost is at most the sequential search's (sums in another order).
 COST_TOLERANCE = 1e-9
+COST_RESOLUTION = 1e-6  # relative: an extraction's cost carries tie-breaks of 1e-9 ms per e-node, a graph's none
 # The geometric-mean search-time ratio reported in Tensat's Table 1, for reference next to ours.
 PAPER_TIME_RATIO = 48.0
 TENSAT_SEARCH_PHASES = ("explore", "guided", "cycle_filter", "extract")
@@ -255,6 +258,13 @@ def compare_model(
         else {"method": result.extraction.method, "status": result.extraction.status},
         "warnings": list(result.warnings),
     }
+    trajectory = result.extraction.info.get("trajectory", []) if result.extraction is not None else []
+    before_extraction = times.get("explore", 0.0) + times.get("guided", 0.0)
+    tensat_found = trajectory[-1][1] if trajectory else tensat_info["search_cost"]
+    tensat_info["seconds_to_sequential_cost"] = _seconds_to(
+        [(before_extraction + t, c) for t, c in trajectory], seq.cost_after
+    )
+    seq_info["seconds_to_tensat_cost"] = _seconds_to([(t["seconds"], t["best"]) for t in seq.trace], tensat_found)
     tensat_info.update(_verify(original, tensat_model, settings.seed))
     if not tensat_info["verified"]:
         errors.append(f"tensat result failed verification: {tensat_info.get('verify_error', '')}")
@@ -293,6 +303,11 @@ def compare_model(
         len(rules),
         errors,
     )
+
+
+def _seconds_to(points: Sequence[tuple[float, float]], target: float) -> float | None:
+    """When a search's best cost first reached `target` (points: seconds, best cost so far), or None if never."""
+    return next((t for t, cost in points if cost <= target * (1 + COST_RESOLUTION)), None)
 
 
 def _written_cost(model: onnx.ModelProto, cost: CostModel) -> float:
@@ -385,21 +400,28 @@ def table(rows: Sequence[Row]) -> str:
     head = (
         "| graph | ONNX nodes (original / sequential / tensat) | original cost (ms) | sequential cost (ms) | "
         "sequential time (s) | tensat cost (ms) | "
-        "tensat time (s) | time ratio | e-nodes / e-classes | tensat <= sequential | latency original (ms) | "
+        "tensat time (s) | time ratio | tensat time to the sequential cost (s) | sequential time to the tensat cost "
+        "(s) | e-nodes / e-classes | tensat <= sequential | latency original (ms) | "
         "latency sequential (ms) | latency tensat (ms) | verified |"
     )
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|"]
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|"]
     for r in rows:
         s, t = r.sequential, r.tensat
         lines.append(
             f"| {r.name} | {r.ops} / {s['ops']} / {t['ops']} | {r.cost_original:.4f} | {s['cost']:.4f} | "
             f"{s['seconds']:.2f} | {t['cost']:.4f} | "
-            f"{t['seconds']:.2f} | {_fmt_ratio(r.time_ratio)} | {t['enodes']} / {t['eclasses']} | "
+            f"{t['seconds']:.2f} | {_fmt_ratio(r.time_ratio)} | {_fmt_seconds(t.get('seconds_to_sequential_cost'))} | "
+            f"{_fmt_seconds(s.get('seconds_to_tensat_cost'))} | {t['enodes']} / {t['eclasses']} | "
             f"{'yes' if r.tensat_at_most_sequential else 'NO'} | {_fmt_latency(r.latency, 'original')} | "
             f"{_fmt_latency(r.latency, 'sequential')} | {_fmt_latency(r.latency, 'tensat')} | "
             f"{'yes' if r.verified else 'NO'} |"
         )
     return "\n".join(lines)
+
+
+def _fmt_seconds(seconds: float | None) -> str:
+    """A time to reach a cost, or "never" where the search did not reach it."""
+    return "never" if seconds is None else f"{seconds:.2f}"
 
 
 def _findings(rows: Sequence[Row], s: Mapping[str, Any]) -> list[str]:

@@ -58,6 +58,13 @@ def test_compare_cli_on_a_model_file(tmp_path, capsys):
     assert row["sequential"]["verified"] and row["tensat"]["verified"]
     assert row["sequential"]["expansions"] <= 5
     assert row["tensat"]["enodes"] > 0 and row["time_ratio"] > 0
+    seq, ts = row["sequential"], row["tensat"]  # each search's time to the other's final cost, within its own time
+    reached = ts["seconds_to_sequential_cost"]
+    if ts["search_cost"] <= seq["search_cost"] * (1 - 1e-6):  # tensat's graph is cheaper: it got there
+        assert reached is not None
+    assert reached is None or reached <= ts["seconds"] + 1e-9
+    assert seq["seconds_to_tensat_cost"] is None or seq["seconds_to_tensat_cost"] <= seq["seconds"] + 1e-9
+    assert "tensat time to the sequential cost (s)" in captured.out
     assert set(row["latency"]) >= {"original", "sequential", "tensat"}
     assert doc["summary"]["graphs"] == 1 and "versions" in doc["machine"]
 

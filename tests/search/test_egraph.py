@@ -369,6 +369,10 @@ def test_the_whole_egraph_pass_recovers_an_enode_cycle_filtering_removed(monkeyp
     monkeypatch.setattr(portfolio, "greedy_dag", lambda eg, forbidden=frozenset(): initial)
     best = extract_best(xg, initial, blacklist={"sa"}, time_limit=20)
     assert best.cost == 3.0 and best.choices["a"] == "sa" and best.choices["m"] == "mm"
+    # when the portfolio got there: from the input's cost to the optimum, each point cheaper and no earlier
+    points = best.info["trajectory"]
+    assert points[0] == (0.0, 11.0) and points[-1][1] == 3.0
+    assert all(b[0] >= a[0] and b[1] < a[1] for a, b in zip(points, points[1:]))
 
 
 def test_guided_round_merges_only_pairs_of_chosen_eclasses():
