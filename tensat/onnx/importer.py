@@ -754,8 +754,11 @@ constant array) per ONNX output, or raises _Unsupported / ops.ShapeError to keep
 
 
 def import_model(
-    source: str | os.PathLike[str] | ModelProto, input_shapes: Mapping[str, Sequence[int]] | None = None
+    source: str | os.PathLike[str] | ModelProto,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    *,
+    check: bool = True,
 ) -> Graph:
-    """Load `source` (path or proto) and lower it to a tensat Graph (see `load_model` for validation)."""
-    model = load_model(source, input_shapes)
+    """Load `source` (path or proto) and lower it to a tensat Graph (see `load_model` for validation and `check`)."""
+    model = load_model(source, input_shapes, check=check)
     return _Importer(model, release=True).run()

@@ -288,11 +288,16 @@ def _infer(model: ModelProto) -> None:
 
 
 def load_model(
-    source: str | os.PathLike[str] | ModelProto, input_shapes: Mapping[str, Sequence[int]] | None = None
+    source: str | os.PathLike[str] | ModelProto,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    *,
+    check: bool = True,
 ) -> ModelProto:
     """Read (path or proto), validate, fix input shapes and shape-infer a model; errors are one-line ModelErrors.
 
-    External data is read only from the model's own directory. The result holds all weights in memory, every
+    Without `check`, onnx.checker is skipped (a second on a model of 100M weights): for a model tensat has just
+    exported itself, whose structure the other checks still cover. External data is read only from the model's own
+    directory. The result holds all weights in memory, every
     graph input has a concrete shape, its nodes are in topological order (sorted before the checker, which
     rejects any other order) and `graph.value_info` holds the inferred types.
     """
@@ -302,7 +307,8 @@ def load_model(
     _check_opsets(model)
     _check_structure(model.graph)
     external = _check_external(model, base_dir)
-    _run_checker(model, path, external)
+    if check:
+        _run_checker(model, path, external)
     if model.functions:
         try:
             model = onnx.inliner.inline_local_functions(model)

@@ -833,3 +833,14 @@ def test_other_domains_and_non_2d_conv_are_opaque() -> None:
     )
     graph, _ = roundtrip(conv1d)
     assert ops_of(graph)["opaque"] == 1
+
+
+def test_reading_back_tensats_own_export_without_the_checker_gives_the_same_graph():
+    """The pipeline prices the model it writes by reading it back with `check=False` (onnx.checker costs seconds on
+    big models); the graph is the one a checked import gives."""
+    from tensat.models import SMALL_SIZES, build_model
+
+    written = export_model(import_model(build_model("inception_v3", **SMALL_SIZES["inception_v3"])))
+    checked, unchecked = import_model(written).compact(), import_model(written, check=False).compact()
+    assert unchecked.nodes == checked.nodes and unchecked.outputs == checked.outputs
+    assert unchecked.weights.keys() == checked.weights.keys()
