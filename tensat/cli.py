@@ -16,7 +16,8 @@ from tensat.extraction import cli as extraction_cli
 from tensat.files import atomic_write_json, check_writable
 from tensat.models import build_model, catalog, format_catalog
 from tensat.options import OPTION_NAMES, add_option_flags, options_from_args
-from tensat.progress import StderrProgress, stream_is_tty
+from tensat.progress import StderrProgress
+from tensat.progress import wanted as progress_wanted
 from tensat.rewrites import RuleError
 from tensat.rewrites import cli as rules_cli
 
@@ -51,9 +52,7 @@ def _add_optimize(sub: Any) -> None:
 
 def progress_reporter(args: argparse.Namespace) -> Any:
     """The CLI's progress reporter on stderr: on a terminal unless --quiet; elsewhere only with --progress."""
-    if getattr(args, "quiet", False) or not (getattr(args, "progress", False) or stream_is_tty(sys.stderr)):
-        return None
-    return StderrProgress()
+    return StderrProgress() if progress_wanted(args.quiet, args.progress) else None
 
 
 def _run_optimize(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ from tensat.errors import TensatError
 from tensat.files import atomic_write_text
 from tensat.models import build_model, model_names
 from tensat.options import COSTS, DEVICES, add_option_flags, options_from_args, positive_float, positive_int
-from tensat.progress import stream_is_tty
+from tensat.progress import wanted as progress_wanted
 
 TENSAT_OPTIONS = (
     "node_limit",
@@ -116,7 +116,7 @@ def _settings(args: argparse.Namespace) -> Any:
 
 def _progress(args: argparse.Namespace) -> Any:
     """Progress lines on stderr: on a terminal unless --quiet; elsewhere only with --progress."""
-    if args.quiet or not (args.progress or stream_is_tty(sys.stderr)):
+    if not progress_wanted(args.quiet, args.progress):
         return None
 
     def say(message: str) -> None:

@@ -57,7 +57,7 @@ class AnalyticCost:
 Item = tuple[Node, list[Shape], list[bool]]
 
 # Activations onnxruntime fuses into the Conv before them (FusedConv), as conv2d's fused activation code.
-FUSED_ACTIVATIONS = {"relu": ops.ACT_RELU, "sigmoid": ops.ACT_SIGMOID, "tanh": ops.ACT_TANH}
+FUSED_ACTIVATIONS = {name: code for name, code in ops.ACT_CODES.items() if code != ops.ACT_NONE}
 
 
 def _priced(items: Sequence[Item], cost: CostModel) -> float:

@@ -38,6 +38,12 @@ def stream_is_tty(stream: TextIO) -> bool:
         return False
 
 
+def wanted(quiet: bool, forced: bool, stream: TextIO | None = None) -> bool:
+    """The commands' rule for progress on `stream` (stderr): shown on a terminal unless `quiet`; elsewhere only when
+    `forced` (--progress), since logs and pipes want no redraws."""
+    return not quiet and (forced or stream_is_tty(stream if stream is not None else sys.stderr))
+
+
 def clock(seconds: float) -> str:
     """Elapsed time as `12.3s` under a minute, `4m05s` above."""
     if seconds < 60:
