@@ -469,7 +469,6 @@ ENTRIES: dict[str, Entry] = {
 def _ort_check(path: Path, built: Built, expected: Sequence[np.ndarray]) -> tuple[float, float]:
     """Run the exported model in onnxruntime (CPU): its median latency in ms and its largest absolute difference
     from the PyTorch outputs."""
-
     sess = make_session(path, "cpu")
     feeds = {name: t.numpy() for name, t in zip(built.input_names, built.inputs)}
     outs = sess.run(None, feeds)

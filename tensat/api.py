@@ -466,7 +466,6 @@ def _has_candidate(run: _Run) -> bool:
 
 def _import(run: _Run) -> None:
     """Read the model (or take the Graph given) into the input graph."""
-
     run.log.say("import", "reading the model")
     if isinstance(run.source, Graph):
         graph = run.source

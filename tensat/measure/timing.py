@@ -229,7 +229,6 @@ class Calibration:
 def measure_calibration(runner: Runner, clock: str) -> Calibration:
     """Measure the per-node dispatch cost, the per-run overhead and the NCHWc block size on `runner`'s device
     (`clock` names the clock end-to-end runs are timed by, see `tensat.latency.time_models`)."""
-
     with _silenced():
         r = runner
         long, short = r.bound(r.session(chain_model(65))), r.bound(r.session(chain_model(1)))
