@@ -699,10 +699,15 @@ def _unexportable(run: _Run, exc: BaseException) -> None:
 
 
 def _price_candidate(run: _Run) -> None:
-    """Price the candidate as written; a gain within the ILP's own tolerance is none."""
+    """Price the candidate as written. A costlier one is rejected. One that costs the same (within the ILP's own
+    tolerance) goes on only to the end-to-end check, which alone can tell: its written form may still run faster
+    than the input's (an exporter's redundant nodes folded away, as in TorchScript exports); with no end-to-end
+    check, the input is returned."""
     assert run.written is not None and run.cost is not None
     run.candidate_cost = runtime_cost(run.written, run.cost)
-    if run.candidate_cost >= run.cost_before * (1 - extraction.GAP_TOLERANCE):
+    costlier = run.candidate_cost > run.cost_before * (1 + extraction.GAP_TOLERANCE)
+    cheaper = run.candidate_cost < run.cost_before * (1 - extraction.GAP_TOLERANCE)
+    if costlier or not (cheaper or _will_time(run)):
         _reject(
             run,
             f"no graph found that costs less than the input as onnxruntime runs it "
@@ -729,6 +734,11 @@ def _latency_check(run: _Run) -> None:
         _reject(run, _not_faster(run.check))
 
 
+def _will_time(run: _Run) -> bool:
+    """Whether the run times a candidate against the input end to end."""
+    return run.opts.latency_check > 0 and run.model is not None
+
+
 def _accept(run: _Run) -> None:
     run.returned_input = None
 
@@ -745,11 +755,7 @@ _PIPELINE = (
     _Stage("export", _export_candidate, fallback=_unexportable, when=_has_candidate),
     _Stage(None, _price_candidate, when=_has_candidate),
     _Stage("verify", _verify, when=lambda run: _has_candidate(run) and run.opts.verify),
-    _Stage(
-        "latency_check",
-        _latency_check,
-        when=lambda run: _has_candidate(run) and run.opts.latency_check > 0 and run.model is not None,
-    ),
+    _Stage("latency_check", _latency_check, when=lambda run: _has_candidate(run) and _will_time(run)),
     _Stage(None, _accept, when=_has_candidate),
     _Stage(None, _report_costs),
 )
