@@ -689,8 +689,9 @@ class _Model:
             return _Solve(None, None, bound, False, runtime=runtime, interrupted=interrupted)
         objective = float(pulp.value(prob.objective) or 0.0)
         if proven:
-            # Proven within the relative gap: the dual bound (or objective * (1 - gap)) is valid.
-            lo = objective - tol * abs(objective) - 1e-9
+            # Proven within the relative gap or within gapAbs (the solver stops on either): the dual
+            # bound, or objective minus the larger of the two allowed gaps, is valid.
+            lo = objective - max(tol * abs(objective), 1e-9)
             bound = max(lo, bound) if bound is not None else max(lo, 0.0)
             bound = min(bound, objective)
         choice = [-1] * len(self.ix.class_ids)

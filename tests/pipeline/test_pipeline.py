@@ -39,7 +39,7 @@ def test_benchmark_graph_optimizes_end_to_end(name):
     assert "verify" in result.times or result.returned_input is not None
     ex = result.extraction
     assert ex.bound is None or ex.bound <= ex.cost * (1 + 1e-9)
-    assert ex.status != "optimal" or ex.gap() <= extraction.GAP_TOLERANCE
+    assert ex.status != "optimal" or ex.gap() <= extraction.GAP_TOLERANCE * (1 + 1e-9)  # float slack
 
 
 def _attention_with_opaque_ops() -> onnx.ModelProto:
