@@ -1,10 +1,11 @@
 """Greedy DAG-cost extraction (extraction-gym's faster-greedy-dag, made cycle-safe).
 
-Each e-class gets a *cost set*: the classes of the sub-DAG under its best node, mapped to the cost
-of the node chosen there. A node's cost set is the union of its child classes' sets plus itself, so
-shared sub-terms are counted once. Classes are improved bottom-up with a worklist; a node is only
-considered once all of its child classes have a cost set, and never if its own class is already in
-the union (that would be a cycle).
+Each e-class gets a *cost set*: the classes of the sub-DAG under its best node, mapped to the cost of the node
+chosen there. A node's cost set is the union of its child classes' sets plus itself, so shared sub-terms are counted
+once. Classes are improved bottom-up with a worklist ordered by a lower bound of each node's total (its cost plus
+its costliest child's), so cheap sub-DAGs settle first and are seldom improved again; a node is only considered once
+all of its child classes have a cost set, never when that bound is no better than its class's total, and never if
+its own class is already in the union (that would be a cycle).
 """
 
 from __future__ import annotations
@@ -59,9 +60,9 @@ def _faster_greedy(ix: _Index, banned: list[bool], costs: list[float] | None = N
         else:
             if c in ks:
                 continue
-            child_sets = [sets[k] for k in ks]
-            if len(ks) == 1 and cost[n] + totals[ks[0]] > best:
+            if cost[n] + max(totals[k] for k in ks) >= best:  # its cost set holds each child's: no cheaper
                 continue
+            child_sets = [sets[k] for k in ks]
             big = max(child_sets, key=len)  # type: ignore[arg-type]
             new = dict(big)  # type: ignore[arg-type]
             for s in child_sets:
@@ -79,10 +80,12 @@ def _faster_greedy(ix: _Index, banned: list[bool], costs: list[float] | None = N
                 if banned[p]:
                     continue
                 if all(sets[k] is not None for k in kids[p]):
+                    # keyed by a lower bound of its total: cheap sub-DAGs settle first and are seldom improved
+                    key = cost[p] + max(totals[k] for k in kids[p])
                     old = queued.get(p)
-                    if old is None or cost[p] < old:
-                        queued[p] = cost[p]
-                        heapq.heappush(heap, (cost[p], p))
+                    if old is None or key < old:
+                        queued[p] = key
+                        heapq.heappush(heap, (key, p))
     return choice
 
 

@@ -129,65 +129,117 @@ def _reached(ix: _Index, choice: list[int]) -> list[int]:
     return order
 
 
-def _delta(ix: _Index, arr: list[int], refs: list[int], pos: list[int], move: dict[int, int]) -> float | None:
+def _negated_kids(ix: _Index) -> list[list[int]]:
+    """Per e-node, its child e-classes bit-inverted (~k): `_delta`'s work list holds a class to release as ~k and
+    one to take as k, so it needs no (class, step) tuple per entry."""
+    return [[~k for k in ks] for ks in ix.kids]
+
+
+def _delta(
+    ix: _Index,
+    arr: list[int],
+    refs: list[int],
+    pos: list[int],
+    move: dict[int, int],
+    nkids: list[list[int]] | None = None,
+    base: float = 0.0,
+    goal: float | None = None,
+    spare: tuple[list[int], ...] = (),
+) -> float | None:
     """The change in DAG cost when `move` is applied to the selection `arr` (reference counts `refs`, post-order
-    positions `pos`), or None if the result is cyclic or incomplete.
+    positions `pos`), or None if the result is cyclic or incomplete. `nkids` is `_negated_kids(ix)`, passed in by
+    a caller pricing many moves.
+
+    With `goal`, a change `d` that is not improving (`base + d < goal` false) may be returned without the cycle
+    search, for a caller that keeps only improving moves and tries the selections `spare` where `arr` closes a
+    cycle: this is done where each of them agrees with `arr` on the e-classes the move newly reaches, as the
+    price depends on the selection only there and on the e-classes reached before, so they would price the move
+    the same, and none of them can yield an improving move either.
 
     Only the e-classes whose reference count changes are visited, plus a cycle search from the e-classes that
     changed e-node or became reached: every new cycle passes through one of them. The search skips an unchanged,
     previously reached class below every previously reached class of the move (post-order position lower): its
-    old edges lead only to such classes, never back to a changed one."""
+    old edges lead only to such classes, never back to a changed one. A reached class of the move itself is never
+    that low, so the test needs only its position. `arr` and `refs` are updated in place while the move is priced
+    and restored before returning (fewer lookups than an overlay of dicts)."""
     kids, cost = ix.kids, ix.cost
-    change: dict[int, int] = {}
+    if nkids is None:
+        nkids = _negated_kids(ix)
     delta = 0.0
-    work: list[tuple[int, int]] = []
+    work: list[int] = []
+    old = [arr[c] for c in move]
+    limit = len(pos)
     for c, n in move.items():
         if refs[c] > 0:
             a = arr[c]
             delta += cost[n] - cost[a]
-            work.extend((k, -1) for k in kids[a])
-            work.extend((k, 1) for k in kids[n])
+            work += nkids[a]
+            work += kids[n]
+            if pos[c] < limit:
+                limit = pos[c]
+    for c, n in move.items():
+        arr[c] = n
     added: list[int] = []
-    while work:
-        k, step = work.pop()
-        r = refs[k] + change.get(k, 0)
-        change[k] = change.get(k, 0) + step
-        if step > 0 and r == 0:
-            nd = move.get(k, arr[k])
-            if nd < 0:
-                return None
-            delta += cost[nd]
-            added.append(k)
-            work.extend((kk, 1) for kk in kids[nd])
-        elif step < 0 and r == 1:
-            nd = move.get(k, arr[k])
-            delta -= cost[nd]
-            work.extend((kk, -1) for kk in kids[nd])
-    # Cycle search over the new selection (0 new, 1 on the path, 2 done).
-    limit = min((pos[c] for c in move if refs[c] > 0), default=len(pos))
-    state: dict[int, int] = {}
-    for s0 in list(move) + added:
-        if refs[s0] + change.get(s0, 0) <= 0 or state.get(s0):
-            continue
-        state[s0] = 1
-        stack = [(s0, iter(kids[move.get(s0, arr[s0])]))]
-        while stack:
-            c, it = stack[-1]
-            kid = next(it, None)
-            if kid is None:
-                state[c] = 2
-                stack.pop()
+    done: list[int] = []
+    log, pop = done.append, work.pop
+    try:
+        # Same order as a stack of (class, step) pairs, so the float sum is the same too.
+        while work:
+            k = pop()
+            log(k)
+            if k >= 0:
+                r = refs[k]
+                refs[k] = r + 1
+                if r == 0:
+                    nd = arr[k]
+                    if nd < 0:
+                        return None
+                    delta += cost[nd]
+                    added.append(k)
+                    work += kids[nd]
+            else:
+                k = ~k
+                r = refs[k]
+                refs[k] = r - 1
+                if r == 1:
+                    nd = arr[k]
+                    delta -= cost[nd]
+                    work += nkids[nd]
+        if goal is not None and not base + delta < goal and all(o[k] == arr[k] for o in spare for k in added):
+            return delta
+        # Cycle search over the new selection (absent: new, 1: on the path, 2: done).
+        state: dict[int, int] = {}
+        seen = state.get
+        for s0 in (*move, *added):
+            if seen(s0) or refs[s0] <= 0:
                 continue
-            st = state.get(kid, 0)
-            if st == 1:
-                return None
-            if st == 0:
-                if refs[kid] > 0 and kid not in move and pos[kid] < limit:
-                    state[kid] = 2
-                    continue
-                state[kid] = 1
-                stack.append((kid, iter(kids[move.get(kid, arr[kid])])))
-    return delta
+            state[s0] = 1
+            path = [s0]
+            stack = [iter(kids[arr[s0]])]
+            while stack:
+                for kid in stack[-1]:
+                    st = seen(kid)
+                    if st is None:
+                        if 0 <= pos[kid] < limit:
+                            continue
+                        state[kid] = 1
+                        path.append(kid)
+                        stack.append(iter(kids[arr[kid]]))
+                        break
+                    if st == 1:
+                        return None
+                else:
+                    state[path.pop()] = 2
+                    stack.pop()
+        return delta
+    finally:
+        for k in done:
+            if k >= 0:
+                refs[k] -= 1
+            else:
+                refs[~k] += 1
+        for c, a in zip(move, old):
+            arr[c] = a
 
 
 def local_search(
@@ -212,6 +264,7 @@ def local_search(
     # Where a move newly reaches an e-class, it takes the root of the class's cheapest tree, or where that closes a
     # cycle, of its lowest tree. Both are acyclic by construction.
     fills = [_tree_choice(ix, banned, False), _tree_choice(ix, banned, True)]
+    nkids = _negated_kids(ix)
     current = [-1] * len(ix.class_ids)
     for c, n in start.choices.items():
         current[ix.class_pos[c]] = ix.node_pos[n]
@@ -236,15 +289,15 @@ def local_search(
     moves_applied = passes = evaluated = 0
     density = 0.0  # with major_only: the least saving per changed e-class a move may have (set by the first pass)
 
-    def attempt(move: dict[int, int], keep: bool) -> float | None:
-        """The cost of `move` under the first fill that keeps it acyclic; with `keep`, applied if it beats `best`."""
+    def attempt(move: dict[int, int]) -> None:
+        """Apply `move` under the first fill that keeps it acyclic if that beats `best` (recounted exactly)."""
         nonlocal arrays, best, evaluated, moves_applied, refs, pos, reached
         for arr in arrays:
             evaluated += 1
-            d = _delta(ix, arr, refs, pos, move)
+            d = _delta(ix, arr, refs, pos, move, nkids)
             if d is None:
                 continue  # the next fills only stand in where this one closes a cycle
-            if keep and d < -_EPS * max(1.0, abs(best)):
+            if d < -_EPS * max(1.0, abs(best)):
                 new = list(arr)
                 for c, n in move.items():
                     new[c] = n
@@ -253,7 +306,19 @@ def local_search(
                     best = exact
                     moves_applied += 1
                     arrays, refs, pos, reached = overlay(new)
-            return best + d
+            return
+
+    def price(move: dict[int, int]) -> float | None:
+        """The cost of `move` under the first fill that keeps it acyclic, if that beats `best`; else None. A fill's
+        price that does not beat `best` is searched for cycles only where a later fill would price the move
+        differently: most moves are then priced without any cycle search."""
+        nonlocal evaluated
+        goal = best - _EPS * max(1.0, abs(best))
+        for i, arr in enumerate(arrays):
+            evaluated += 1
+            d = _delta(ix, arr, refs, pos, move, nkids, best, goal, tuple(arrays[i + 1 :]))
+            if d is not None:
+                return best + d if best + d < goal else None
         return None
 
     # Each pass prices every move against the current selection, then applies the improving ones best first (each
@@ -267,8 +332,8 @@ def local_search(
         for k, move in enumerate(_moves(ix, banned, arrays[0], reached)):
             if k % 64 == 0 and time.perf_counter() >= deadline:
                 break
-            found = attempt(move, keep=False)
-            if found is not None and found < best - _EPS * max(1.0, abs(best)):
+            found = price(move)
+            if found is not None:
                 gains.append((found, k, move))
         gains.sort(key=lambda g: (g[0], g[1]))
         if not gains:
@@ -286,22 +351,16 @@ def local_search(
             # concatenated rows under another gate's weight) overtakes an equal one that does not.
             pending = [move for _, _, move in gains]
             while pending:
-                priced = [(attempt(m, keep=False), k) for k, m in enumerate(pending)]
-                fine = [
-                    (c, k)
-                    for c, k in priced
-                    if c is not None
-                    and c < best - _EPS * max(1.0, abs(best))
-                    and eligible(c + before - best, pending[k])
-                ]
+                priced = [(price(m), k) for k, m in enumerate(pending)]
+                fine = [(c, k) for c, k in priced if c is not None and eligible(c + before - best, pending[k])]
                 if not fine:
                     break
                 _, k = min(fine)
-                attempt(pending.pop(k), keep=True)
+                attempt(pending.pop(k))
         else:
             for found, _, move in gains:  # one pricing each
                 if eligible(found, move) and not all(arrays[0][c] == n for c, n in move.items()):
-                    attempt(move, keep=True)
+                    attempt(move)
         if best >= before - _EPS * max(1.0, abs(before)):
             break
     choice = arrays[0]
