@@ -4,9 +4,11 @@ into IR ops, the input graph's own selection, and the IR graph a selection descr
 
 from __future__ import annotations
 
+import gc
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 from tensat import ops
@@ -33,8 +35,49 @@ class DecodedNode:
     eclass: int
 
 
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused (if it runs): an export allocates tens of thousands of acyclic
+    objects, and the collections they trigger would scan the whole heap (the e-graph's and the extractor's
+    structures) again and again."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+@dataclass
+class _ExportMemo:
+    """What exports of one e-graph share: keyed by values that mean the same in every export (an e-node's op,
+    attributes, shapes and which children are constant), never by e-class ids, which are numbered per export."""
+
+    shape_ids: dict[tuple[int, ...], int] = field(default_factory=dict)  # shapes numbered as first met
+    shape_list: list[tuple[int, ...]] = field(default_factory=list)  # the shape of each id
+    shapes: dict[tuple[Any, ...], int | None] = field(default_factory=dict)  # the shape id a check gives; None: error
+    items: dict[tuple[Any, ...], tuple[Node, list[tuple[int, ...]], list[bool]]] = field(default_factory=dict)
+    estimates: dict[tuple[Any, ...], float] = field(default_factory=dict)  # analytic, for `competitive`
+    prices: dict[tuple[Any, ...], float] = field(default_factory=dict)  # by `price_model`
+    price_model: Any = None
+    index_for: dict[str, DecodedNode] | None = None  # the decoded e-nodes `index` was made for
+    index: dict[tuple[Any, ...], str] = field(default_factory=dict)
+
+    def shape_id(self, shape: tuple[int, ...]) -> int:
+        """The id of `shape`, numbered now if it is new."""
+        sid = self.shape_ids.get(shape)
+        if sid is None:
+            sid = self.shape_ids[shape] = len(self.shape_list)
+            self.shape_list.append(shape)
+        return sid
+
+
 class Export(LoweredGraph):
     """Exporting an explored graph for the extractor, and rebuilding the IR graph of an extracted selection."""
+
+    _export_memo: _ExportMemo
 
     def export(
         self,
@@ -59,117 +102,225 @@ class Export(LoweredGraph):
         that long: the input graph's own e-nodes come first, then the others, costliest estimate first (where a
         wrong price would cost most); those left are priced like the dominated ones, so they are chosen only
         where they win by far.
+
+        Shape checks, pricing items and prices are kept in `_ExportMemo` by the e-node's op, attributes and
+        shapes (values that mean the same in every export, unlike e-class ids), so a later export of this e-graph
+        (after a guided round) redoes only the e-nodes it has not seen; `node_cost` must price a node by its
+        arguments alone (the analytic model computes, the measured one memoizes).
         """
+        with _collector_paused():
+            return self._export(node_cost, competitive, price_seconds)
+
+    def _export(
+        self, node_cost: CostFn, competitive: float | None, price_seconds: float | None
+    ) -> tuple[XGraph, dict[str, DecodedNode], set[str]]:
+        """`export`, with the collector paused."""
         eg = self.egraph
+        memo = self._memo()
         frozen = eg.freeze()
         class_ids: dict[Any, int] = {}
+        setdefault = class_ids.setdefault
+        to_i64 = eg.value_to_i64
+        to_vec = eg.value_to_vec
 
-        def cid(value: Any) -> int:
-            return class_ids.setdefault(value, len(class_ids))
-
-        shapes = {
-            cid(r.inputs[0]): tuple(eg.value_to_i64(v) for v in eg.value_to_vec(r.output))
-            for r in frozen.functions["shape-of"].rows
-        }
-        decoded: dict[str, DecodedNode] = {}
-        for name, fn in frozen.functions.items():
-            d = ops.BY_EGG.get(name)
-            if d is None:
-                continue
-            for k, row in enumerate(fn.rows):
-                if row.subsumed:
-                    continue
-                args = list(row.inputs)
-                if d.inputs is None:
-                    children = tuple(cid(v) for v in eg.value_to_vec(args[-1]))
-                    attr_values = args[:-1]
-                else:
-                    children = tuple(cid(v) for v in args[: d.inputs])
-                    attr_values = args[d.inputs :]
-                attrs = {n: self._decode(kind, v) for (n, kind), v in zip(d.attrs, attr_values)}
-                decoded[f"{name}#{k}"] = DecodedNode(d.name, attrs, children, cid(row.output))
+        # shapes by id (`memo.shape_ids`): keys of small ints hash fast, and the ids hold across exports
+        shape_list = memo.shape_list
+        vec_ids: dict[Any, int] = {}
+        shape_id: dict[int, int] = {}
+        for r in frozen.functions["shape-of"].rows:
+            c = setdefault(r.inputs[0], len(class_ids))
+            v = r.output
+            sid = vec_ids.get(v)
+            if sid is None:
+                sid = vec_ids[v] = memo.shape_id(tuple([to_i64(x) for x in to_vec(v)]))
+            shape_id[c] = sid
+        decoded, attr_items = self._decode_rows(frozen, setdefault, class_ids)
         const = self._constant_classes(decoded)
         forbidden: set[str] = set()
         costs: dict[str, float] = {}
         to_price: dict[str, tuple[Node, list[tuple[int, ...]], list[bool]]] = {}
-        for nid, dn in decoded.items():
-            out_shape = shapes.get(dn.eclass)
-            child_shapes = [shapes.get(c) for c in dn.children]
-            ok = out_shape is not None and all(s is not None for s in child_shapes)
-            if ok and ops.get(dn.op).inputs is not None:
-                try:
-                    ok = ops.shape_of(dn.op, child_shapes, dn.attrs) == out_shape  # type: ignore[arg-type]
-                except ops.ShapeError:
-                    ok = False
+        keys: dict[str, tuple[Any, ...]] = {}
+        index: dict[tuple[Any, ...], str] = {}
+        checked, items = memo.shapes, memo.items
+        defs = {d.name: d for d in ops.BY_EGG.values()}
+        fixed = {op for op, d in defs.items() if d.inputs is not None}
+        float_ops = {op for op, d in defs.items() if any(kind == "float" for _, kind in d.attrs)}
+        unordered = {op for op, d in defs.items() if [n for n, _ in d.attrs] != sorted(n for n, _ in d.attrs)}
+        for (nid, dn), attrs_items in zip(decoded.items(), attr_items):
+            op, children = dn.op, dn.children
+            index[(op, children, tuple(sorted(attrs_items)) if op in unordered else attrs_items)] = nid
+            out = shape_id.get(dn.eclass)
+            child_ids = tuple([shape_id.get(c) for c in children])
+            ok = out is not None and None not in child_ids
+            # -0.0 == 0.0: a float attribute is keyed by its text as well
+            attrs_key = (op, attrs_items, repr(attrs_items)) if op in float_ops else (op, attrs_items)
+            if ok and op in fixed:
+                skey = (attrs_key, child_ids)
+                if skey in checked:
+                    got = checked[skey]
+                else:
+                    try:
+                        shape = ops.shape_of(op, [shape_list[i] for i in child_ids], dn.attrs)  # type: ignore[index]
+                    except ops.ShapeError:
+                        got = None
+                    else:
+                        got = memo.shape_id(shape)
+                    checked[skey] = got
+                ok = got == out
             if not ok:
                 forbidden.add(nid)
                 costs[nid] = 0.0
-            elif dn.op in ("input", "weight") or (
-                dn.op != "opaque" and dn.children and all(c in const for c in dn.children)
-            ):
+                continue
+            flags = tuple([c in const for c in children])
+            if op in ("input", "weight") or (op != "opaque" and children and False not in flags):
                 costs[nid] = 0.0
             else:
-                dtype = dn.attrs.get("dtype", "float32")
-                node = Node(dn.op, (), tuple(dn.attrs.items()), out_shape, dtype)  # type: ignore[arg-type]
-                to_price[nid] = (node, child_shapes, [c in const for c in dn.children])  # type: ignore[assignment]
-        node_of = {eg.value_to_i64(r.inputs[0]): cid(r.output) for r in frozen.functions["node-of"].rows}
+                key = (attrs_key, out, child_ids, flags)
+                item = items.get(key)
+                if item is None:
+                    dtype = dn.attrs.get("dtype", "float32")
+                    node = Node(op, (), attrs_items, shape_list[out], dtype)  # type: ignore[index]
+                    in_shapes = [shape_list[i] for i in child_ids]  # type: ignore[index]
+                    item = items[key] = (node, in_shapes, list(flags))
+                to_price[nid] = item
+                keys[nid] = key
+        memo.index_for, memo.index = decoded, index
+        node_of = {to_i64(r.inputs[0]): setdefault(r.output, len(class_ids)) for r in frozen.functions["node-of"].rows}
         self._node_of = node_of
-        self._chosen_of = {eg.value_to_i64(r.inputs[0]): cid(r.output) for r in frozen.functions["chosen-of"].rows}
+        self._chosen_of = {
+            to_i64(r.inputs[0]): setdefault(r.output, len(class_ids)) for r in frozen.functions["chosen-of"].rows
+        }
+        names = [str(c) for c in range(len(class_ids))]
         estimate: dict[str, float] = {}
         dominated: set[str] = set()
         prefetch = getattr(node_cost, "prefetch", None)
         original = set(self.original_selection(decoded).values())
         if competitive:
-            estimate, dominated, order = self._dominated(decoded, to_price, costs, forbidden, competitive, original)
+            estimate, dominated, order = self._dominated(
+                decoded, to_price, keys, costs, forbidden, competitive, original, names
+            )
             if prefetch is not None:
                 dominated.update(self._prefetch(prefetch, order, to_price, price_seconds))
         elif prefetch is not None:
             prefetch(list(to_price.values()))
+        if memo.price_model is not node_cost:
+            memo.price_model, memo.prices = node_cost, {}
+        prices = memo.prices
         scale = 1.0
-        for nid, (node, in_shapes, flags) in to_price.items():
+        for nid, (node, in_shapes, const_flags) in to_price.items():
             if nid not in dominated:
-                costs[nid] = float(node_cost(node, in_shapes, flags))
+                key = keys[nid]
+                price = prices.get(key)
+                if price is None:
+                    price = prices[key] = float(node_cost(node, in_shapes, const_flags))
+                costs[nid] = price
                 if dominated and estimate[nid] > 0:
-                    scale = max(scale, costs[nid] / estimate[nid])
+                    scale = max(scale, price / estimate[nid])
         for nid in dominated:
             costs[nid] = estimate[nid] * scale
+        egg = {op: d.egg for op, d in defs.items()}
         nodes = {
             nid: ENode(
-                ops.get(dn.op).egg,
+                egg[dn.op],
                 costs[nid] + (0.0 if nid in original else UNCHOSEN_MS),
-                str(dn.eclass),
-                tuple(str(c) for c in dn.children),
+                names[dn.eclass],
+                tuple([names[c] for c in dn.children]),
             )
             for nid, dn in decoded.items()
         }
-        roots = list(dict.fromkeys(str(node_of[n]) for _, n in self.graph.outputs))
+        roots = list(dict.fromkeys(names[node_of[n]] for _, n in self.graph.outputs))
         return XGraph(nodes, roots), decoded, forbidden
+
+    def _memo(self) -> _ExportMemo:
+        """This e-graph's export memo, made on first use."""
+        memo = self.__dict__.get("_export_memo")
+        if memo is None:
+            memo = self._export_memo = _ExportMemo()
+        return memo
+
+    def _decode_rows(
+        self, frozen: Any, setdefault: Callable[[Any, int], int], class_ids: dict[Any, int]
+    ) -> tuple[dict[str, DecodedNode], list[tuple[tuple[str, Any], ...]]]:
+        """Every tensor e-node of `frozen` not subsumed, by id (`egg-name#row`), and the items of each one's
+        attributes (in the same order).
+
+        E-class ids are numbered by `setdefault` in the order they are met (children, then the e-node's own
+        class); attribute values repeat across rows, so vectors and strings are decoded once per value."""
+        eg = self.egraph
+        to_i64, to_vec, to_f64, to_string = eg.value_to_i64, eg.value_to_vec, eg.value_to_f64, eg.value_to_string
+        strings = self._strings
+        known: dict[Any, Any] = {}
+        decoded: dict[str, DecodedNode] = {}
+        attr_items: list[tuple[tuple[str, Any], ...]] = []
+        for name, fn in frozen.functions.items():
+            d = ops.BY_EGG.get(name)
+            if d is None:
+                continue
+            op, n_in, spec = d.name, d.inputs, d.attrs
+            for k, row in enumerate(fn.rows):
+                if row.subsumed:
+                    continue
+                args = row.inputs
+                if n_in is None:
+                    children = tuple([setdefault(v, len(class_ids)) for v in to_vec(args[-1])])
+                    attr_values = args[:-1]
+                else:
+                    children = tuple([setdefault(v, len(class_ids)) for v in args[:n_in]])
+                    attr_values = args[n_in:]
+                attrs: dict[str, Any] = {}
+                for (n, kind), v in zip(spec, attr_values):
+                    if kind == "int":
+                        attrs[n] = to_i64(v)
+                    elif kind == "float":
+                        attrs[n] = to_f64(v)
+                    else:
+                        value = known.get((kind, v))
+                        if value is None:
+                            if kind == "ints":
+                                value = tuple([to_i64(x) for x in to_vec(v)])
+                            else:
+                                value = strings[int(to_string(v)[1:])]
+                            known[(kind, v)] = value
+                        attrs[n] = value
+                decoded[f"{name}#{k}"] = DecodedNode(op, attrs, children, setdefault(row.output, len(class_ids)))
+                attr_items.append(tuple(attrs.items()))
+        return decoded, attr_items
 
     def _dominated(
         self,
         decoded: dict[str, DecodedNode],
         to_price: dict[str, tuple[Node, list[tuple[int, ...]], list[bool]]],
+        keys: dict[str, tuple[Any, ...]],
         costs: dict[str, float],
         forbidden: set[str],
         ratio: float,
         original: set[str],
+        names: Sequence[str],
     ) -> tuple[dict[str, float], set[str], list[str]]:
         """The analytic estimate of every e-node of `to_price`; those whose cheapest tree under it (the e-node with
         the work it needs below it) exceeds `ratio` times the cheapest tree of their e-class (never one of
-        `original`, the input graph's own); and the others in pricing order (see `export`)."""
+        `original`, the input graph's own); and the others in pricing order (see `export`). Estimates are kept in
+        the export memo under the e-node's key in `keys`; `names` are the e-class ids as strings."""
         analytic = AnalyticCost()
-        estimate = {nid: float(analytic(*item)) for nid, item in to_price.items()}
+        known = self._memo().estimates
+        estimate: dict[str, float] = {}
+        for nid, item in to_price.items():
+            key = keys[nid]
+            value = known.get(key)
+            if value is None:
+                value = known[key] = float(analytic(*item))
+            estimate[nid] = value
         estimated = XGraph(
             {
                 nid: ENode(
                     ops.get(dn.op).egg,
                     estimate.get(nid, costs.get(nid, 0.0)),
-                    str(dn.eclass),
-                    tuple(str(c) for c in dn.children),
+                    names[dn.eclass],
+                    tuple([names[c] for c in dn.children]),
                 )
                 for nid, dn in decoded.items()
             },
-            [str(self._node_of[n]) for _, n in self.graph.outputs],
+            [names[self._node_of[n]] for _, n in self.graph.outputs],
         )
         tree = tree_costs(estimated, frozenset(forbidden))
         cheapest: dict[int, float] = {}
@@ -205,19 +356,32 @@ class Export(LoweredGraph):
 
     @staticmethod
     def _constant_classes(decoded: dict[str, DecodedNode]) -> set[int]:
-        """E-classes computable from weights alone (their e-nodes over them cost nothing: folded at export)."""
+        """E-classes computable from weights alone (their e-nodes over them cost nothing: folded at export).
+
+        The least fixed point, by a worklist: an e-node counts its children not yet constant, and a class that
+        becomes constant counts down the e-nodes over it."""
         const: set[int] = set()
-        changed = True
-        while changed:
-            changed = False
-            for dn in decoded.values():
-                if dn.eclass in const:
-                    continue
-                if dn.op == "weight" or (
-                    dn.op not in ("input", "opaque") and dn.children and all(c in const for c in dn.children)
-                ):
+        work: list[int] = []
+        waiting: dict[int, list[int]] = {}
+        pending: list[int] = []
+        owner: list[int] = []
+        for dn in decoded.values():
+            if dn.op == "weight":
+                if dn.eclass not in const:
                     const.add(dn.eclass)
-                    changed = True
+                    work.append(dn.eclass)
+            elif dn.op not in ("input", "opaque") and dn.children:
+                k = len(pending)
+                pending.append(len(dn.children))
+                owner.append(dn.eclass)
+                for c in dn.children:
+                    waiting.setdefault(c, []).append(k)
+        while work:
+            for k in waiting.get(work.pop(), ()):
+                pending[k] -= 1
+                if pending[k] == 0 and owner[k] not in const:
+                    const.add(owner[k])
+                    work.append(owner[k])
         return const
 
     def original_selection(self, decoded: dict[str, DecodedNode]) -> dict[str, str]:
@@ -234,20 +398,28 @@ class Export(LoweredGraph):
         ids = {i: self._chosen_of[base + i] for i in graph.live()}
         return self._selection(decoded, graph, graph.live(), ids)
 
-    @staticmethod
     def _selection(
-        decoded: dict[str, DecodedNode], graph: Graph, live: Sequence[int], class_of: dict[int, int]
+        self, decoded: dict[str, DecodedNode], graph: Graph, live: Sequence[int], class_of: dict[int, int]
     ) -> dict[str, str]:
         """The e-node of each of `graph`'s nodes (in topological order; the first wins where classes merged)."""
-        index: dict[tuple[Any, ...], str] = {}
-        for nid, dn in decoded.items():
-            index[(dn.op, dn.children, tuple(sorted(dn.attrs.items())))] = nid
+        index = self._index(decoded)
         choices: dict[str, str] = {}
         for i in live:
             n = graph.nodes[i]
             key = (n.op, tuple(class_of[j] for j in n.inputs), tuple(sorted(n.attr.items())))
             choices.setdefault(str(class_of[i]), index[key])
         return choices
+
+    def _index(self, decoded: dict[str, DecodedNode]) -> dict[tuple[Any, ...], str]:
+        """E-node ids of `decoded` by op, child e-classes and sorted attributes (the last wins): made while
+        decoding for the export that returned `decoded` (read again by every selection in it), else here."""
+        memo = self._memo()
+        if memo.index_for is not decoded:
+            index: dict[tuple[Any, ...], str] = {}
+            for nid, dn in decoded.items():
+                index[(dn.op, dn.children, tuple(sorted(dn.attrs.items())))] = nid
+            memo.index_for, memo.index = decoded, index
+        return memo.index
 
     def rebuild(self, choices: dict[str, str], decoded: dict[str, DecodedNode]) -> Graph:
         """The IR graph a selection (e-class -> e-node id) describes, with the original inputs and outputs."""

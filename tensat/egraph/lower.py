@@ -107,16 +107,6 @@ class LoweredGraph:
             return repr(float(value))
         return self._string(str(value))
 
-    def _decode(self, kind: str, value: Any) -> Any:
-        eg = self.egraph
-        if kind == "int":
-            return eg.value_to_i64(value)
-        if kind == "ints":
-            return tuple(eg.value_to_i64(v) for v in eg.value_to_vec(value))
-        if kind == "float":
-            return eg.value_to_f64(value)
-        return self._strings[int(eg.value_to_string(value)[1:])]
-
     def _lower(self, node: Node, table: str = "node-of", base: int = 0) -> str:
         d = ops.get(node.op)
         attrs = node.attr

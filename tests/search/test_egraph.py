@@ -233,6 +233,54 @@ def test_pricing_time_limit_prices_the_input_first_and_the_rest_pessimistically(
             assert node.cost >= xg_all.nodes[nid].cost - 1e-9
 
 
+def _fixed_point_constants(decoded: dict[str, egraph_mod.DecodedNode]) -> set[int]:
+    """Constant e-classes by sweeping every e-node until nothing changes (the definition the worklist follows)."""
+    const: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for dn in decoded.values():
+            if dn.eclass not in const and (
+                dn.op == "weight"
+                or (dn.op not in ("input", "opaque") and dn.children and all(c in const for c in dn.children))
+            ):
+                const.add(dn.eclass)
+                changed = True
+    return const
+
+
+def test_constant_classes_are_the_fixed_point():
+    te = TensorEGraph(every_op_graph())
+    te.explore(iter_limit=3)
+    _, decoded, _ = te.export(COST)
+    const = TensorEGraph._constant_classes(decoded)
+    assert const and const == _fixed_point_constants(decoded)
+
+
+def _export_figures(te: TensorEGraph, cost: object, **kw: object) -> tuple[object, ...]:
+    xg, decoded, forbidden = te.export(cost, **kw)  # type: ignore[arg-type]
+    rows = [(n, d.op, d.attrs, d.children, d.eclass) for n, d in decoded.items()]
+    return list(xg.nodes.items()), xg.roots, rows, forbidden, te.original_selection(decoded)
+
+
+@pytest.mark.parametrize("competitive", [None, 4.0])
+def test_an_export_after_more_exploration_reads_as_a_fresh_one(competitive: float | None) -> None:
+    """The export memo (shape checks, items, prices by op, attributes and shapes) changes nothing: after more
+    rewriting, and after a rollback, an export equals one made without the memo of earlier exports."""
+    te = TensorEGraph(_depthwise_graph())
+    te.explore(k_multi=1, iter_limit=2)
+    cost = _Counting()
+    first = _export_figures(te, cost, competitive=competitive)
+    te.checkpoint()
+    te.explore(k_multi=1, iter_limit=2)
+    later = _export_figures(te, cost, competitive=competitive)
+    assert len(later[0]) > len(first[0])  # type: ignore[arg-type]
+    del te._export_memo
+    assert later == _export_figures(te, cost, competitive=competitive)
+    te.rollback()
+    assert _export_figures(te, cost, competitive=competitive) == first
+
+
 @pytest.mark.parametrize("fill", [False, True])
 def test_node_limit_holds(fill):
     g = qkv_graph(n=6)
