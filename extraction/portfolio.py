@@ -26,11 +26,13 @@ Say = Callable[[str], None]
 
 BUG = "a bug in tensat; please report it with the model"  # the package ships with tensat and is fixed there
 
-ILP_STALL_SECONDS = 2.0  # the ILP stops when its incumbent has not improved for this long (it starts from the
+ILP_STALL_SECONDS = 1.0  # the ILP stops when its incumbent has not improved for this long (it starts from the
 # local search's selection, which the solver seldom improves on: a search that has not paid by then rarely does)
 
 LOCAL_SEARCH_SHARE = 0.2  # of the ILP time limit, for each start of the local search
 LOCAL_SEARCH_MIN_SECONDS = 3.0  # it stops by itself when no move improves: only searches that pay take this long
+POLISH_SHARE = 0.5  # of the time left, at most, for the local search from one start: the ILP keeps some
+ILP_MIN_SECONDS = 0.2  # the ILP is not started with less time left than this (building its model takes longer)
 
 
 def _quiet(message: str) -> None:
@@ -136,7 +138,9 @@ def _ilp_passes(
     best = greedy if greedy.cost <= initial.cost else initial
     deadline = time.perf_counter() + time_limit
     seconds = local_search_seconds(time_limit)
-    best = polished = _polish(eg, [initial, greedy, *starts], best, forbidden, seconds, warn, say, trajectory)
+    # the cheapest start first: where time runs short, the search that is most likely to end cheapest has run
+    ordered = sorted([initial, greedy, *starts], key=lambda start: start.cost)
+    best = polished = _polish(eg, ordered, best, forbidden, seconds, deadline, warn, say, trajectory)
     passes = [(forbidden | blacklist, "cycle-filtered"), (forbidden, "whole")] if blacklist else [(forbidden, "whole")]
     proven = False
     first_pass = 0.0
@@ -146,7 +150,8 @@ def _ilp_passes(
         remaining = deadline - now
         if label == "whole" and blacklist:
             remaining = min(remaining, max(1.0, first_pass))
-        if remaining <= 0:
+        if remaining < ILP_MIN_SECONDS:
+            stop = stop or "no time"
             break
         start = best if not blacklist & set(best.choices.values()) or label == "whole" else initial
         say(f"ILP on the {label} e-graph (at most {remaining:.0f} s)")
@@ -177,7 +182,7 @@ def _ilp_passes(
             best.bound = max(best.bound or 0.0, min(ilp.bound, best.cost))
         proven = label == "whole" and ilp.status == "optimal"
     if not proven and best.cost < polished.cost - 1e-12:  # the ILP improved on the search: polish its result too
-        best = _polish(eg, [best], best, forbidden, seconds, warn, say, trajectory)
+        best = _polish(eg, [best], best, forbidden, seconds, deadline, warn, say, trajectory)
     if not proven and stop == "time" and time.perf_counter() >= deadline - 0.05:
         gap = best.gap()
         warn(
@@ -199,6 +204,7 @@ def _ilp_stop(proven: bool, stop: str) -> str:
         "time": "time limit",
         "no new cuts": "no cycle cut left",
         "no solution": "the solver found no solution",
+        "no time": "no time was left for it",
     }.get(stop, "the ILP did not run")
 
 
@@ -208,11 +214,13 @@ def _polish(
     best: ExtractionResult,
     forbidden: frozenset[str],
     seconds: float,
+    deadline: float,
     warn: Say,
     say: Say,
     trajectory: _Trajectory,
 ) -> ExtractionResult:
-    """The cheapest of `best`, the starts and the local search's improvements of each start (`seconds` each).
+    """The cheapest of `best`, the starts and the local search's improvements of each start: `seconds` each, and at
+    most `POLISH_SHARE` of the time left before `deadline` (a search that runs out returns its best so far).
 
     The input's selection is a start as well as greedy's: greedy settles each class alone and so picks small local
     gains (a gate's two matmuls merged) that block larger ones (one weight read for all time steps) which the
@@ -220,7 +228,8 @@ def _polish(
     for start in starts:
         say(f"local search from the {start.method} graph")
         try:
-            found = local_search(eg, start, forbidden=forbidden, time_limit=seconds)
+            limit = min(seconds, POLISH_SHARE * max(0.0, deadline - time.perf_counter()))
+            found = local_search(eg, start, forbidden=forbidden, time_limit=limit)
         except Exception as exc:  # noqa: BLE001 - a failed polish keeps the selection it started from
             warn(f"the local search over the extraction failed ({one_line(exc, typed=True)}): {BUG}")
             found = start

@@ -274,6 +274,15 @@ COMPETITIVE_RATIO = 4.0  # with measured costs, e-nodes estimated above this man
 PRICE_SECONDS = 8.0  # with measured costs, one export measures new prices for at most about this long (a later
 # run measures the next ones: the cache fills over runs, and no run spends more than this on it)
 
+# The time budget's phases, as shares of `time_budget` counted from the start of the search: exploration ends by the
+# first, the guided rounds by the second, extraction by the end. Exploration and the guided rounds find the graphs;
+# the extraction's local search and ILP choose among them, and need a share of their own to do it on large e-graphs.
+EXPLORE_SHARE = 0.4
+GUIDED_SHARE = 0.65
+MIN_PRICE_SECONDS = 1.0  # an export measures new prices for at least this long, whatever the budget has left
+MIN_EXTRACT_SECONDS = 0.5  # the extraction portfolio's least time (greedy and the input's selection need no more)
+SAMPLE_SECONDS = 0.2  # the local search of one sample of the extracted cost during exploration
+
 
 @dataclass(frozen=True)
 class Exported:
@@ -398,6 +407,7 @@ class _Run:
     measured: MeasuredCost | None = None  # the cost model if it times ops on a device
     cost_before: float = 0.0
     # the search
+    search_start: float = 0.0  # perf_counter when the search began: the time budget counts from then
     te: TensorEGraph | None = None
     stats: ExplorationStats = field(default_factory=ExplorationStats)
     exported: Exported | None = None
@@ -412,6 +422,11 @@ class _Run:
     report: VerifyReport | None = None
     check: LatencyCheck | None = None
     returned_input: str | None = "no cheaper graph found"
+
+
+def _budget_left(run: _Run, share: float = 1.0) -> float:
+    """Seconds left until `share` of the time budget has passed since the search began (0 when it has)."""
+    return max(0.0, run.search_start + share * run.opts.time_budget - time.perf_counter())
 
 
 def _always(run: _Run) -> bool:
@@ -490,7 +505,7 @@ def _price_input(run: _Run) -> None:
 # -- the search: lower, explore, price, guided rounds, extract, rebuild
 
 
-LIMITS = ("node_limit", "iter_limit", "time_limit")
+LIMITS = ("node_limit", "iter_limit", "time_limit", "time_budget")
 
 
 def _lower(run: _Run) -> None:
@@ -507,32 +522,74 @@ def _explore(run: _Run) -> None:
         log.say("explore", f"iteration {it.iteration}: {it.enodes:,} e-nodes, {it.eclasses:,} e-classes")
 
     assert run.te is not None
+    share = _budget_left(run, EXPLORE_SHARE)
     run.stats = stats = run.te.explore(
         node_limit=opts.node_limit,
         iter_limit=opts.iter_limit,
-        time_limit=opts.time_limit,
+        time_limit=min(opts.time_limit, share),
         k_multi=opts.k_multi,
         on_iteration=iteration,
+        converged=_Sampler(run) if opts.patience > 0 else None,
     )
+    if stats.stop_reason == "time_limit" and share < opts.time_limit:
+        stats.stop_reason = "time_budget"
     run.times["explore"] = stats.seconds
     if stats.stop_reason == "error":
         log.warn(f"exploration stopped by an egglog error ({stats.error}); extracted from the e-graph before it: {BUG}")
     elif stats.stop_reason in LIMITS:
         reason = stats.stop_reason
-        log.warn(
-            f"exploration stopped at its {reason.replace('_', ' ')} ({getattr(opts, reason):g}) before "
-            f"saturation ({stats.enodes} e-nodes); raising {reason} (--{reason.replace('_', '-')}) may "
-            f"find a better graph"
+        value = f"{getattr(opts, reason):g}{' s' if reason in ('time_limit', 'time_budget') else ''}"
+        where = (
+            f"the {EXPLORE_SHARE:.0%} share of its time budget ({value})"
+            if reason == "time_budget"
+            else f"its {reason.replace('_', ' ')} ({value})"
         )
+        log.warn(
+            f"exploration stopped at {where} before saturation ({stats.enodes} e-nodes); raising {reason} "
+            f"(--{reason.replace('_', '-')}) may find a better graph"
+        )
+
+
+class _Sampler:
+    """Whether exploration has converged: the cost of a graph extracted quickly (greedy, then a short local search
+    from its selection, which sees the merges greedy cannot) has not dropped for `patience` iterations in a row.
+    The multi-pattern iterations are not sampled: their merges pay only once the single-pattern rules that follow
+    have rewritten what they read; nor are those in which the back-off banned rules, which start the count again
+    (the banned rules' matches are deferred, not dropped). Iterations past the sampled optimum grow the e-graph, and
+    with it the time of pricing and extraction, for nothing."""
+
+    def __init__(self, run: _Run) -> None:
+        self.run = run
+        self.best = math.inf
+        self.stale = 0
+
+    def __call__(self, it: IterationStats) -> bool:
+        run = self.run
+        if it.iteration <= run.opts.k_multi:
+            return False
+        if it.banned:  # the back-off deferred matches: the cost they may lower is still to come
+            self.stale = 0
+            return False
+        x = _export(run)
+        greedy = extraction.greedy_dag(x.egraph, forbidden=x.forbidden)
+        cost = extraction.local_search(x.egraph, greedy, forbidden=x.forbidden, time_limit=SAMPLE_SECONDS).cost
+        run.log.say("explore", f"iteration {it.iteration}: sampled cost {cost:.6g}")
+        if cost < self.best * (1 - extraction.GAP_TOLERANCE):
+            self.best, self.stale = cost, 0
+        else:
+            self.stale += 1
+        return self.stale >= run.opts.patience
 
 
 def _export(run: _Run) -> Exported:
     """The e-graph exported for extraction; with a cost model that measures (every price takes time), only
-    competitive e-nodes are priced, within `PRICE_SECONDS` (see `TensorEGraph.export`)."""
+    competitive e-nodes are priced, within `PRICE_SECONDS` or half the time budget left, whichever is less (see
+    `TensorEGraph.export`)."""
     te = run.te
     assert te is not None and run.cost is not None
     if run.measured is not None:
-        xg, decoded, forbidden = te.export(run.cost, competitive=COMPETITIVE_RATIO, price_seconds=PRICE_SECONDS)
+        seconds = min(PRICE_SECONDS, max(MIN_PRICE_SECONDS, _budget_left(run) / 2))
+        xg, decoded, forbidden = te.export(run.cost, competitive=COMPETITIVE_RATIO, price_seconds=seconds)
     else:
         xg, decoded, forbidden = te.export(run.cost)
     return Exported(xg, decoded, frozenset(forbidden), te.original_selection(decoded))
@@ -548,7 +605,7 @@ def _guided_apply(run: _Run) -> bool:
     return (
         run.opts.k_multi > 0
         and run.opts.guided_rounds > 0
-        and run.stats.stop_reason not in ("node_limit", "time_limit", "error")
+        and run.stats.stop_reason not in ("node_limit", "time_limit", "time_budget", "error")
     )
 
 
@@ -564,7 +621,8 @@ def _guided_rounds(run: _Run) -> None:
     e-graph (pairs of pairs of every product). A round instead marks the graph the local search extracts, runs the
     multi-pattern rules only on pairs of its e-classes (the pair merged in the last round and the next product),
     and searches again; rounds stop when one does not lower the cost (that round's e-nodes are rolled back, so the
-    ILP does not pay for a larger e-graph that gained nothing), at the time limit or at the node limit.
+    ILP does not pay for a larger e-graph that gained nothing), at the time limit, at the end of the time budget's
+    guided share (`GUIDED_SHARE`) or at the node limit.
     """
     te, opts, stats, log = run.te, run.opts, run.stats, run.log
     t0 = time.perf_counter()
@@ -572,9 +630,15 @@ def _guided_rounds(run: _Run) -> None:
     assert te is not None and exported is not None
     initial = exported.priced(exported.input_choices, "input")
     seconds = extraction.portfolio.local_search_seconds(opts.ilp_time_limit)
+    if _budget_left(run, GUIDED_SHARE) <= 0:
+        return
     try:
         best = extraction.local_search(
-            exported.egraph, initial, forbidden=exported.forbidden, major_only=True, time_limit=seconds
+            exported.egraph,
+            initial,
+            forbidden=exported.forbidden,
+            major_only=True,
+            time_limit=min(seconds, _budget_left(run, GUIDED_SHARE)),
         )
     except Exception as exc:  # noqa: BLE001 - the rounds are an improvement; the plain pipeline goes on without them
         log.warn(f"guided rounds skipped: the local search failed ({one_line(exc, typed=True)}): {BUG}")
@@ -587,7 +651,7 @@ def _guided_rounds(run: _Run) -> None:
         run.guided = best
         return
     for k in range(opts.guided_rounds):
-        remaining = opts.time_limit - stats.seconds
+        remaining = min(opts.time_limit - stats.seconds, _budget_left(run, GUIDED_SHARE))
         if remaining <= 0:
             break
         log.say("guided", f"round {k + 1}: extending the extracted graph's merges")
@@ -605,7 +669,11 @@ def _guided_rounds(run: _Run) -> None:
             new = _export(run)
             start = new.priced(te.chosen_selection(new.decoded, graph, base), "guided")
             found = extraction.local_search(
-                new.egraph, start, forbidden=new.forbidden, major_only=True, time_limit=seconds
+                new.egraph,
+                start,
+                forbidden=new.forbidden,
+                major_only=True,
+                time_limit=min(seconds, _budget_left(run, GUIDED_SHARE)),
             )
         if found is None or found is start:  # nothing gained: drop what the round added, keep the previous graph
             te.rollback()
@@ -643,7 +711,7 @@ def _extract(run: _Run) -> None:
         forbidden=x.forbidden,
         method=opts.extractor,
         solver=opts.solver,
-        time_limit=opts.ilp_time_limit,
+        time_limit=min(opts.ilp_time_limit, max(MIN_EXTRACT_SECONDS, _budget_left(run))),
         warn=run.log.warn,
         say=lambda detail: run.log.say("extract", detail),
     )
@@ -676,6 +744,7 @@ _SEARCH = (
 
 
 def _search(run: _Run) -> None:
+    run.search_start = time.perf_counter()
     _perform(run, _SEARCH)
 
 

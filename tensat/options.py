@@ -93,10 +93,24 @@ class Options:
     """Every knob of one optimization run. Each field's `metadata["help"]` says what it does, as the command-line
     flag of the same name (`--node-limit` for `node_limit`) shows it in `tensat optimize --help`."""
 
+    time_budget: float = _option(
+        10.0,
+        "seconds for the whole search: building the e-graph, exploration, guided rounds, pricing and extraction "
+        "(default {default}); each phase also stops at its own limit below, and when the budget runs out the "
+        "cheapest graph found so far is returned",
+        type=positive_float,
+    )
     node_limit: int = _option(
         50_000, "stop exploring before the e-graph exceeds this many e-nodes (default {default})", type=positive_int
     )
     iter_limit: int = _option(15, "maximum exploration iterations (default {default})", type=int)
+    patience: int = _option(
+        2,
+        "stop exploring after this many iterations in a row that did not lower the cost of a graph extracted "
+        "from the e-graph by a quick sample (greedy and a short local search) (default {default}; 0 explores "
+        "to saturation or a limit)",
+        type=int,
+    )
     time_limit: float = _option(
         60.0, "exploration time limit in seconds, checked between iterations (default {default})", type=positive_float
     )
@@ -160,12 +174,14 @@ class Options:
             raise TensatError(f"node_limit must be positive, got {self.node_limit}")
         if self.iter_limit < 0:
             raise TensatError(f"iter_limit must be >= 0, got {self.iter_limit}")
-        if self.time_limit <= 0 or self.ilp_time_limit <= 0:
+        if self.time_limit <= 0 or self.ilp_time_limit <= 0 or not self.time_budget > 0:
             raise TensatError("time limits must be positive")
         if not self.latency_check >= 0:
             raise TensatError(f"latency_check must be >= 0 seconds, got {self.latency_check}")
         if self.k_multi not in (0, 1, 2):
             raise TensatError(f"k_multi must be 0, 1 or 2, got {self.k_multi}")
+        if self.patience < 0:
+            raise TensatError(f"patience must be >= 0, got {self.patience}")
         if self.guided_rounds < 0:
             raise TensatError(f"guided_rounds must be >= 0, got {self.guided_rounds}")
         if self.extractor not in EXTRACTORS:

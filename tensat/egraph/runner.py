@@ -48,7 +48,7 @@ class ExplorationStats:
     initial_enodes: int = 0
     initial_eclasses: int = 0
     iterations: list[IterationStats] = field(default_factory=list)
-    stop_reason: str = ""  # saturated | node_limit | iter_limit | time_limit | error
+    stop_reason: str = ""  # saturated | converged | node_limit | iter_limit | time_limit | time_budget | error
     saturated: bool = False
     seconds: float = 0.0
     error: str = ""
@@ -158,6 +158,7 @@ class Exploration(LoweredGraph):
         fill: bool = True,
         guided: bool = False,
         on_iteration: Callable[[IterationStats], None] | None = None,
+        converged: Callable[[IterationStats], bool] | None = None,
     ) -> ExplorationStats:
         """Apply the rules to saturation or a limit, one iteration at a time.
 
@@ -173,7 +174,9 @@ class Exploration(LoweredGraph):
         BAN_LENGTH (doubled) iterations; when nothing else changes, bans are lifted. Multi-pattern rules run only
         in the first `k_multi` iterations, unthrottled in the first (their matches there are pairs of input
         nodes). The time limit is checked between iterations (an egglog iteration cannot be interrupted).
-        `on_iteration` is called with each iteration's statistics as it ends (for progress reports).
+        `on_iteration` is called with each iteration's statistics as it ends (for progress reports). `converged`,
+        called after each iteration that grew the e-graph, stops the exploration ("converged") when it returns True:
+        the caller's judgement that more iterations would not pay (see `tensat.api`'s sampled cost).
 
         With `guided` (a guided round, after `guide`), the first iteration runs only the multi-pattern rules, and
         only on pairs of e-classes marked chosen; the single-pattern rules follow. This extends the merges the
@@ -241,6 +244,9 @@ class Exploration(LoweredGraph):
             if on_iteration is not None:
                 on_iteration(stats.iterations[-1])
             if partial:
+                break
+            if not unchanged and converged is not None and converged(stats.iterations[-1]):
+                stats.stop_reason = "converged"
                 break
             if unchanged:
                 if backoff.any_banned(now + 1):

@@ -1,0 +1,44 @@
+"""The time budget (one limit for the whole search, an anytime result) and the exploration's convergence test."""
+
+from __future__ import annotations
+
+import pytest
+
+import tensat
+from tensat.errors import TensatError
+from tensat.models import build_model
+
+
+def test_a_budget_too_short_to_explore_still_returns_a_verified_cheaper_graph() -> None:
+    result = tensat.optimize_with_details(build_model("nasrnn"), cost="analytic", latency_check=0, time_budget=0.3)
+    assert result.exploration.stop_reason == "time_budget"
+    assert any("time budget" in w and "--time-budget" in w for w in result.warnings)
+    assert result.verification is not None and result.verification.ok
+    assert result.returned_input is None
+    assert result.cost_after < result.cost_before
+
+
+def test_exploration_stops_once_the_sampled_cost_stops_falling_and_loses_nothing() -> None:
+    graph = build_model("squeezenet")
+    sampled = tensat.optimize_with_details(graph, cost="analytic", latency_check=0, verify=False)
+    full = tensat.optimize_with_details(graph, cost="analytic", latency_check=0, verify=False, patience=0)
+    assert sampled.exploration.stop_reason == "converged"
+    assert full.exploration.stop_reason == "saturated"
+    assert len(sampled.exploration.iterations) < len(full.exploration.iterations)
+    assert sampled.cost_after == pytest.approx(full.cost_after, rel=1e-9)
+
+
+def test_a_plateau_while_the_back_off_defers_matches_is_not_convergence() -> None:
+    """BERT's sampled cost is flat for three iterations in which the back-off banned rules; the merges that save
+    a fifth of its cost come only after those rules run again."""
+    graph = build_model("bert")
+    result = tensat.optimize_with_details(graph, cost="analytic", latency_check=0, verify=False)
+    full = tensat.optimize_with_details(graph, cost="analytic", latency_check=0, verify=False, patience=0)
+    assert result.cost_after == pytest.approx(full.cost_after, rel=1e-9)
+    assert result.cost_after < 0.8 * result.cost_before
+
+
+@pytest.mark.parametrize("options", [{"time_budget": 0}, {"time_budget": -1.0}, {"patience": -1}])
+def test_out_of_range_budget_and_patience_are_one_line_errors(options: dict[str, float]) -> None:
+    with pytest.raises(TensatError, match="time|patience"):
+        tensat.optimize_with_details(build_model("squeezenet"), cost="analytic", **options)
