@@ -542,6 +542,8 @@ class _Model:
         a = self.a
         prob += pulp.lpSum(ix.cost[n] * x[n] for n in live if ix.cost[n] != 0.0)
         self.conflicts, self.node_needs = _cycle_conflicts(ix, red)
+        if time.perf_counter() > deadline:
+            raise _OutOfTime
         for n, per_class in self.conflicts.items():
             for j, ok in per_class.items():
                 prob += x[n] <= pulp.lpSum(x[m] for m in ok), f"need{n}_{j}"
@@ -777,7 +779,8 @@ def ilp_extract(
 
     The run stops at the first of: the incumbent (best valid selection) within ``gap_tolerance``
     (relative) of the best lower bound; no cheaper incumbent for ``stall_seconds`` (None: no stall
-    window; counted from the start of the run, so the initial selection's window includes pruning);
+    window; counted from the start of the run, so the initial selection's window includes pruning and
+    model building, which is abandoned when the window ends);
     the time limit. HiGHS is watched during its search (callbacks), CBC between calls, each CBC call
     capped at the stall window left. ``info["stop"]`` says which rule ended the run ("gap", "stall",
     "time", or "no new cuts"/"no solution" when the solver had nothing more to offer) and
@@ -826,11 +829,14 @@ def ilp_extract(
         stop.offer(pruned_greedy, pg_cost, "pruned greedy")  # type: ignore[arg-type]
     stop.raise_bound(red.lower_bound)
 
+    # Building counts against the stall window too: a model that takes longer to build than the window allows
+    # could not improve the incumbent within it.
+    stall_end = stop.last + stall_seconds if stall_seconds is not None else math.inf
     try:
-        model = _Model(ix, red, deadline - 0.1)
+        model = _Model(ix, red, min(deadline - 0.1, stall_end))
     except _OutOfTime:  # no time left to build a model and solve it: return the incumbent
         info["model"] = "not built: no time left to solve"
-        info["stop"] = "gap" if stop.closed(stop.bound) else "time"
+        info["stop"] = "gap" if stop.closed(stop.bound) else "stall" if stall_end < deadline - 0.1 else "time"
         return _finish(eg, base, t0, info, forbidden, stop)
     model.stop = stop
     info["variables"] = len(model.prob.variables())

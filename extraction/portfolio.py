@@ -28,10 +28,14 @@ BUG = "a bug in tensat; please report it with the model"  # the package ships wi
 
 ILP_STALL_SECONDS = 1.0  # the ILP stops when its incumbent has not improved for this long (it starts from the
 # local search's selection, which the solver seldom improves on: a search that has not paid by then rarely does)
+ILP_STALL_SHARE = 0.1  # or for this share of the extraction's time limit, if longer: a larger budget buys the ILP
+# time to build the model of a larger e-graph and to search it
 
 LOCAL_SEARCH_SHARE = 0.2  # of the ILP time limit, for each start of the local search
 LOCAL_SEARCH_MIN_SECONDS = 3.0  # it stops by itself when no move improves: only searches that pay take this long
 POLISH_SHARE = 0.5  # of the time left, at most, for the local search from one start: the ILP keeps some
+POLISH_RATIO = 1.25  # a start costlier than the best selection so far by more than this factor is not searched
+# from: more than any one local search has been seen to save, and a search from a costly start takes longest
 ILP_MIN_SECONDS = 0.2  # the ILP is not started with less time left than this (building its model takes longer)
 
 
@@ -68,8 +72,9 @@ def extract_best(
     `initial`, greedy and every start, and to the ILP (`solver`): it first solves the cycle-filtered e-graph
     (`blacklist` removed: no cycle cuts needed, usually fast), then the whole e-graph, warm-started from the best
     selection so far, since filtering can remove e-nodes the best graph needs and lazy cycle cuts cannot. The
-    second pass gets as long as the first took (at least a second, at most what is left): it rarely improves on
-    the first, and its lazy cuts can run for the whole limit without closing the gap.
+    second pass gets as long as the first took (at least a second, at most what is left), and does not run when the
+    first ended without a cheaper graph for its stall window: it rarely improves on the first, and its lazy cuts
+    can run for the whole limit without closing the gap.
 
     `warn(message)` receives one-line warnings (a failed extractor, a time limit reached before a proof), and
     `say(detail)` progress. The result's `info["ilp_stop"]` says why the ILP stopped, in words (method "ilp");
@@ -142,6 +147,7 @@ def _ilp_passes(
     ordered = sorted([initial, greedy, *starts], key=lambda start: start.cost)
     best = polished = _polish(eg, ordered, best, forbidden, seconds, deadline, warn, say, trajectory)
     passes = [(forbidden | blacklist, "cycle-filtered"), (forbidden, "whole")] if blacklist else [(forbidden, "whole")]
+    stall = max(ILP_STALL_SECONDS, ILP_STALL_SHARE * time_limit)
     proven = False
     first_pass = 0.0
     stop = ""
@@ -153,6 +159,8 @@ def _ilp_passes(
         if remaining < ILP_MIN_SECONDS:
             stop = stop or "no time"
             break
+        if label == "whole" and blacklist and stop == "stall":
+            break  # the filtered pass found nothing cheaper in its stall window: the whole e-graph's lazy cuts won't
         start = best if not blacklist & set(best.choices.values()) or label == "whole" else initial
         say(f"ILP on the {label} e-graph (at most {remaining:.0f} s)")
         try:
@@ -162,7 +170,7 @@ def _ilp_passes(
                 time_limit=remaining,
                 forbidden=frozenset(banned),
                 initial=start,
-                stall_seconds=ILP_STALL_SECONDS,
+                stall_seconds=stall,
             )
         except Exception as exc:  # noqa: BLE001 - a solver crash or a missing solver binary
             warn(
@@ -190,17 +198,17 @@ def _ilp_passes(
             f"{'' if gap is None else f' (within {100 * gap:.2g}% of the bound)'}; a longer ilp_time_limit "
             f"(--ilp-time-limit) may find a cheaper graph"
         )
-    best.info["ilp_stop"] = _ilp_stop(proven, stop)
+    best.info["ilp_stop"] = _ilp_stop(proven, stop, stall)
     return best
 
 
-def _ilp_stop(proven: bool, stop: str) -> str:
+def _ilp_stop(proven: bool, stop: str, stall: float) -> str:
     """Why the ILP stopped, in the user's words."""
     if proven:
         return "proven optimal"
     return "not proven optimal: " + {
         "gap": "optimal only on the cycle-filtered e-graph",
-        "stall": f"no cheaper graph found for {ILP_STALL_SECONDS:g} s",
+        "stall": f"no cheaper graph found for {stall:.2g} s",
         "time": "time limit",
         "no new cuts": "no cycle cut left",
         "no solution": "the solver found no solution",
@@ -224,8 +232,10 @@ def _polish(
 
     The input's selection is a start as well as greedy's: greedy settles each class alone and so picks small local
     gains (a gate's two matmuls merged) that block larger ones (one weight read for all time steps) which the
-    search finds from the input."""
+    search finds from the input. A start more than `POLISH_RATIO` costlier than the best so far is skipped."""
     for start in starts:
+        if start.cost > POLISH_RATIO * best.cost:
+            continue
         say(f"local search from the {start.method} graph")
         try:
             limit = min(seconds, POLISH_SHARE * max(0.0, deadline - time.perf_counter()))

@@ -278,7 +278,7 @@ PRICE_SECONDS = 8.0  # with measured costs, one export measures new prices for a
 # first, the guided rounds by the second, extraction by the end. Exploration and the guided rounds find the graphs;
 # the extraction's local search and ILP choose among them, and need a share of their own to do it on large e-graphs.
 EXPLORE_SHARE = 0.4
-GUIDED_SHARE = 0.65
+GUIDED_SHARE = 0.8
 MIN_PRICE_SECONDS = 1.0  # an export measures new prices for at least this long, whatever the budget has left
 MIN_EXTRACT_SECONDS = 0.5  # the extraction portfolio's least time (greedy and the input's selection need no more)
 SAMPLE_SECONDS = 0.2  # the local search of one sample of the extracted cost during exploration
@@ -554,9 +554,9 @@ class _Sampler:
     """Whether exploration has converged: the cost of a graph extracted quickly (greedy, then a short local search
     from its selection, which sees the merges greedy cannot) has not dropped for `patience` iterations in a row.
     The multi-pattern iterations are not sampled: their merges pay only once the single-pattern rules that follow
-    have rewritten what they read; nor are those in which the back-off banned rules, which start the count again
-    (the banned rules' matches are deferred, not dropped). Iterations past the sampled optimum grow the e-graph, and
-    with it the time of pricing and extraction, for nothing."""
+    have rewritten what they read. An iteration run after the back-off lifted its bans (nothing else was left to
+    match) starts the count again: the banned rules' matches were deferred, not dropped, and can still pay. Iterations
+    past the sampled optimum grow the e-graph, and with it the time of pricing and extraction, for nothing."""
 
     def __init__(self, run: _Run) -> None:
         self.run = run
@@ -567,9 +567,8 @@ class _Sampler:
         run = self.run
         if it.iteration <= run.opts.k_multi:
             return False
-        if it.banned:  # the back-off deferred matches: the cost they may lower is still to come
+        if it.unbanned:  # the deferred matches ran: what they may lower is counted from here
             self.stale = 0
-            return False
         x = _export(run)
         greedy = extraction.greedy_dag(x.egraph, forbidden=x.forbidden)
         cost = extraction.local_search(x.egraph, greedy, forbidden=x.forbidden, time_limit=SAMPLE_SECONDS).cost
@@ -676,9 +675,7 @@ def _guided_rounds(run: _Run) -> None:
                 time_limit=min(seconds, _budget_left(run, GUIDED_SHARE)),
             )
         if found is None or found is start:  # nothing gained: drop what the round added, keep the previous graph
-            te.rollback()
-            exported = _export(run)  # re-read: e-class ids are per export
-            best = exported.priced(te.chosen_selection(exported.decoded, graph, base), "guided")
+            te.rollback()  # back to the e-graph `exported` was read from (plus this round's marks, which it ignores)
             break
         offset = len(stats.iterations)
         for it in round_stats.iterations:

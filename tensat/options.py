@@ -105,7 +105,7 @@ class Options:
     )
     iter_limit: int = _option(15, "maximum exploration iterations (default {default})", type=int)
     patience: int = _option(
-        2,
+        3,
         "stop exploring after this many iterations in a row that did not lower the cost of a graph extracted "
         "from the e-graph by a quick sample (greedy and a short local search) (default {default}; 0 explores "
         "to saturation or a limit)",

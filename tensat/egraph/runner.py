@@ -32,6 +32,7 @@ class IterationStats:
     matches: dict[str, int] = field(default_factory=dict)
     partial: bool = False  # the full iteration overshot the node limit; only the rules that fit were applied
     banned: list[str] = field(default_factory=list)  # rules over their match threshold, not applied
+    unbanned: bool = False  # the back-off lifted every ban before this iteration: nothing else was left to match
 
     def __repr__(self) -> str:
         return (
@@ -189,6 +190,7 @@ class Exploration(LoweredGraph):
         start = time.perf_counter()
         if stats.initial_enodes > node_limit:
             stats.stop_reason = "node_limit"
+        lifted = False  # the bans were lifted since the last iteration that ran
         for it in range(iter_limit):
             if stats.stop_reason:
                 break
@@ -202,6 +204,7 @@ class Exploration(LoweredGraph):
             if not names:
                 if backoff.any_banned(now):
                     backoff.unban_all(now + 1)
+                    lifted = True
                     continue
                 stats.stop_reason, stats.saturated = "saturated", True
                 break
@@ -239,8 +242,9 @@ class Exploration(LoweredGraph):
             unchanged = (enodes, eclasses) == (stats.enodes, stats.eclasses)
             seconds = time.perf_counter() - t0
             stats.iterations.append(
-                IterationStats(it + 1, enodes, eclasses, seconds, multi, matches, partial, sorted(banned))
+                IterationStats(it + 1, enodes, eclasses, seconds, multi, matches, partial, sorted(banned), lifted)
             )
+            lifted = False
             if on_iteration is not None:
                 on_iteration(stats.iterations[-1])
             if partial:
@@ -251,6 +255,7 @@ class Exploration(LoweredGraph):
             if unchanged:
                 if backoff.any_banned(now + 1):
                     backoff.unban_all(now + 1)
+                    lifted = True
                     continue
                 stats.stop_reason, stats.saturated = "saturated", True
                 break

