@@ -441,6 +441,7 @@ def test_external_data_missing_file(tmp_path) -> None:
     assert "weights.bin" in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.slow  # a 2.25 GiB write and read back: most of a minute where the disk is slow
 @pytest.mark.skipif(os.environ.get("TENSAT_SKIP_2GIB") == "1", reason="TENSAT_SKIP_2GIB=1: no 2.3 GiB disk to spare")
 def test_model_over_2gib_with_external_data(tmp_path) -> None:
     """A real > 2 GiB model with external data loads, imports, exports, saves (external data) and runs the same.
