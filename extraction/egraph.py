@@ -11,7 +11,7 @@ import json
 import math
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
@@ -56,6 +56,11 @@ class ExtractionResult:
         if diff <= 1e-9 * max(1.0, abs(self.cost)):
             return 0.0
         return diff / max(abs(self.cost), 1e-12)
+
+
+def copy_result(result: ExtractionResult) -> ExtractionResult:
+    """A copy its receiver may change (callers set `method`, `seconds` and `info`) without changing `result`."""
+    return replace(result, choices=dict(result.choices), info=dict(result.info))
 
 
 class _Index:
@@ -103,6 +108,9 @@ class EGraph:
             if r not in classes:
                 raise ValueError(f"root e-class {r!r} has no e-nodes")
         self._index: _Index | None = None
+        # what a deterministic extractor returned on this e-graph, by its arguments: a caller that repeats a run
+        # (the extraction after an exploration's last sample, on the same export) gets it without the work
+        self.memo: dict[tuple[Any, ...], ExtractionResult | None] = {}
 
     @property
     def index(self) -> _Index:

@@ -15,7 +15,7 @@ import math
 import time
 from collections.abc import Iterable
 
-from .egraph import EGraph, ExtractionResult, _Index, dag_cost, reachable_selection
+from .egraph import EGraph, ExtractionResult, _Index, copy_result, dag_cost, reachable_selection
 
 _INF = math.inf
 
@@ -200,6 +200,10 @@ def greedy_dag(eg: EGraph, forbidden: frozenset[str] = frozenset()) -> Extractio
     close a cycle), its selection is checked and, if cyclic, replaced by a settle-once pass that is
     acyclic by construction.
     """
+    key = ("greedy", frozenset(forbidden))
+    known = eg.memo.get(key)
+    if known is not None:
+        return copy_result(known)
     t0 = time.perf_counter()
     ix = eg.index
     choice = acyclic_choice(ix, _forbidden_mask(ix, forbidden))
@@ -210,7 +214,7 @@ def greedy_dag(eg: EGraph, forbidden: frozenset[str] = frozenset()) -> Extractio
             + (" avoiding the forbidden e-nodes" if forbidden else "")
         )
     chosen = reachable_selection(eg, _to_choices(ix, choice))
-    return ExtractionResult(
+    result = ExtractionResult(
         choices=chosen,
         cost=dag_cost(eg, chosen),
         bound=None,
@@ -219,3 +223,5 @@ def greedy_dag(eg: EGraph, forbidden: frozenset[str] = frozenset()) -> Extractio
         method="greedy",
         info={"forbidden": frozenset(forbidden)} if forbidden else {},
     )
+    eg.memo[key] = copy_result(result)
+    return result

@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 import time
 
-from .egraph import EGraph, ExtractionResult, _Index, dag_cost, reachable_selection, validate
+from .egraph import EGraph, ExtractionResult, _Index, copy_result, dag_cost, reachable_selection, validate
 from .greedy import _forbidden_mask, _to_choices, post_order, selection_cost
 
 _EPS = 1e-12
@@ -256,7 +256,14 @@ def local_search(
     With `major_only`, moves saving less per e-class they change than MAJOR times the first pass's best such saving
     are never applied: the search takes the large gains (a merge saving a weight read) and leaves the e-classes that
     small ones, even many taken at once, would change as they are, so that a merge a later round of exploration
-    extends is not blocked by them."""
+    extends is not blocked by them.
+
+    A search that ends at a local optimum (not at its time limit) is memoized on `eg`: the same search again (the
+    extraction repeating an exploration sample's, on the same export) returns its result without the work."""
+    key = ("local", frozenset(start.choices.items()), frozenset(forbidden), major_only)
+    if key in eg.memo:
+        known = eg.memo[key]
+        return start if known is None else copy_result(known)
     t0 = time.perf_counter()
     deadline = t0 + time_limit
     ix = eg.index
@@ -288,6 +295,7 @@ def local_search(
     best = first
     moves_applied = passes = evaluated = 0
     density = 0.0  # with major_only: the least saving per changed e-class a move may have (set by the first pass)
+    finished = False  # the search ended at a local optimum, not at its time limit
 
     def attempt(move: dict[int, int]) -> None:
         """Apply `move` under the first fill that keeps it acyclic if that beats `best` (recounted exactly)."""
@@ -329,14 +337,17 @@ def local_search(
         passes += 1
         before = best
         gains: list[tuple[float, int, dict[int, int]]] = []
+        cut = False
         for k, move in enumerate(_moves(ix, banned, arrays[0], reached)):
             if k % 64 == 0 and time.perf_counter() >= deadline:
+                cut = True
                 break
             found = price(move)
             if found is not None:
                 gains.append((found, k, move))
         gains.sort(key=lambda g: (g[0], g[1]))
         if not gains:
+            finished = not cut
             break
         floor = MAJOR * (before - gains[0][0])  # the least saving a move of this pass may have
         if major_only and passes == 1:
@@ -362,9 +373,12 @@ def local_search(
                 if eligible(found, move) and not all(arrays[0][c] == n for c, n in move.items()):
                     attempt(move)
         if best >= before - _EPS * max(1.0, abs(before)):
+            finished = not cut
             break
     choice = arrays[0]
     if best >= first - _EPS * max(1.0, abs(first)):
+        if finished:
+            eg.memo[key] = None
         return start
     chosen = reachable_selection(eg, _to_choices(ix, choice))
     info = {"start_cost": start.cost, "moves": moves_applied, "passes": passes, "evaluated": evaluated}
@@ -372,4 +386,8 @@ def local_search(
         chosen, dag_cost(eg, chosen), None, "feasible", time.perf_counter() - t0, f"{start.method}+local", info
     )
     validate(eg, result, forbidden)
+    if finished:
+        eg.memo[key] = copy_result(result)
+        if not major_only:  # its last pass found no improving move from the result: a search from it stops there
+            eg.memo[("local", frozenset(chosen.items()), frozenset(forbidden), False)] = None
     return result

@@ -26,9 +26,9 @@ Say = Callable[[str], None]
 
 BUG = "a bug in tensat; please report it with the model"  # the package ships with tensat and is fixed there
 
-ILP_STALL_SECONDS = 1.0  # the ILP stops when its incumbent has not improved for this long (it starts from the
+ILP_STALL_SECONDS = 0.5  # the ILP stops when its incumbent has not improved for this long (it starts from the
 # local search's selection, which the solver seldom improves on: a search that has not paid by then rarely does)
-ILP_STALL_SHARE = 0.1  # or for this share of the extraction's time limit, if longer: a larger budget buys the ILP
+ILP_STALL_SHARE = 0.05  # or for this share of the extraction's time limit, if longer: a larger budget buys the ILP
 # time to build the model of a larger e-graph and to search it
 
 LOCAL_SEARCH_SHARE = 0.2  # of the ILP time limit, for each start of the local search

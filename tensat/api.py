@@ -13,7 +13,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -411,6 +411,8 @@ class _Run:
     te: TensorEGraph | None = None
     stats: ExplorationStats = field(default_factory=ExplorationStats)
     exported: Exported | None = None
+    last_export: tuple[int, Exported] | None = None  # the e-graph's version when exported, and the export
+    sampled: tuple[Exported, extraction.ExtractionResult] | None = None  # the last sample's export and selection
     guided: extraction.ExtractionResult | None = None  # the guided rounds' selection, in `exported`
     chosen: extraction.ExtractionResult | None = None
     # the optimized graph while it goes through the checks: as written to ONNX, read back, and priced
@@ -556,7 +558,11 @@ class _Sampler:
     The multi-pattern iterations are not sampled: their merges pay only once the single-pattern rules that follow
     have rewritten what they read. An iteration run after the back-off lifted its bans (nothing else was left to
     match) starts the count again: the banned rules' matches were deferred, not dropped, and can still pay. Iterations
-    past the sampled optimum grow the e-graph, and with it the time of pricing and extraction, for nothing."""
+    past the sampled optimum grow the e-graph, and with it the time of pricing and extraction, for nothing.
+
+    The local search starts from the previous sample's selection carried into the new export where that is cheaper
+    than greedy's by more than the gap tolerance (the search has already done most of its moves there), and the
+    last sample's selection is a start of the extraction too (`_extract`)."""
 
     def __init__(self, run: _Run) -> None:
         self.run = run
@@ -570,8 +576,13 @@ class _Sampler:
         if it.unbanned:  # the deferred matches ran: what they may lower is counted from here
             self.stale = 0
         x = _export(run)
-        greedy = extraction.greedy_dag(x.egraph, forbidden=x.forbidden)
-        cost = extraction.local_search(x.egraph, greedy, forbidden=x.forbidden, time_limit=SAMPLE_SECONDS).cost
+        start = extraction.greedy_dag(x.egraph, forbidden=x.forbidden)
+        carried = _carried(run, run.sampled, x)
+        if carried is not None and carried.cost < start.cost * (1 - extraction.GAP_TOLERANCE):
+            start = carried  # else greedy's: the extraction's search from greedy's repeats it (memoized) at the end
+        found = extraction.local_search(x.egraph, start, forbidden=x.forbidden, time_limit=SAMPLE_SECONDS)
+        run.sampled = (x, found)
+        cost = found.cost
         run.log.say("explore", f"iteration {it.iteration}: sampled cost {cost:.6g}")
         if cost < self.best * (1 - extraction.GAP_TOLERANCE):
             self.best, self.stale = cost, 0
@@ -580,18 +591,45 @@ class _Sampler:
         return self.stale >= run.opts.patience
 
 
+def _carried(
+    run: _Run, sampled: tuple[Exported, extraction.ExtractionResult] | None, x: Exported
+) -> extraction.ExtractionResult | None:
+    """The selection `sampled` made in an earlier export, read in export `x` and priced there (None where it cannot
+    be: an e-node not found, or forbidden in `x`)."""
+    if sampled is None:
+        return None
+    old, result = sampled
+    if old is x:
+        return replace(result, info=dict(result.info))
+    assert run.te is not None
+    choices = run.te.carried_selection(result.choices, old.decoded, old.egraph.roots, x.decoded)
+    if choices is None or not x.forbidden.isdisjoint(choices.values()):
+        return None
+    try:
+        extraction.validate(x.egraph, choices, x.forbidden)
+    except ValueError:
+        return None
+    return x.priced(choices, "sampled")
+
+
 def _export(run: _Run) -> Exported:
     """The e-graph exported for extraction; with a cost model that measures (every price takes time), only
     competitive e-nodes are priced, within `PRICE_SECONDS` or half the time budget left, whichever is less (see
-    `TensorEGraph.export`)."""
+    `TensorEGraph.export`). An analytic export is reused while the e-graph's version stays the same, and with it
+    what the extractors memoized on it (the sample's greedy and local search, when extraction starts)."""
     te = run.te
     assert te is not None and run.cost is not None
     if run.measured is not None:
         seconds = min(PRICE_SECONDS, max(MIN_PRICE_SECONDS, _budget_left(run) / 2))
         xg, decoded, forbidden = te.export(run.cost, competitive=COMPETITIVE_RATIO, price_seconds=seconds)
+    elif run.last_export is not None and run.last_export[0] == te.version:
+        return run.last_export[1]  # the e-graph has not changed since (an exploration's last sample)
     else:
         xg, decoded, forbidden = te.export(run.cost)
-    return Exported(xg, decoded, frozenset(forbidden), te.original_selection(decoded))
+    exported = Exported(xg, decoded, frozenset(forbidden), te.original_selection(decoded))
+    if run.measured is None:  # a measured export depends on the time left to price, so it is not reused
+        run.last_export = (te.version, exported)
+    return exported
 
 
 def _price(run: _Run) -> None:
@@ -701,10 +739,14 @@ def _extract(run: _Run) -> None:
     """The extraction portfolio (`extraction.extract_best`) from the input's selection and the guided rounds'."""
     x, opts = run.exported, run.opts
     assert x is not None
+    starts = [run.guided] if run.guided is not None else []
+    sampled = _carried(run, run.sampled, x)  # often the best start there is, and already a local optimum
+    if sampled is not None:
+        starts.append(sampled)
     run.chosen = extraction.extract_best(
         x.egraph,
         x.priced(x.input_choices, "input"),
-        [run.guided] if run.guided is not None else [],
+        starts,
         forbidden=x.forbidden,
         method=opts.extractor,
         solver=opts.solver,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -410,6 +410,31 @@ class Export(LoweredGraph):
             choices.setdefault(str(class_of[i]), index[key])
         return choices
 
+    def carried_selection(
+        self,
+        choices: dict[str, str],
+        old: dict[str, DecodedNode],
+        roots: Sequence[str],
+        decoded: dict[str, DecodedNode],
+    ) -> dict[str, str] | None:
+        """A selection of an earlier export of this e-graph (`choices` over its decoded e-nodes `old`, reachable
+        from its `roots`) read in the later export `decoded`, or None where one of its e-nodes is not found there.
+
+        E-class ids are per export, so each chosen e-node is found again by content (op, attributes and its
+        children's classes as carried), children first. Where rewrites merged several of its e-classes into one,
+        the one met first in post-order gives the e-node: along every chosen edge that position decreases, so the
+        result is acyclic. The caller still validates it against the later export's forbidden e-nodes."""
+        index = self._index(decoded)
+        carried: dict[int, int] = {}  # e-class in the earlier export -> e-class in the later one
+        out: dict[str, str] = {}
+        for c, dn in _chosen_post_order([int(r) for r in roots], choices, old, carried):
+            nid = index.get((dn.op, tuple([carried[k] for k in dn.children]), tuple(sorted(dn.attrs.items()))))
+            if nid is None:
+                return None
+            carried[c] = decoded[nid].eclass
+            out.setdefault(str(carried[c]), nid)
+        return out
+
     def _index(self, decoded: dict[str, DecodedNode]) -> dict[tuple[Any, ...], str]:
         """E-node ids of `decoded` by op, child e-classes and sorted attributes (the last wins): made while
         decoding for the export that returned `decoded` (read again by every selection in it), else here."""
@@ -429,20 +454,9 @@ class Export(LoweredGraph):
         for i in src.input_ids:  # keep every graph input, in order
             n = src.nodes[i]
             built[self._node_of[i]] = out.input(n.attr["name"], n.shape, n.dtype)
-        for _, root in src.outputs:
-            stack = [self._node_of[root]]
-            while stack:
-                c = stack[-1]
-                if c in built:
-                    stack.pop()
-                    continue
-                dn = decoded[choices[str(c)]]
-                pending = [ch for ch in dn.children if ch not in built]
-                if pending:
-                    stack.extend(pending)
-                    continue
-                stack.pop()
-                built[c] = self._build_node(out, dn, [built[ch] for ch in dn.children])
+        roots = [self._node_of[root] for _, root in src.outputs]
+        for c, dn in _chosen_post_order(roots, choices, decoded, built):
+            built[c] = self._build_node(out, dn, [built[ch] for ch in dn.children])
         out.outputs = [(name, built[self._node_of[n]]) for name, n in src.outputs]
         return out
 
@@ -456,3 +470,24 @@ class Export(LoweredGraph):
         if dn.op == "opaque":
             out.opaque[dn.attrs["key"]] = src.opaque[dn.attrs["key"]]
         return out.add(dn.op, inputs, **dn.attrs)
+
+
+def _chosen_post_order(
+    roots: Sequence[int], choices: dict[str, str], decoded: dict[str, DecodedNode], done: Container[int]
+) -> Iterator[tuple[int, DecodedNode]]:
+    """The e-classes a valid (acyclic) selection reaches from `roots`, children first, each with its chosen e-node;
+    a class is skipped once the caller has put it in `done` (as it does with each one yielded)."""
+    for root in roots:
+        stack = [root]
+        while stack:
+            c = stack[-1]
+            if c in done:
+                stack.pop()
+                continue
+            dn = decoded[choices[str(c)]]
+            pending = [k for k in dn.children if k not in done]
+            if pending:
+                stack.extend(pending)
+                continue
+            stack.pop()
+            yield c, dn

@@ -40,6 +40,7 @@ class LoweredGraph:
                 program.append(f"(ruleset {guided})\n{rewrites.to_egglog(rule, guided, 'chosen', GUIDED + rule.name)}")
         self._blank = blank_egraph(program, self)
         self.egraph = self._blank.egraph
+        self.version = 0  # bumped whenever the e-graph's content may have changed: an export is reused until then
         self._chosen_base = 0
         self.live = graph.live()
         commands = [f"(set (node-of {i}) {self._lower(graph.nodes[i])})" for i in self.live]
@@ -51,6 +52,8 @@ class LoweredGraph:
     # -- egglog plumbing ----------------------------------------------------------------------------------------
 
     def _run(self, text: str) -> list[Any]:
+        """Run egglog commands that may change the e-graph (its `version` moves on)."""
+        self.version += 1
         return run_program(self.egraph, text)
 
     @property
@@ -59,7 +62,7 @@ class LoweredGraph:
         return self._blank.depth
 
     def _push(self) -> None:
-        self._run("(push)")
+        run_program(self.egraph, "(push)")  # a snapshot: the content stays as it is
         self._blank.depth += 1
 
     def _pop(self) -> None:
@@ -70,7 +73,7 @@ class LoweredGraph:
 
     def enode_count(self) -> int:
         """E-nodes of tensor constructors, from egglog's table sizes (cheap: no freeze)."""
-        out = self._run("(print-size)")
+        out = run_program(self.egraph, "(print-size)")  # a read: the version stays
         total = 0
         for line in str(out[-1]).replace("(", " ").replace(")", " ").split("\n"):
             parts = line.split()

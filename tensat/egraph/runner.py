@@ -11,6 +11,7 @@ from typing import Any
 
 from tensat import rewrites
 from tensat.egraph.lower import GUIDED, LoweredGraph
+from tensat.egraph.pool import run_program
 from tensat.errors import one_line
 from tensat.ir import Graph
 from tensat.options import Options
@@ -287,7 +288,7 @@ class Exploration(LoweredGraph):
 
     def _combine(self, name: str, rule_names: Sequence[str]) -> str:
         members = " ".join(self._ruleset_of[r] for r in rule_names)
-        self._run(f"(unstable-combined-ruleset {name} {members})")
+        run_program(self.egraph, f"(unstable-combined-ruleset {name} {members})")  # rules, not content: same version
         return name
 
     def _apply(self, schedule: list[tuple[str, list[str], int | None]]) -> list[Any]:
@@ -299,7 +300,11 @@ class Exploration(LoweredGraph):
             else:
                 lets.append(f"(let-scheduler b{k} (back-off :match-limit {limit}))")
                 runs.append(f"(run-with b{k} {ruleset})")
-        return self._run(f"(run-schedule {' '.join(lets)} {' '.join(runs)} (saturate shapes))")
+        version = self.version
+        reports = self._run(f"(run-schedule {' '.join(lets)} {' '.join(runs)} (saturate shapes))")
+        if not any(getattr(getattr(out, "report", None), "updated", True) for out in reports):
+            self.version = version  # egglog reports that no rule changed anything
+        return reports
 
     def _matches(self, reports: list[Any]) -> dict[str, int]:
         matches: dict[str, int] = {}

@@ -762,6 +762,30 @@ def test_local_search_returns_the_start_when_it_is_optimal():
     assert local_search(eg, best, time_limit=5) is best
 
 
+def test_greedy_and_a_finished_local_search_are_memoized_on_the_egraph_as_copies():
+    """A repeated run on the same e-graph (an exploration sample's, repeated by the extraction) does no work, and
+    what a caller changes in a result does not reach the memo; a search cut by its time limit is not memoized."""
+    from tensat.extraction import local_search
+
+    eg = _merge_chain_egraph()
+    greedy = greedy_dag(eg)
+    greedy.method, greedy.info["mark"] = "changed", 1
+    again = greedy_dag(eg)
+    assert again.method == "greedy" and "mark" not in again.info and again.choices == greedy.choices
+    cut = local_search(eg, greedy_dag(eg), time_limit=0.0)
+    assert cut.cost == 31.0 and not any(key[0] == "local" for key in eg.memo)
+    first = local_search(eg, greedy_dag(eg), time_limit=5)
+    first.choices["r"] = "changed"
+    second = local_search(eg, greedy_dag(eg), time_limit=5)
+    assert second.cost == 19.0 and second.choices["r"] == "r" and second is not first
+    start = greedy_dag(eg)
+    start.choices = dict(second.choices)
+    start.cost = second.cost
+    assert local_search(eg, start, time_limit=5) is start  # its result is a local optimum: a search there stops
+    eg.memo.clear()
+    assert local_search(eg, start, time_limit=5) is start  # and finds so when it searches
+
+
 @FAST
 @given(egraphs(max_classes=6, max_nodes=3), st.integers(0, 2**31 - 1))
 def test_local_search_valid_never_worse_and_priced_exactly(case: tuple[EGraph, frozenset[str]], seed: int) -> None:

@@ -459,3 +459,42 @@ def test_guided_rounds_merge_all_time_steps_of_a_shared_weight():
         g = result.graph
         rows = [g.nodes[g.nodes[i].inputs[0]].shape[0] for i in g.live() if g.nodes[i].op == "matmul"]
         assert max(rows) == steps  # one multi-pattern iteration merges pairs; the rounds merge all three steps
+
+
+def test_a_selection_carried_into_a_later_export_is_valid_and_costs_no_more():
+    """An exploration sample's selection, carried by content into the export after more iterations (where rewrites
+    merged some of its e-classes), is a valid acyclic selection there, of the same e-nodes' cost or less."""
+    g = Graph()
+    a = g.add("relu", [g.input("x", (2, 3))])
+    b = g.add("sigmoid", [g.input("y", (2, 4))])
+    cat = g.add("concat", [a, b], axis=1)
+    back = g.add("slice", [cat], axis=1, start=0, size=3)  # slice-concat-left merges it with `a` later
+    g.output("y", g.add("add", [back, a]))
+    g.output("z", cat)
+    te = TensorEGraph(g)
+    first_x, first, _ = te.export(COST)
+    chosen = te.original_selection(first)
+    before = extraction.dag_cost(first_x, chosen)
+    te.explore()
+    later_x, later, forbidden = te.export(COST)
+    carried = te.carried_selection(chosen, first, first_x.roots, later)
+    assert carried is not None and len(carried) < len(chosen)  # `a` and the slice share an e-class now
+    extraction.validate(later_x, carried, forbidden)
+    assert extraction.dag_cost(later_x, carried) <= before + 1e-9
+    assert graph_cost(te.rebuild(carried, later), COST) <= graph_cost(g, COST) + 1e-9
+
+
+def test_the_egraph_version_moves_only_when_its_content_may_change():
+    """An export is reused while the version stays: reads, snapshots and iterations that change nothing keep it."""
+    te = TensorEGraph(qkv_graph())
+    v0 = te.version
+    te.enode_count(), te.size(), te.export(COST)
+    te.checkpoint()
+    assert te.version == v0
+    stats = te.explore(k_multi=1)
+    grown = te.version
+    assert grown > v0 and stats.saturated
+    te.explore(k_multi=0, iter_limit=3)  # saturated already: every iteration reports no update
+    assert te.version == grown
+    te.rollback()
+    assert te.version > grown
