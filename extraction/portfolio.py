@@ -36,6 +36,7 @@ LOCAL_SEARCH_MIN_SECONDS = 3.0  # it stops by itself when no move improves: only
 POLISH_SHARE = 0.5  # of the time left, at most, for the local search from one start: the ILP keeps some
 POLISH_RATIO = 1.25  # a start costlier than the best selection so far by more than this factor is not searched
 # from: more than any one local search has been seen to save, and a search from a costly start takes longest
+POLISH_MIN_SECONDS = 0.05  # a local search is not started with less time than this
 ILP_MIN_SECONDS = 0.2  # the ILP is not started with less time left than this (building its model takes longer)
 
 
@@ -66,10 +67,11 @@ def extract_best(
 
     `initial` is a valid acyclic selection to fall back on (a tensor graph's own); `starts` are further valid
     selections for the local search to start from. Greedy runs first: it fails only through a bug, and then
-    `initial` is returned. The cycle filter (`filter_cycles`, sparing `initial`'s e-nodes and preferring to spare
-    greedy's) then computes the `blacklist`, unless one is given. With `method` "greedy" the cheaper of greedy and
-    `initial` is returned. With "ilp", `time_limit` seconds (counted from then on) go to the local search from
-    `initial`, greedy and every start, and to the ILP (`solver`): it first solves the cycle-filtered e-graph
+    `initial` is returned. With `method` "greedy" the cheaper of greedy and `initial` is returned. With "ilp",
+    `time_limit` seconds (counted from then on) go to the local search from `initial`, greedy and every start, then
+    to the cycle filter (`filter_cycles`, sparing `initial`'s e-nodes and preferring to spare greedy's), which
+    computes the `blacklist` unless one is given, and to the ILP (`solver`); neither runs when less than
+    `ILP_MIN_SECONDS` is left after the search. The ILP first solves the cycle-filtered e-graph
     (`blacklist` removed: no cycle cuts needed, usually fast), then the whole e-graph, warm-started from the best
     selection so far, since filtering can remove e-nodes the best graph needs and lazy cycle cuts cannot. The
     second pass gets as long as the first took (at least a second, at most what is left), and does not run when the
@@ -91,20 +93,26 @@ def extract_best(
         greedy = None
     if greedy is not None:
         trajectory.offer(greedy.cost)
-    t = time.perf_counter()
-    if blacklist is None:
-        # The greedy selection is acyclic too: sparing its e-nodes keeps a good graph in the filtered e-graph.
-        blacklist = filter_cycles(
-            eg, initial.choices.values(), forbidden, preferred=greedy.choices.values() if greedy else ()
-        )
-    filtered = {"blacklisted": len(blacklist), "seconds": time.perf_counter() - t}
+    filtered = {"blacklisted": 0 if blacklist is None else len(blacklist), "seconds": 0.0}
     if greedy is None:
         best = initial
     elif method == "greedy":
         best = greedy if greedy.cost <= initial.cost else initial
     else:
+        spared = greedy.choices.values()
+
+        def cycle_filter() -> frozenset[str]:
+            """The given blacklist, or one computed now (timed into `filtered`). The greedy selection is acyclic
+            too: sparing its e-nodes keeps a good graph in the filtered e-graph."""
+            if blacklist is not None:
+                return frozenset(blacklist)
+            t = time.perf_counter()
+            found = filter_cycles(eg, initial.choices.values(), forbidden, preferred=spared)
+            filtered.update(blacklisted=len(found), seconds=time.perf_counter() - t)
+            return frozenset(found)
+
         best = _ilp_passes(
-            eg, initial, greedy, starts, forbidden, frozenset(blacklist), solver, time_limit, warn, say, trajectory
+            eg, initial, greedy, starts, forbidden, cycle_filter, solver, time_limit, warn, say, trajectory
         )
     best.info["cycle_filter"] = filtered
     trajectory.offer(best.cost)
@@ -132,22 +140,27 @@ def _ilp_passes(
     greedy: ExtractionResult,
     starts: Sequence[ExtractionResult],
     forbidden: frozenset[str],
-    blacklist: frozenset[str],
+    cycle_filter: Callable[[], frozenset[str]],
     solver: str,
     time_limit: float,
     warn: Say,
     say: Say,
     trajectory: _Trajectory,
 ) -> ExtractionResult:
-    """The local search from every start, then the ILP on the cycle-filtered and on the whole e-graph."""
+    """The local search from every start, then the ILP on the cycle-filtered and on the whole e-graph (the cycle
+    filter runs only if time is left for the ILP)."""
     best = greedy if greedy.cost <= initial.cost else initial
     deadline = time.perf_counter() + time_limit
     seconds = local_search_seconds(time_limit)
     # the cheapest start first: where time runs short, the search that is most likely to end cheapest has run
     ordered = sorted([initial, greedy, *starts], key=lambda start: start.cost)
     best = polished = _polish(eg, ordered, best, forbidden, seconds, deadline, warn, say, trajectory)
-    passes = [(forbidden | blacklist, "cycle-filtered"), (forbidden, "whole")] if blacklist else [(forbidden, "whole")]
     stall = max(ILP_STALL_SECONDS, ILP_STALL_SHARE * time_limit)
+    if deadline - time.perf_counter() < ILP_MIN_SECONDS:
+        best.info["ilp_stop"] = _ilp_stop(False, "no time", stall)
+        return best
+    blacklist = cycle_filter()
+    passes = [(forbidden | blacklist, "cycle-filtered"), (forbidden, "whole")] if blacklist else [(forbidden, "whole")]
     proven = False
     first_pass = 0.0
     stop = ""
@@ -236,9 +249,11 @@ def _polish(
     for start in starts:
         if start.cost > POLISH_RATIO * best.cost:
             continue
+        limit = min(seconds, POLISH_SHARE * max(0.0, deadline - time.perf_counter()))
+        if limit < POLISH_MIN_SECONDS:
+            break  # setting up a search over a large e-graph takes longer than this alone
         say(f"local search from the {start.method} graph")
         try:
-            limit = min(seconds, POLISH_SHARE * max(0.0, deadline - time.perf_counter()))
             found = local_search(eg, start, forbidden=forbidden, time_limit=limit)
         except Exception as exc:  # noqa: BLE001 - a failed polish keeps the selection it started from
             warn(f"the local search over the extraction failed ({one_line(exc, typed=True)}): {BUG}")

@@ -282,6 +282,7 @@ GUIDED_SHARE = 0.8
 MIN_PRICE_SECONDS = 1.0  # an export measures new prices for at least this long, whatever the budget has left
 MIN_EXTRACT_SECONDS = 0.5  # the extraction portfolio's least time (greedy and the input's selection need no more)
 SAMPLE_SECONDS = 0.2  # the local search of one sample of the extracted cost during exploration
+STALE_SHARE = 0.1  # exploration also stops once the sampled cost has not dropped for this share of the time budget
 
 
 @dataclass(frozen=True)
@@ -568,6 +569,7 @@ class _Sampler:
         self.run = run
         self.best = math.inf
         self.stale = 0
+        self.since = time.perf_counter()  # when the sampled cost last dropped
 
     def __call__(self, it: IterationStats) -> bool:
         run = self.run
@@ -584,11 +586,13 @@ class _Sampler:
         run.sampled = (x, found)
         cost = found.cost
         run.log.say("explore", f"iteration {it.iteration}: sampled cost {cost:.6g}")
+        now = time.perf_counter()
         if cost < self.best * (1 - extraction.GAP_TOLERANCE):
-            self.best, self.stale = cost, 0
+            self.best, self.stale, self.since = cost, 0, now
         else:
             self.stale += 1
-        return self.stale >= run.opts.patience
+        stalled = self.stale > 0 and now - self.since >= STALE_SHARE * run.opts.time_budget
+        return self.stale >= run.opts.patience or stalled
 
 
 def _carried(
@@ -705,12 +709,12 @@ def _guided_rounds(run: _Run) -> None:
         if round_stats.stop_reason != "error" and te.enode_count() != before:
             new = _export(run)
             start = new.priced(te.chosen_selection(new.decoded, graph, base), "guided")
-            found = extraction.local_search(
+            found = extraction.local_search(  # the round's e-nodes are paid for: it may use the extraction's share
                 new.egraph,
                 start,
                 forbidden=new.forbidden,
                 major_only=True,
-                time_limit=min(seconds, _budget_left(run, GUIDED_SHARE)),
+                time_limit=min(seconds, max(0.0, _budget_left(run) - MIN_EXTRACT_SECONDS)),
             )
         if found is None or found is start:  # nothing gained: drop what the round added, keep the previous graph
             te.rollback()  # back to the e-graph `exported` was read from (plus this round's marks, which it ignores)

@@ -762,6 +762,19 @@ def test_local_search_returns_the_start_when_it_is_optimal():
     assert local_search(eg, best, time_limit=5) is best
 
 
+def test_the_cycle_filter_runs_only_when_time_is_left_for_the_ilp():
+    from tensat.extraction import extract_best, filter_cycles
+
+    eg = _merge_chain_egraph()
+    assert filter_cycles(eg, ())  # the e-graph has cycles to filter
+    initial = greedy_dag(eg)
+    rushed = extract_best(eg, initial, time_limit=0.0)
+    assert rushed.info["cycle_filter"] == {"blacklisted": 0, "seconds": 0.0}
+    assert rushed.info["ilp_stop"] == "not proven optimal: no time was left for it"
+    full = extract_best(eg, initial, time_limit=20)
+    assert full.info["cycle_filter"]["blacklisted"] > 0 and full.status == "optimal" and full.cost == 19.0
+
+
 def test_greedy_and_a_finished_local_search_are_memoized_on_the_egraph_as_copies():
     """A repeated run on the same e-graph (an exploration sample's, repeated by the extraction) does no work, and
     what a caller changes in a result does not reach the memo; a search cut by its time limit is not memoized."""

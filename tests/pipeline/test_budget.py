@@ -43,3 +43,20 @@ def test_a_plateau_while_the_back_off_defers_matches_is_not_convergence() -> Non
 def test_out_of_range_budget_and_patience_are_one_line_errors(options: dict[str, float]) -> None:
     with pytest.raises(TensatError, match="time|patience"):
         tensat.optimize_with_details(build_model("squeezenet"), cost="analytic", **options)
+
+
+def test_exploration_also_stops_once_the_sampled_cost_has_been_flat_for_a_share_of_the_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the share at zero, the first sample that does not lower the cost ends the exploration, before the
+    patience would."""
+    import tensat.api as api
+
+    graph = build_model("squeezenet")
+    monkeypatch.setattr(api, "STALE_SHARE", float("inf"))
+    patient = tensat.optimize_with_details(graph, cost="analytic", latency_check=0, verify=False)
+    monkeypatch.setattr(api, "STALE_SHARE", 0.0)
+    hasty = tensat.optimize_with_details(graph, cost="analytic", latency_check=0, verify=False)
+    assert patient.exploration.stop_reason == hasty.exploration.stop_reason == "converged"
+    assert len(hasty.exploration.iterations) < len(patient.exploration.iterations)
+    assert hasty.cost_after <= hasty.cost_before
