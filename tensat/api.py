@@ -613,7 +613,7 @@ def _carried(
         extraction.validate(x.egraph, choices, x.forbidden)
     except ValueError:
         return None
-    return x.priced(choices, "sampled")
+    return replace(x.priced(choices, "sample"), status="feasible")
 
 
 def _export(run: _Run) -> Exported:
