@@ -123,7 +123,7 @@ def cache_checks(cache_dir: str) -> dict[str, Any]:
     concurrent = {
         "returncodes": [p.returncode for p in procs],
         "stderr": [e.strip()[-300:] for _, e in outs],
-        "stdout": [o.strip() for o, _ in outs],
+        "stdout": [o.strip().replace(cache_dir, "$TENSAT_CACHE_DIR") for o, _ in outs],  # no temporary path
         "seconds": round(time.perf_counter() - t, 1),
         "rows": int(_run(count, env).stdout.strip() or 0),
     }

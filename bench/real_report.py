@@ -85,6 +85,9 @@ def _run_tensat(src: Path, out: Path, cache_dir: Path) -> dict[str, Any]:
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         return {"ok": False, "seconds": seconds, "error": lines[-1] if lines else f"exit {proc.returncode}"}
     data = json.loads(stats.read_text(encoding="utf-8"))
+    measurement = data.get("measurement") or {}
+    if measurement.get("cache"):  # a temporary directory of this machine: only the file's place in the cache dir
+        measurement["cache"] = os.path.relpath(measurement["cache"], cache_dir)
     return {"ok": True, "seconds": seconds, "stats": data}
 
 
