@@ -8,7 +8,17 @@ as a portfolio (greedy, cycle filter, local search, two ILP passes) and returns 
 
 from .api import extract
 from .cycles import filter_cycles
-from .egraph import EGraph, ENode, ExtractionResult, InputError, dag_cost, find_cycle, load_egraph, validate
+from .egraph import (
+    EGraph,
+    ENode,
+    ExtractionResult,
+    InputError,
+    copy_result,
+    dag_cost,
+    find_cycle,
+    load_egraph,
+    validate,
+)
 from .greedy import greedy_dag
 from .ilp import GAP_TOLERANCE, ilp_extract
 from .local import local_search, tree_costs
@@ -20,6 +30,7 @@ __all__ = [
     "ExtractionResult",
     "GAP_TOLERANCE",
     "InputError",
+    "copy_result",
     "dag_cost",
     "extract",
     "extract_best",

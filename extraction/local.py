@@ -242,6 +242,11 @@ def _delta(
             arr[c] = a
 
 
+def _memo_key(choices: dict[str, str], forbidden: frozenset[str], major_only: bool) -> tuple[object, ...]:
+    """The key under which `local_search` memoizes a search from `choices` on its e-graph."""
+    return ("local", frozenset(choices.items()), frozenset(forbidden), major_only)
+
+
 def local_search(
     eg: EGraph,
     start: ExtractionResult,
@@ -260,7 +265,7 @@ def local_search(
 
     A search that ends at a local optimum (not at its time limit) is memoized on `eg`: the same search again (the
     extraction repeating an exploration sample's, on the same export) returns its result without the work."""
-    key = ("local", frozenset(start.choices.items()), frozenset(forbidden), major_only)
+    key = _memo_key(start.choices, forbidden, major_only)
     if key in eg.memo:
         known = eg.memo[key]
         return start if known is None else copy_result(known)
@@ -389,5 +394,5 @@ def local_search(
     if finished:
         eg.memo[key] = copy_result(result)
         if not major_only:  # its last pass found no improving move from the result: a search from it stops there
-            eg.memo[("local", frozenset(chosen.items()), frozenset(forbidden), False)] = None
+            eg.memo[_memo_key(chosen, forbidden, False)] = None
     return result

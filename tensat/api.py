@@ -604,7 +604,7 @@ def _carried(
         return None
     old, result = sampled
     if old is x:
-        return replace(result, info=dict(result.info))
+        return extraction.copy_result(result)
     assert run.te is not None
     choices = run.te.carried_selection(result.choices, old.decoded, old.egraph.roots, x.decoded)
     if choices is None or not x.forbidden.isdisjoint(choices.values()):
@@ -623,17 +623,14 @@ def _export(run: _Run) -> Exported:
     what the extractors memoized on it (the sample's greedy and local search, when extraction starts)."""
     te = run.te
     assert te is not None and run.cost is not None
-    if run.measured is not None:
+    if run.measured is not None:  # depends on the time left to price, so it is not reused
         seconds = min(PRICE_SECONDS, max(MIN_PRICE_SECONDS, _budget_left(run) / 2))
         xg, decoded, forbidden = te.export(run.cost, competitive=COMPETITIVE_RATIO, price_seconds=seconds)
-    elif run.last_export is not None and run.last_export[0] == te.version:
-        return run.last_export[1]  # the e-graph has not changed since (an exploration's last sample)
-    else:
+        return Exported(xg, decoded, frozenset(forbidden), te.original_selection(decoded))
+    if run.last_export is None or run.last_export[0] != te.version:  # else unchanged since (the last sample's)
         xg, decoded, forbidden = te.export(run.cost)
-    exported = Exported(xg, decoded, frozenset(forbidden), te.original_selection(decoded))
-    if run.measured is None:  # a measured export depends on the time left to price, so it is not reused
-        run.last_export = (te.version, exported)
-    return exported
+        run.last_export = (te.version, Exported(xg, decoded, frozenset(forbidden), te.original_selection(decoded)))
+    return run.last_export[1]
 
 
 def _price(run: _Run) -> None:
