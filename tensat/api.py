@@ -205,13 +205,15 @@ class _FallbackCost:
             raise AttributeError(attr)
         return getattr(self.inner, attr)
 
-    def prefetch(self, items: Sequence[tuple[Node, Sequence[Shape], Sequence[bool]]]) -> None:
+    def prefetch(
+        self, items: Sequence[tuple[Node, Sequence[Shape], Sequence[bool]]], deadline: float | None = None
+    ) -> list[int]:
         """Forward to the inner model's prefetch; a failure there only means nodes are priced one by one."""
         prefetch = getattr(self.inner, "prefetch", None)
         if prefetch is None:
-            return
+            return []
         try:
-            prefetch(items)
+            return list(prefetch(items, deadline) or ())
         except Exception as exc:  # noqa: BLE001 - a measuring model may fail in any way
             if not self.prefetch_failed:
                 self.log.warn(
@@ -219,6 +221,7 @@ class _FallbackCost:
                     f"({one_line(exc, typed=True)}); measuring them one by one instead, which is slower"
                 )
             self.prefetch_failed = True
+            return []
 
     def __call__(self, node: Node, in_shapes: Sequence[Shape], const: Sequence[bool] = ()) -> float:
         key = (node.op, node.attrs, node.shape, tuple(tuple(s) for s in in_shapes), tuple(bool(c) for c in const))
@@ -310,7 +313,8 @@ def check_threads() -> tuple[int, ...]:
 
 @dataclass
 class LatencyCheck:
-    """The optimized model timed against the input end to end, at each thread count of `check_threads()`."""
+    """The optimized model timed against the input end to end, at the thread counts of `check_threads()` in order
+    until one shows it not measurably faster (which rejects it whatever the others show)."""
 
     by_threads: dict[int, LatencyComparison]
     kept: bool  # whether the optimized model was kept
@@ -330,6 +334,7 @@ class LatencyCheck:
         )
 
 
+FUTILE_PAIRS = 10  # the end-to-end check stops timing a thread count once this many pairs show no gain at all
 LATENCY_RESOLUTION = 0.01  # two sessions of one model can differ by about this much (where their memory lies)
 
 
@@ -360,8 +365,10 @@ def _end_to_end_check(
     """Time the optimized model against the input (the user's own model) end to end, interleaved, at one thread
     and at every core (`tensat.latency.compare_latency`, `latency_check` seconds in all); the optimized model is
     kept only if `_faster`. Summed per-op costs miss what only a whole graph shows (fusions onnxruntime makes,
-    which weights are still cached), so no cost model alone decides what is returned. None when the check could
-    not run (with a warning): the verified optimized model is then kept."""
+    which weights are still cached), so no cost model alone decides what is returned. A thread count stops being
+    timed once `FUTILE_PAIRS` pairs of blocks show no gain, and the next is not timed once one rejects the model:
+    stopping early can only reject. None when the check could not run (with a warning): the verified optimized
+    model is then kept."""
     threads = check_threads()
     by_threads: dict[int, LatencyComparison] = {}
     try:
@@ -374,7 +381,10 @@ def _end_to_end_check(
                 clock=default_clock(device, t),
                 max_seconds=opts.latency_check / len(threads),
                 seed=opts.seed,
+                futile_after=FUTILE_PAIRS,
             )
+            if by_threads[t].interval[0] <= 1.0:  # rejected whatever the other thread counts show
+                break
     except Exception as exc:  # noqa: BLE001 - the graph is verified; a failed timing only loses the check
         log.warn(
             f"the end-to-end latency check could not run ({one_line(exc, typed=True)}); returned the "

@@ -21,8 +21,10 @@ Shape = tuple[int, ...]
 class CostModel(Protocol):
     """Anything that prices one node, in milliseconds, given its input shapes and which inputs are weights.
 
-    A cost model may also offer `prefetch(items)` with items `(node, in_shapes, const)`: the pipeline calls it
-    once with every node it is about to price, so a measuring model can batch its work and show progress.
+    A cost model may also offer `prefetch(items, deadline=None)` with items `(node, in_shapes, const)`: the
+    pipeline calls it once with every node it is about to price, so a measuring model can batch its work and show
+    progress. It returns the indices of the items it left unpriced because `deadline` (a `time.perf_counter()`
+    value) passed.
     """
 
     @property

@@ -187,6 +187,13 @@ def time_models(
     return timed.stats()
 
 
+def _futile(timed: Interleaved) -> bool:
+    """Whether no candidate of `timed` (the models after its first, the baseline) is faster so far: every median
+    block ratio is at most 1."""
+    base, *cands = timed.samples
+    return all(statistics.median(block_ratios(base, c, timed.block)) <= 1.0 for c in cands)
+
+
 def block_ratios(a: Sequence[float], b: Sequence[float], block: int) -> list[float]:
     """Median of each block of `a` over the median of the matching block of `b` (samples in the order taken)."""
     out = []
@@ -252,12 +259,15 @@ def compare_latency(
     pairs: int = 40,
     min_pairs: int = 5,
     seed: int = 0,
+    futile_after: int | None = None,
 ) -> LatencyComparison:
     """Time `candidate` against `baseline` on the same seeded inputs, in alternating blocks of runs, until `pairs`
     pairs of blocks are taken or `max_seconds` have passed (with at least `min_pairs`); see `LatencyComparison`.
 
     A block holds as many runs as fit in about `BLOCK_SECONDS` (1 to `MAX_BLOCK`), so small models are timed in
-    a steady cache state and large ones still give enough pairs within the time limit."""
+    a steady cache state and large ones still give enough pairs within the time limit. With `futile_after`, the
+    timing also stops once that many pairs are taken and the candidate's median speedup is at most 1: for a
+    caller that keeps a candidate only if it is measurably faster, more pairs would not change its answer."""
     return compare_many(
         baseline,
         [candidate],
@@ -268,6 +278,7 @@ def compare_latency(
         pairs=pairs,
         min_pairs=min_pairs,
         seed=seed,
+        futile_after=futile_after,
     )[0]
 
 
@@ -282,9 +293,11 @@ def compare_many(
     pairs: int = 40,
     min_pairs: int = 5,
     seed: int = 0,
+    futile_after: int | None = None,
 ) -> list[LatencyComparison]:
     """`compare_latency` for several candidates at once: the baseline and every candidate take turns, block by
-    block, so each candidate's ratio to the baseline comes from blocks taken back to back."""
+    block, so each candidate's ratio to the baseline comes from blocks taken back to back (`futile_after` stops
+    the timing once every candidate's median speedup is at most 1)."""
     start = time.perf_counter()
     models = [baseline, *candidates]
     timed = Interleaved(models, provider=provider, threads=threads, seed=seed, clock=clock)
@@ -296,6 +309,8 @@ def compare_many(
     while timed.runs < pairs * timed.block:
         timed.turn()
         if timed.runs >= min_pairs * timed.block and time.perf_counter() - start > max_seconds:
+            break
+        if futile_after is not None and timed.runs >= futile_after * timed.block and _futile(timed):
             break
     base, *cands = timed.stats()
     seconds = time.perf_counter() - start

@@ -16,7 +16,7 @@ check is never offered to the extractor.
 """
 
 from tensat.egraph import pool
-from tensat.egraph.export import COMPETITIVE_SLACK_MS, PRICE_BATCH, UNCHOSEN_MS, CostFn, DecodedNode, Export
+from tensat.egraph.export import COMPETITIVE_SLACK_MS, UNCHOSEN_MS, CostFn, DecodedNode, Export
 from tensat.egraph.lower import GUIDED, LoweredGraph
 from tensat.egraph.pool import BLANKS_KEPT
 from tensat.egraph.runner import (
@@ -36,7 +36,6 @@ __all__ = [
     "FILL_MIN_SECONDS",
     "GUIDED",
     "MATCH_LIMIT",
-    "PRICE_BATCH",
     "UNCHOSEN_MS",
     "Backoff",
     "CostFn",

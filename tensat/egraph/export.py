@@ -19,7 +19,6 @@ from tensat.extraction import ENode, tree_costs
 from tensat.ir import Graph, Node
 
 UNCHOSEN_MS = 1e-9  # added to the cost of e-nodes the input graph does not use: a tie-break, not a price
-PRICE_BATCH = 32  # e-nodes priced per prefetch call when pricing has a time limit
 COMPETITIVE_SLACK_MS = 0.005  # an estimate this close to its e-class's cheapest is competitive whatever the ratio
 
 CostFn = Callable[[Node, Sequence[tuple[int, ...]], Sequence[bool]], float]
@@ -98,10 +97,10 @@ class Export(LoweredGraph):
         their e-class (plus `COMPETITIVE_SLACK_MS`). The others (a depthwise convolution turned dense, a merge of
         its groups) are priced at their estimate times the largest ratio of price to estimate among the priced
         ones: dominated in their own e-class, never worth a measurement.
-        With `price_seconds` as well, pricing (through `node_cost.prefetch`, in batches) stops once it has taken
-        that long: the input graph's own e-nodes come first, then the others, costliest estimate first (where a
-        wrong price would cost most); those left are priced like the dominated ones, so they are chosen only
-        where they win by far.
+        With `price_seconds` as well, pricing (through `node_cost.prefetch`, with a deadline) starts no
+        measurement after that long: the input graph's own e-nodes come first, then the others, costliest
+        estimate first (where a wrong price would cost most); those left are priced like the dominated ones, so
+        they are chosen only where they win by far.
 
         Shape checks, pricing items and prices are kept in `_ExportMemo` by the e-node's op, attributes and
         shapes (values that mean the same in every export, unlike e-class ids), so a later export of this e-graph
@@ -338,21 +337,15 @@ class Export(LoweredGraph):
 
     @staticmethod
     def _prefetch(
-        prefetch: Callable[[Any], None],
+        prefetch: Callable[..., Any],
         order: Sequence[str],
         to_price: dict[str, tuple[Node, list[tuple[int, ...]], list[bool]]],
         seconds: float | None,
     ) -> list[str]:
-        """Prefetch the prices of `order` in batches until `seconds` have passed; the ids left unpriced."""
-        if seconds is None:
-            prefetch([to_price[nid] for nid in order])
-            return []
-        start = time.perf_counter()
-        for k in range(0, len(order), PRICE_BATCH):
-            if k and time.perf_counter() - start > seconds:
-                return list(order[k:])
-            prefetch([to_price[nid] for nid in order[k : k + PRICE_BATCH]])
-        return []
+        """Prefetch the prices of `order`, most wanted first, for at most `seconds`; the ids left unpriced."""
+        deadline = None if seconds is None else time.perf_counter() + seconds
+        left = prefetch([to_price[nid] for nid in order], deadline) or ()
+        return [order[i] for i in left]
 
     @staticmethod
     def _constant_classes(decoded: dict[str, DecodedNode]) -> set[int]:

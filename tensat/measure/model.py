@@ -217,17 +217,22 @@ class MeasuredCost:
         """How the cost of a priced unit was made up (raw timing, copies, reorders, fallbacks)."""
         return self._details.get(self._key(unit), {})
 
-    def prefetch(self, items: Iterable[tuple[Node, Sequence[Shape], Sequence[bool]]]) -> None:
-        """Measure (or load from the cache) the cost of every item not yet known, behind one progress bar."""
+    def prefetch(
+        self, items: Iterable[tuple[Node, Sequence[Shape], Sequence[bool]]], deadline: float | None = None
+    ) -> list[int]:
+        """Measure (or load from the cache) the cost of every item not yet known, behind one progress bar, in the
+        order given; with `deadline` (a `time.perf_counter()` value) no timing window starts after it. The indices
+        of the items left unpriced (none without a deadline)."""
         items = list(items)
         if self.working_set is None:
             self.working_set = self._estimate_working_set(items)
-        units = []
-        for node, shapes, const in items:
+        units: dict[int, Unit] = {}
+        for i, (node, shapes, const) in enumerate(items):
             if node.is_leaf or node.op == "opaque" or (shapes and len(const) == len(shapes) and all(const)):
                 continue
-            units.append(pricing_unit(node, shapes, const))
-        self.prefetch_units(units)
+            units[i] = pricing_unit(node, shapes, const)
+        left = self.prefetch_units(list(units.values()), deadline=deadline)
+        return [i for i, u in units.items() if self._key(u) in left]
 
     @staticmethod
     def _estimate_working_set(items: Sequence[tuple[Node, Sequence[Shape], Sequence[bool]]]) -> int:
@@ -237,14 +242,20 @@ class MeasuredCost:
             total += sum(_nbytes(s, node.dtype) for s, c in zip(shapes, const) if c)
         return total or DEFAULT_WORKING_SET
 
-    def prefetch_units(self, units: Iterable[Unit], between: Callable[[], None] | None = None) -> None:
-        """Load or measure every unit not yet known.
+    def prefetch_units(
+        self, units: Iterable[Unit], between: Callable[[], None] | None = None, deadline: float | None = None
+    ) -> set[str]:
+        """Load or measure every unit not yet known; the keys of those left unmeasured at `deadline`.
 
         Units are measured in chunks; each unit is timed in `WINDOWS` windows separated by the other units of its
         chunk (a third window where the first two disagree by more than `WINDOW_TOL`), and its cost is the median
         of the window medians, so a burst of load from other processes does not stay in the cache. Every other
         window goes through the chunk backwards, so each unit's windows centre on the chunk's middle. `between`, if
         given, is called after every window (the accuracy report times end-to-end runs there).
+
+        Without `deadline` units are measured sorted by label; with one, in the order given (the caller's most
+        wanted first), and no window starts after it: a unit timed in fewer windows than it wanted is priced for
+        this run but not cached, and a unit with no window is left out.
         """
         todo: dict[str, Unit] = {}
         for u in units:
@@ -252,7 +263,7 @@ class MeasuredCost:
             if k not in self._memo and k not in todo:
                 todo[k] = u
         if not todo:
-            return
+            return set()
         found = self.cache.get_many(self.fingerprint, todo)
         for k, entry in found.items():
             self._memo[k] = entry.ms
@@ -260,40 +271,63 @@ class MeasuredCost:
             self.stats.cached += 1
             todo.pop(k)
         if not todo:
-            return
+            return set()
         start = time.perf_counter()
-        order = sorted(todo.items(), key=lambda kv: (kv[1].label(), kv[0]))
+        order = (
+            list(todo.items()) if deadline is not None else sorted(todo.items(), key=lambda kv: (kv[1].label(), kv[0]))
+        )
         windows = self.windows or WINDOWS
         bar = Progress(len(order) * windows, f"measuring {len(order)} op costs on {self.device}", self.progress)
+
+        def timed(plan: _Plan | CostEntry) -> bool:
+            """Time one more window of `plan` unless the deadline has passed (then: False)."""
+            if deadline is not None and time.perf_counter() >= deadline:
+                return False
+            self._window(plan)
+            if between is not None:
+                between()
+            return True
+
+        left: set[str] = set()
         try:
             for c in range(0, len(order), self.chunk):
                 chunk = order[c : c + self.chunk]
+                if deadline is not None and time.perf_counter() >= deadline:
+                    left.update(k for k, _ in chunk)
+                    continue
                 plans: dict[str, _Plan | CostEntry] = {}
                 for k, unit in chunk:
                     plans[k] = self._plan(unit)
+                cut = False
                 for w in range(windows):
                     for k, unit in chunk if w % 2 == 0 else chunk[::-1]:
                         plan = plans[k]
-                        if w < (plan.windows_wanted if isinstance(plan, _Plan) else 1):
-                            self._window(plan)
-                            if between is not None:
-                                between()
+                        if not cut and w < (plan.windows_wanted if isinstance(plan, _Plan) else 1):
+                            cut = not timed(plan)
                         bar.step(unit.label())
-                extra = [k for k, _ in chunk if isinstance(p := plans[k], _Plan) and p.disagree()]
+                extra = [] if cut else [k for k, _ in chunk if isinstance(p := plans[k], _Plan) and p.disagree()]
                 bar.total += len(extra)
+                undecided: set[str] = set()  # windows disagreed, and the deciding one came after the deadline
                 for k in extra:
-                    self._window(plans[k])
-                    if between is not None:
-                        between()
+                    cut = cut or not timed(plans[k])
+                    if cut:
+                        undecided.add(k)
                     bar.step(todo[k].label())
-                entries = {k: self._entry(plans[k]) for k, _ in chunk}
-                for k, entry in entries.items():
+                entries: dict[str, CostEntry] = {}
+                for k, _ in chunk:
+                    plan = plans[k]
+                    if isinstance(plan, _Plan) and plan.failure is None and not plan.windows:
+                        left.add(k)
+                        continue
+                    entry = entries[k] = self._entry(plan)
                     self._memo[k] = entry.ms
                     self._details[k] = entry.detail or {}
-                self.cache.put_many(self.fingerprint, entries)
+                complete = {k: e for k, e in entries.items() if k not in undecided and _complete(plans[k])}
+                self.cache.put_many(self.fingerprint, complete)
         finally:
             bar.close()
             self.stats.seconds += time.perf_counter() - start
+        return left
 
     # -- measuring ----------------------------------------------------------------------------------------------
 
@@ -567,6 +601,11 @@ class _Plan:
             return False
         a, b = (w.median_us for w in self.windows)
         return abs(a - b) > WINDOW_TOL * max(min(a, b), 1e-3) + 0.05
+
+
+def _complete(plan: _Plan | CostEntry) -> bool:
+    """Whether `plan` got every window it wanted (or needed none): only then is its cost cached."""
+    return not isinstance(plan, _Plan) or plan.failure is not None or len(plan.windows) >= plan.windows_wanted
 
 
 def make_measured_cost(

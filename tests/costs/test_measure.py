@@ -12,6 +12,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 
 import numpy as np
@@ -202,6 +203,39 @@ def test_prefetch_measures_each_signature_once(tmp_path):
     for it in listed:
         cost(*it)
     assert cost.stats.measured == measured
+
+
+def test_prefetch_starts_no_window_after_its_deadline_and_caches_only_complete_units(tmp_path):
+    listed = items(small_cnn())
+    late = cost_model(tmp_path)
+    left = late.prefetch(listed, deadline=time.perf_counter())
+    assert left and late.stats.measured == 0  # every item to measure is left unpriced
+    with CostCache(tmp_path / "costs.sqlite3") as cache:
+        assert cache.count() == 0
+
+    cost = cost_model(tmp_path)
+    deadline = time.perf_counter() + 2.0
+    timed, windows = cost._window, []
+
+    def first_window_overruns(plan):
+        timed(plan)
+        windows.append(plan)
+        time.sleep(max(0.0, deadline - time.perf_counter()))
+
+    cost._window = first_window_overruns
+    left = cost.prefetch(listed, deadline=deadline)
+    assert len(windows) == 1
+    assert len(left) == len(set(left)) and 0 < len(left) < len(listed)
+    unit = windows[0].unit
+    assert cost(*listed[[i for i in range(len(listed)) if i not in left][0]]) > 0
+    with CostCache(tmp_path / "costs.sqlite3") as cache:  # priced for this run from its one window, not cached:
+        assert cache.get_many(cost.fingerprint, {cost._key(unit): unit}) == {}  # it wanted two
+
+    full = cost_model(tmp_path)
+    assert full.prefetch(listed, deadline=time.perf_counter() + 600.0) == []
+    again = cost_model(tmp_path)
+    again.prefetch(listed)
+    assert again.stats.measured == 0 and again.stats.cached > 0
 
 
 def _measure_in_subprocess(cache_dir: str, start: int) -> int:
@@ -420,6 +454,10 @@ def test_compare_latency_tells_the_slower_model():
     faster = compare_latency(slow, fast, max_seconds=2.0, clock="cpu")
     assert faster.speedup > 1 and not faster.measurably_slower
     assert set(faster.to_dict()) == {"baseline_ms", "candidate_ms", "speedup", "interval", "pairs", "block", "seconds"}
+    futile = compare_latency(fast, slow, max_seconds=30.0, futile_after=6)
+    assert futile.pairs == 6 and futile.speedup < 1  # no gain after 6 pairs: the timing stops
+    gaining = compare_latency(slow, fast, max_seconds=30.0, pairs=12, futile_after=6)
+    assert gaining.pairs == 12 and gaining.speedup > 1  # a gain is timed to the end
 
 
 def test_multi_threaded_interleaved_sessions_do_not_spin_between_runs():
@@ -446,8 +484,9 @@ def test_the_latency_check_keeps_the_input_unless_the_optimized_model_runs_faste
     fast, slow = export_model(relu_chain(1)), export_model(relu_chain(300))
     log = api.RunLog()
     check = api._end_to_end_check(fast, slow, "cpu", opts, log)
-    assert check is not None and not check.kept and set(check.by_threads) == set(api.check_threads())
-    assert all(c.speedup < 1 for c in check.by_threads.values()) and check.by_threads[1].measurably_slower
+    assert check is not None and not check.kept and list(check.by_threads) == [1]  # rejected: 2 threads not timed
+    assert check.by_threads[1].pairs == api.FUTILE_PAIRS  # stopped once no gain showed
+    assert check.by_threads[1].speedup < 1 and check.by_threads[1].measurably_slower
     assert not log.warnings and "x at 1 thread, 95% interval" in check.figures()
     check = api._end_to_end_check(slow, fast, "cpu", opts, log)
     assert check is not None and check.kept and not log.warnings

@@ -382,7 +382,7 @@ def test_a_cost_model_refusing_the_request_is_a_clear_error(monkeypatch: pytest.
 
 def test_a_failing_prefetch_is_flagged_and_nodes_are_priced_one_by_one(monkeypatch: pytest.MonkeyPatch) -> None:
     class NoPrefetch(AnalyticCost):
-        def prefetch(self, items: Any) -> None:
+        def prefetch(self, items: Any, deadline: float | None = None) -> list[int]:
             raise RuntimeError("measurement process died")
 
     monkeypatch.setattr(api, "make_cost_model", lambda name, device="auto", progress=False: NoPrefetch())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -173,12 +175,19 @@ def test_conv_relu_fusion_and_conv_merge():
 class _Counting:
     """A cost model that measures: the analytic estimate, counting what it is asked to price."""
 
-    def __init__(self) -> None:
+    def __init__(self, seconds_each: float = 0.0) -> None:
         self.priced: list[tuple[str, int | None, int | None]] = []
+        self.seconds_each = seconds_each  # how long each price takes
 
-    def prefetch(self, items) -> None:
-        for node, _, _ in items:
+    def prefetch(self, items, deadline=None) -> list[int]:
+        left = []
+        for i, (node, _, _) in enumerate(items):
+            if deadline is not None and time.perf_counter() >= deadline:
+                left.append(i)
+                continue
             self.priced.append((node.op, node.attr.get("group"), node.attr.get("act")))
+            time.sleep(self.seconds_each)
+        return left
 
     def __call__(self, node, shapes, const=()) -> float:
         return COST(node, shapes, const)
@@ -222,9 +231,9 @@ def test_pricing_time_limit_prices_the_input_first_and_the_rest_pessimistically(
     te = TensorEGraph(_depthwise_graph())
     te.explore(k_multi=1, iter_limit=4)
     xg_all, decoded, _ = te.export(_Counting())
-    timed = _Counting()
-    xg, decoded, _ = te.export(timed, competitive=1e9, price_seconds=0.0)  # nothing dominated; one batch priced
-    assert len(timed.priced) == egraph_mod.PRICE_BATCH < sum(1 for n in xg_all.nodes.values() if n.cost > 0)
+    timed = _Counting(seconds_each=0.5)
+    xg, decoded, _ = te.export(timed, competitive=1e9, price_seconds=0.7)  # nothing dominated; 2 priced in time
+    assert len(timed.priced) == 2 < sum(1 for n in xg_all.nodes.values() if n.cost > 0)
     original = set(te.original_selection(decoded).values())
     for nid, node in xg.nodes.items():
         if nid in original:  # the input's own e-nodes are priced first, at their price
