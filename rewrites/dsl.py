@@ -505,8 +505,11 @@ class _EggCompiler:
                 raise RuleError(f"rule {self.rule.name}: right-side {p.op} needs attribute :{name}")
         return f"({d.egg} {' '.join(parts)})"
 
-    def compile(self, ruleset: str, guard: str | None = None, name: str | None = None) -> str:
-        query = [f"(= root{i} {self.pattern(t, True)})" for i, t in enumerate(self.rule.lhs)]
+    def compile(
+        self, ruleset: str, guard: str | None = None, name: str | None = None, roots_in: Sequence[tuple[str, int]] = ()
+    ) -> str:
+        query = [f"({relation} root{k})" for relation, k in roots_in]
+        query += [f"(= root{i} {self.pattern(t, True)})" for i, t in enumerate(self.rule.lhs)]
         if guard is not None:  # first: the relation is small, the plain patterns are not
             query = [f"({guard} root{i})" for i in range(len(self.rule.lhs))] + query
         if self.rule.multi:
@@ -522,11 +525,17 @@ class _EggCompiler:
         return f'(rule ({body}) ({" ".join(actions)}) :ruleset {ruleset} :name "{name}")'
 
 
-def to_egglog(rule: Rule, ruleset: str, guard: str | None = None, name: str | None = None) -> str:
+def to_egglog(
+    rule: Rule,
+    ruleset: str,
+    guard: str | None = None,
+    name: str | None = None,
+    roots_in: Sequence[tuple[str, int]] = (),
+) -> str:
     """The egglog rule command for `rule` in `ruleset`. With `guard` (an egglog relation over tensors), the rule
-    matches only where every left pattern's root is in the relation; `name` overrides the rule's name in egglog's
-    reports."""
-    return _EggCompiler(rule).compile(ruleset, guard, name)
+    matches only where every left pattern's root is in the relation; each (relation, k) of `roots_in` also
+    requires the k-th root to be in that relation; `name` overrides the rule's name in egglog's reports."""
+    return _EggCompiler(rule).compile(ruleset, guard, name, roots_in)
 
 
 # ---------------------------------------------------------------------------------------------------------------

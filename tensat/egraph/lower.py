@@ -12,6 +12,12 @@ from tensat.egraph.pool import blank_egraph, run_program
 from tensat.ir import Graph, Node
 
 GUIDED = "guided/"  # prefix of a multi-pattern rule's guided copy (matching only e-classes marked chosen)
+TWIN = "#"  # a guided copy is two egglog rules, named `GUIDED + name` and `GUIDED + name + TWIN + "1"` (see guide)
+
+
+def rule_of_report(name: str) -> str:
+    """The rule (or guided copy) an egglog report's rule name belongs to."""
+    return name.split(TWIN, 1)[0]
 
 
 class LoweredGraph:
@@ -27,25 +33,28 @@ class LoweredGraph:
         self._ruleset_of: dict[str, str] = {}
         program = [
             ops.egg_declarations(),
-            "(function node-of (i64) T :no-merge)\n(function chosen-of (i64) T :no-merge)\n(relation chosen (T))",
+            "(function node-of (i64) T :no-merge)\n(function chosen-of (i64) T :no-merge)\n(relation chosen (T))\n"
+            "(relation fresh (T))\n(relation settled (T))\n(ruleset stale)\n"
+            "(rule ((fresh x) (chosen x)) ((delete (fresh x))) :ruleset stale)\n"
+            "(rule ((chosen x)) ((settled x)) :ruleset stale)",
             "\n".join(ops.egg_shape_rules(present.union(*(r.produced_ops() for r in self.rules)))),
         ]
         for k, rule in enumerate(self.rules):
             name = f"rule-{k}"
             self._ruleset_of[rule.name] = name
             program.append(f"(ruleset {name})\n{rewrites.to_egglog(rule, name)}")
-            if rule.multi:  # the same rule, matching only pairs of e-classes a guided round marked as chosen
-                guided = f"guided-{k}"
+            if rule.multi:  # the same rule, matching only pairs of chosen e-classes with a fresh one (see `guide`):
+                guided = f"guided-{k}"  # the first fresh, or the first chosen in an earlier round and the second fresh
                 self._ruleset_of[GUIDED + rule.name] = guided
-                program.append(f"(ruleset {guided})\n{rewrites.to_egglog(rule, guided, 'chosen', GUIDED + rule.name)}")
+                program.append(f"(ruleset {guided})")
+                for name, roots_in in (("", [("fresh", 0)]), (f"{TWIN}1", [("settled", 0), ("fresh", 1)])):
+                    program.append(rewrites.to_egglog(rule, guided, "chosen", GUIDED + rule.name + name, roots_in))
         self._blank = blank_egraph(program, self)
         self.egraph = self._blank.egraph
         self.version = 0  # bumped whenever the e-graph's content may have changed: an export is reused until then
         self._chosen_base = 0
         self.live = graph.live()
-        commands = [f"(set (node-of {i}) {self._lower(graph.nodes[i])})" for i in self.live]
-        for k in range(0, len(commands), 256):
-            self._run("\n".join(commands[k : k + 256]))
+        self._run_batched([f"(set (node-of {i}) {self._lower(graph.nodes[i])})" for i in self.live])
         self._run("(run-schedule (saturate shapes))")
         self._check_initial_shapes()
 
@@ -126,16 +135,23 @@ class LoweredGraph:
         """Mark the e-classes of `graph` (a graph extracted from this e-graph) as chosen, for a guided round; returns
         the id offset under which its nodes are held in the `chosen-of` table (see `chosen_selection`).
 
-        Its terms are e-nodes of the e-graph already, so lowering them adds nothing but the marks."""
+        Those not chosen by an earlier round are also marked fresh, and the earlier rounds' ones settled: a guided
+        rule matches only pairs with a fresh e-class, as pairs of settled ones were merged in the rounds that chose
+        them (semi-naive evaluation). Its terms are e-nodes of the e-graph already, so
+        lowering them adds nothing but the marks."""
         base = self._chosen_base
         self._chosen_base += len(graph.nodes)
         live = graph.live()
         commands = [f"(set (chosen-of {base + i}) {self._lower(graph.nodes[i], 'chosen-of', base)})" for i in live]
-        commands += [f"(chosen (chosen-of {base + i}))" for i in live]
-        for k in range(0, len(commands), 256):
-            self._run("\n".join(commands[k : k + 256]))
-        self._run("(run-schedule (saturate shapes))")
+        commands += [f"(fresh (chosen-of {base + i}))" for i in live]
+        self._run_batched(commands)
+        self._run("(run-schedule (saturate shapes) (run stale))")
+        self._run_batched([f"(chosen (chosen-of {base + i}))" for i in live])
         return base
+
+    def _run_batched(self, commands: Sequence[str], batch: int = 256) -> None:
+        for k in range(0, len(commands), batch):
+            self._run("\n".join(commands[k : k + batch]))
 
     def _check_initial_shapes(self) -> None:
         frozen = self.egraph.freeze()

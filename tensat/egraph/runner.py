@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tensat import rewrites
-from tensat.egraph.lower import GUIDED, LoweredGraph
+from tensat.egraph.lower import GUIDED, LoweredGraph, rule_of_report
 from tensat.egraph.pool import run_program
 from tensat.errors import one_line
 from tensat.ir import Graph
@@ -309,7 +309,8 @@ class Exploration(LoweredGraph):
     def _matches(self, reports: list[Any]) -> dict[str, int]:
         matches: dict[str, int] = {}
         for out in reports:
-            for name, count in out.report.num_matches_per_rule.items():
+            for egg_name, count in out.report.num_matches_per_rule.items():
+                name = rule_of_report(egg_name)
                 if name in self._ruleset_of:
                     matches[name] = matches.get(name, 0) + int(count)
         return matches
@@ -320,7 +321,8 @@ class Exploration(LoweredGraph):
         found: dict[str, int] = {}
         for out in reports:
             for iteration in out.report.iterations:
-                for name, rule_reports in iteration.rule_set_report.rule_reports.items():
+                for egg_name, rule_reports in iteration.rule_set_report.rule_reports.items():
+                    name = rule_of_report(egg_name)
                     found[name] = found.get(name, 0) + sum(int(r.num_matches) for r in rule_reports)
         return found
 
