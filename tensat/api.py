@@ -573,7 +573,11 @@ class _Sampler:
 
     The local search starts from the previous sample's selection carried into the new export where that is cheaper
     than greedy's by more than the gap tolerance (the search has already done most of its moves there), and the
-    last sample's selection is a start of the extraction too (`_extract`)."""
+    last sample's selection is a start of the extraction too (`_extract`).
+
+    With a cost model that measures, samples are priced by the analytic estimate: measuring each iteration's new
+    e-nodes spent the exploration's share of the time budget on pricing (ConvNeXt stopped after two iterations,
+    one short of folding its layer scales). The extraction's export measures what is competitive at the end."""
 
     def __init__(self, run: _Run) -> None:
         self.run = run
@@ -587,7 +591,7 @@ class _Sampler:
             return False
         if it.unbanned:  # the deferred matches ran: what they may lower is counted from here
             self.stale = 0
-        x = _export(run)
+        x = _export(run, analytic=True)
         start = extraction.greedy_dag(x.egraph, forbidden=x.forbidden)
         carried = _carried(run, run.sampled, x)
         if carried is not None and carried.cost < start.cost * (1 - extraction.GAP_TOLERANCE):
@@ -626,19 +630,23 @@ def _carried(
     return replace(x.priced(choices, "sample"), status="feasible")
 
 
-def _export(run: _Run) -> Exported:
+ANALYTIC = AnalyticCost()
+
+
+def _export(run: _Run, analytic: bool = False) -> Exported:
     """The e-graph exported for extraction; with a cost model that measures (every price takes time), only
     competitive e-nodes are priced, within `PRICE_SECONDS` or half the time budget left, whichever is less (see
-    `TensorEGraph.export`). An analytic export is reused while the e-graph's version stays the same, and with it
-    what the extractors memoized on it (the sample's greedy and local search, when extraction starts)."""
+    `TensorEGraph.export`). An analytic export (the run's cost model is analytic, or `analytic` asks for one) is
+    reused while the e-graph's version stays the same, and with it what the extractors memoized on it (the
+    sample's greedy and local search, when extraction starts)."""
     te = run.te
     assert te is not None and run.cost is not None
-    if run.measured is not None:  # depends on the time left to price, so it is not reused
+    if run.measured is not None and not analytic:  # depends on the time left to price, so it is not reused
         seconds = min(PRICE_SECONDS, max(MIN_PRICE_SECONDS, _budget_left(run) / 2))
         xg, decoded, forbidden = te.export(run.cost, competitive=COMPETITIVE_RATIO, price_seconds=seconds)
         return Exported(xg, decoded, frozenset(forbidden), te.original_selection(decoded))
     if run.last_export is None or run.last_export[0] != te.version:  # else unchanged since (the last sample's)
-        xg, decoded, forbidden = te.export(run.cost)
+        xg, decoded, forbidden = te.export(run.cost if run.measured is None else ANALYTIC)
         run.last_export = (te.version, Exported(xg, decoded, frozenset(forbidden), te.original_selection(decoded)))
     return run.last_export[1]
 

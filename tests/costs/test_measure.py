@@ -522,6 +522,32 @@ def test_optimizing_with_measured_costs_times_the_result_against_the_input(monke
         tensat.optimize_with_details(g, cost="measured", latency_check=-1)
 
 
+def test_exploration_samples_are_priced_analytically_and_only_the_extraction_measures(monkeypatch, tmp_path):
+    """Measuring each iteration's new e-nodes spent the exploration's time on pricing: a sample of the extracted
+    cost is priced by the analytic estimate; the measured model prices the input and the extraction's export."""
+    measured = cost_model(tmp_path)
+    stage, prefetched = ["start"], []
+    real_prefetch = measured.prefetch
+
+    def prefetch(items, deadline=None):
+        prefetched.append(stage[0])
+        return real_prefetch(items, deadline)
+
+    measured.prefetch = prefetch
+    monkeypatch.setattr(api, "make_cost_model", lambda name, device="auto", progress=False: measured)
+    samples = []
+    real_sampler = api._Sampler.__call__
+    monkeypatch.setattr(api._Sampler, "__call__", lambda self, it: samples.append(it) or real_sampler(self, it))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        result = tensat.optimize_with_details(
+            small_cnn(), cost="measured", latency_check=0, progress=lambda name, detail: stage.__setitem__(0, name)
+        )
+    assert samples, "the exploration should have sampled its extracted cost"
+    assert "explore" not in prefetched and "price" in prefetched
+    assert result.cost_after <= result.cost_before
+
+
 # -- the cache ---------------------------------------------------------------------------------------------------
 
 
