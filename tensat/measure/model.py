@@ -281,7 +281,7 @@ class MeasuredCost:
 
         def timed(plan: _Plan | CostEntry) -> bool:
             """Time one more window of `plan` unless the deadline has passed (then: False)."""
-            if deadline is not None and time.perf_counter() >= deadline:
+            if _past(deadline):
                 return False
             self._window(plan)
             if between is not None:
@@ -292,20 +292,20 @@ class MeasuredCost:
         try:
             for c in range(0, len(order), self.chunk):
                 chunk = order[c : c + self.chunk]
-                if deadline is not None and time.perf_counter() >= deadline:
+                if _past(deadline):
                     left.update(k for k, _ in chunk)
                     continue
-                plans: dict[str, _Plan | CostEntry] = {}
-                for k, unit in chunk:
-                    plans[k] = self._plan(unit)
+                plans: dict[str, _Plan | CostEntry] = {}  # planned on the way to a unit's first window
                 cut = False
                 for w in range(windows):
                     for k, unit in chunk if w % 2 == 0 else chunk[::-1]:
-                        plan = plans[k]
-                        if not cut and w < (plan.windows_wanted if isinstance(plan, _Plan) else 1):
+                        if k not in plans and not (cut := cut or _past(deadline)):
+                            plans[k] = self._plan(unit)
+                        plan = plans.get(k)
+                        if not cut and plan is not None and w < (plan.windows_wanted if isinstance(plan, _Plan) else 1):
                             cut = not timed(plan)
                         bar.step(unit.label())
-                extra = [] if cut else [k for k, _ in chunk if isinstance(p := plans[k], _Plan) and p.disagree()]
+                extra = [] if cut else [k for k, _ in chunk if isinstance(p := plans.get(k), _Plan) and p.disagree()]
                 bar.total += len(extra)
                 undecided: set[str] = set()  # windows disagreed, and the deciding one came after the deadline
                 for k in extra:
@@ -315,8 +315,8 @@ class MeasuredCost:
                     bar.step(todo[k].label())
                 entries: dict[str, CostEntry] = {}
                 for k, _ in chunk:
-                    plan = plans[k]
-                    if isinstance(plan, _Plan) and plan.failure is None and not plan.windows:
+                    plan = plans.get(k)
+                    if plan is None or (isinstance(plan, _Plan) and plan.failure is None and not plan.windows):
                         left.add(k)
                         continue
                     entry = entries[k] = self._entry(plan)
@@ -601,6 +601,11 @@ class _Plan:
             return False
         a, b = (w.median_us for w in self.windows)
         return abs(a - b) > WINDOW_TOL * max(min(a, b), 1e-3) + 0.05
+
+
+def _past(deadline: float | None) -> bool:
+    """Whether `deadline` (a `time.perf_counter()` value, or None for none) has passed."""
+    return deadline is not None and time.perf_counter() >= deadline
 
 
 def _complete(plan: _Plan | CostEntry) -> bool:
