@@ -110,6 +110,7 @@ class _Exporter:
         self.output_ids = {n for _, n in g.outputs}
         self.readers = self._consumers(emitted)
         self.gemms = self._find_gemms(emitted)
+        self.transposed_b = self._find_transposed_b()
         self.squeezed = self._find_squeezable(emitted)
         for i in self.live:
             n = g.nodes[i]
@@ -215,7 +216,7 @@ class _Exporter:
             if i not in self.names:
                 base = n.attr["name"] if n.op == "weight" else f"{n.op}_{i}_folded"
                 self.names[i] = self.namer(base)
-            array = self.consts[i]
+            array = self.consts[i].T if i in self.transposed_b else self.consts[i]
             if i in self.squeezed:
                 keep = 2 if any(g.nodes[k].op == "matmul" for k in self.readers.get(i, ())) else 1
                 array = array.reshape(_without_leading_ones(array.shape, keep))
@@ -295,6 +296,28 @@ class _Exporter:
                 ):
                     out[i] = m
                     break
+        return out
+
+    def _find_transposed_b(self) -> set[int]:
+        """2-D constants held as the transposed view of a weight (the importer reads a Gemm with transB so), read
+        only as the right operand of Gemms. They are exported as the weight was stored, with transB, instead of
+        as a transposed copy: a layout the extraction did not choose, and a strided copy of what may be hundreds
+        of megabytes."""
+        g = self.graph
+        fused = set(self.gemms.values())
+        aliased = {i for _, i in self.aliases} | self.output_ids
+        out: set[int] = set()
+        for m in fused:
+            b = g.nodes[m].inputs[1]
+            array = self.consts[b]
+            if (
+                array.ndim == 2
+                and not array.flags.c_contiguous
+                and array.T.flags.c_contiguous
+                and b not in aliased
+                and all(r in fused and g.nodes[r].inputs[0] != b for r in self.readers[b])
+            ):
+                out.add(b)
         return out
 
     def _zero_bias(self, i: int) -> bool:
@@ -610,7 +633,8 @@ def _ex_gemm(e: _Exporter, i: int) -> None:
     m = e.gemms[i]
     bias = n.inputs[1] if n.inputs[0] == m else n.inputs[0]
     a, b = g.nodes[m].inputs
-    e.emit("Gemm", [e.tensor(a), e.tensor(b), e.tensor(bias)], [e.tensor(i)], f"gemm_{i}")
+    transposed: dict[str, Any] = {"transB": 1} if b in e.transposed_b else {}
+    e.emit("Gemm", [e.tensor(a), e.tensor(b), e.tensor(bias)], [e.tensor(i)], f"gemm_{i}", **transposed)
 
 
 def _ex_const(e: _Exporter, array: np.ndarray, base: str) -> str:

@@ -201,6 +201,25 @@ def test_gemm_variants() -> None:
     assert "opaque" not in ops_of(graph)
 
 
+def test_a_gemm_with_transb_exports_with_transb_and_its_weight_as_stored() -> None:
+    weight = randn(6, 4)  # stored (N, K), read transposed
+    model = make(
+        [
+            helper.make_node("Gemm", ["a", "W", "C"], ["g"], transB=1),
+            helper.make_node("Relu", ["g"], ["y"]),
+        ],
+        [vi("a", [3, 4])],
+        [vi("y", [3, 6])],
+        [init("W", weight), init("C", randn(6))],
+        opset=13,
+    )
+    _, out = roundtrip(model)
+    (gemm,) = [n for n in out.graph.node if n.op_type == "Gemm"]
+    assert {a.name: a.i for a in gemm.attribute}.get("transB") == 1  # not a transposed copy of the weight
+    stored = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}[gemm.input[1]]
+    np.testing.assert_array_equal(stored, weight)
+
+
 def test_conv_and_pool_variants() -> None:
     inits = [init("W", randn(4, 2, 3, 3)), init("B", randn(4)), init("W2", randn(4, 4, 1, 1))]
     nodes = [
