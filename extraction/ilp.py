@@ -12,12 +12,17 @@ acyclic term of a class (a greatest fixpoint, kept as integer bitmasks). With it
 * pruning (each step keeps an optimal extraction): forbidden and unreachable nodes; nodes that can
   only be used in a cycle (a child needs the node's own class); nodes whose cost lower bound (own
   cost + cheapest node of each class it or the roots need) exceeds the greedy incumbent; nodes
-  dominated by a cheaper-or-equal node of the same class with a subset of its child classes;
+  whose path bound (cheapest path from a root down to them, plus the critical path of their term)
+  exceeds it; nodes dominated by a cheaper-or-equal node of the same class with a subset of its
+  child classes;
 * static cuts: if node n of class c needs class j, j must pick a node that does not need c;
 * lazy cluster cuts: for the class set S of a cycle of the selection's needs graph, some active
   class of S must pick a node needing no class of S. One cut forbids every cycle through S.
 
 The greedy selection is the warm start (a HiGHS MIP start), the pruning bound and the fallback.
+The pruning also gives a lower bound: the larger of the needed classes' cheapest nodes and the roots'
+critical paths. When it reaches the incumbent no model is built (VGG: a chain, whose critical path is
+its whole cost).
 
 Stop rules (``ilp_extract``): the incumbent within ``gap_tolerance`` of the best bound, no cheaper
 incumbent for ``stall_seconds``, or the time limit. HiGHS is watched inside its search through
@@ -28,6 +33,7 @@ the search is interrupted as soon as a rule holds; CBC is checked between calls.
 from __future__ import annotations
 
 import contextlib
+import heapq
 import logging
 import math
 import os
@@ -134,6 +140,7 @@ def _reduce(ix: _Index, banned: list[bool], upper: float) -> _Reduced:
         "forbidden": sum(banned),
         "cyclic_only": 0,
         "cost_bound": 0,
+        "path_bound": 0,
         "dominated": 0,
         "unreachable": 0,
     }
@@ -186,6 +193,17 @@ def _reduce(ix: _Index, banned: list[bool], upper: float) -> _Reduced:
                 alive[n] = False
                 stats["cost_bound"] += 1
                 changed = True
+        # Path bound: the cheapest root-to-class path above a node plus its critical path below it.
+        below = _critical_paths(ix, alive)
+        above = _root_paths(ix, alive)
+        lower_bound = max([lower_bound] + [below[r] for r in ix.roots])
+        for n in range(n_nodes):
+            if alive[n]:
+                lb = above[ncls[n]] + cost[n] + max((below[k] for k in kids[n]), default=0.0)
+                if lb > upper + tol:
+                    alive[n] = False
+                    stats["path_bound"] += 1
+                    changed = True
         # Dominance within a class: cheaper-or-equal node with a subset of the child classes.
         for ns in ix.class_nodes:
             cand = sorted((n for n in ns if alive[n]), key=lambda n: (cost[n], len(kids[n]), n))
@@ -223,6 +241,57 @@ def _reduce(ix: _Index, banned: list[bool], upper: float) -> _Reduced:
     stats["alive_classes"] = len({ncls[n] for n in range(n_nodes) if alive[n]})
     stats["required_classes"] = bin(required).count("1")
     return _Reduced(alive, required, replace, lower_bound, stats, g)
+
+
+def _critical_paths(ix: _Index, alive: list[bool]) -> list[float]:
+    """Per class, a lower bound on the DAG cost of every acyclic term of it (``inf``: no term).
+
+    The least fixpoint of ``B(c) = min over alive n in c of cost(n) + max over children k of B(k)``: an acyclic
+    term holds its root node and, disjoint from it, the term of each child, so its DAG cost is at least its most
+    expensive root-to-leaf path. Computed by Knuth's generalization of Dijkstra's algorithm (the function is
+    monotone and never below its arguments). On a chain of layers (VGG) it is the whole cost.
+    """
+    n_classes = len(ix.class_ids)
+    kids, ncls, cost = ix.kids, ix.node_class, ix.cost
+    best = [math.inf] * n_classes
+    done = [False] * n_classes
+    left = [len(k) for k in kids]
+    heap = [(cost[n], ncls[n]) for n in range(len(kids)) if alive[n] and not kids[n]]
+    heapq.heapify(heap)
+    while heap:
+        v, c = heapq.heappop(heap)
+        if done[c]:
+            continue
+        done[c] = True
+        best[c] = v
+        for p in ix.parents[c]:
+            if alive[p]:
+                left[p] -= 1
+                if left[p] == 0 and not done[ncls[p]]:
+                    heapq.heappush(heap, (cost[p] + max(best[k] for k in kids[p]), ncls[p]))
+    return best
+
+
+def _root_paths(ix: _Index, alive: list[bool]) -> list[float]:
+    """Per class, the cheapest path of alive nodes from a root down to it, not counting its own node (``inf``: none).
+
+    An acyclic selection using node n reaches n's class by such a path, and none of the path's nodes lies in
+    n's term (it would close a cycle), so path plus ``_critical_paths`` below n bound the selection's cost.
+    """
+    best = [math.inf] * len(ix.class_ids)
+    heap = [(0.0, r) for r in ix.roots]
+    while heap:
+        v, c = heapq.heappop(heap)
+        if best[c] <= v:
+            continue
+        best[c] = v
+        for n in ix.class_nodes[c]:
+            if alive[n]:
+                w = v + ix.cost[n]
+                for k in ix.kids[n]:
+                    if w < best[k]:
+                        heapq.heappush(heap, (w, k))
+    return best
 
 
 def _cycle_conflicts(ix: _Index, red: _Reduced) -> tuple[dict[int, dict[int, list[int]]], dict[int, int]]:
@@ -828,6 +897,10 @@ def ilp_extract(
         start = pruned_greedy
         stop.offer(pruned_greedy, pg_cost, "pruned greedy")  # type: ignore[arg-type]
     stop.raise_bound(red.lower_bound)
+    if stop.closed(stop.bound):  # the pruning's bound already proves the incumbent: no model to solve
+        info["model"] = "not built: the pruning bound proves the incumbent"
+        info["stop"] = "gap"
+        return _finish(eg, base, t0, info, forbidden, stop)
 
     # Building counts against the stall window too: a model that takes longer to build than the window allows
     # could not improve the incumbent within it.

@@ -375,6 +375,16 @@ def test_from_json_rejects(data: object, message: str) -> None:
 # status honesty under a time limit
 
 
+@pytest.fixture
+def no_path_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Weaken the pruning's path bound to 0 (still a valid bound): vgg's critical path proves its optimum at once,
+    and the tests using this fixture need an ILP that must cut cycles to close, as vgg's does without it."""
+    from tensat.extraction import ilp
+
+    monkeypatch.setattr(ilp, "_critical_paths", lambda ix, alive: [0.0] * len(ix.class_ids))
+    monkeypatch.setattr(ilp, "_root_paths", lambda ix, alive: [0.0] * len(ix.class_ids))
+
+
 def _consistent(res: ExtractionResult, greedy_cost: float) -> None:
     assert res.bound is not None and res.bound <= res.cost + 1e-9
     if res.status == "optimal":
@@ -388,7 +398,7 @@ def _consistent(res: ExtractionResult, greedy_cost: float) -> None:
 
 @pytest.mark.skipif(not DATA.exists(), reason="extraction-gym data not available")
 @pytest.mark.parametrize("limit, solver", [(0.3, "highs"), (2.0, "highs"), (2.5, "cbc")])
-def test_time_limit_status_is_honest(limit: float, solver: str) -> None:
+def test_time_limit_status_is_honest(limit: float, solver: str, no_path_bound: None) -> None:
     eg = load_egraph(DATA / "vgg.json")  # its ILP does not close within seconds
     greedy = greedy_dag(eg)
     res = ilp_extract(eg, time_limit=limit, initial=greedy, solver=solver)
@@ -399,7 +409,7 @@ def test_time_limit_status_is_honest(limit: float, solver: str) -> None:
 
 
 @pytest.mark.skipif(not DATA.exists(), reason="extraction-gym data not available")
-def test_vgg_gap_tolerance_ends_the_cut_loop() -> None:
+def test_vgg_gap_tolerance_ends_the_cut_loop(no_path_bound: None) -> None:
     """vgg's first relaxation bound (2.64) is within 50% of greedy's 4.851 (the MIP start): a 0.5 tolerance, passed
     to the solver as its own gap, ends the run after the first solve instead of cutting cycles for 30 s."""
     eg = load_egraph(DATA / "vgg.json")
@@ -414,7 +424,7 @@ def test_vgg_gap_tolerance_ends_the_cut_loop() -> None:
 
 @pytest.mark.skipif(not DATA.exists(), reason="extraction-gym data not available")
 @pytest.mark.parametrize("solver", ["highs", "cbc"])
-def test_vgg_stall_window_stops_the_search(solver: str) -> None:
+def test_vgg_stall_window_stops_the_search(solver: str, no_path_bound: None) -> None:
     """No cheaper selection than greedy turns up on vgg: the stall window ends the run, honestly."""
     eg = load_egraph(DATA / "vgg.json")
     greedy = greedy_dag(eg)
@@ -425,6 +435,53 @@ def test_vgg_stall_window_stops_the_search(solver: str) -> None:
     assert res.info["stop"] == "stall" and res.status == "fallback"
     assert res.info["incumbent_seconds"] == 0.0 and res.cost == pytest.approx(greedy.cost)
     assert res.seconds <= stall + 1.0 + (1.0 if solver == "cbc" else 0.0)
+
+
+@pytest.mark.skipif(not DATA.exists(), reason="extraction-gym data not available")
+def test_vgg_optimum_is_proven_by_its_critical_path() -> None:
+    """vgg is a chain of layers: every acyclic term holds a root-to-leaf path as costly as greedy's whole DAG, so the
+    pruning's bound proves 4.85076 optimal with no ILP (the cut loop alone ends near 4.1 after 100 s)."""
+    from tensat.extraction import ilp
+
+    eg = load_egraph(DATA / "vgg.json")
+    ix = eg.index
+    greedy = greedy_dag(eg)
+    below = ilp._critical_paths(ix, [True] * len(ix.node_ids))
+    assert below[ix.roots[0]] == pytest.approx(greedy.cost, rel=1e-12) == pytest.approx(4.85076, abs=1e-5)
+    res = ilp_extract(eg, time_limit=10, initial=greedy, gap_tolerance=0.0)
+    validate(eg, res)
+    assert res.status == "optimal" and res.info["stop"] == "gap" and res.info["model"].startswith("not built")
+    assert res.bound == pytest.approx(res.cost, rel=1e-12) and res.cost == pytest.approx(greedy.cost)
+    assert res.info["prune"]["path_bound"] > 0
+
+
+def test_path_bound_prunes_nodes_whose_path_and_term_exceed_the_incumbent() -> None:
+    """R is r(X) or r2(L); x(Y) leads to Y = y1(Z1) | y2(Z2) over leaves: every term under x is a chain of three
+    unit nodes, though only Y is needed. Against the incumbent r2, L at 2.5 the needed classes bound x by 2, its
+    critical path by 3: only the path bound prunes it, and it proves the incumbent."""
+    from tensat.extraction import ilp
+
+    nodes = {
+        "r": ENode("r", 0.0, "R", ("X",)),
+        "r2": ENode("r2", 0.0, "R", ("L",)),
+        "l": ENode("l", 2.5, "L", ()),
+        "x": ENode("x", 1.0, "X", ("Y",)),
+        "y1": ENode("y1", 1.0, "Y", ("Z1",)),
+        "y2": ENode("y2", 1.0, "Y", ("Z2",)),
+        "z1": ENode("z1", 1.0, "Z1", ()),
+        "z2": ENode("z2", 1.0, "Z2", ()),
+    }
+    eg = EGraph(nodes, ["R"])
+    ix = eg.index
+    alive = [True] * len(ix.node_ids)
+    assert ilp._root_paths(ix, alive)[ix.class_pos["Z1"]] == pytest.approx(2.0)
+    assert ilp._critical_paths(ix, alive)[ix.class_pos["X"]] == pytest.approx(3.0)
+    red = ilp._reduce(ix, [False] * len(ix.node_ids), 2.5)
+    kept = {ix.node_ids[n] for n, al in enumerate(red.alive) if al}
+    assert kept == {"r2", "l"} and red.stats["cost_bound"] == 0 and red.stats["path_bound"] >= 1
+    assert red.lower_bound == pytest.approx(2.5)
+    res = ilp_extract(eg, gap_tolerance=0.0)
+    assert res.cost == pytest.approx(2.5) == brute_force(eg) and res.status == "optimal"
 
 
 @pytest.mark.skipif(not DATA.exists(), reason="extraction-gym data not available")
