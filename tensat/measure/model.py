@@ -11,7 +11,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import onnx
@@ -255,7 +255,9 @@ class MeasuredCost:
 
         Without `deadline` units are measured sorted by label; with one, in the order given (the caller's most
         wanted first), and no window starts after it: a unit timed in fewer windows than it wanted is priced for
-        this run but not cached, and a unit with no window is left out.
+        this run and cached as partial, and a unit with no window is left out. A later call prices a partial unit
+        from its cached windows and times only the windows it still wants, so that runs whose deadline falls at
+        the same place still complete the cache between them.
         """
         todo: dict[str, Unit] = {}
         for u in units:
@@ -265,9 +267,13 @@ class MeasuredCost:
         if not todo:
             return set()
         found = self.cache.get_many(self.fingerprint, todo)
+        resume: dict[str, list[Timing]] = {}  # partly timed units: their windows so far, to be completed
         for k, entry in found.items():
             self._memo[k] = entry.ms
             self._details[k] = entry.detail or {}
+            if (entry.detail or {}).get("partial"):
+                resume[k] = _windows_of(entry)
+                continue
             self.stats.cached += 1
             todo.pop(k)
         if not todo:
@@ -293,16 +299,19 @@ class MeasuredCost:
             for c in range(0, len(order), self.chunk):
                 chunk = order[c : c + self.chunk]
                 if _past(deadline):
-                    left.update(k for k, _ in chunk)
+                    left.update(k for k, _ in chunk if k not in self._memo)
                     continue
                 plans: dict[str, _Plan | CostEntry] = {}  # planned on the way to a unit's first window
                 cut = False
                 for w in range(windows):
                     for k, unit in chunk if w % 2 == 0 else chunk[::-1]:
                         if k not in plans and not (cut := cut or _past(deadline)):
-                            plans[k] = self._plan(unit)
+                            planned = plans[k] = self._plan(unit)
+                            if isinstance(planned, _Plan) and k in resume:
+                                planned.windows.extend(resume[k])
                         plan = plans.get(k)
-                        if not cut and plan is not None and w < (plan.windows_wanted if isinstance(plan, _Plan) else 1):
+                        done = len(plan.windows) if isinstance(plan, _Plan) else 0
+                        if not cut and plan is not None and done <= w < _wanted(plan):
                             cut = not timed(plan)
                         bar.step(unit.label())
                 extra = [] if cut else [k for k, _ in chunk if isinstance(p := plans.get(k), _Plan) and p.disagree()]
@@ -317,13 +326,16 @@ class MeasuredCost:
                 for k, _ in chunk:
                     plan = plans.get(k)
                     if plan is None or (isinstance(plan, _Plan) and plan.failure is None and not plan.windows):
-                        left.add(k)
+                        if k not in self._memo:
+                            left.add(k)
                         continue
-                    entry = entries[k] = self._entry(plan)
+                    entry = self._entry(plan)
+                    if k in undecided or not _complete(plan):
+                        entry = replace(entry, detail={**(entry.detail or {}), "partial": True})
+                    entries[k] = entry
                     self._memo[k] = entry.ms
                     self._details[k] = entry.detail or {}
-                complete = {k: e for k, e in entries.items() if k not in undecided and _complete(plans[k])}
-                self.cache.put_many(self.fingerprint, complete)
+                self.cache.put_many(self.fingerprint, entries)
         finally:
             bar.close()
             self.stats.seconds += time.perf_counter() - start
@@ -606,6 +618,20 @@ class _Plan:
 def _past(deadline: float | None) -> bool:
     """Whether `deadline` (a `time.perf_counter()` value, or None for none) has passed."""
     return deadline is not None and time.perf_counter() >= deadline
+
+
+def _wanted(plan: _Plan | CostEntry) -> int:
+    """How many timing windows `plan` wants (one for a priced entry: the loop's turn that yields it)."""
+    return plan.windows_wanted if isinstance(plan, _Plan) else 1
+
+
+def _windows_of(entry: CostEntry) -> list[Timing]:
+    """The windows of a partly timed unit as cached (`windows_us`), to resume timing it where a run left off."""
+    detail = entry.detail or {}
+    medians = [float(m) for m in detail.get("windows_us", [])]
+    rounds = entry.runs // max(len(medians), 1)
+    copies = int(detail.get("copies", 1))
+    return [Timing(m, entry.spread, rounds, copies, 0.0) for m in medians]
 
 
 def _complete(plan: _Plan | CostEntry) -> bool:

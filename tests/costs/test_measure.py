@@ -205,7 +205,7 @@ def test_prefetch_measures_each_signature_once(tmp_path):
     assert cost.stats.measured == measured
 
 
-def test_prefetch_starts_no_window_after_its_deadline_and_caches_only_complete_units(tmp_path):
+def test_prefetch_starts_no_window_after_its_deadline_and_resumes_partly_timed_units(tmp_path):
     listed = items(small_cnn())
     late = cost_model(tmp_path)
     left = late.prefetch(listed, deadline=time.perf_counter())
@@ -227,15 +227,44 @@ def test_prefetch_starts_no_window_after_its_deadline_and_caches_only_complete_u
     assert len(windows) == 1
     assert len(left) == len(set(left)) and 0 < len(left) < len(listed)
     unit = windows[0].unit
+    key = cost._key(unit)
     assert cost(*listed[[i for i in range(len(listed)) if i not in left][0]]) > 0
-    with CostCache(tmp_path / "costs.sqlite3") as cache:  # priced for this run from its one window, not cached:
-        assert cache.get_many(cost.fingerprint, {cost._key(unit): unit}) == {}  # it wanted two
+    with CostCache(tmp_path / "costs.sqlite3") as cache:  # priced for this run from its one window, cached as partial
+        (entry,) = cache.get_many(cost.fingerprint, {key: unit}).values()
+    assert entry.detail["partial"] and len(entry.detail["windows_us"]) == 1  # it wanted two
 
     full = cost_model(tmp_path)
+    timed_full, resumed = full._window, []
+
+    def count(plan):
+        if getattr(plan, "unit", None) is not None and full._key(plan.unit) == key:
+            resumed.append(len(plan.windows))
+        timed_full(plan)
+
+    full._window = count
     assert full.prefetch(listed, deadline=time.perf_counter() + 600.0) == []
+    assert resumed in ([1], [1, 2])  # one more window on top of the cached one (and a third if the two disagree)
+    assert full.detail(unit)["windows_us"][0] == entry.detail["windows_us"][0] and "partial" not in full.detail(unit)
     again = cost_model(tmp_path)
     again.prefetch(listed)
     assert again.stats.measured == 0 and again.stats.cached > 0
+
+
+def test_a_partly_timed_unit_stays_priced_when_the_next_deadline_passes_before_it(tmp_path):
+    listed = items(small_cnn())
+    cost = cost_model(tmp_path)
+    deadline = time.perf_counter() + 2.0
+    timed = cost._window
+
+    def first_window_overruns(plan):
+        timed(plan)
+        time.sleep(max(0.0, deadline - time.perf_counter()))
+
+    cost._window = first_window_overruns
+    left = cost.prefetch(listed, deadline=deadline)
+    late = cost_model(tmp_path)
+    assert late.prefetch(listed, deadline=time.perf_counter()) == left  # the partial unit is priced from the cache
+    assert late.stats.measured == 0
 
 
 def _measure_in_subprocess(cache_dir: str, start: int) -> int:
