@@ -500,7 +500,7 @@ def _import(run: _Run) -> None:
         run.model = onnx_io.export_model(graph) if run.opts.verify or run.opts.latency_check > 0 else None
     else:
         run.model = onnx_io.load_model(run.source, run.opts.input_shapes)
-        graph = onnx_io.import_model(run.model)
+        graph = onnx_io.import_model(run.model, check=False)  # load_model has just run onnx.checker on it
     run.graph = graph.compact()
 
 

@@ -56,7 +56,7 @@ class _Exporter:
     graph: Graph
     opset: int = 17
     nodes: list[NodeProto] = field(default_factory=list)
-    initializers: list[TensorProto] = field(default_factory=list)
+    initializers: list[tuple[np.ndarray, str]] = field(default_factory=list)  # written into the model at the end
     names: dict[int, str] = field(default_factory=dict)
     consts: dict[int, np.ndarray] = field(default_factory=dict)
     domains: set[str] = field(default_factory=set)
@@ -91,7 +91,7 @@ class _Exporter:
         key = tuple(int(v) for v in values)
         if key not in self._int_consts:
             name = self.namer(base)
-            self.initializers.append(numpy_helper.from_array(np.asarray(key, dtype=np.int64), name))
+            self.initializers.append((np.asarray(key, dtype=np.int64), name))
             self._int_consts[key] = name
         return self._int_consts[key]
 
@@ -220,7 +220,7 @@ class _Exporter:
             if i in self.squeezed:
                 keep = 2 if any(g.nodes[k].op == "matmul" for k in self.readers.get(i, ())) else 1
                 array = array.reshape(_without_leading_ones(array.shape, keep))
-            self.initializers.append(numpy_helper.from_array(_contiguous(array), self.names[i]))
+            self.initializers.append((_contiguous(array), self.names[i]))
 
     def _consumers(self, emitted: Sequence[int]) -> dict[int, list[int]]:
         """Emitted nodes reading each node, in order."""
@@ -389,16 +389,19 @@ class _Exporter:
             helper.make_tensor_value_info(name, elem_type(g.nodes[i].dtype), list(g.nodes[i].shape))
             for name, i in g.outputs
         ]
-        graph = helper.make_graph(self.nodes, g.name or "tensat", inputs, outputs, initializer=self.initializers)
         opsets = {"": self.opset}
         for domain in sorted(self.domains - {""}):
             opsets[domain] = int(g.opset_imports.get(domain, 1))
-        model = helper.make_model(
-            graph,
-            opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()],
-            producer_name="tensat",
-            producer_version=__version__,
-        )
+        # Built in place: helper.make_graph and make_model would copy every initializer twice more.
+        model = ModelProto(producer_name="tensat", producer_version=__version__)
+        model.opset_import.extend(helper.make_opsetid(d, v) for d, v in opsets.items())
+        graph = model.graph
+        graph.name = g.name or "tensat"
+        graph.node.extend(self.nodes)
+        graph.input.extend(inputs)
+        graph.output.extend(outputs)
+        for array, name in self.initializers:
+            _put_tensor(graph.initializer.add(), array, name)
         dtypes = sorted({n.dtype for n in g.nodes})
         model.ir_version = ir_version_for(opsets, dtypes)
         return model
@@ -605,6 +608,18 @@ def _ex_opaque(e: _Exporter, i: int) -> None:
     e.domains.add(spec.domain)
 
 
+def _put_tensor(tensor: TensorProto, array: np.ndarray, name: str) -> None:
+    """Write `array` into `tensor` as `numpy_helper.from_array` would, copying its bytes once (numeric dtypes in
+    native little-endian order; others through from_array)."""
+    if array.dtype.kind in "biuf" and array.dtype.byteorder in "=|<" and np.little_endian:
+        tensor.name = name
+        tensor.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
+        tensor.dims.extend(array.shape)
+        tensor.raw_data = array.tobytes()  # C order whatever the layout of `array`
+    else:
+        tensor.CopyFrom(numpy_helper.from_array(array, name))
+
+
 def _contiguous(array: np.ndarray) -> np.ndarray:
     """`array` in C order with its own shape (np.ascontiguousarray turns a scalar into shape (1,), and
     onnxruntime's fusions look for scalars: a GELU's exponent, a LayerNorm's epsilon)."""
@@ -640,7 +655,7 @@ def _ex_gemm(e: _Exporter, i: int) -> None:
 def _ex_const(e: _Exporter, array: np.ndarray, base: str) -> str:
     """A float initializer for a weight transform's constant operand."""
     name = e.namer(base)
-    e.initializers.append(numpy_helper.from_array(_contiguous(array), name))
+    e.initializers.append((_contiguous(array), name))
     return name
 
 

@@ -200,7 +200,7 @@ def _check_external(model: ModelProto, base_dir: str | None) -> bool:
 
 def _run_checker(model: ModelProto, path: str | None, external: bool) -> None:
     try:
-        if path is not None and external:
+        if path is not None:  # the checker reads the file itself: no serialization of the proto in Python
             onnx.checker.check_model(path)
         elif is_large(model):
             with tempfile.TemporaryDirectory() as tmp:

@@ -220,6 +220,29 @@ def test_a_gemm_with_transb_exports_with_transb_and_its_weight_as_stored() -> No
     np.testing.assert_array_equal(stored, weight)
 
 
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.arange(12, dtype=np.float32).reshape(3, 4),
+        np.arange(12, dtype=np.float32).reshape(3, 4).T,  # not C-contiguous
+        np.array(2.5, dtype=np.float32),  # a scalar keeps its empty shape
+        np.array([1, -2, 3], dtype=np.int64),
+        np.array([True, False]),
+        np.arange(4, dtype=np.float16),
+    ],
+)
+def test_initializers_are_written_as_from_array_writes_them(array: np.ndarray) -> None:
+    from tensat.onnx.exporter import _put_tensor  # private helper, tested directly
+
+    tensor = TP()
+    _put_tensor(tensor, array, "w")
+    assert tensor.name == "w" and list(tensor.dims) == list(array.shape)
+    assert tensor.data_type == numpy_helper.from_array(array, "w").data_type
+    read = numpy_helper.to_array(tensor)
+    assert read.shape == array.shape
+    np.testing.assert_array_equal(read, array)
+
+
 def test_conv_and_pool_variants() -> None:
     inits = [init("W", randn(4, 2, 3, 3)), init("B", randn(4)), init("W2", randn(4, 4, 1, 1))]
     nodes = [
