@@ -196,7 +196,7 @@ def _reduce(ix: _Index, banned: list[bool], upper: float) -> _Reduced:
         # Path bound: the cheapest root-to-class path above a node plus its critical path below it.
         below = _critical_paths(ix, alive)
         above = _root_paths(ix, alive)
-        lower_bound = max([lower_bound] + [below[r] for r in ix.roots])
+        lower_bound = max([lower_bound] + [below[r] for r in ix.roots if math.isfinite(below[r])])
         for n in range(n_nodes):
             if alive[n]:
                 lb = above[ncls[n]] + cost[n] + max((below[k] for k in kids[n]), default=0.0)
