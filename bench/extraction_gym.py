@@ -30,6 +30,14 @@ REFERENCE = {
 # Issue targets: (time limit in s, check on the ILP cost).
 TIME_LIMIT = {"bert": 60.0, "bert_acyclic": 60.0}
 DEFAULT_LIMIT = 10.0
+REPEATS = 3  # HiGHS runs per graph (the run of median time is reported); CBC runs to its limit, once
+
+
+def _median_run(runs: list[tuple[Any, float]]) -> tuple[Any, float, list[float]]:
+    """Of (result, seconds) runs, the one of median time, its seconds, and every run's seconds."""
+    ordered = sorted(runs, key=lambda r: r[1])
+    res, seconds = ordered[(len(ordered) - 1) // 2]
+    return res, seconds, [round(s, 3) for _, s in runs]
 
 
 def target(name: str, cost: float, seconds: float, greedy_cost: float) -> str | None:
@@ -53,7 +61,7 @@ def _stops(res: Any) -> dict[str, Any]:
 
 
 def run_graph(
-    name: str, data: Path, solvers: list[str], limit: float | None, stall: float | None = None
+    name: str, data: Path, solvers: list[str], limit: float | None, stall: float | None = None, repeats: int = REPEATS
 ) -> dict[str, Any]:
     """Greedy and ILP (per solver) on one graph, every result validated."""
     t0 = time.perf_counter()
@@ -73,43 +81,52 @@ def run_graph(
     rec["ilp"] = {}
     for solver in solvers:
         tl = limit if limit is not None else TIME_LIMIT.get(name, DEFAULT_LIMIT)
-        res = ilp_extract(eg, solver=solver, time_limit=tl, stall_seconds=stall)
-        validate(eg, res)
+        runs = []
+        for _ in range(repeats if solver == "highs" else 1):
+            run = ilp_extract(eg, solver=solver, time_limit=tl, stall_seconds=stall)
+            validate(eg, run)
+            runs.append((run, run.seconds))
+        res, seconds, all_seconds = _median_run(runs)
         info = res.info
         rec["ilp"][solver] = {
             "cost": res.cost,
             "bound": res.bound,
             "gap": res.gap(),
             "status": res.status,
-            "seconds": round(res.seconds, 3),
+            "seconds": round(seconds, 3),
+            "seconds_runs": all_seconds,
             "time_limit": tl,
             "iterations": info.get("iterations"),
             "cuts": info.get("cuts"),
             "pruned_nodes": info["prune"]["alive_nodes"],
             "pruned_classes": info["prune"]["alive_classes"],
             "prune": info["prune"],
-            "target": target(name, res.cost, res.seconds, greedy.cost),
+            "target": target(name, res.cost, seconds, greedy.cost),
             **_stops(res),
         }
         print(
             f"{name:17s} {solver:5s} greedy {greedy.cost:.6f} ({greedy.seconds:.2f}s)  ilp {res.cost:.6f} "
-            f"{res.status:8s} bound {res.bound:.6f} ({res.seconds:.2f}s, stop {res.info['stop']}, "
+            f"{res.status:8s} bound {res.bound:.6f} ({seconds:.2f}s, stop {res.info['stop']}, "
             f"incumbent at {res.info['incumbent_seconds']:.2f}s)",
             file=sys.stderr,
         )
     tl = limit if limit is not None else TIME_LIMIT.get(name, DEFAULT_LIMIT)
-    t0 = time.perf_counter()
-    blacklist = filter_cycles(eg)
-    filter_s = time.perf_counter() - t0
-    res = ilp_extract(eg, solver="highs", time_limit=tl, forbidden=frozenset(blacklist), stall_seconds=stall)
-    validate(eg, res)
-    seconds = filter_s + res.seconds
+    runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        blacklist = filter_cycles(eg)
+        filter_s = time.perf_counter() - t0
+        run = ilp_extract(eg, solver="highs", time_limit=tl, forbidden=frozenset(blacklist), stall_seconds=stall)
+        validate(eg, run)
+        runs.append(((run, filter_s), filter_s + run.seconds))
+    (res, filter_s), seconds, all_seconds = _median_run(runs)
     rec["ilp"]["highs + cycle filter"] = {
         "cost": res.cost,
         "bound": res.bound,
         "gap": res.gap(),
         "status": res.status,
         "seconds": round(seconds, 3),
+        "seconds_runs": all_seconds,
         "time_limit": tl,
         "iterations": res.info.get("iterations"),
         "cuts": res.info.get("cuts"),
@@ -133,7 +150,12 @@ def _f(x: float | None, digits: int = 4) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
-def markdown(records: list[dict[str, Any]], mach: dict[str, Any]) -> str:
+def _range(runs: list[float] | None) -> str:
+    """Fastest-slowest of several runs' seconds ("-" for a single run)."""
+    return "-" if not runs or len(runs) < 2 else f"{min(runs):.2f}-{max(runs):.2f}"
+
+
+def markdown(records: list[dict[str, Any]], mach: dict[str, Any], repeats: int = REPEATS) -> str:
     """The report table and notes."""
     lines = [
         "# Extraction on the extraction-gym Tensat e-graphs",
@@ -142,7 +164,9 @@ def markdown(records: list[dict[str, Any]], mach: dict[str, Any]) -> str:
         "",
         "DAG cost of a valid acyclic extraction (every result checked by `extraction.validate`). "
         "Time limit: 60 s for bert, 10 s for the others; times include the greedy warm start, pruning "
-        "and model building. `bound` is the best proven lower bound; status `optimal` means proven "
+        f"and model building. HiGHS rows are the run of median time of {repeats} (`ILP s range`: fastest and "
+        "slowest; every run's time is in the JSON), CBC rows one run. `bound` is the best proven lower bound; "
+        "status `optimal` means proven "
         "within the gap tolerance (relative gap <= 1e-4 by default: below the cost model's resolution), "
         "`fallback` means the greedy selection was kept (the ILP found nothing cheaper in time). `stop` is "
         "the rule that ended the run (`gap`: bound within the tolerance, `stall`: no better selection "
@@ -154,8 +178,8 @@ def markdown(records: list[dict[str, Any]], mach: dict[str, Any]) -> str:
         "filtered e-graph, hence `bound` is a bound for that space only.",
         "",
         "| graph | e-nodes | e-classes | greedy cost | greedy s | solver | ILP cost | status | bound | ILP s "
-        "| stop | inc. s | pruned nodes | cuts | CPLEX ref | greedy ref | target |",
-        "|---|---:|---:|---:|---:|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---|",
+        "| ILP s range | stop | inc. s | pruned nodes | cuts | CPLEX ref | greedy ref | target |",
+        "|---|---:|---:|---:|---:|---|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---|",
     ]
     for r in records:
         ref = r["reference"] or {}
@@ -163,7 +187,8 @@ def markdown(records: list[dict[str, Any]], mach: dict[str, Any]) -> str:
             lines.append(
                 f"| {r['graph']} | {r['nodes']} | {r['classes']} | {_f(r['greedy']['cost'])} "
                 f"| {r['greedy']['seconds']:.2f} | {solver} | {_f(i['cost'])} | {i['status']} | {_f(i['bound'])} "
-                f"| {i['seconds']:.2f} | {i.get('stop') or '-'} | {_f(i.get('incumbent_seconds'), 2)} "
+                f"| {i['seconds']:.2f} | {_range(i.get('seconds_runs'))} | {i.get('stop') or '-'} "
+                f"| {_f(i.get('incumbent_seconds'), 2)} "
                 f"| {i['pruned_nodes']} | {i['cuts']} | {_f(ref.get('cplex'), 3)} "
                 f"| {_f(ref.get('greedy'), 3)} | {i['target'] or '-'} |"
             )
@@ -201,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--graphs", default=",".join(GRAPHS), help="comma-separated graph names")
     p.add_argument("--solvers", default="highs,cbc", help="comma-separated ILP solvers (highs, cbc)")
     p.add_argument("--time-limit", type=float, default=None, help="override the per-graph time limits")
+    p.add_argument("--repeats", type=int, default=REPEATS, help="HiGHS runs per graph; the median-time one is reported")
     p.add_argument(
         "--stall-seconds",
         type=float,
@@ -211,11 +237,13 @@ def main(argv: list[str] | None = None) -> int:
     mach = machine_info()
     solvers = [s for s in args.solvers.split(",") if s]
     records = [
-        run_graph(g, args.data, solvers, args.time_limit, args.stall_seconds) for g in args.graphs.split(",") if g
+        run_graph(g, args.data, solvers, args.time_limit, args.stall_seconds, max(1, args.repeats))
+        for g in args.graphs.split(",")
+        if g
     ]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "extraction_gym.json").write_text(json.dumps({"machine": mach, "results": records}, indent=2) + "\n")
-    md = markdown(records, mach)
+    md = markdown(records, mach, max(1, args.repeats))
     (args.out / "extraction_gym.md").write_text(md)
     print(md)
     return 0
