@@ -51,6 +51,7 @@ import pulp
 
 from .egraph import EGraph, ExtractionResult, _Index, dag_cost, reachable_selection, validate
 from .greedy import _forbidden_mask, _to_choices, acyclic_choice, greedy_dag, selection_cost
+from .local import _trees
 
 _log = logging.getLogger(__name__)
 _TOP = -1  # bitmask "all classes": the class has no acyclic term (yet)
@@ -248,28 +249,10 @@ def _critical_paths(ix: _Index, alive: list[bool]) -> list[float]:
 
     The least fixpoint of ``B(c) = min over alive n in c of cost(n) + max over children k of B(k)``: an acyclic
     term holds its root node and, disjoint from it, the term of each child, so its DAG cost is at least its most
-    expensive root-to-leaf path. Computed by Knuth's generalization of Dijkstra's algorithm (the function is
-    monotone and never below its arguments). On a chain of layers (VGG) it is the whole cost.
+    expensive root-to-leaf path. Computed by `local._trees` (Knuth's generalization of Dijkstra's algorithm: the
+    function is monotone and never below its arguments). On a chain of layers (VGG) it is the whole cost.
     """
-    n_classes = len(ix.class_ids)
-    kids, ncls, cost = ix.kids, ix.node_class, ix.cost
-    best = [math.inf] * n_classes
-    done = [False] * n_classes
-    left = [len(k) for k in kids]
-    heap = [(cost[n], ncls[n]) for n in range(len(kids)) if alive[n] and not kids[n]]
-    heapq.heapify(heap)
-    while heap:
-        v, c = heapq.heappop(heap)
-        if done[c]:
-            continue
-        done[c] = True
-        best[c] = v
-        for p in ix.parents[c]:
-            if alive[p]:
-                left[p] -= 1
-                if left[p] == 0 and not done[ncls[p]]:
-                    heapq.heappush(heap, (cost[p] + max(best[k] for k in kids[p]), ncls[p]))
-    return best
+    return _trees(ix, [not a for a in alive], False, longest=True)[1]
 
 
 def _root_paths(ix: _Index, alive: list[bool]) -> list[float]:

@@ -48,8 +48,9 @@ def tree_costs(eg: EGraph, forbidden: frozenset[str] = frozenset()) -> dict[str,
     }
 
 
-def _trees(ix: _Index, banned: list[bool], height: bool) -> tuple[list[int], list[float]]:
-    """`_tree_choice`'s choices and each e-class's tree value (inf where it has no tree)."""
+def _trees(ix: _Index, banned: list[bool], height: bool, longest: bool = False) -> tuple[list[int], list[float]]:
+    """`_tree_choice`'s choices and each e-class's tree value (inf where it has no tree). With `longest`, an e-node's
+    value is its cost plus its costliest child's: the tree's critical path (`height` counts each e-node as 1)."""
     kids, ncls, cost = ix.kids, ix.node_class, ix.cost
     pending = [len(k) for k in kids]
     value = [float("inf")] * len(ix.class_ids)
@@ -65,10 +66,8 @@ def _trees(ix: _Index, banned: list[bool], height: bool) -> tuple[list[int], lis
         for p in ix.parents[c]:
             pending[p] -= 1
             if pending[p] == 0 and not banned[p] and choice[ncls[p]] < 0:
-                if height:
-                    pv = 1.0 + max(value[k] for k in kids[p])
-                else:
-                    pv = cost[p] + sum(value[k] for k in kids[p])
+                below = (value[k] for k in kids[p])
+                pv = (1.0 if height else cost[p]) + (max(below) if height or longest else sum(below))
                 heapq.heappush(heap, (pv, p))
     return choice, value
 
