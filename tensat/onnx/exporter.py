@@ -220,7 +220,7 @@ class _Exporter:
             if i in self.squeezed:
                 keep = 2 if any(g.nodes[k].op == "matmul" for k in self.readers.get(i, ())) else 1
                 array = array.reshape(_without_leading_ones(array.shape, keep))
-            self.initializers.append((_contiguous(array), self.names[i]))
+            self.initializers.append((array, self.names[i]))
 
     def _consumers(self, emitted: Sequence[int]) -> dict[int, list[int]]:
         """Emitted nodes reading each node, in order."""
@@ -620,12 +620,6 @@ def _put_tensor(tensor: TensorProto, array: np.ndarray, name: str) -> None:
         tensor.CopyFrom(numpy_helper.from_array(array, name))
 
 
-def _contiguous(array: np.ndarray) -> np.ndarray:
-    """`array` in C order with its own shape (np.ascontiguousarray turns a scalar into shape (1,), and
-    onnxruntime's fusions look for scalars: a GELU's exponent, a LayerNorm's epsilon)."""
-    return np.require(array, requirements="C")
-
-
 def _without_leading_ones(shape: Sequence[int], keep: int = 1) -> tuple[int, ...]:
     """`shape` without its leading 1s (at least `keep` dimensions kept)."""
     k = 0
@@ -655,7 +649,7 @@ def _ex_gemm(e: _Exporter, i: int) -> None:
 def _ex_const(e: _Exporter, array: np.ndarray, base: str) -> str:
     """A float initializer for a weight transform's constant operand."""
     name = e.namer(base)
-    e.initializers.append((_contiguous(array), name))
+    e.initializers.append((array, name))
     return name
 
 

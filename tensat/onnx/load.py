@@ -198,7 +198,7 @@ def _check_external(model: ModelProto, base_dir: str | None) -> bool:
     return found
 
 
-def _run_checker(model: ModelProto, path: str | None, external: bool) -> None:
+def _run_checker(model: ModelProto, path: str | None) -> None:
     try:
         if path is not None:  # the checker reads the file itself: no serialization of the proto in Python
             onnx.checker.check_model(path)
@@ -308,7 +308,7 @@ def load_model(
     _check_structure(model.graph)
     external = _check_external(model, base_dir)
     if check:
-        _run_checker(model, path, external)
+        _run_checker(model, path)
     if model.functions:
         try:
             model = onnx.inliner.inline_local_functions(model)
