@@ -325,8 +325,9 @@ class MeasuredCost:
                 entries: dict[str, CostEntry] = {}
                 for k, _ in chunk:
                     plan = plans.get(k)
-                    if plan is None or (isinstance(plan, _Plan) and plan.failure is None and not plan.windows):
-                        if k not in self._memo:
+                    timed_now = isinstance(plan, _Plan) and len(plan.windows) > len(resume.get(k, ()))
+                    if plan is None or (isinstance(plan, _Plan) and plan.failure is None and not timed_now):
+                        if k not in self._memo:  # a partial unit keeps the price its cached windows gave
                             left.add(k)
                         continue
                     entry = self._entry(plan)
@@ -635,7 +636,7 @@ def _windows_of(entry: CostEntry) -> list[Timing]:
 
 
 def _complete(plan: _Plan | CostEntry) -> bool:
-    """Whether `plan` got every window it wanted (or needed none): only then is its cost cached."""
+    """Whether `plan` got every window it wanted (or needed none): only then is its cost cached as final."""
     return not isinstance(plan, _Plan) or plan.failure is not None or len(plan.windows) >= plan.windows_wanted
 
 
