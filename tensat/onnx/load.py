@@ -101,9 +101,10 @@ def _check_opsets(model: ModelProto) -> None:
             raise ModelError(f"{node_label(node, index)}: onnxruntime has no operator {node.domain}.{node.op_type}")
 
 
-def _check_structure(graph: GraphProto) -> None:
+def _check_structure(graph: GraphProto) -> bool:
     """Dangling inputs and cycles, reported by name (before the checker's less specific messages); nodes out of
-    topological order are sorted in place (the checker rejects them, onnxruntime and the zoo's files do not)."""
+    topological order are sorted in place (the checker rejects them, onnxruntime and the zoo's files do not).
+    Returns whether it sorted them."""
     available = {v.name for v in graph.input} | {t.name for t in graph.initializer}
     available |= {s.values.name for s in graph.sparse_initializer}
     producer: dict[str, int] = {}
@@ -129,10 +130,26 @@ def _check_structure(graph: GraphProto) -> None:
     if len(order) < len(graph.node):
         stuck = _on_cycle(deps, set(range(len(graph.node))) - set(order))
         raise ModelError(f"the graph has a cycle through {node_label(graph.node[stuck], stuck)}")
-    if order != sorted(order):
-        nodes = [graph.node[i] for i in order]
-        del graph.node[:]
-        graph.node.extend(nodes)
+    if order == sorted(order):
+        return False
+    nodes = [graph.node[i] for i in order]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return True
+
+
+def _constant_initializers(model: ModelProto) -> bool:
+    """IR versions before 4 list every initializer as a graph input too. Files that leave some out (onnxslim's
+    output of an opset-9 model, say) run in onnxruntime, which treats those as constants, and are rejected by
+    onnx.checker; they are read as IR version 4, where an initializer that is no input is a constant. Returns
+    whether the model needed it."""
+    if model.ir_version >= 4:
+        return False
+    inputs = {v.name for v in model.graph.input}
+    if all(t.name in inputs for t in model.graph.initializer):
+        return False
+    model.ir_version = 4
+    return True
 
 
 def _topological_order(deps: Sequence[set[int]]) -> list[int]:
@@ -305,10 +322,13 @@ def load_model(
     where = f"'{path}'" if path else "the given proto"
     _check_basic(model, where)
     _check_opsets(model)
-    _check_structure(model.graph)
+    repaired = _check_structure(model.graph) | _constant_initializers(model)
     external = _check_external(model, base_dir)
-    if check:
-        _run_checker(model, path)
+    if check:  # the file itself is checked, unless the proto read from it has just been repaired
+        if repaired and external:  # the repaired proto is checked with its weights in it
+            _load_external(model, base_dir)
+            external = False
+        _run_checker(model, None if repaired else path)
     if model.functions:
         try:
             model = onnx.inliner.inline_local_functions(model)
@@ -318,9 +338,13 @@ def load_model(
     _fix_input_shapes(model, input_shapes)
     _infer(model)
     if external:
-        assert base_dir is not None  # _check_external refuses external data of a model not read from a file
-        try:
-            onnx.external_data_helper.load_external_data_for_model(model, base_dir)
-        except Exception as e:  # noqa: BLE001
-            raise ModelError(f"cannot read external data: {one_line(e)}") from None
+        _load_external(model, base_dir)
     return model
+
+
+def _load_external(model: ModelProto, base_dir: str | None) -> None:
+    assert base_dir is not None  # _check_external refuses external data of a model not read from a file
+    try:
+        onnx.external_data_helper.load_external_data_for_model(model, base_dir)
+    except Exception as e:  # noqa: BLE001
+        raise ModelError(f"cannot read external data: {one_line(e)}") from None

@@ -84,6 +84,24 @@ def test_old_files_list_initializers_as_inputs_and_the_import_reads_them_as_weig
     assert export_model(graph).ir_version >= 4  # initializers are not graph inputs there
 
 
+def test_ir3_initializers_left_out_of_the_inputs_are_read_as_constants(tmp_path) -> None:
+    """onnxslim's output of an opset-9 file: IR version 3, its initializers no longer graph inputs. onnxruntime runs
+    it; onnx.checker rejects it. Read from a file (the checker's own path) it imports, optimizes and verifies."""
+    model = small("squeezenet10")
+    inits = {t.name for t in model.graph.initializer}
+    inputs = [v for v in model.graph.input if v.name not in inits]
+    del model.graph.input[:]
+    model.graph.input.extend(inputs)
+    assert model.ir_version == 3
+    path = tmp_path / "slimmed.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(onnx.checker.ValidationError, match="not in graph input"):
+        onnx.checker.check_model(str(path))
+    assert load_model(str(path)).ir_version == 4
+    result = tensat.optimize_with_details(str(path), cost="analytic", time_limit=5, ilp_time_limit=5, latency_check=0)
+    assert result.verification is not None and result.verification.ok
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # one idiom each
 
@@ -200,6 +218,16 @@ def test_nodes_out_of_order_are_sorted(opset: int) -> None:
     assert sorted(n.name for n in loaded.graph.node) == sorted(n.name for n in model.graph.node)
     assert "opaque" not in import_model(model).summary()
     optimize_and_run(model)
+
+
+def test_nodes_out_of_order_in_a_file_are_sorted_before_the_check(tmp_path) -> None:
+    """A path is checked by onnx.checker reading the file itself, except where the proto read from it was repaired
+    (sorted): the file, still out of order, would be rejected."""
+    path = tmp_path / "out_of_order.onnx"
+    onnx.save(small("out_of_order"), str(path))
+    with pytest.raises(onnx.checker.ValidationError, match="topologically sorted"):
+        onnx.checker.check_model(str(path))
+    onnx.checker.check_model(load_model(str(path)))
 
 
 def test_sorting_keeps_a_sorted_graph_and_is_stable() -> None:
