@@ -31,7 +31,7 @@ def gpu_models() -> list[str]:
 
 def machine_info() -> dict[str, Any]:
     """CPU model, core count, memory, GPUs, Python and the versions of the libraries tensat runs on."""
-    import highspy
+    from tensat.extraction.ilp import quiet_highs  # the HiGHS version, without its banner on stdout
 
     versions = {}
     for name in PACKAGES:
@@ -50,7 +50,7 @@ def machine_info() -> dict[str, Any]:
         "gpus": gpu_models(),
         "python": platform.python_version(),
         "versions": versions,
-        "highs": highspy.Highs().version(),
+        "highs": quiet_highs().version(),
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
 

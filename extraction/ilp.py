@@ -33,11 +33,13 @@ the search is interrupted as soon as a rule holds; CBC is checked between calls.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import heapq
 import logging
 import math
 import os
 import re
+import sys
 import tempfile
 import time
 import warnings
@@ -443,6 +445,37 @@ def _cycles(succ: dict[int, Any], limit: int) -> list[list[int]]:
     return out
 
 
+_banner_written = False
+
+
+def quiet_highs() -> highspy.Highs:
+    """A new Highs object, made without HiGHS's banner on stdout.
+
+    HiGHS writes its banner from C++ to file descriptor 1 when a process makes its first Highs object, whatever its
+    output options say: `tensat optimize -q` printed it, and so would any program embedding the extractor. The first
+    object is therefore made with that descriptor on the null device (HiGHS writes the banner once per process)."""
+    global _banner_written
+    if _banner_written:
+        return highspy.Highs()
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no standard output to keep clean
+        return highspy.Highs()
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        highs = highspy.Highs()
+        with contextlib.suppress(OSError, AttributeError, TypeError):  # C stdio buffers, where libc is reachable
+            ctypes.CDLL(None).fflush(None)
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(null)
+    _banner_written = True
+    return highs
+
+
 class _HiGHSWarm(pulp.HiGHS):
     """pulp.HiGHS plus a MIP start (PuLP's HiGHS interface has none; highspy has) and a bulk
     model transfer (PuLP adds columns and rows one call at a time, ~1 s on bert)."""
@@ -720,6 +753,7 @@ class _Model:
         bound: float | None = None
         runtime: float | None = None
         if solver == "highs":
+            quiet_highs()
             prob.solve(s)
             if getattr(prob, "solverModel", None) is not None:
                 db = float(prob.solverModel.getInfo().mip_dual_bound)

@@ -935,3 +935,17 @@ def test_delta_with_goal_skips_only_cycle_searches_that_cannot_matter(
             # Unsearched and cyclic: the spare selection then prices the move no better.
             other = _delta(ix, spare, refs, pos, move, nkids)
             assert other is None or not other < goal
+
+
+def test_highs_banner_stays_off_stdout() -> None:
+    """HiGHS writes a banner to the process's stdout when the first Highs object is made; the ILP makes its first one
+    through `quiet_highs`, so a solve leaves stdout empty (a fresh process: the banner is written once per process)."""
+    bare = "import highspy; highspy.Highs()"
+    solve = (
+        "from tensat.extraction.ilp import quiet_highs; import highspy; quiet_highs(); h = highspy.Highs(); "
+        "h.setOptionValue('output_flag', False); h.run()"
+    )
+    runs = [[sys.executable, "-c", code] for code in (bare, solve)]
+    out = [subprocess.run(cmd, capture_output=True, text=True, check=True) for cmd in runs]
+    assert "HiGHS" in out[0].stdout  # the banner this guards against is still written
+    assert out[1].stdout == ""
