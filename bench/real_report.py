@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -276,20 +276,36 @@ def markdown(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.real_report", description=__doc__.split("\n\n")[0])
+def corpus_main(
+    argv: Sequence[str] | None,
+    *,
+    prog: str,
+    doc: str,
+    stem: str,
+    seconds: float,
+    run: Callable[[str, Path, Path, float], dict[str, Any]],
+    summarize: Callable[[Sequence[dict[str, Any]]], dict[str, Any]],
+    render: Callable[[Sequence[dict[str, Any]], dict[str, Any]], str],
+) -> int:
+    """The command line of a report over the corpus: `run(name, path, work_dir, seconds)` gives each model's record;
+    the records, the machine and `summarize(records)` go to `<stem>.json` (rewritten after every model), and
+    `render(records, machine)` to `<stem>.md`."""
+    p = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
     p.add_argument("--corpus", type=Path, default=CORPUS, help="the corpus directory (default bench/corpus)")
-    p.add_argument("--out-dir", type=Path, default=RESULTS, help="where to write real_models.md/.json")
+    p.add_argument("--out-dir", type=Path, default=RESULTS, help=f"where to write {stem}.md/.json")
     p.add_argument("--only", help="comma-separated model names")
     p.add_argument(
-        "--seconds", type=float, default=30.0, help="end-to-end timing per model and thread count, at most (default 30)"
+        "--seconds",
+        type=float,
+        default=seconds,
+        help=f"end-to-end timing per model and thread count, at most (default {seconds:g})",
     )
     p.add_argument("--render", action="store_true", help="rewrite the markdown from the JSON only")
     args = p.parse_args(argv)
-    json_path, md_path = args.out_dir / "real_models.json", args.out_dir / "real_models.md"
+    json_path, md_path = args.out_dir / f"{stem}.json", args.out_dir / f"{stem}.md"
     if args.render:
         data = json.loads(json_path.read_text(encoding="utf-8"))
-        atomic_write_text(md_path, markdown(data["results"], data["machine"]))
+        atomic_write_text(md_path, render(data["results"], data["machine"]))
         return 0
     models = corpus_models(args.corpus)
     if args.only:
@@ -301,15 +317,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         models = {n: models[n] for n in wanted}
     info = machine_info()
     records = []
-    with tempfile.TemporaryDirectory(prefix="tensat-real-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"tensat-{stem}-") as tmp:
         for name, path in models.items():
             print(f"[{name}]", file=sys.stderr, flush=True)
-            rec = run_model(name, path, Path(tmp), args.seconds)
-            records.append(rec)
-            atomic_write_json(json_path, {"machine": info, "summary": summary(records), "results": records})
-    atomic_write_text(md_path, markdown(records, info))
-    print(json.dumps(summary(records), indent=1))
+            records.append(run(name, path, Path(tmp), args.seconds))
+            atomic_write_json(json_path, {"machine": info, "summary": summarize(records), "results": records})
+    atomic_write_text(md_path, render(records, info))
+    print(json.dumps(summarize(records), indent=1))
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return corpus_main(
+        argv,
+        prog="python -m bench.real_report",
+        doc=__doc__,
+        stem="real_models",
+        seconds=30.0,
+        run=run_model,
+        summarize=summary,
+        render=markdown,
+    )
 
 
 if __name__ == "__main__":
