@@ -23,7 +23,7 @@ from tensat import extraction, onnx_io, rewrites
 from tensat import verify as verify_mod
 from tensat.cost import AnalyticCost, CostModel, Shape, runtime_cost
 from tensat.egraph import DecodedNode, ExplorationStats, IterationStats, TensorEGraph
-from tensat.errors import BUG, TensatError, VerificationError, one_line
+from tensat.errors import BUG, ModelError, TensatError, VerificationError, one_line
 from tensat.files import check_writable
 from tensat.ir import Graph, Node
 from tensat.latency import LatencyComparison, compare_latency
@@ -60,12 +60,17 @@ class OptimizeResult:
     measurement: dict[str, Any] | None = None  # the measured cost model's device, calibration, cache and counters
     nodes_before: int = 0  # ONNX nodes of the input model
     nodes_after: int = 0  # ONNX nodes of the returned model
+    nodes_read: int = 0  # ONNX nodes of the model tensat read: the input's, or after the pre-pass (`options.pre_pass`)
     returned_input: str | None = None  # why the input model was returned unchanged; None if optimized
 
     @property
     def speedup(self) -> float:
         """Cost ratio before/after under the run's cost model."""
         return self.cost_before / self.cost_after if self.cost_after > 0 else 1.0
+
+    @property
+    def _pre_passed(self) -> bool:
+        return "pre_pass" in self.times
 
     def __repr__(self) -> str:
         outcome = "input returned" if self.returned_input else "optimized"
@@ -81,7 +86,8 @@ class OptimizeResult:
         lines = [
             f"cost      {self.cost_before:.4f} -> {self.cost_after:.4f} ms ({self.speedup:.3f}x under the "
             f"{self.options.cost} cost model, as onnxruntime runs each)",
-            f"nodes     {self.nodes_before} -> {self.nodes_after} ONNX nodes",
+            f"nodes     {self.nodes_before} -> {self.nodes_after} ONNX nodes"
+            + (f" ({self.nodes_read} read after the {self.options.pre_pass} pre-pass)" if self._pre_passed else ""),
             f"e-graph   {ex.enodes:,} e-nodes, {ex.eclasses:,} e-classes after {len(ex.iterations)} iterations "
             f"({ex.stop_reason.replace('_', ' ')})",
         ]
@@ -121,6 +127,7 @@ class OptimizeResult:
             "speedup": self.speedup,
             "onnx_nodes_before": self.nodes_before,
             "onnx_nodes_after": self.nodes_after,
+            "onnx_nodes_read": self.nodes_read,
             "returned_input": self.returned_input,
             "exploration": self.exploration.to_dict(),
             "extraction": None
@@ -412,7 +419,8 @@ class _Run:
     source: ModelLike  # the model as given
     times: dict[str, float] = field(default_factory=dict)
     # the input and the cost model
-    graph: Graph | None = None  # the input graph, compacted
+    graph: Graph | None = None  # the input graph as tensat read it (after any pre-pass), compacted
+    nodes_read: int = 0  # ONNX nodes of the model tensat read (after any pre-pass)
     model: onnx.ModelProto | None = None  # the input model (None for a Graph neither verified nor timed)
     cost: _FallbackCost | None = None
     measured: MeasuredCost | None = None  # the cost model if it times ops on a device
@@ -496,12 +504,40 @@ def _import(run: _Run) -> None:
     """Read the model (or take the Graph given) into the input graph."""
     run.log.say("import", "reading the model")
     if isinstance(run.source, Graph):
-        graph = run.source
-        run.model = onnx_io.export_model(graph) if run.opts.verify or run.opts.latency_check > 0 else None
-    else:
-        run.model = onnx_io.load_model(run.source, run.opts.input_shapes)
+        run.graph = run.source.compact()
+        run.model = onnx_io.export_model(run.source) if run.opts.verify or run.opts.latency_check > 0 else None
+        return
+    run.model = onnx_io.load_model(run.source, run.opts.input_shapes)
+    run.nodes_read = len(run.model.graph.node)
+    graph = _read_pre_passed(run) if run.opts.pre_pass != "none" else None
+    if graph is None:
         graph = onnx_io.import_model(run.model, check=False)  # load_model has just run onnx.checker on it
     run.graph = graph.compact()
+
+
+def _read_pre_passed(run: _Run) -> Graph | None:
+    """The input as tensat reads it after the pre-pass (`onnx_io.pre_pass`), timed as `pre_pass`; None, with a
+    warning, where the pre-pass fails or tensat cannot import its output: the model as given is read instead. The
+    model as given (`run.model`) stays the reference of every check."""
+    assert run.model is not None
+    name = run.opts.pre_pass
+    run.log.say("import", f"running the {name} pre-pass")
+    t = time.perf_counter()
+    try:
+        model = onnx_io.load_model(onnx_io.pre_pass(run.model, name), check=False)
+        graph = onnx_io.import_model(model, check=False)
+    except TensatError as exc:
+        if isinstance(exc, ModelError):  # its output is not a model tensat reads; the input is
+            run.log.warn(f"tensat cannot read the {name} pre-pass's output ({exc}); read the model as given")
+            return None
+        raise  # the pre-pass is not installed
+    except Exception as exc:  # noqa: BLE001 - a peer's failure on this model: the model as given is still read
+        run.log.warn(f"the {name} pre-pass failed ({one_line(exc, typed=True)}); read the model as given")
+        return None
+    finally:
+        run.times["pre_pass"] = time.perf_counter() - t
+    run.nodes_read = len(model.graph.node)
+    return graph
 
 
 def _price_input(run: _Run) -> None:
@@ -939,6 +975,7 @@ def _result(run: _Run, output_path: str | os.PathLike[str] | None) -> OptimizeRe
         run.measured.describe() if run.measured is not None else None,
         nodes_before=len((run.model or out_model).graph.node),
         nodes_after=len(out_model.graph.node),
+        nodes_read=run.nodes_read or len((run.model or out_model).graph.node),
         returned_input=run.returned_input,
     )
 

@@ -10,6 +10,7 @@ from tensat.onnx import (
     import_model,
     ir_version_for,
     load_model,
+    pre_pass,
     run_node,
     save_model,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "import_model",
     "ir_version_for",
     "load_model",
+    "pre_pass",
     "run_node",
     "save_model",
 ]

@@ -19,6 +19,7 @@ EXTRACTORS = ("ilp", "greedy")
 SOLVERS = ("highs", "cbc")
 COSTS = ("analytic", "measured")
 DEVICES = ("auto", "cpu", "cuda")
+PRE_PASSES = ("none", "onnxslim")
 
 
 def parse_input_shape(text: str) -> tuple[str, list[int]]:
@@ -144,6 +145,13 @@ class Options:
         "on (default {default}: CUDA where it loads and a GPU exists, else CPU)",
         choices=DEVICES,
     )
+    pre_pass: str = _option(
+        "none",
+        "canonicalize an ONNX model before tensat reads it: onnxslim (constant folding, dead-code removal, "
+        "MatMul+Add into Gemm on N-D inputs; needs the 'slim' extra) or none. The result is still verified and "
+        "timed against the model as given, which is returned unless the result is faster (default {default})",
+        choices=PRE_PASSES,
+    )
     latency_check: float = _option(
         20.0,
         "time the optimized model against the input end to end, at one thread and "
@@ -192,6 +200,8 @@ class Options:
             raise TensatError(f"unknown cost model {self.cost!r}; choose from {', '.join(COSTS)}")
         if self.device not in DEVICES:
             raise TensatError(f"unknown device {self.device!r}; choose from {', '.join(DEVICES)}")
+        if self.pre_pass not in PRE_PASSES:
+            raise TensatError(f"unknown pre-pass {self.pre_pass!r}; choose from {', '.join(PRE_PASSES)}")
 
 
 OPTION_NAMES = tuple(f.name for f in dataclasses.fields(Options))

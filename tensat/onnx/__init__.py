@@ -3,6 +3,7 @@
 - `load` reads a model (path or proto), checks it and fixes its input shapes (`load_model`);
 - `importer` lowers it to the IR (`import_model`) through `IMPORTERS`, built from the operator registry;
 - `exporter` emits an IR graph as ONNX for its source opset (`export_model`) through `EXPORTERS`, likewise;
+- `prepass` runs a peer's canonicalization (onnxslim) on a model before it is imported (`pre_pass`);
 - `save` writes a model atomically (`save_model`); `external` handles models over protobuf's 2 GiB limit;
 - `common` holds what they share.
 
@@ -17,6 +18,7 @@ from tensat.onnx.exporter import EXPORTERS, export_model
 from tensat.onnx.external import PROTO_LIMIT
 from tensat.onnx.importer import IMPORTERS, import_model
 from tensat.onnx.load import MIN_OPSET, load_model
+from tensat.onnx.prepass import pre_pass
 from tensat.onnx.save import save_model
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "import_model",
     "ir_version_for",
     "load_model",
+    "pre_pass",
     "run_node",
     "save_model",
 ]

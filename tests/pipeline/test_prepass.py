@@ -1,0 +1,107 @@
+"""The onnxslim pre-pass (`pre_pass="onnxslim"`, `--pre-pass onnxslim`): tensat reads onnxslim's output, checks the
+result against the model as given, leaves the caller's proto alone, and reads the model as given where the pre-pass
+fails or writes something tensat cannot read."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxslim
+import pytest
+from onnx import helper, numpy_helper
+
+import tensat
+from tensat.cli import main
+from tensat.errors import TensatError
+from tensat.options import Options
+from tensat.verify import random_inputs, run_model
+from tests.helpers import make, vi
+
+FAST = {"cost": "analytic", "latency_check": 0, "time_limit": 5, "ilp_time_limit": 5}
+
+
+def _model() -> onnx.ModelProto:
+    """x[1,8,16] @ W + b, Relu, then @ V1 @ V2: onnxslim writes the 3-D MatMul+Add as Reshape, Gemm, Reshape;
+    tensat folds the product of the two weights V1 @ V2 (onnxslim does not)."""
+    rng = np.random.default_rng(0)
+    shapes = {"W": (16, 32), "b": (32,), "V1": (32, 64), "V2": (64, 8)}
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n) for n, s in shapes.items()]
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["m"]),
+        helper.make_node("Add", ["m", "b"], ["a"]),
+        helper.make_node("Relu", ["a"], ["r"]),
+        helper.make_node("MatMul", ["r", "V1"], ["p"]),
+        helper.make_node("MatMul", ["p", "V2"], ["y"]),
+    ]
+    return make(nodes, [vi("x", [1, 8, 16])], [vi("y", [1, 8, 8])], inits)
+
+
+def _ops(model: onnx.ModelProto) -> list[str]:
+    return [n.op_type for n in model.graph.node]
+
+
+def test_the_graph_read_is_onnxslims_and_the_result_is_checked_against_the_model_as_given() -> None:
+    model = _model()
+    before = model.SerializeToString()
+    result = tensat.optimize_with_details(model, pre_pass="onnxslim", **FAST)
+    assert model.SerializeToString() == before  # onnxslim edits the proto it is given; the caller's is untouched
+    assert result.returned_input is None
+    assert "Gemm" in _ops(result.output)  # onnxslim's Reshape, Gemm, Reshape
+    assert _ops(result.output).count("MatMul") == 1  # tensat's own rewrite on top: V1 @ V2 folded
+    assert (result.nodes_before, result.nodes_read) == (5, 6) and "pre_pass" in result.times
+    assert "6 read after the onnxslim pre-pass" in result.summary()
+    assert result.verification is not None and result.verification.ok
+    feeds = random_inputs(model, seed=3)
+    np.testing.assert_allclose(run_model(result.output, feeds)["y"], run_model(model, feeds)["y"], rtol=1e-4, atol=1e-4)
+
+
+def test_without_the_pre_pass_tensat_reads_the_model_as_given() -> None:
+    result = tensat.optimize_with_details(_model(), **FAST)
+    assert "Gemm" not in _ops(result.output) and "pre_pass" not in result.times
+    assert result.nodes_read == result.nodes_before == 5
+
+
+def test_a_failing_pre_pass_reads_the_model_as_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    def crash(model: onnx.ModelProto) -> onnx.ModelProto:
+        raise RuntimeError("injected onnxslim failure")
+
+    monkeypatch.setattr(onnxslim, "slim", crash)
+    result = tensat.optimize_with_details(_model(), pre_pass="onnxslim", **FAST)
+    assert any("onnxslim pre-pass failed" in w and "injected onnxslim failure" in w for w in result.warnings)
+    assert "Gemm" not in _ops(result.output) and result.nodes_read == 5
+    assert result.verification is not None and result.verification.ok
+
+
+def test_a_pre_pass_output_tensat_cannot_read_is_not_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    def dangling(model: onnx.ModelProto) -> onnx.ModelProto:
+        model.graph.node[0].input[0] = "nowhere"
+        return model
+
+    monkeypatch.setattr(onnxslim, "slim", dangling)
+    result = tensat.optimize_with_details(_model(), pre_pass="onnxslim", **FAST)
+    assert any("cannot read the onnxslim pre-pass's output" in w and "'nowhere'" in w for w in result.warnings)
+    assert result.verification is not None and result.verification.ok
+
+
+def test_the_pre_pass_without_onnxslim_installed_is_a_one_line_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "onnxslim", None)  # what `import onnxslim` sees where it is not installed
+    with pytest.raises(TensatError, match=r"needs onnxslim: pip install 'tensat\[slim\]'") as err:
+        tensat.optimize(_model(), pre_pass="onnxslim", **FAST)
+    assert "\n" not in str(err.value)
+
+
+def test_an_unknown_pre_pass_is_refused() -> None:
+    with pytest.raises(TensatError, match="unknown pre-pass 'onnxsim'"):
+        Options(pre_pass="onnxsim").check()
+
+
+def test_the_command_line_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save(_model(), str(src))
+    argv = ["optimize", str(src), "-o", str(out), "--pre-pass", "onnxslim", "--cost", "analytic"]
+    assert main([*argv, "--latency-check", "0"]) == 0
+    assert "read after the onnxslim pre-pass" in capsys.readouterr().out
+    assert "Gemm" in _ops(onnx.load(str(out)))
