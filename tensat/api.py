@@ -30,6 +30,7 @@ from tensat.latency import LatencyComparison, compare_latency
 from tensat.measure import MeasuredCost, default_clock, make_measured_cost, resolve_device
 from tensat.options import Options
 from tensat.progress import ProgressFn, report
+from tensat.session import ModelSource, Serialized
 from tensat.verify import VerifyReport
 
 ModelLike = onnx.ModelProto | str | os.PathLike | Graph
@@ -367,7 +368,7 @@ def _faster(by_threads: Mapping[int, LatencyComparison]) -> bool:
 
 
 def _end_to_end_check(
-    original: onnx.ModelProto, optimized: onnx.ModelProto, device: str, opts: Options, log: RunLog
+    original: ModelSource, optimized: ModelSource, device: str, opts: Options, log: RunLog
 ) -> LatencyCheck | None:
     """Time the optimized model against the input (the user's own model) end to end, interleaved, at one thread
     and at every core (`tensat.latency.compare_latency`, `latency_check` seconds in all); the optimized model is
@@ -439,6 +440,7 @@ class _Run:
     candidate_model: onnx.ModelProto | None = None
     written: Graph | None = None
     candidate_cost: float = 0.0
+    checked: tuple[Serialized, Serialized] | None = None  # the input and the candidate as the checks run them
     # the outcome
     report: VerifyReport | None = None
     check: LatencyCheck | None = None
@@ -879,20 +881,27 @@ def _price_candidate(run: _Run) -> None:
         )
 
 
-def _verify(run: _Run) -> None:
+def _checked(run: _Run) -> tuple[Serialized, Serialized]:
+    """The input and the candidate as verification and the end-to-end check run them: each serialized once for all
+    the sessions they open."""
     assert run.model is not None and run.candidate_model is not None
+    if run.checked is None or run.checked[1].proto is not run.candidate_model:
+        run.checked = (Serialized(run.model), Serialized(run.candidate_model))
+    return run.checked
+
+
+def _verify(run: _Run) -> None:
     run.log.say("verify", "running both models in onnxruntime")
-    run.report = _verified(run.model, run.candidate_model, run.opts, run.log)
+    run.report = _verified(*_checked(run), run.opts, run.log)
     if run.report is None:
         _reject(run, "the optimized graph rounds differently under onnxruntime's fused kernels")
 
 
 def _latency_check(run: _Run) -> None:
     opts = run.opts
-    assert run.model is not None and run.candidate_model is not None
     run.log.say("latency", f"timing both models end to end (at most {opts.latency_check:g} s)")
     device = run.measured.device if run.measured is not None else _check_device(opts)
-    run.check = _end_to_end_check(run.model, run.candidate_model, device, opts, run.log)
+    run.check = _end_to_end_check(*_checked(run), device, opts, run.log)
     if run.check is not None and not run.check.kept:
         _reject(run, _not_faster(run.check))
 
@@ -954,8 +963,8 @@ def _result(run: _Run, output_path: str | os.PathLike[str] | None) -> OptimizeRe
         )
     if isinstance(run.source, Graph):
         output: Any = graph
-    elif output_path is not None:
-        onnx_io.save_model(out_model, output_path)
+    elif output_path is not None:  # from the bytes the checks serialized, where they ran it
+        onnx_io.save_model(next((m for m in run.checked or () if m.proto is out_model), out_model), output_path)
         output = Path(output_path)
     else:
         output = out_model
@@ -980,7 +989,7 @@ def _result(run: _Run, output_path: str | os.PathLike[str] | None) -> OptimizeRe
     )
 
 
-def _verified(original: onnx.ModelProto, optimized: onnx.ModelProto, opts: Options, log: RunLog) -> VerifyReport | None:
+def _verified(original: ModelSource, optimized: ModelSource, opts: Options, log: RunLog) -> VerifyReport | None:
     """The optimized model's verification report, or None where the input must be returned instead.
 
     Both models run in onnxruntime as a user runs them, graph optimizations on. Where their outputs differ, both run

@@ -26,9 +26,8 @@ from typing import Any
 import numpy as np
 from onnx import ModelProto
 
-from tensat.verify import make_session, random_inputs
-
-ModelSource = ModelProto | str | os.PathLike
+from tensat.session import ModelSource, Serialized, make_session, proto_of
+from tensat.verify import random_inputs
 
 
 @dataclass
@@ -118,7 +117,10 @@ class Interleaved:
         from onnx import load
 
         self.timer = clock_function(clock, provider, threads)
-        protos = [m if isinstance(m, ModelProto) else load(os.fspath(m), load_external_data=False) for m in models]
+        protos = [
+            proto_of(m) if isinstance(m, (ModelProto, Serialized)) else load(os.fspath(m), load_external_data=False)
+            for m in models
+        ]
         # Several sessions with more than one thread each: after a run, a session's pool spins on the cores the next
         # session needs (two copies of one model timed this way differed by up to 2x on 2 cores), so idle threads
         # sleep instead, for every model alike.

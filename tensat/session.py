@@ -28,8 +28,35 @@ def onnxruntime_module() -> Any:
     return onnxruntime
 
 
+class Serialized:
+    """A model proto and its bytes, serialized on first use and then kept: verification and each thread count of
+    the end-to-end check open sessions of the same two models, and serializing a large model takes a while
+    (about 0.4 s for 244 MB of weights). The proto must not change once it is wrapped."""
+
+    __slots__ = ("_data", "proto")
+
+    def __init__(self, proto: ModelProto) -> None:
+        self.proto = proto
+        self._data: bytes | None = None
+
+    @property
+    def data(self) -> bytes:
+        """The proto's serialized bytes (made once)."""
+        if self._data is None:
+            self._data = self.proto.SerializeToString()
+        return self._data
+
+
+ModelSource = ModelProto | Serialized | str | os.PathLike  # a model to run: a proto, wrapped or not, or a file
+
+
+def proto_of(model: ModelProto | Serialized) -> ModelProto:
+    """The proto itself, wrapped or not."""
+    return model.proto if isinstance(model, Serialized) else model
+
+
 def make_session(
-    model: ModelProto | bytes | str | os.PathLike[str],
+    model: ModelProto | Serialized | bytes | str | os.PathLike[str],
     provider: str | Sequence[str] = "cpu",
     threads: int | None = None,
     spinning: bool = True,
@@ -40,7 +67,8 @@ def make_session(
     profile_prefix: str | None = None,
     disabled_optimizers: Sequence[str] = (),
 ) -> Any:
-    """An onnxruntime InferenceSession for `model` (a proto, its serialized bytes or a path) on `provider` ("cpu",
+    """An onnxruntime InferenceSession for `model` (a proto, wrapped with its bytes or not, serialized bytes or a
+    path) on `provider` ("cpu",
     "cuda" with CPU fallback, or a list of onnxruntime provider names), logging at `log_severity`, with `threads`
     intra-op threads (default: onnxruntime's choice). Models over 2 GiB go through a temporary file with external
     data. Without `spinning`, idle intra-op threads sleep instead of spinning (see `tensat.latency.Interleaved`);
@@ -75,6 +103,10 @@ def make_session(
         return ort.InferenceSession(model, options, providers=providers, **extra)
     from tensat.onnx.external import is_large, write_external  # lazy: tensat.onnx imports this module
 
+    if isinstance(model, Serialized):
+        if not is_large(model.proto):
+            return ort.InferenceSession(model.data, options, providers=providers, **extra)
+        model = model.proto
     if not is_large(model):
         return ort.InferenceSession(model.SerializeToString(), options, providers=providers, **extra)
     with tempfile.TemporaryDirectory(prefix="tensat-") as tmp:

@@ -21,16 +21,16 @@ import onnx
 from onnx import ModelProto, helper
 
 from tensat.errors import ModelError, VerificationError, one_line
-from tensat.session import make_session
+from tensat.session import ModelSource, Serialized, make_session, proto_of
 
 RTOL = 1e-4
 ATOL = 1e-6
 
 
-def _structure(model: ModelProto | str | os.PathLike[str]) -> ModelProto:
+def _structure(model: ModelSource) -> ModelProto:
     """The model's proto; for a path, without loading external data (onnxruntime reads the file itself)."""
-    if isinstance(model, ModelProto):
-        return model
+    if isinstance(model, (ModelProto, Serialized)):
+        return proto_of(model)
     try:
         return onnx.load(os.fspath(model), load_external_data=False)
     except Exception as e:  # noqa: BLE001 - missing file, protobuf errors
@@ -75,7 +75,7 @@ def random_inputs(model: ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def run_model(
-    model: ModelProto | str | os.PathLike[str],
+    model: ModelSource,
     feeds: Mapping[str, np.ndarray],
     provider: str = "cpu",
     optimizations: bool = True,
@@ -164,8 +164,8 @@ def _compare_one(name: str, a: np.ndarray, b: np.ndarray, rtol: float, atol: flo
 
 
 def compare_models(
-    original: ModelProto | str | os.PathLike[str],
-    optimized: ModelProto | str | os.PathLike[str],
+    original: ModelSource,
+    optimized: ModelSource,
     *,
     seed: int = 0,
     rtol: float = RTOL,
@@ -236,9 +236,7 @@ def _describe(sig: tuple[int, tuple[Any, ...] | None]) -> str:
     return f"{name}[{','.join(str(d) for d in dims)}]" if dims is not None else f"{name}[?]"
 
 
-def verify(
-    original: ModelProto | str | os.PathLike[str], optimized: ModelProto | str | os.PathLike[str], **kw: Any
-) -> VerifyReport:
+def verify(original: ModelSource, optimized: ModelSource, **kw: Any) -> VerifyReport:
     """`compare_models`, raising VerificationError (one line: which output, the error) on a mismatch."""
     report = compare_models(original, optimized, **kw)
     if not report.ok:

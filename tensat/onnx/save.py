@@ -14,10 +14,12 @@ from onnx import ModelProto
 from tensat.errors import TensatError
 from tensat.files import atomic_write_bytes, fsync_dir
 from tensat.onnx.external import is_large, write_external
+from tensat.session import Serialized, proto_of
 
 
-def save_model(model: ModelProto, path: str | os.PathLike[str]) -> None:
-    """Write `model` atomically (temp file in the same directory, fsync, os.replace).
+def save_model(model: ModelProto | Serialized, path: str | os.PathLike[str]) -> None:
+    """Write `model` atomically (temp file in the same directory, fsync, os.replace); a `Serialized` model is
+    written from the bytes it already holds.
 
     Models over 2 GiB are written with their weights in `<name>.data` next to the model file; `model` itself is
     left unchanged.
@@ -26,10 +28,11 @@ def save_model(model: ModelProto, path: str | os.PathLike[str]) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise TensatError(f"cannot write {path}: directory {directory} does not exist")
-    if is_large(model):
-        _save_external(model, path, directory, os.path.basename(path))
+    proto = proto_of(model)
+    if is_large(proto):
+        _save_external(proto, path, directory, os.path.basename(path))
         return
-    atomic_write_bytes(path, model.SerializeToString())
+    atomic_write_bytes(path, model.data if isinstance(model, Serialized) else proto.SerializeToString())
 
 
 def _save_external(model: ModelProto, path: str, directory: str, base: str) -> None:

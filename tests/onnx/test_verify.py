@@ -12,7 +12,8 @@ from onnx import helper, numpy_helper
 
 from tensat.errors import ModelError, VerificationError
 from tensat.ir import Graph
-from tensat.onnx_io import export_model, import_model
+from tensat.onnx_io import export_model, import_model, save_model
+from tensat.session import Serialized
 from tensat.verify import VerifyReport, compare_models, make_session, random_inputs, run_model, verify
 
 RNG = np.random.default_rng(7)
@@ -74,6 +75,19 @@ def test_same_graph_is_accepted() -> None:
     assert isinstance(report, VerifyReport)
     assert report.ok and report.outputs == ["out"] and report.max_abs_error == 0.0 and report.seconds > 0
     assert "\n" not in report.detail
+
+
+def test_a_serialized_model_runs_verifies_and_saves_as_its_proto(tmp_path) -> None:
+    """`Serialized` (a proto with its bytes, made once for every session the checks open) behaves as the proto."""
+    model = split_model()
+    wrapped = Serialized(model)
+    assert wrapped.data is wrapped.data and wrapped.data == model.SerializeToString()
+    report = compare_models(wrapped, Serialized(model))
+    assert report.ok and report.max_abs_error == 0.0
+    feeds = random_inputs(model, seed=2)
+    np.testing.assert_array_equal(run_model(wrapped, feeds)["out"], run_model(model, feeds)["out"])
+    save_model(wrapped, tmp_path / "m.onnx")
+    assert (tmp_path / "m.onnx").read_bytes() == model.SerializeToString()
 
 
 def test_swapped_slices_are_caught() -> None:
