@@ -39,7 +39,8 @@ def _big_enough_model() -> onnx.ModelProto:
 def bad_model_inputs(tmp_path: Path) -> list[tuple[object, str]]:
     """Inputs no layer may accept, as (path or model, a word the one-line error must contain): missing, empty,
     noise and truncated files, a directory, and models failing the checker, with an unknown domain, a dangling
-    input, a cycle or too old an opset. The importer, the API and the command line are tested on them."""
+    input, a cycle, too old an opset or too new an IR version. The importer, the API and the command line are tested
+    on them."""
     cases: list[tuple[object, str]] = [(str(tmp_path / "missing.onnx"), "not found"), (str(tmp_path), "directory")]
     empty = tmp_path / "empty.onnx"
     empty.write_bytes(b"")
@@ -70,6 +71,8 @@ def bad_model_inputs(tmp_path: Path) -> list[tuple[object, str]]:
     cases.append((cycle, "cycle"))
     old = make([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [2])], [vi("y", [2])], opset=6)
     cases.append((old, "opset 6"))
+    newer = make([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [2])], [vi("y", [2])], ir=14)
+    cases.append((newer, "IR version 14"))  # helper.make_model's default in onnx 1.23; onnxruntime 1.31 reads 13
     return cases
 
 

@@ -14,7 +14,7 @@ from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper, numpy_h
 from tensat.errors import ModelError
 from tensat.onnx.external import subgraphs
 
-MAX_IR_VERSION = 13
+MAX_IR_VERSION = 13  # the newest IR version onnxruntime 1.31 reads: the most tensat reads and writes
 OUTER = "__tensat_outer_"
 OUTER_RE = re.compile(r"^__tensat_outer_(\d+)$")
 NONDETERMINISTIC = {

@@ -15,7 +15,7 @@ import onnx.inliner
 from onnx import GraphProto, ModelProto
 
 from tensat.errors import ModelError, one_line
-from tensat.onnx.common import free_names, node_label, norm_domain, opset_versions
+from tensat.onnx.common import MAX_IR_VERSION, free_names, node_label, norm_domain, opset_versions
 from tensat.onnx.external import has_external, is_large, light_copy, model_tensors, subgraphs, write_external
 
 MIN_OPSET = 7
@@ -55,6 +55,11 @@ def _check_basic(model: ModelProto, where: str) -> None:
     if model.ir_version <= 0 or not model.HasField("graph") or not model.opset_import:
         missing = "ir_version" if model.ir_version <= 0 else "graph" if not model.HasField("graph") else "opset_import"
         raise ModelError(f"{where} is not an ONNX model (no {missing}; truncated or not an ONNX file?)")
+    if model.ir_version > MAX_IR_VERSION:  # onnxruntime refuses it: found here, not after the search at verification
+        raise ModelError(
+            f"{where} has IR version {model.ir_version}; onnxruntime reads IR versions up to {MAX_IR_VERSION} "
+            f"(lower the model's ir_version, or save it with an older onnx)"
+        )
 
 
 def _known_domains() -> dict[str, set[str] | None]:
