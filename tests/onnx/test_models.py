@@ -213,7 +213,9 @@ def test_full_size_deterministic() -> None:
     assert build_model("nasrnn").SerializeToString() == build_model("nasrnn").SerializeToString()
 
 
-@pytest.mark.parametrize("name", list(FULL))
+@pytest.mark.parametrize(  # full-size VGG-19 takes the longest of them: in the slow run
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n == "vgg19" else n for n in FULL]
+)
 def test_full_size_model(name: str) -> None:
     model = build_model(name)
     _check_structure(model)
