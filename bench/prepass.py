@@ -20,7 +20,7 @@ Each output is verified against the input in onnxruntime (`tensat.verify.compare
 load or computes something else is reported as invalid and not timed. The valid ones are timed end to end against
 the input, all interleaved block by block, at one intra-op thread and at every core, as `bench.real_report` times
 them. "Kept" is what tensat's end-to-end check would keep of a pass run before it: the pass's speedup where it is
-measurably faster at every thread count (`tensat.api.LATENCY_RESOLUTION` above 1 at one at least), else 1.
+measurably faster as `tensat.api.measurably_faster` rules, else 1.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import onnx
 from bench.machine import header
 from bench.real_report import _cell as speedup_cell
 from bench.real_report import _run_tensat, _speedups, corpus_main, geomean
-from tensat.api import LATENCY_RESOLUTION
+from tensat.api import measurably_faster
 from tensat.errors import one_line
 from tensat.verify import compare_models
 
@@ -128,8 +128,7 @@ def run_model(name: str, src: Path, work: Path, seconds: float) -> dict[str, Any
 def kept(latency: dict[str, Any]) -> float:
     """What tensat's end-to-end check would keep of one pass's output: its speedup at one thread where it is
     measurably faster at every thread count, else 1 (the input)."""
-    lows = [lat["interval"][0] for lat in latency.values()]
-    if lows and all(low > 1.0 for low in lows) and any(low > 1.0 + LATENCY_RESOLUTION for low in lows):
+    if measurably_faster([lat["interval"][0] for lat in latency.values()]):
         return float(latency["threads=1"]["speedup"])
     return 1.0
 
