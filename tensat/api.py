@@ -63,6 +63,9 @@ class OptimizeResult:
     nodes_after: int = 0  # ONNX nodes of the returned model
     nodes_read: int = 0  # ONNX nodes of the model tensat read: the input's, or after the pre-pass (`options.pre_pass`)
     returned_input: str | None = None  # why the input model was returned unchanged; None if optimized
+    # the rules behind the optimized graph's changes, with how many changes each explains (the graph extracted,
+    # whether or not it was returned; `tensat.egraph.provenance`)
+    rules: dict[str, int] = field(default_factory=dict)
 
     @property
     def speedup(self) -> float:
@@ -96,6 +99,12 @@ class OptimizeResult:
             x = self.extraction
             stop = x.info.get("ilp_stop")
             lines.append(f"extract   {x.method}" + (f" ({stop})" if stop else f" ({x.status})"))
+        if self.rules:
+            lines.append(
+                "rules     "
+                + ", ".join(f"{name} x{n}" for name, n in self.rules.items())
+                + ("" if self.returned_input is None else " (in the extracted graph, which was not returned)")
+            )
         lines.append("time      " + ", ".join(f"{k} {v:.2f}s" for k, v in self.times.items()))
         if self.verification is not None:
             v = self.verification
@@ -130,6 +139,7 @@ class OptimizeResult:
             "onnx_nodes_after": self.nodes_after,
             "onnx_nodes_read": self.nodes_read,
             "returned_input": self.returned_input,
+            "rules": dict(self.rules),
             "exploration": self.exploration.to_dict(),
             "extraction": None
             if ex is None
@@ -440,6 +450,7 @@ class _Run:
     chosen: extraction.ExtractionResult | None = None
     # the optimized graph while it goes through the checks: as written to ONNX, read back, and priced
     candidate: Graph | None = None
+    candidate_rules: dict[str, int] = field(default_factory=dict)  # see `OptimizeResult.rules`
     candidate_model: onnx.ModelProto | None = None
     written: Graph | None = None
     candidate_cost: float = 0.0
@@ -516,7 +527,7 @@ def _import(run: _Run) -> None:
     run.nodes_read = len(run.model.graph.node)
     graph = _read_pre_passed(run) if run.opts.pre_pass != "none" else None
     if graph is None:
-        graph = onnx_io.import_model(run.model, check=False)  # load_model has just run onnx.checker on it
+        graph = onnx_io.import_model(run.model, check=False, runtime_fusions=True)  # the checker has just run
     run.graph = graph.compact()
 
 
@@ -530,7 +541,7 @@ def _read_pre_passed(run: _Run) -> Graph | None:
     t = time.perf_counter()
     try:
         model = onnx_io.pre_pass(run.model, name)
-        graph = onnx_io.import_model(model, check=False)  # loads it: sorted, shape-inferred
+        graph = onnx_io.import_model(model, check=False, runtime_fusions=True)  # loads it: sorted, shape-inferred
     except TensatError as exc:
         if isinstance(exc, ModelError):  # its output is not a model tensat reads; the input is
             run.log.warn(f"tensat cannot read the {name} pre-pass's output ({exc}); read the model as given")
@@ -821,7 +832,9 @@ def _extract(run: _Run) -> None:
 
 def _rebuild(run: _Run) -> None:
     assert run.te is not None and run.chosen is not None and run.exported is not None
-    run.candidate = run.te.rebuild(run.chosen.choices, run.exported.decoded).compact()
+    x = run.exported
+    run.candidate = run.te.rebuild(run.chosen.choices, x.decoded).compact()
+    run.candidate_rules = run.te.rules_behind(run.chosen.choices, x.decoded, x.egraph.roots)
 
 
 def _search_failed(run: _Run, exc: BaseException) -> None:
@@ -830,6 +843,7 @@ def _search_failed(run: _Run, exc: BaseException) -> None:
     if not run.stats.stop_reason:
         run.stats.stop_reason, run.stats.error = "error", one_line(exc, typed=True)
     run.candidate = run.chosen = None
+    run.candidate_rules = {}
 
 
 _SEARCH = (
@@ -989,6 +1003,7 @@ def _result(run: _Run, output_path: str | os.PathLike[str] | None) -> OptimizeRe
         nodes_after=len(out_model.graph.node),
         nodes_read=run.nodes_read or len((run.model or out_model).graph.node),
         returned_input=run.returned_input,
+        rules=dict(run.candidate_rules),
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from tensat import ops
 from tensat.ir import Graph, Node
@@ -24,13 +24,24 @@ class CostModel(Protocol):
     A cost model may also offer `prefetch(items, deadline=None)` with items `(node, in_shapes, const)`: the
     pipeline calls it once with every node it is about to price, so a measuring model can batch its work and show
     progress. It returns the indices of the items it left unpriced because `deadline` (a `time.perf_counter()`
-    value) passed.
+    value) passed. It may also declare `resolution` (a `Resolution`): how far apart two of its prices must be to
+    tell them apart; without it prices are exact.
     """
 
     @property
     def name(self) -> str: ...  # read only, so a frozen dataclass's field satisfies it
 
     def __call__(self, node: Node, in_shapes: Sequence[Shape], const: Sequence[bool] = ()) -> float: ...
+
+
+class Resolution(NamedTuple):
+    """How far apart two prices must be to be told apart: `relative` of the price plus `ms` milliseconds."""
+
+    relative: float
+    ms: float
+
+
+EXACT = Resolution(0.0, 0.0)  # an estimate that computes: equal prices are equal work
 
 
 def _bytes(shape: Sequence[int], itemsize: int = 4) -> float:

@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tensat import ops
-from tensat.cost import AnalyticCost
+from tensat.cost import EXACT, AnalyticCost, Resolution
+from tensat.egraph import provenance
 from tensat.egraph.lower import LoweredGraph
+from tensat.egraph.provenance import DecodedNode
 from tensat.extraction import EGraph as XGraph
 from tensat.extraction import ENode, tree_costs
 from tensat.ir import Graph, Node
@@ -22,16 +24,6 @@ UNCHOSEN_MS = 1e-9  # added to the cost of e-nodes the input graph does not use:
 COMPETITIVE_SLACK_MS = 0.005  # an estimate this close to its e-class's cheapest is competitive whatever the ratio
 
 CostFn = Callable[[Node, Sequence[tuple[int, ...]], Sequence[bool]], float]
-
-
-@dataclass
-class DecodedNode:
-    """An e-node read back from egglog: an IR op with attributes over child e-classes."""
-
-    op: str
-    attrs: dict[str, Any]
-    children: tuple[int, ...]
-    eclass: int
 
 
 @contextmanager
@@ -77,6 +69,7 @@ class Export(LoweredGraph):
     """Exporting an explored graph for the extractor, and rebuilding the IR graph of an extracted selection."""
 
     _export_memo: _ExportMemo
+    _class_shapes: dict[int, tuple[int, ...]]
 
     def export(
         self,
@@ -87,9 +80,15 @@ class Export(LoweredGraph):
         """The e-graph for the extractor: costs from `node_cost`, roots the graph outputs.
 
         Returns the extraction e-graph, the decoded e-node behind every node id, and the ids of e-nodes that must
-        not be chosen (their shape does not check, or a child has no shape). Every e-node the input graph does not
+        not be chosen (their shape does not check, a child has no shape, or their e-class computes a pinned input
+        node and they are not the input's choice there). Every e-node the input graph does not
         use costs `UNCHOSEN_MS` more, so that of equal-cost graphs the extraction keeps the input's own operand
-        order and layout (onnxruntime's fusions match operands in the order exporters write them).
+        order and layout (onnxruntime's fusions match operands in the order exporters write them). Where
+        `node_cost` declares a `resolution` (a measuring model, whose prices carry timing noise), such an e-node
+        priced unlike every input node (another op, shape or operand order) also costs that resolution more: a
+        change is chosen only where it gains more than two measurements can tell apart, not where two equal
+        computations (a Mul before or after a Reshape) measured a hair apart. An e-node priced like an input node
+        shares that node's measurement, so a graph that drops an Add and keeps its MatMuls' prices still wins.
 
         With `competitive` (for a cost model that measures, where every price takes time), only e-nodes that can
         appear in a competitive selection are priced by `node_cost`: those whose cheapest tree under the analytic
@@ -134,6 +133,7 @@ class Export(LoweredGraph):
                 sid = vec_ids[v] = memo.shape_id(tuple([to_i64(x) for x in to_vec(v)]))
             shape_id[c] = sid
         decoded, attr_items = self._decode_rows(frozen, setdefault, class_ids)
+        self._class_shapes = {c: shape_list[sid] for c, sid in shape_id.items()}
         const = self._constant_classes(decoded)
         forbidden: set[str] = set()
         costs: dict[str, float] = {}
@@ -189,6 +189,10 @@ class Export(LoweredGraph):
         self._chosen_of = {
             to_i64(r.inputs[0]): setdefault(r.output, len(class_ids)) for r in frozen.functions["chosen-of"].rows
         }
+        for nid in self._pinned_out(decoded):
+            forbidden.add(nid)
+            costs[nid] = 0.0
+            to_price.pop(nid, None)
         names = [str(c) for c in range(len(class_ids))]
         estimate: dict[str, float] = {}
         dominated: set[str] = set()
@@ -218,13 +222,20 @@ class Export(LoweredGraph):
         for nid in dominated:
             costs[nid] = estimate[nid] * scale
         egg = {op: d.egg for op, d in defs.items()}
+        resolution: Resolution = getattr(node_cost, "resolution", EXACT)
+        relative, margin = 1.0 + resolution.relative, resolution.ms + UNCHOSEN_MS
+        priced_for_input = {keys[nid] for nid in original if nid in keys}
+
+        def offered(nid: str) -> float:
+            """The cost the extractor sees: the price, plus the tie-breaks of e-nodes the input does not use."""
+            if nid in original:
+                return costs[nid]
+            if keys.get(nid) in priced_for_input:
+                return costs[nid] + UNCHOSEN_MS
+            return costs[nid] * relative + margin
+
         nodes = {
-            nid: ENode(
-                egg[dn.op],
-                costs[nid] + (0.0 if nid in original else UNCHOSEN_MS),
-                names[dn.eclass],
-                tuple([names[c] for c in dn.children]),
-            )
+            nid: ENode(egg[dn.op], offered(nid), names[dn.eclass], tuple([names[c] for c in dn.children]))
             for nid, dn in decoded.items()
         }
         roots = list(dict.fromkeys(names[node_of[n]] for _, n in self.graph.outputs))
@@ -376,6 +387,36 @@ class Export(LoweredGraph):
                     const.add(owner[k])
                     work.append(owner[k])
         return const
+
+    def rules_behind(
+        self, choices: dict[str, str], decoded: dict[str, DecodedNode], roots: Sequence[str]
+    ) -> dict[str, int]:
+        """How many of the changes of the selection `choices` (from `roots`) against the input each rule explains,
+        most first (see `provenance.rules_behind`): which rules made the difference."""
+        index = self._index(decoded)
+        inputs = []
+        for i in self.live:
+            n = self.graph.nodes[i]
+            inputs.append(index[(n.op, tuple(self._node_of[j] for j in n.inputs), tuple(sorted(n.attr.items())))])
+        original = self.original_selection(decoded)
+        return provenance.rules_behind(choices, original, inputs, decoded, self._class_shapes, roots, self.rules)
+
+    def _pinned_out(self, decoded: dict[str, DecodedNode]) -> set[str]:
+        """The e-nodes the extraction must not choose for the input's fused subgraphs (`Graph.pinned`, `sealed`:
+        nodes the runtime fuses into one op no cost model prices): any the input does not choose in the e-class of
+        a pinned node, and any e-node not the input's own that reads a sealed one's e-class."""
+        g = self.graph
+        if not g.pinned:
+            return set()
+        own = self.original_selection(decoded)
+        mine = set(own.values())
+        pinned = {self._node_of[i] for i in g.pinned if i in self._node_of}
+        sealed = {self._node_of[i] for i in g.sealed if i in self._node_of}
+        return {
+            nid
+            for nid, dn in decoded.items()
+            if nid not in mine and (dn.eclass in pinned or not sealed.isdisjoint(dn.children))
+        }
 
     def original_selection(self, decoded: dict[str, DecodedNode]) -> dict[str, str]:
         """The e-node chosen in each e-class by the input graph itself: a valid, acyclic selection.

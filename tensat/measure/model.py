@@ -18,7 +18,7 @@ import onnx
 from onnx import ModelProto
 
 from tensat import ops
-from tensat.cost import AnalyticCost
+from tensat.cost import AnalyticCost, Resolution
 from tensat.errors import TensatError, one_line
 from tensat.ir import Graph, Node
 from tensat.measure.bar import Progress
@@ -51,7 +51,8 @@ MEMORY_CAP = 256 * 2**20  # bytes of weights + outputs over all copies
 OUT_BUDGET = 4 * 2**20  # bytes of outputs over all copies (an end-to-end run reuses warm buffers)
 DEFAULT_WORKING_SET = 64 * 2**20
 WINDOWS = 2  # timing windows per unit, separated in time by the other units of its chunk
-WINDOW_TOL = 0.05
+WINDOW_TOL = 0.05  # a unit's first two windows agree if their medians differ by at most this share
+WINDOW_ABS_US = 0.05  # plus this many microseconds (else a third window decides)
 CHUNK = 24
 
 
@@ -108,6 +109,7 @@ class MeasuredCost:
     """
 
     name = "measured"
+    resolution = Resolution(WINDOW_TOL, WINDOW_ABS_US * 1e-3)  # a price is the median of windows this close
 
     def __init__(
         self,
@@ -613,7 +615,7 @@ class _Plan:
         if self.failure is not None or len(self.windows) != 2:
             return False
         a, b = (w.median_us for w in self.windows)
-        return abs(a - b) > WINDOW_TOL * max(min(a, b), 1e-3) + 0.05
+        return abs(a - b) > WINDOW_TOL * max(min(a, b), 1e-3) + WINDOW_ABS_US
 
 
 def _past(deadline: float | None) -> bool:

@@ -94,11 +94,27 @@ class Unit:
 
 
 def pricing_unit(node: Node, in_shapes: Sequence[Sequence[int]], const: Sequence[bool]) -> Unit:
-    """The unit that prices one node: `Unit.single`, except that a convolution with a fused ReLU is timed as the
-    plain convolution. onnxruntime applies the ReLU in the convolution's output loop at no measurable cost, and
-    two separate measurements would differ by noise alone, which could make the extractor prefer a plain
-    convolution followed by a ReLU that onnxruntime then has to run on its own."""
-    unit = Unit.single(node, in_shapes, const)
+    """The unit that prices one node: `Unit.single` of the node as onnxruntime computes it, so that one
+    computation written two ways is timed once. Two separate measurements of it would differ by noise alone (or by
+    when each was taken), and the extractor would prefer the cheaper-looking form, which can undo what onnxruntime
+    fuses (its GELU and LayerNorm fusions match operands in the order exporters write them). So:
+    - a convolution with a fused ReLU is timed as the plain convolution (onnxruntime applies the ReLU in the
+      convolution's output loop at no measurable cost);
+    - an element-wise op is timed without the leading dimensions of size 1 its output has (a Mul on 1x64x1024 and
+      on 64x1024 run the same loop);
+    - a commutative op is timed with its operands in one order (variables before weights, then by shape)."""
+    d = ops.get(node.op)
+    flags = [bool(c) for c in const] + [False] * (len(in_shapes) - len(const))
+    shapes = [tuple(int(x) for x in s) for s in in_shapes]
+    if d.kind in ("unary", "broadcast"):
+        rank = len(node.shape)
+        drop = next((k for k, dim in enumerate(node.shape) if dim != 1), max(rank - 1, 0))
+        padded = [(1,) * (rank - len(s)) + s for s in shapes]
+        shapes = [s[drop:] for s in padded]
+    if d.commutative and len(shapes) == 2:
+        ordered = sorted(zip(shapes, flags), key=lambda sf: (sf[1], sf[0]))
+        shapes, flags = [s for s, _ in ordered], [f for _, f in ordered]
+    unit = Unit.single(node, shapes, flags)
     if node.op != "conv2d" or node.attr.get("act") != ops.ACT_RELU:
         return unit
     head = unit.nodes[0]

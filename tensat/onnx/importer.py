@@ -22,6 +22,7 @@ from onnx import AttributeProto, ModelProto, NodeProto, helper, numpy_helper
 from tensat import ops
 from tensat.errors import ModelError
 from tensat.ir import FLOAT, Graph, OpaqueSpec
+from tensat.onnx import fusions as runtime
 from tensat.onnx.common import (
     NONDETERMINISTIC,
     OUTER,
@@ -58,6 +59,7 @@ class _Importer:
     folding: bool = False
     release: bool = False
     attrs: dict[str, Any] = field(default_factory=dict)
+    fusions: runtime.Fusions = field(default_factory=runtime.Fusions)  # its fused subgraphs (see `Graph.pinned`)
     _temp: int = 0
 
     def __post_init__(self) -> None:
@@ -88,7 +90,14 @@ class _Importer:
             if vi.type.WhichOneof("value") not in (None, "tensor_type"):
                 raise ModelError(f"graph output '{vi.name}' is a {vi.type.WhichOneof('value')}; tensat needs tensors")
             self.graph.output(vi.name, self.value_of(vi.name))
+        self._unseal_views()
         return self.graph.compact()
+
+    def _unseal_views(self) -> None:
+        """Views of a fused subgraph's inputs (the Reshape an N-D MatMul is lowered through) stay readable: a new
+        node reading one reads the subgraph's input, not a value computed inside it."""
+        g = self.graph
+        g.sealed -= {i for i in g.sealed if ops.get(g.nodes[i].op).view and g.pinned.isdisjoint(g.nodes[i].inputs)}
 
     def value_of(self, name: str) -> int:
         """IR id of tensor `name` (a weight node for a constant)."""
@@ -167,6 +176,17 @@ class _Importer:
     # -- nodes --------------------------------------------------------------------------------------------------
 
     def _lower(self, index: int, node: NodeProto) -> None:
+        start = len(self.graph.nodes)
+        self._lower_node(index, node)
+        if self.fusions.pinned.intersection(node.output):  # the IR nodes made for it, and those of its outputs
+            g = self.graph
+            outs = {self.env[name] for name in node.output if name in self.env}
+            internal = {self.env[name] for name in self.fusions.internal.intersection(node.output) if name in self.env}
+            made = set(range(start, len(g.nodes)))
+            g.pinned.update(i for i in made | outs if not g.nodes[i].is_leaf)
+            g.sealed.update(i for i in (made - outs) | internal if not g.nodes[i].is_leaf)
+
+    def _lower_node(self, index: int, node: NodeProto) -> None:
         self.node, self.index = node, index
         self.attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         domain = norm_domain(node.domain)
@@ -758,7 +778,11 @@ def import_model(
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     *,
     check: bool = True,
+    runtime_fusions: bool = False,
 ) -> Graph:
-    """Load `source` (path or proto) and lower it to a tensat Graph (see `load_model` for validation and `check`)."""
+    """Load `source` (path or proto) and lower it to a tensat Graph (see `load_model` for validation and `check`).
+    With `runtime_fusions`, the nodes onnxruntime fuses into one op no cost model prices are pinned and the
+    tensors inside those subgraphs sealed (`Graph.pinned`, `Graph.sealed`; found by `fusions.runtime_fusions`)."""
     model = load_model(source, input_shapes, check=check)
-    return _Importer(model, release=True).run()
+    fusions = runtime.runtime_fusions(model) if runtime_fusions else runtime.Fusions()
+    return _Importer(model, release=True, fusions=fusions).run()

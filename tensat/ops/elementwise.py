@@ -128,8 +128,10 @@ def relu(x: np.ndarray) -> np.ndarray:
     return np.maximum(x, 0)
 
 
-ADD = register(binary("add", "Add", operator.add, onnx="Add", onnx_also=("Sub", "Sum"), int_exact=True))
-MUL = register(binary("mul", "Mul", operator.mul, onnx="Mul", int_exact=True))
+ADD = register(
+    binary("add", "Add", operator.add, onnx="Add", onnx_also=("Sub", "Sum"), int_exact=True, commutative=True)
+)
+MUL = register(binary("mul", "Mul", operator.mul, onnx="Mul", int_exact=True, commutative=True))
 RELU = register(unary("relu", "Relu", relu, onnx="Relu", int_exact=True))
 SIGMOID = register(unary("sigmoid", "Sigmoid", sigmoid, onnx="Sigmoid"))
 TANH = register(unary("tanh", "Tanh", np.tanh, onnx="Tanh"))

@@ -108,6 +108,7 @@ class OpDef:
 
     # Cost model and measurement.
     view: bool = False  # onnxruntime runs it without touching the data: it costs nothing
+    commutative: bool = False  # its two inputs can be swapped: one computation, priced once
     breaks_layout: bool = False  # runs in, or forces reorders around, the blocked layout of a measured conv graph
     # (the others, element-wise ops and concat, run on whatever layout their inputs have)
 

@@ -143,6 +143,34 @@ def test_a_fused_relu_is_priced_as_the_plain_convolution(tmp_path):
     assert cost(fused, shapes, const) == cost(node, shapes, const) and cost.stats.measured == 1
 
 
+def test_one_elementwise_computation_written_two_ways_is_priced_once(tmp_path):
+    """A Mul by a weight and its mirror image, and a Mul on 1x64x256 and on 64x256, run the same loop: each pair is
+    one unit, so no operand order or leading dimension of 1 looks cheaper by measurement noise alone."""
+
+    def mul(shape, a, b, const):
+        return pricing_unit(Node("mul", (), (), shape, "float32"), [a, b], const)
+
+    scaled = mul((1, 64, 256), (1, 64, 256), (1, 1, 1), [False, True])
+    assert mul((1, 64, 256), (1, 1, 1), (1, 64, 256), [True, False]) == scaled
+    assert mul((64, 256), (64, 256), (1, 1), [False, True]) == scaled
+    assert scaled.out_shape == (64, 256)
+    product = mul((1, 4, 64, 64), (1, 1, 64, 64), (1, 4, 64, 64), [False, False])
+    assert mul((1, 4, 64, 64), (1, 4, 64, 64), (1, 1, 64, 64), [False, False]) == product
+    assert product.out_shape == (4, 64, 64)
+    assert mul((2, 64, 256), (2, 64, 256), (1, 1, 1), [False, True]) != scaled  # a batch of 2 is other work
+    cost = cost_model(tmp_path)
+    items = [
+        (Node("add", (), (), (1, 8, 16), "float32"), [a, b], c)
+        for a, b, c in [
+            ((1, 8, 16), (1, 1, 16), [False, True]),
+            ((1, 1, 16), (1, 8, 16), [True, False]),
+            ((1, 8, 16), (1, 1, 16), [False, True]),
+        ]
+    ]
+    prices = {cost(*item) for item in items}
+    assert len(prices) == 1 and cost.stats.measured == 1
+
+
 def test_replicated_unit_model_runs_with_distinct_weights():
     node, shapes, const = items(small_cnn())[0]
     base = unit_model(Unit.single(node, shapes, const))

@@ -1,0 +1,255 @@
+"""Which rewrite rules a selection owes its changes to: read back from the explored e-graph, after extraction.
+
+egglog records no proof of why an e-node is in its e-class, but a rule that fired left both its sides in one
+e-class. So a change is explained by the rules whose left side matches where the input was and whose right side,
+under the same variables, matches what replaced it. Two kinds of change are explained:
+- an e-class the selection uses whose chosen e-node is not the input's choice there: the right side must match
+  the chosen e-nodes from there down, the left side the input's e-node of that e-class (its inner e-nodes first
+  the input's own, else any). A new e-class below it that the right side built as chosen is part of that change;
+  one chosen otherwise (a later rewrite of a term the first built) is a change of its own, its left side any
+  other e-node of the e-class;
+- an input node whose e-class rules merged with an earlier one (a Transpose of a Transpose that is the identity):
+  its e-class's choice is the earlier node, so the node is gone without any e-class changing its choice. The left
+  side must match the input node, the right side any e-node of its e-class (the first step of the chain).
+Tensor variables bind e-classes and attribute variables values; the rule's guards and :let values are evaluated
+on the bound e-classes' shapes, and the right side's attributes computed, as the compiled rule does. The left side
+is first matched on the input graph as written (its inner e-nodes the input's own), and only where that finds no
+rule on any e-node: of the rules the e-graph would credit, those that rewrite what the user's graph says. A change
+no rule explains is counted under `UNEXPLAINED`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tensat import rewrites
+from tensat.rewrites.dsl import Lit, Pattern, Term, Var, attr_value, eval_expr
+
+
+@dataclass
+class DecodedNode:
+    """An e-node read back from egglog: an IR op with attributes over child e-classes."""
+
+    op: str
+    attrs: dict[str, Any]
+    children: tuple[int, ...]
+    eclass: int
+
+
+UNEXPLAINED = "(unexplained)"
+MAX_BINDINGS = 64  # per pattern: enough for any rule over one e-class, and a bound where operand orders multiply
+
+Env = dict[str, Any]  # tensor variables -> e-class ids, attribute variables -> values
+Shape = tuple[int, ...]
+
+
+def changed_classes(
+    choices: Mapping[str, str], original: Mapping[str, str], decoded: Mapping[str, DecodedNode], roots: Sequence[str]
+) -> list[str]:
+    """The e-classes the selection `choices` uses (from `roots`) whose chosen e-node the input's selection
+    `original` does not choose there, children first."""
+    out: list[str] = []
+    seen: set[str] = set()
+    stack = [(r, False) for r in roots]
+    while stack:
+        c, done = stack.pop()
+        if done:
+            if choices[c] != original.get(c):
+                out.append(c)
+            continue
+        if c in seen:
+            continue
+        seen.add(c)
+        stack.append((c, True))
+        stack.extend((str(ch), False) for ch in decoded[choices[c]].children)
+    return out
+
+
+def rules_behind(
+    choices: Mapping[str, str],
+    original: Mapping[str, str],
+    inputs: Sequence[str],
+    decoded: Mapping[str, DecodedNode],
+    shapes: Mapping[int, Shape],
+    roots: Sequence[str],
+    rules: Sequence[rewrites.Rule],
+) -> dict[str, int]:
+    """For each rule, how many changes of `choices` against the input's selection `original` it explains (see the
+    module docstring), most first; `inputs` are the input graph's own e-nodes, `shapes` each e-class's shape.
+    Changes no rule explains count under `UNEXPLAINED`. Empty when the selection is the input's own and no input
+    node was merged away."""
+    everything = _Classes(decoded.values())
+    chosen = _Classes(decoded[nid] for nid in choices.values())
+    own = [decoded[nid] for nid in inputs]
+    as_written = _Classes(own)
+    matchers = [_Matcher(rule, shapes) for rule in rules]
+    counts: Counter[str] = Counter()
+    covered: set[int] = set()
+
+    def explain(
+        tiers: Sequence[tuple[Sequence[DecodedNode], _Classes]], right: DecodedNode | None, c: int, own: bool = True
+    ) -> None:
+        for lefts, lhs_classes in tiers:
+            for rhs_classes in (chosen, everything) if right is not None else (everything,):
+                found = []
+                for m in matchers:
+                    rhs = m.explained_by(lefts, lhs_classes, right, c, rhs_classes, own)
+                    if rhs is not None:
+                        found.append(m.rule.name)
+                        if rhs_classes is chosen and right is not None:
+                            covered.update(_inner_classes(rhs, right, choices, decoded))
+                if found:
+                    counts.update(found)
+                    return
+        counts[UNEXPLAINED] += 1
+
+    for c in reversed(changed_classes(choices, original, decoded, roots)):  # parents first
+        now = decoded[choices[c]]
+        if c in original:
+            was = decoded[original[c]]
+            explain([([was], as_written), ([was], everything)], now, now.eclass)
+        elif now.eclass not in covered:  # a new e-class the right side above it did not build as chosen
+            others = [dn for dn in everything.of[now.eclass] if dn is not now]
+            explain([(others, everything)], now, now.eclass, own=False)
+    for nid, dn in zip(inputs, own):
+        if dn.op not in ("input", "weight") and original.get(str(dn.eclass)) not in (None, nid):
+            explain([([dn], as_written), ([dn], everything)], None, dn.eclass)
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _inner_classes(
+    p: Pattern, node: DecodedNode, choices: Mapping[str, str], decoded: Mapping[str, DecodedNode]
+) -> Iterator[int]:
+    """The e-classes a right side matched at `node` builds below it (its inner terms, matched on chosen e-nodes)."""
+    if isinstance(p, Term):
+        for arg, child in zip(p.args, node.children):
+            if isinstance(arg, Term):
+                yield child
+                yield from _inner_classes(arg, decoded[choices[str(child)]], choices, decoded)
+
+
+class _Classes:
+    """E-nodes by e-class."""
+
+    def __init__(self, nodes: Iterable[DecodedNode]) -> None:
+        self.of: dict[int, list[DecodedNode]] = {}
+        for dn in nodes:
+            self.of.setdefault(dn.eclass, []).append(dn)
+
+
+class _Matcher:
+    """One rule matched against e-nodes: tensor variables bind e-classes, attribute variables values; the rule's
+    integer :let values and guards are evaluated on the bound e-classes' shapes, its right side's attributes
+    computed and compared."""
+
+    def __init__(self, rule: rewrites.Rule, shapes: Mapping[int, Shape]) -> None:
+        self.rule = rule
+        self.shapes = shapes
+        self.tensor_vars = set(rule.tensor_vars())
+        terms = {name: value for name, value in rule.lets if isinstance(value, Term)}
+        self.lets = [(name, value) for name, value in rule.lets if not isinstance(value, Term)]
+
+        def expand(p: Pattern, depth: int = 0) -> Pattern:
+            if isinstance(p, Var):
+                return expand(terms[p.name], depth + 1) if p.name in terms and depth < 16 else p
+            return Term(p.op, tuple(expand(a, depth) for a in p.args), p.attrs)
+
+        self.pairs = [(lhs, expand(rhs)) for lhs, rhs in zip(rule.lhs, rule.rhs)]
+
+    def explained_by(
+        self,
+        lefts: Sequence[DecodedNode],
+        lhs_classes: _Classes,
+        right: DecodedNode | None,
+        eclass: int,
+        rhs_classes: _Classes,
+        own: bool = True,
+    ) -> Pattern | None:
+        """The right side that, with its left side matching one of `lefts` (inner e-nodes from `lhs_classes`),
+        matches the e-node `right` (None: any e-node of `eclass`) under the same bindings, its inner e-nodes from
+        `rhs_classes`; None if no pair of sides does. A right side that is one of the left side's variables (a
+        Transpose that is the identity) explains a change only where `lefts` are the input's `own` e-nodes: among
+        e-nodes rules made, such a left side is a loop of an e-class onto itself, which explains nothing."""
+        for lhs, rhs in self.pairs:
+            for left in lefts:
+                for env in self._node(lhs, left, {}, lhs_classes, None):
+                    values = self._values(env)
+                    if values is None:
+                        continue
+                    if isinstance(rhs, Var):
+                        if own and env.get(rhs.name) == eclass:
+                            return rhs
+                    elif right is None:
+                        if next(self._class(rhs, eclass, env, rhs_classes, values), None) is not None:
+                            return rhs
+                    elif next(self._node(rhs, right, env, rhs_classes, values), None) is not None:
+                        return rhs
+        return None
+
+    def _values(self, env: Env) -> dict[str, Any] | None:
+        """The attribute and :let values under `env`, or None where a guard rejects it (or cannot be evaluated)."""
+        shapes = self._shapes(env)
+        values = {k: v for k, v in env.items() if k not in self.tensor_vars}
+        try:
+            for name, expr in self.lets:
+                values[name] = eval_expr(expr, values, shapes)
+            if all(eval_expr(g, values, shapes) for g in self.rule.guards):
+                return values
+        except (IndexError, KeyError, ZeroDivisionError, ValueError, TypeError):
+            pass
+        return None
+
+    def _class(
+        self, p: Pattern, eclass: int, env: Env, classes: _Classes, values: Mapping[str, Any] | None
+    ) -> Iterator[Env]:
+        """Bindings extending `env` under which `p` matches an e-node of `eclass` (at most `MAX_BINDINGS`)."""
+        if isinstance(p, Var):
+            bound = env.get(p.name)
+            if bound is None:
+                yield {**env, p.name: eclass}
+            elif bound == eclass:
+                yield env
+            return
+        n = 0
+        for dn in classes.of.get(eclass, ()):
+            for found in self._node(p, dn, env, classes, values):
+                yield found
+                n += 1
+                if n >= MAX_BINDINGS:
+                    return
+
+    def _node(
+        self, p: Term, dn: DecodedNode, env: Env, classes: _Classes, values: Mapping[str, Any] | None
+    ) -> Iterator[Env]:
+        """Bindings extending `env` under which `p` matches the e-node `dn` itself; with `values` (a right side)
+        its attributes are computed and must equal the e-node's, else (a left side) they bind or must equal."""
+        if dn.op != p.op or len(dn.children) != len(p.args):
+            return
+        env = dict(env)
+        for name, expr in p.attrs:
+            have = attr_value(dn.attrs.get(name))
+            if values is not None:
+                try:
+                    want = attr_value(eval_expr(expr, values, self._shapes(env)))
+                except (IndexError, KeyError, ZeroDivisionError, ValueError, TypeError):
+                    return
+            elif isinstance(expr, Var):
+                want = env.setdefault(expr.name, have)
+            elif isinstance(expr, Lit):
+                want = attr_value(expr.value)
+            else:
+                continue
+            if want != have:
+                return
+        envs = [env]
+        for arg, child in zip(p.args, dn.children):
+            envs = [e for env_ in envs for e in self._class(arg, child, env_, classes, values)][:MAX_BINDINGS]
+            if not envs:
+                return
+        yield from envs
+
+    def _shapes(self, env: Env) -> dict[str, tuple[int, ...]]:
+        return {k: tuple(self.shapes[c]) for k, c in env.items() if k in self.tensor_vars and c in self.shapes}

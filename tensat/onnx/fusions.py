@@ -1,0 +1,149 @@
+"""The subgraphs onnxruntime fuses into one op that tensat's cost models do not price, found by asking onnxruntime.
+
+onnxruntime's graph optimizer turns a LayerNorm written as ReduceMean/Sub/Pow/Sqrt/Div/Mul/Add, T5's RMSNorm, a GELU
+written with Erf or Tanh, a SiLU, a residual Add and a LayerNorm, a MatMul and the scale or Transpose of its inputs,
+into single kernels. Its pattern matchers accept the operand orders and layouts exporters write, no others: a Mul
+whose operands swap, a scale moved across a Reshape, leave the subgraph unfused, many nodes slower. A cost model
+that prices nodes one by one cannot see that, so the subgraphs are found here, by optimizing the model in
+onnxruntime and reading back which of its nodes each fused node replaced. The importer then pins the IR nodes that
+compute them (`Graph.pinned`: the extraction keeps them as the input has them) and seals the tensors inside them
+(`Graph.sealed`: no new node may read one, so no rewrite reaches past the subgraph's output into it).
+
+A convolution's fusions (an activation, a residual Add) and a MatMul's with its bias Add (a Gemm; N-D ones between
+two Reshapes onnxruntime inserts) are left free: the cost models price a convolution's as onnxruntime runs them, and
+tensat's merges of convolutions and of MatMuls that share an input (Tensat's own gains) rewrite exactly these nodes.
+What a merge costs in a lost bias fusion, the end-to-end check times.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import onnx
+from onnx import ModelProto, NodeProto
+
+# Op types whose presence lets onnxruntime fuse a normalization, an activation or an attention: a model with none of
+# them is not optimized in onnxruntime here (a CNN whose only fusions are its convolutions' and its classifier's).
+TRIGGERS = frozenset({"ReduceMean", "Pow", "Sqrt", "Erf", "Tanh", "Sigmoid", "LayerNormalization"})
+FREE = frozenset({"Conv", "FusedConv", "NhwcFusedConv", "Gemm", "FusedGemm"})  # fused kinds left free (see above)
+MAX_REGION = 64  # ONNX nodes in one fused subgraph; a walk that goes further has left the fusion
+MAX_GLUE = 4  # nodes onnxruntime adds around a fused node (the Reshapes of an N-D MatMul+Add made a Gemm)
+
+
+@dataclass(frozen=True)
+class Fusions:
+    """Tensors of the input computed inside fused subgraphs: every one (`pinned`), and those only the subgraph
+    itself reads (`internal`: all but each subgraph's outputs)."""
+
+    pinned: frozenset[str] = frozenset()
+    internal: frozenset[str] = frozenset()
+
+
+def runtime_fusions(model: ModelProto) -> Fusions:
+    """The tensors `model` computes inside subgraphs onnxruntime fuses into one op of a kind tensat does not price
+    (see the module docstring); none where the model has no op such a fusion starts from, or where onnxruntime
+    cannot load it. The model is optimized in onnxruntime's CPU session at the extended level (the fusions; not the
+    CPU's blocked layout)."""
+    graph = model.graph
+    if not TRIGGERS.intersection(n.op_type for n in graph.node):
+        return Fusions()
+    import onnxruntime as ort  # noqa: PLC0415 - only models with a fusible op pay for importing onnxruntime
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "optimized.onnx")
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        so.optimized_model_filepath = path
+        so.log_severity_level = 3
+        so.add_session_config_entry("session.optimized_model_external_initializers_file_name", "weights.bin")
+        so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+        try:
+            ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+            optimized = onnx.load(path, load_external_data=False)
+        except Exception:  # noqa: BLE001 - a model onnxruntime cannot run has nothing it fuses; verification says why
+            return Fusions()
+    weights = {t.name for t in graph.initializer} | {s.values.name for s in graph.sparse_initializer}
+    return _absorbed(graph.node, optimized.graph.node, weights)
+
+
+def _absorbed(original: Iterable[NodeProto], optimized: Sequence[NodeProto], weights: set[str]) -> Fusions:
+    """The original nodes each fused node of a new kind, not `FREE`, replaced: those between the fused node's
+    outputs and its inputs (read through the nodes onnxruntime added around it), walking the original graph back
+    from the outputs. A fused node whose walk reaches a graph input it does not read, or goes on too long, is
+    skipped: its inputs are tensors onnxruntime made."""
+    producer: dict[str, NodeProto] = {}
+    kinds: set[tuple[str, str]] = set()
+    for node in original:
+        kinds.add((node.domain or "ai.onnx", node.op_type))
+        for out in node.output:
+            if out:
+                producer[out] = node
+    made = {out: node for node in optimized for out in node.output if out and out not in producer}
+    readers: dict[str, list[NodeProto]] = {}
+    for node in optimized:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    pinned: set[str] = set()
+    internal: set[str] = set()
+    for fused in optimized:
+        if fused.op_type in FREE or (fused.domain or "ai.onnx", fused.op_type) in kinds:
+            continue
+        outs = {o for name in fused.output for o in _original_after(name, producer, readers)}
+        stops = {i for name in fused.input for i in _original_before(name, producer, weights, made)}
+        region = _region(outs, stops, producer, weights)
+        if region is None or len(region) < 2:
+            continue
+        tensors = {o for n in region for o in n.output if o}
+        pinned |= tensors
+        internal |= tensors - outs
+    return Fusions(frozenset(pinned), frozenset(internal))
+
+
+def _original_before(
+    name: str, producer: dict[str, NodeProto], weights: set[str], made: dict[str, NodeProto], depth: int = 0
+) -> set[str]:
+    """The original tensors tensor `name` of the optimized graph is computed from through added nodes."""
+    if name in producer or name in weights or name not in made or depth >= MAX_GLUE:
+        return {name}
+    return {t for i in made[name].input if i for t in _original_before(i, producer, weights, made, depth + 1)}
+
+
+def _original_after(name: str, producer: dict[str, NodeProto], readers: dict[str, list[NodeProto]]) -> set[str]:
+    """The original tensors tensor `name` of the optimized graph reaches through a chain of added nodes."""
+    for _ in range(MAX_GLUE):
+        if name in producer:
+            return {name}
+        after = readers.get(name, [])
+        if len(after) != 1 or len(after[0].output) != 1:
+            return set()
+        name = after[0].output[0]
+    return {name} if name in producer else set()
+
+
+def _region(
+    outs: set[str], stops: set[str], producer: dict[str, NodeProto], weights: set[str]
+) -> list[NodeProto] | None:
+    """The original nodes computing `outs` from `stops` and `weights`, or None where the walk escapes (reaches
+    another graph input, or more than `MAX_REGION` nodes)."""
+    if not outs:
+        return None
+    seen: dict[int, NodeProto] = {}
+    stack = [producer[o] for o in outs]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen[id(node)] = node
+        if len(seen) > MAX_REGION:
+            return None
+        for name in node.input:
+            if not name or name in stops:
+                continue
+            if name in producer:
+                stack.append(producer[name])
+            elif name not in weights:
+                return None
+    return list(seen.values())

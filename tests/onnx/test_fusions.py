@@ -1,0 +1,138 @@
+"""What onnxruntime fuses survives tensat: the subgraphs are found by asking onnxruntime (`tensat.onnx.fusions`),
+pinned and sealed at import, and an optimization that would have rewritten them (folding GELU's 0.5 into the next
+MatMul is cheaper op by op) leaves them as the exporter wrote them, so onnxruntime still fuses them."""
+
+from __future__ import annotations
+
+import collections
+import os
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper, numpy_helper
+
+import tensat
+from tensat import api
+from tensat.cost import AnalyticCost
+from tensat.onnx import fusions
+from tensat.onnx_io import import_model, load_model
+from tests.helpers import make, vi
+
+RNG = np.random.default_rng(3)
+
+
+def _const(name: str, value: float) -> onnx.NodeProto:
+    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array(value, np.float32)))
+
+
+def gpt2_mlp(seq: int = 16, hidden: int = 32, inner: int = 128) -> onnx.ModelProto:
+    """GPT-2's MLP as torch.onnx's TorchScript exporter writes it: each projection a Gemm between Reshapes, and
+    the tanh GELU (0.5*h*(1+tanh(sqrt(2/pi)*(h+0.044715*h^3)))) in exactly the exporter's operand order."""
+
+    def w(name: str, *shape: int) -> onnx.TensorProto:
+        return numpy_helper.from_array((RNG.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32), name)
+
+    def shape(name: str, *dims: int) -> onnx.TensorProto:
+        return numpy_helper.from_array(np.array(dims, np.int64), name)
+
+    nodes = [
+        helper.make_node("Reshape", ["x", "rows"], ["x2"]),
+        helper.make_node("Gemm", ["x2", "w_fc", "b_fc"], ["fc"]),
+        helper.make_node("Reshape", ["fc", "fc3"], ["h"]),
+        _const("half", 0.5),
+        helper.make_node("Mul", ["h", "half"], ["h_half"]),
+        _const("three", 3.0),
+        helper.make_node("Pow", ["h", "three"], ["cube"]),
+        _const("c", 0.044715),
+        helper.make_node("Mul", ["cube", "c"], ["cube_c"]),
+        helper.make_node("Add", ["h", "cube_c"], ["inner"]),
+        _const("s2pi", 0.7978845834732056),
+        helper.make_node("Mul", ["inner", "s2pi"], ["scaled"]),
+        helper.make_node("Tanh", ["scaled"], ["t"]),
+        _const("one", 1.0),
+        helper.make_node("Add", ["t", "one"], ["t1"]),
+        helper.make_node("Mul", ["h_half", "t1"], ["gelu"]),
+        helper.make_node("Reshape", ["gelu", "inner_rows"], ["g2"]),
+        helper.make_node("Gemm", ["g2", "w_proj", "b_proj"], ["proj"]),
+        helper.make_node("Reshape", ["proj", "out3"], ["y"]),
+    ]
+    inits = [
+        w("w_fc", hidden, inner),
+        w("b_fc", inner),
+        w("w_proj", inner, hidden),
+        w("b_proj", hidden),
+        shape("rows", -1, hidden),
+        shape("fc3", 1, seq, inner),
+        shape("inner_rows", -1, inner),
+        shape("out3", 1, seq, hidden),
+    ]
+    return make(nodes, [vi("x", [1, seq, hidden])], [vi("y", [1, seq, hidden])], inits, opset=17)
+
+
+def runtime_ops(model: onnx.ModelProto, tmp_path) -> collections.Counter[str]:
+    """Op types of `model` as onnxruntime runs it on the CPU (extended optimizations)."""
+    path = os.fspath(tmp_path / "optimized.onnx")
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    so.optimized_model_filepath = path
+    ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return collections.Counter(n.op_type for n in onnx.load(path).graph.node)
+
+
+def test_the_runtimes_fused_subgraphs_are_found(tmp_path) -> None:
+    model = load_model(gpt2_mlp())
+    assert runtime_ops(model, tmp_path)["FastGelu"] == 1
+    found = fusions.runtime_fusions(model)
+    gelu = {"h_half", "cube", "cube_c", "inner", "scaled", "t", "t1", "gelu"}
+    assert gelu <= found.pinned
+    assert gelu - {"gelu"} <= found.internal and "gelu" not in found.internal  # its output stays readable
+    assert not {"x2", "fc", "g2", "proj", "y"} & found.pinned  # the Gemms are the exporter's own: nothing fused
+
+
+def test_a_model_with_no_fusible_op_is_not_run() -> None:
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Abs", ["r"], ["y"])]
+    model = make(nodes, [vi("x", [1, 8])], [vi("y", [1, 8])])
+    assert fusions.runtime_fusions(model) == fusions.Fusions()
+
+
+def test_a_model_the_runtime_cannot_load_has_no_fusions() -> None:
+    model = gpt2_mlp()
+    model.graph.node[0].op_type = "NoSuchOp"
+    assert fusions.runtime_fusions(model) == fusions.Fusions()
+
+
+def test_the_importer_pins_and_seals_the_fused_nodes() -> None:
+    plain = import_model(gpt2_mlp())
+    assert not plain.pinned and not plain.sealed
+    g = import_model(gpt2_mlp(), runtime_fusions=True)
+    assert g.sealed and g.sealed < g.pinned
+    ops = collections.Counter(g.nodes[i].op for i in g.pinned)
+    assert ops["tanh"] == 1 and ops["mul"] >= 4 and ops["matmul"] == 0
+    outputs = sorted(g.pinned - g.sealed)
+    assert [g.nodes[i].op for i in outputs] == ["mul"]  # the GELU's output: the one pinned node others may read
+
+
+class _LayoutBiased(AnalyticCost):
+    """The analytic cost, except that an element-wise op on a 2-D tensor prices 10% lower than on the same data
+    seen as 3-D: the way two measurements of one computation written two ways can differ (when each was taken,
+    where its memory lay). Op by op, moving the GELU's arithmetic to the 2-D side of the MatMul's Reshape then
+    looks cheaper."""
+
+    def __call__(self, node, in_shapes, const=()):  # type: ignore[no-untyped-def]
+        price = super().__call__(node, in_shapes, const)
+        return price * 0.9 if node.op in ("add", "mul", "tanh") and len(node.shape) == 2 else price
+
+
+@pytest.mark.parametrize("pin", [True, False], ids=["pinned", "without-pins"])
+def test_the_fused_gelu_survives_optimization(pin: bool, monkeypatch, tmp_path) -> None:
+    """Under prices that favour 2-D element-wise ops, moving the GELU's arithmetic across the Reshape looks
+    cheaper, and onnxruntime then runs the GELU as eight nodes instead of one FastGelu. With the pins the GELU is
+    left as written; without them (the test's control) it is rewritten and unfused."""
+    monkeypatch.setattr(api, "make_cost_model", lambda name, device="auto", progress=False: _LayoutBiased())
+    if not pin:
+        monkeypatch.setattr(fusions, "runtime_fusions", lambda model: fusions.Fusions())
+    result = tensat.optimize_with_details(gpt2_mlp(), latency_check=0)
+    assert result.verification is not None and result.verification.ok
+    assert runtime_ops(result.output, tmp_path)["FastGelu"] == (1 if pin else 0)
