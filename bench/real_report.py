@@ -185,6 +185,22 @@ def kept_input(rec: dict[str, Any]) -> bool:
     return any(lat.get("same_model") for lat in rec.get("latency", {}).get("tensat", {}).values())
 
 
+def changes(rec: dict[str, Any]) -> str:
+    """What tensat did to one model, in words: whether its optimized graph was returned, and the rules behind the
+    extracted graph's changes (read back from the e-graph, each with how many changes it explains). A graph with no
+    rule's change is the input as tensat reads and writes it (an exporter's shape arithmetic folded, Dropout and
+    Identity gone)."""
+    first = rec["tensat_first"]
+    if not first["ok"]:
+        return f"{rec['model']}: not optimized ({first['error'][:80]})"
+    stats = first["stats"]
+    rules = ", ".join(f"{name} x{n}" for name, n in stats.get("rules", {}).items())
+    found = f"rules {rules}" if rules else "no rule's change: the input as tensat writes it"
+    if kept_input(rec) or stats.get("returned_input"):
+        return f"{rec['model']}: the input returned ({stats.get('returned_input')}); the extracted graph: {found}"
+    return f"{rec['model']}: the optimized graph returned; {found}"
+
+
 def geomean(values: Sequence[float]) -> float:
     """The geometric mean (nan for none)."""
     return math.exp(statistics.fmean(math.log(v) for v in values)) if values else float("nan")
@@ -257,6 +273,7 @@ def markdown(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
         peers = " / ".join(f"{r[p]['seconds']:.1f}" if r[p]["ok"] else "failed" for p in PEERS)
         row.append(peers)
         lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "## What tensat changed", "", *(f"- {changes(r)}" for r in records)]
     s = summary(records)
     lines += [
         "",
