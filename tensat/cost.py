@@ -44,6 +44,21 @@ class Resolution(NamedTuple):
 EXACT = Resolution(0.0, 0.0)  # an estimate that computes: equal prices are equal work
 
 
+# Activations onnxruntime fuses into the Conv before them (FusedConv), as conv2d's fused activation code.
+FUSED_ACTIVATIONS = {name: code for name, code in ops.ACT_CODES.items() if code != ops.ACT_NONE}
+_ACTIVATION_OF = {code: name for name, code in FUSED_ACTIVATIONS.items()}
+
+
+def fused_activation(node: Node) -> Node | None:
+    """The activation a convolution applies in its output loop, as a node of its own over the convolution's output
+    (None for none). Every cost model prices a convolution with an activation as the plain convolution plus this
+    node: onnxruntime fuses a Conv and the Relu, Sigmoid or Tanh after it on its own, so writing the fusion into the
+    graph gains nothing, and a price that said otherwise would credit a rewrite (`conv-relu-fuse`) with the
+    activation's whole cost."""
+    name = _ACTIVATION_OF.get(node.attr.get("act", ops.ACT_NONE)) if node.op == "conv2d" else None
+    return None if name is None else Node(name, (), (), node.shape, node.dtype)
+
+
 def _bytes(shape: Sequence[int], itemsize: int = 4) -> float:
     return float(math.prod(shape)) * itemsize
 
@@ -64,13 +79,11 @@ class AnalyticCost:
         flops = d.flops(in_shapes, node.shape, node.attr)
         moved = sum(_bytes(s) for s in in_shapes) + _bytes(node.shape)
         seconds = max(flops / (self.peak_gflops * 1e9), moved / (self.bandwidth_gbs * 1e9))
-        return seconds * 1e3 + self.overhead_us * 1e-3
+        act = fused_activation(node)
+        return seconds * 1e3 + self.overhead_us * 1e-3 + (0.0 if act is None else self(act, [node.shape]))
 
 
 Item = tuple[Node, list[Shape], list[bool]]
-
-# Activations onnxruntime fuses into the Conv before them (FusedConv), as conv2d's fused activation code.
-FUSED_ACTIVATIONS = {name: code for name, code in ops.ACT_CODES.items() if code != ops.ACT_NONE}
 
 
 def _priced(items: Sequence[Item], cost: CostModel) -> float:
@@ -91,11 +104,10 @@ def graph_cost(graph: Graph, cost: CostModel) -> float:
     return _priced(items, cost)
 
 
-def runtime_items(graph: Graph) -> list[Item]:
-    """The graph's runtime nodes as onnxruntime runs them, for pricing: a Conv's only reader, if a
-    BatchNormalization with constant parameters, is folded into it, and then its only reader, if a Relu, Sigmoid or
-    Tanh, is fused into it. onnxruntime does both on its own whatever graph it is given, so a cost that counted
-    them apart would credit an optimization with gains the runtime gets for free."""
+def runtime_fusions(graph: Graph) -> tuple[dict[int, int], dict[int, int]]:
+    """What onnxruntime fuses in `graph` on its own: each node folded or fused into a convolution (a following
+    BatchNormalization with constant parameters, then a Relu, Sigmoid or Tanh, each the previous node's only
+    reader) -> that convolution, and each convolution -> the activation code fused into it."""
     const = graph.weight_only()
     live = [i for i in graph.live() if not graph.nodes[i].is_leaf and i not in const]
     outputs = {n for _, n in graph.outputs}
@@ -125,11 +137,21 @@ def runtime_items(graph: Graph) -> list[Item]:
         owner[i] = conv
         if not folds:
             act[conv] = FUSED_ACTIVATIONS[n.op]
+    return owner, act
+
+
+def runtime_items(graph: Graph) -> list[Item]:
+    """The graph's runtime nodes as onnxruntime runs them, for pricing (`runtime_fusions`): a Conv's only reader,
+    if a BatchNormalization with constant parameters, is folded into it, and then its only reader, if a Relu,
+    Sigmoid or Tanh, is fused into it. onnxruntime does both on its own whatever graph it is given, so a cost that
+    counted them apart would credit an optimization with gains the runtime gets for free."""
+    const = graph.weight_only()
+    owner, act = runtime_fusions(graph)
     items: list[Item] = []
-    for i in live:
-        if i in owner:
-            continue
+    for i in graph.live():
         n = graph.nodes[i]
+        if n.is_leaf or i in const or i in owner:
+            continue
         if i in act:
             n = Node(n.op, n.inputs, tuple((k, act[i] if k == "act" else v) for k, v in n.attrs), n.shape, n.dtype)
         items.append((n, [graph.nodes[j].shape for j in n.inputs], [j in const for j in n.inputs]))

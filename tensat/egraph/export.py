@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tensat import ops
-from tensat.cost import EXACT, AnalyticCost, Resolution
+from tensat.cost import EXACT, AnalyticCost, Resolution, runtime_fusions
 from tensat.egraph import provenance
 from tensat.egraph.lower import LoweredGraph
 from tensat.egraph.provenance import DecodedNode
@@ -89,6 +89,9 @@ class Export(LoweredGraph):
         change is chosen only where it gains more than two measurements can tell apart, not where two equal
         computations (a Mul before or after a Reshape) measured a hair apart. An e-node priced like an input node
         shares that node's measurement, so a graph that drops an Add and keeps its MatMuls' prices still wins.
+        The input's BatchNormalization e-nodes that onnxruntime folds into the convolution before them cost nothing,
+        as the runtime runs the input (a convolution's fused activation is priced as an activation of its own, see
+        `tensat.cost.fused_activation`): writing a fusion the runtime makes anyway gains nothing.
 
         With `competitive` (for a cost model that measures, where every price takes time), only e-nodes that can
         appear in a competitive selection are priced by `node_cost`: those whose cheapest tree under the analytic
@@ -221,6 +224,8 @@ class Export(LoweredGraph):
                     scale = max(scale, price / estimate[nid])
         for nid in dominated:
             costs[nid] = estimate[nid] * scale
+        for nid in self._folded_away(decoded):
+            costs[nid] = 0.0
         egg = {op: d.egg for op, d in defs.items()}
         resolution: Resolution = getattr(node_cost, "resolution", EXACT)
         relative, margin = 1.0 + resolution.relative, resolution.ms + UNCHOSEN_MS
@@ -400,6 +405,21 @@ class Export(LoweredGraph):
             inputs.append(index[(n.op, tuple(self._node_of[j] for j in n.inputs), tuple(sorted(n.attr.items())))])
         original = self.original_selection(decoded)
         return provenance.rules_behind(choices, original, inputs, decoded, self._class_shapes, roots, self.rules)
+
+    def _folded_away(self, decoded: dict[str, DecodedNode]) -> list[str]:
+        """The input's own BatchNormalization e-nodes that onnxruntime folds into the convolution before them
+        (`cost.runtime_fusions`): they cost nothing as the runtime runs the input, so a rule folding one into the
+        convolution's weights gains nothing either."""
+        owner, _ = runtime_fusions(self.graph)
+        index = self._index(decoded)
+        out = []
+        for i in owner:
+            n = self.graph.nodes[i]
+            if n.op == "batchnorm":
+                nid = index.get((n.op, tuple(self._node_of[j] for j in n.inputs), tuple(sorted(n.attr.items()))))
+                if nid is not None:
+                    out.append(nid)
+        return out
 
     def _pinned_out(self, decoded: dict[str, DecodedNode]) -> set[str]:
         """The e-nodes the extraction must not choose for the input's fused subgraphs (`Graph.pinned`, `sealed`:

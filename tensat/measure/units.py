@@ -98,8 +98,8 @@ def pricing_unit(node: Node, in_shapes: Sequence[Sequence[int]], const: Sequence
     computation written two ways is timed once. Two separate measurements of it would differ by noise alone (or by
     when each was taken), and the extractor would prefer the cheaper-looking form, which can undo what onnxruntime
     fuses (its GELU and LayerNorm fusions match operands in the order exporters write them). So:
-    - a convolution with a fused ReLU is timed as the plain convolution (onnxruntime applies the ReLU in the
-      convolution's output loop at no measurable cost);
+    - a convolution with a fused activation is timed as the plain convolution: the cost model adds the activation
+      as a node of its own (`tensat.cost.fused_activation`), so the fused and the unfused pair price the same;
     - an element-wise op is timed without the leading dimensions of size 1 its output has (a Mul on 1x64x1024 and
       on 64x1024 run the same loop);
     - a commutative op is timed with its operands in one order (variables before weights, then by shape)."""
@@ -115,7 +115,7 @@ def pricing_unit(node: Node, in_shapes: Sequence[Sequence[int]], const: Sequence
         ordered = sorted(zip(shapes, flags), key=lambda sf: (sf[1], sf[0]))
         shapes, flags = [s for s, _ in ordered], [f for _, f in ordered]
     unit = Unit.single(node, shapes, flags)
-    if node.op != "conv2d" or node.attr.get("act") != ops.ACT_RELU:
+    if node.op != "conv2d" or node.attr.get("act", ops.ACT_NONE) == ops.ACT_NONE:
         return unit
     head = unit.nodes[0]
     attrs = tuple((k, ops.ACT_NONE if k == "act" else v) for k, v in head.attrs)

@@ -6,7 +6,7 @@ import pytest
 
 import tensat
 from tensat.errors import TensatError
-from tensat.models import build_model
+from tensat.models import SMALL_SIZES, build_model
 
 
 def test_a_budget_too_short_to_explore_still_returns_a_verified_graph_no_costlier() -> None:
@@ -20,7 +20,7 @@ def test_a_budget_too_short_to_explore_still_returns_a_verified_graph_no_costlie
 
 
 def test_exploration_stops_once_the_sampled_cost_stops_falling_and_loses_nothing() -> None:
-    graph = build_model("squeezenet")
+    graph = build_model("resnext50", **SMALL_SIZES["resnext50"])  # saturates, but only after its cost stops falling
     sampled = tensat.optimize_with_details(graph, cost="analytic", latency_check=0, verify=False)
     full = tensat.optimize_with_details(graph, cost="analytic", latency_check=0, verify=False, patience=0)
     assert sampled.exploration.stop_reason == "converged"
@@ -52,7 +52,7 @@ def test_exploration_also_stops_once_the_sampled_cost_has_been_flat_for_a_share_
     patience would."""
     import tensat.api as api
 
-    graph = build_model("squeezenet")
+    graph = build_model("resnext50", **SMALL_SIZES["resnext50"])
     monkeypatch.setattr(api, "STALE_SHARE", float("inf"))
     patient = tensat.optimize_with_details(graph, cost="analytic", latency_check=0, verify=False)
     monkeypatch.setattr(api, "STALE_SHARE", 0.0)
