@@ -316,6 +316,7 @@ class Exported:
     decoded: dict[str, DecodedNode]
     forbidden: frozenset[str]
     input_choices: dict[str, str]
+    shapes: dict[int, tuple[int, ...]]  # the shape of each e-class
 
     def priced(self, choices: dict[str, str], method: str) -> extraction.ExtractionResult:
         """A selection known to be valid (the input's, or a graph's carried into this export), priced here."""
@@ -696,10 +697,11 @@ def _export(run: _Run, analytic: bool = False) -> Exported:
     if run.measured is not None and not analytic:  # depends on the time left to price, so it is not reused
         seconds = min(PRICE_SECONDS, max(MIN_PRICE_SECONDS, _budget_left(run) / 2))
         xg, decoded, forbidden = te.export(run.cost, competitive=COMPETITIVE_RATIO, price_seconds=seconds)
-        return Exported(xg, decoded, frozenset(forbidden), te.original_selection(decoded))
+        return Exported(xg, decoded, frozenset(forbidden), te.original_selection(decoded), te.class_shapes(decoded))
     if run.last_export is None or run.last_export[0] != te.version:  # else unchanged since (the last sample's)
         xg, decoded, forbidden = te.export(run.cost if run.measured is None else ANALYTIC)
-        run.last_export = (te.version, Exported(xg, decoded, frozenset(forbidden), te.original_selection(decoded)))
+        x = Exported(xg, decoded, frozenset(forbidden), te.original_selection(decoded), te.class_shapes(decoded))
+        run.last_export = (te.version, x)
     return run.last_export[1]
 
 
@@ -834,7 +836,7 @@ def _rebuild(run: _Run) -> None:
     assert run.te is not None and run.chosen is not None and run.exported is not None
     x = run.exported
     run.candidate = run.te.rebuild(run.chosen.choices, x.decoded).compact()
-    run.candidate_rules = run.te.rules_behind(run.chosen.choices, x.decoded, x.egraph.roots)
+    run.candidate_rules = run.te.rules_behind(run.chosen.choices, x.decoded, x.egraph.roots, x.shapes)
 
 
 def _search_failed(run: _Run, exc: BaseException) -> None:

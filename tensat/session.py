@@ -62,8 +62,10 @@ def make_session(
     spinning: bool = True,
     optimizations: bool = True,
     *,
+    layout: bool = True,
     log_severity: int = 3,
     optimized_path: str | None = None,
+    optimized_weights: str | None = None,
     profile_prefix: str | None = None,
     disabled_optimizers: Sequence[str] = (),
 ) -> Any:
@@ -72,9 +74,11 @@ def make_session(
     "cuda" with CPU fallback, or a list of onnxruntime provider names), logging at `log_severity`, with `threads`
     intra-op threads (default: onnxruntime's choice). Models over 2 GiB go through a temporary file with external
     data. Without `spinning`, idle intra-op threads sleep instead of spinning (see `tensat.latency.Interleaved`);
-    without `optimizations`, onnxruntime runs the graph as written (no fusions: what the graph itself computes).
-    `optimized_path` saves onnxruntime's optimized model there, `profile_prefix` turns on its profiler, and
-    `disabled_optimizers` names graph transformers to leave out."""
+    without `optimizations`, onnxruntime runs the graph as written (no fusions: what the graph itself computes);
+    without `layout`, its optimizations stop at the extended level (the fusions, not the CPU's blocked layout).
+    `optimized_path` saves onnxruntime's optimized model there (with its initializers over 1 KiB in the file
+    `optimized_weights` beside it, if given), `profile_prefix` turns on its profiler, and `disabled_optimizers`
+    names graph transformers to leave out."""
     ort = onnxruntime_module()
     if isinstance(provider, str):
         try:
@@ -91,8 +95,15 @@ def make_session(
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if not optimizations:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    elif not layout:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     if optimized_path:
         options.optimized_model_filepath = optimized_path
+        if optimized_weights:
+            options.add_session_config_entry(
+                "session.optimized_model_external_initializers_file_name", optimized_weights
+            )
+            options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     if profile_prefix:
         options.enable_profiling = True
         options.profile_file_prefix = profile_prefix

@@ -55,6 +55,9 @@ class _ExportMemo:
     price_model: Any = None
     index_for: dict[str, DecodedNode] | None = None  # the decoded e-nodes `index` was made for
     index: dict[tuple[Any, ...], str] = field(default_factory=dict)
+    shapes_for: dict[str, DecodedNode] | None = None  # the decoded e-nodes of the last export, whose ...
+    class_shapes: dict[int, tuple[int, ...]] = field(default_factory=dict)  # ... e-classes have these shapes
+    folded_norms: list[int] | None = None  # the input's BatchNormalizations the runtime folds (`_folded_away`)
 
     def shape_id(self, shape: tuple[int, ...]) -> int:
         """The id of `shape`, numbered now if it is new."""
@@ -69,7 +72,6 @@ class Export(LoweredGraph):
     """Exporting an explored graph for the extractor, and rebuilding the IR graph of an extracted selection."""
 
     _export_memo: _ExportMemo
-    _class_shapes: dict[int, tuple[int, ...]]
 
     def export(
         self,
@@ -136,7 +138,7 @@ class Export(LoweredGraph):
                 sid = vec_ids[v] = memo.shape_id(tuple([to_i64(x) for x in to_vec(v)]))
             shape_id[c] = sid
         decoded, attr_items = self._decode_rows(frozen, setdefault, class_ids)
-        self._class_shapes = {c: shape_list[sid] for c, sid in shape_id.items()}
+        memo.shapes_for, memo.class_shapes = decoded, {c: shape_list[sid] for c, sid in shape_id.items()}
         const = self._constant_classes(decoded)
         forbidden: set[str] = set()
         costs: dict[str, float] = {}
@@ -192,7 +194,8 @@ class Export(LoweredGraph):
         self._chosen_of = {
             to_i64(r.inputs[0]): setdefault(r.output, len(class_ids)) for r in frozen.functions["chosen-of"].rows
         }
-        for nid in self._pinned_out(decoded):
+        own = self.original_selection(decoded)
+        for nid in self._pinned_out(decoded, own):
             forbidden.add(nid)
             costs[nid] = 0.0
             to_price.pop(nid, None)
@@ -200,7 +203,7 @@ class Export(LoweredGraph):
         estimate: dict[str, float] = {}
         dominated: set[str] = set()
         prefetch = getattr(node_cost, "prefetch", None)
-        original = set(self.original_selection(decoded).values())
+        original = set(own.values())
         if competitive:
             estimate, dominated, order = self._dominated(
                 decoded, to_price, keys, costs, forbidden, competitive, original, names
@@ -393,42 +396,49 @@ class Export(LoweredGraph):
                     work.append(owner[k])
         return const
 
+    def class_shapes(self, decoded: dict[str, DecodedNode]) -> dict[int, tuple[int, ...]]:
+        """The shape of each e-class of the export that returned `decoded`, which must be this e-graph's last:
+        e-class ids are numbered per export."""
+        memo = self._memo()
+        if memo.shapes_for is not decoded:
+            raise ValueError("the e-class shapes asked for are not those of this e-graph's last export")
+        return memo.class_shapes
+
     def rules_behind(
-        self, choices: dict[str, str], decoded: dict[str, DecodedNode], roots: Sequence[str]
+        self,
+        choices: dict[str, str],
+        decoded: dict[str, DecodedNode],
+        roots: Sequence[str],
+        shapes: dict[int, tuple[int, ...]],
     ) -> dict[str, int]:
         """How many of the changes of the selection `choices` (from `roots`) against the input each rule explains,
-        most first (see `provenance.rules_behind`): which rules made the difference."""
+        most first (see `provenance.rules_behind`): which rules made the difference. `decoded` and the e-class
+        `shapes` (`class_shapes`) are those of the export the selection was made in."""
         index = self._index(decoded)
-        inputs = []
-        for i in self.live:
-            n = self.graph.nodes[i]
-            inputs.append(index[(n.op, tuple(self._node_of[j] for j in n.inputs), tuple(sorted(n.attr.items())))])
+        inputs = [index[_own_key(self.graph.nodes[i], self._node_of)] for i in self.live]
         original = self.original_selection(decoded)
-        return provenance.rules_behind(choices, original, inputs, decoded, self._class_shapes, roots, self.rules)
+        return provenance.rules_behind(choices, original, inputs, decoded, shapes, roots, self.rules)
 
     def _folded_away(self, decoded: dict[str, DecodedNode]) -> list[str]:
         """The input's own BatchNormalization e-nodes that onnxruntime folds into the convolution before them
         (`cost.runtime_fusions`): they cost nothing as the runtime runs the input, so a rule folding one into the
         convolution's weights gains nothing either."""
-        owner, _ = runtime_fusions(self.graph)
+        memo = self._memo()
+        if memo.folded_norms is None:  # the input graph's, the same for every export
+            owner, _ = runtime_fusions(self.graph)
+            memo.folded_norms = [i for i in owner if self.graph.nodes[i].op == "batchnorm"]
         index = self._index(decoded)
-        out = []
-        for i in owner:
-            n = self.graph.nodes[i]
-            if n.op == "batchnorm":
-                nid = index.get((n.op, tuple(self._node_of[j] for j in n.inputs), tuple(sorted(n.attr.items()))))
-                if nid is not None:
-                    out.append(nid)
-        return out
+        found = (index.get(_own_key(self.graph.nodes[i], self._node_of)) for i in memo.folded_norms)
+        return [nid for nid in found if nid is not None]
 
-    def _pinned_out(self, decoded: dict[str, DecodedNode]) -> set[str]:
+    def _pinned_out(self, decoded: dict[str, DecodedNode], own: dict[str, str]) -> set[str]:
         """The e-nodes the extraction must not choose for the input's fused subgraphs (`Graph.pinned`, `sealed`:
-        nodes the runtime fuses into one op no cost model prices): any the input does not choose in the e-class of
-        a pinned node, and any e-node not the input's own that reads a sealed one's e-class."""
+        nodes the runtime fuses into one op no cost model prices): any the input (its selection `own`) does not
+        choose in the e-class of a pinned node, and any e-node not the input's own that reads a sealed one's
+        e-class."""
         g = self.graph
         if not g.pinned:
             return set()
-        own = self.original_selection(decoded)
         mine = set(own.values())
         pinned = {self._node_of[i] for i in g.pinned if i in self._node_of}
         sealed = {self._node_of[i] for i in g.sealed if i in self._node_of}
@@ -459,9 +469,7 @@ class Export(LoweredGraph):
         index = self._index(decoded)
         choices: dict[str, str] = {}
         for i in live:
-            n = graph.nodes[i]
-            key = (n.op, tuple(class_of[j] for j in n.inputs), tuple(sorted(n.attr.items())))
-            choices.setdefault(str(class_of[i]), index[key])
+            choices.setdefault(str(class_of[i]), index[_own_key(graph.nodes[i], class_of)])
         return choices
 
     def carried_selection(
@@ -524,6 +532,11 @@ class Export(LoweredGraph):
         if dn.op == "opaque":
             out.opaque[dn.attrs["key"]] = src.opaque[dn.attrs["key"]]
         return out.add(dn.op, inputs, **dn.attrs)
+
+
+def _own_key(n: Node, class_of: dict[int, int]) -> tuple[Any, ...]:
+    """The `_index` key of the e-node a graph's node `n` lowered to, its inputs' e-classes given by `class_of`."""
+    return (n.op, tuple(class_of[j] for j in n.inputs), tuple(sorted(n.attr.items())))
 
 
 def _chosen_post_order(

@@ -90,13 +90,16 @@ def rules_behind(
     covered: set[int] = set()
 
     def explain(
-        tiers: Sequence[tuple[Sequence[DecodedNode], _Classes]], right: DecodedNode | None, c: int, own: bool = True
+        tiers: Sequence[tuple[Sequence[DecodedNode], _Classes]],
+        right: DecodedNode | None,
+        eclass: int,
+        from_input: bool = True,
     ) -> None:
         for lefts, lhs_classes in tiers:
             for rhs_classes in (chosen, everything) if right is not None else (everything,):
                 found = []
                 for m in matchers:
-                    rhs = m.explained_by(lefts, lhs_classes, right, c, rhs_classes, own)
+                    rhs = m.explained_by(lefts, lhs_classes, right, eclass, rhs_classes, from_input)
                     if rhs is not None:
                         found.append(m.rule.name)
                         if rhs_classes is chosen and right is not None:
@@ -106,14 +109,14 @@ def rules_behind(
                     return
         counts[UNEXPLAINED] += 1
 
-    for c in reversed(changed_classes(choices, original, decoded, roots)):  # parents first
-        now = decoded[choices[c]]
-        if c in original:
-            was = decoded[original[c]]
+    for name in reversed(changed_classes(choices, original, decoded, roots)):  # parents first
+        now = decoded[choices[name]]
+        if name in original:
+            was = decoded[original[name]]
             explain([([was], as_written), ([was], everything)], now, now.eclass)
         elif now.eclass not in covered:  # a new e-class the right side above it did not build as chosen
             others = [dn for dn in everything.of[now.eclass] if dn is not now]
-            explain([(others, everything)], now, now.eclass, own=False)
+            explain([(others, everything)], now, now.eclass, from_input=False)
     for nid, dn in zip(inputs, own):
         if dn.op not in ("input", "weight") and original.get(str(dn.eclass)) not in (None, nid):
             explain([([dn], as_written), ([dn], everything)], None, dn.eclass)
@@ -166,13 +169,14 @@ class _Matcher:
         right: DecodedNode | None,
         eclass: int,
         rhs_classes: _Classes,
-        own: bool = True,
+        from_input: bool = True,
     ) -> Pattern | None:
         """The right side that, with its left side matching one of `lefts` (inner e-nodes from `lhs_classes`),
         matches the e-node `right` (None: any e-node of `eclass`) under the same bindings, its inner e-nodes from
         `rhs_classes`; None if no pair of sides does. A right side that is one of the left side's variables (a
-        Transpose that is the identity) explains a change only where `lefts` are the input's `own` e-nodes: among
-        e-nodes rules made, such a left side is a loop of an e-class onto itself, which explains nothing."""
+        Transpose that is the identity) explains a change only where `lefts` are the input's e-nodes
+        (`from_input`): among e-nodes rules made, such a left side is a loop of an e-class onto itself, which
+        explains nothing."""
         for lhs, rhs in self.pairs:
             for left in lefts:
                 for env in self._node(lhs, left, {}, lhs_classes, None):
@@ -180,7 +184,7 @@ class _Matcher:
                     if values is None:
                         continue
                     if isinstance(rhs, Var):
-                        if own and env.get(rhs.name) == eclass:
+                        if from_input and env.get(rhs.name) == eclass:
                             return rhs
                     elif right is None:
                         if next(self._class(rhs, eclass, env, rhs_classes, values), None) is not None:

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import onnx
 from onnx import ModelProto, NodeProto
 
+from tensat.session import make_session
+
 # Op types whose presence lets onnxruntime fuse a normalization, an activation or an attention: a model with none of
 # them is not optimized in onnxruntime here (a CNN whose only fusions are its convolutions' and its classifier's).
 TRIGGERS = frozenset({"ReduceMean", "Pow", "Sqrt", "Erf", "Tanh", "Sigmoid", "LayerNormalization"})
@@ -50,18 +52,10 @@ def runtime_fusions(model: ModelProto) -> Fusions:
     graph = model.graph
     if not TRIGGERS.intersection(n.op_type for n in graph.node):
         return Fusions()
-    import onnxruntime as ort  # noqa: PLC0415 - only models with a fusible op pay for importing onnxruntime
-
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "optimized.onnx")
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-        so.optimized_model_filepath = path
-        so.log_severity_level = 3
-        so.add_session_config_entry("session.optimized_model_external_initializers_file_name", "weights.bin")
-        so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
         try:
-            ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+            make_session(model, "cpu", layout=False, optimized_path=path, optimized_weights="weights.bin")
             optimized = onnx.load(path, load_external_data=False)
         except Exception:  # noqa: BLE001 - a model onnxruntime cannot run has nothing it fuses; verification says why
             return Fusions()

@@ -9,7 +9,6 @@ import os
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
@@ -18,6 +17,7 @@ from tensat import api
 from tensat.cost import AnalyticCost
 from tensat.onnx import fusions
 from tensat.onnx_io import import_model, load_model
+from tensat.session import make_session
 from tests.helpers import make, vi
 
 RNG = np.random.default_rng(3)
@@ -74,10 +74,7 @@ def gpt2_mlp(seq: int = 16, hidden: int = 32, inner: int = 128) -> onnx.ModelPro
 def runtime_ops(model: onnx.ModelProto, tmp_path) -> collections.Counter[str]:
     """Op types of `model` as onnxruntime runs it on the CPU (extended optimizations)."""
     path = os.fspath(tmp_path / "optimized.onnx")
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    so.optimized_model_filepath = path
-    ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    make_session(model, "cpu", layout=False, optimized_path=path)
     return collections.Counter(n.op_type for n in onnx.load(path).graph.node)
 
 

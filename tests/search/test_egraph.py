@@ -581,7 +581,8 @@ def test_the_rules_behind_a_selection_are_read_back() -> None:
     xg, decoded, forbidden = te.export(COST)
     found = extraction.ilp_extract(xg, forbidden=frozenset(forbidden), time_limit=20)
     assert te.rebuild(found.choices, decoded).op_count() < g.op_count()
-    rules = te.rules_behind(found.choices, decoded, xg.roots)
+    shapes = te.class_shapes(decoded)
+    rules = te.rules_behind(found.choices, decoded, xg.roots, shapes)
     assert {"add-matmul-factor-left", "transpose-compose-2"} <= set(rules)
     assert provenance.UNEXPLAINED not in rules
-    assert te.rules_behind(te.original_selection(decoded), decoded, xg.roots) == {"transpose-compose-2": 1}
+    assert te.rules_behind(te.original_selection(decoded), decoded, xg.roots, shapes) == {"transpose-compose-2": 1}
