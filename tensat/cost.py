@@ -104,10 +104,26 @@ def graph_cost(graph: Graph, cost: CostModel) -> float:
     return _priced(items, cost)
 
 
-def runtime_fusions(graph: Graph) -> tuple[dict[int, int], dict[int, int]]:
-    """What onnxruntime fuses in `graph` on its own: each node folded or fused into a convolution (a following
-    BatchNormalization with constant parameters, then a Relu, Sigmoid or Tanh, each the previous node's only
-    reader) -> that convolution, and each convolution -> the activation code fused into it."""
+def _leading_ones(shape: Sequence[int], keep: int) -> bool:
+    """Whether `shape` has at least `keep` dims and only 1s before its last `keep`."""
+    return len(shape) >= keep and all(d == 1 for d in shape[: len(shape) - keep])
+
+
+def gemm_bias(product: Sequence[int], weight: Sequence[int], bias: Sequence[int]) -> bool:
+    """Whether adding a constant of shape `bias` to the output (of shape `product`) of a MatMul by a constant of
+    shape `weight` is a bias onnxruntime's CPU session fuses with the MatMul into a Gemm: the weight a matrix (after
+    leading 1s, which tensat's export drops) and the bias a vector of the product's last dim (or, for a 2-D product,
+    a row). The Add must not broadcast the product, and be the MatMul's only reader (see onnxruntime's
+    MatMulAddFusion)."""
+    return len(product) >= 2 and _leading_ones(weight, 2) and _leading_ones(bias, 1) and bias[-1] == product[-1]
+
+
+def runtime_fusions(graph: Graph, device: str = "cpu") -> tuple[dict[int, int], dict[int, int]]:
+    """What onnxruntime fuses in `graph` on its own on `device`: each node folded or fused into the node before it
+    -> that node (a following BatchNormalization with constant parameters, then a Relu, Sigmoid or Tanh, each the
+    previous node's only reader, into a convolution; on the CPU, the Add of a constant bias into the MatMul by a
+    constant matrix it is the only reader of: a Gemm, see `gemm_bias`), and each convolution -> the activation
+    code fused into it."""
     const = graph.weight_only()
     live = [i for i in graph.live() if not graph.nodes[i].is_leaf and i not in const]
     outputs = {n for _, n in graph.outputs}
@@ -115,10 +131,27 @@ def runtime_fusions(graph: Graph) -> tuple[dict[int, int], dict[int, int]]:
     for i in live:
         for j in set(graph.nodes[i].inputs):
             readers[j] = readers.get(j, 0) + 1
-    owner: dict[int, int] = {}  # a folded or fused node -> the conv2d that absorbs it
+    owner: dict[int, int] = {}  # a folded or fused node -> the conv2d or matmul that absorbs it
     act: dict[int, int] = {}  # a conv2d -> the activation fused into it
     for i in live:
         n = graph.nodes[i]
+        if n.op == "add" and device == "cpu":
+            for x, bias in (n.inputs, n.inputs[::-1]):
+                m = graph.nodes[x]
+                if (
+                    m.op == "matmul"
+                    and bias in const
+                    and readers.get(x) == 1
+                    and x not in outputs
+                    and x not in const
+                    and m.inputs[1] in const
+                    and m.inputs[0] not in const
+                    and n.shape == m.shape
+                    and gemm_bias(m.shape, graph.nodes[m.inputs[1]].shape, graph.nodes[bias].shape)
+                ):
+                    owner[i] = x
+                    break
+            continue
         folds = n.op == "batchnorm" and all(j in const for j in n.inputs[1:])
         if not (folds or n.op in FUSED_ACTIVATIONS):
             continue
@@ -140,13 +173,14 @@ def runtime_fusions(graph: Graph) -> tuple[dict[int, int], dict[int, int]]:
     return owner, act
 
 
-def runtime_items(graph: Graph) -> list[Item]:
-    """The graph's runtime nodes as onnxruntime runs them, for pricing (`runtime_fusions`): a Conv's only reader,
-    if a BatchNormalization with constant parameters, is folded into it, and then its only reader, if a Relu,
-    Sigmoid or Tanh, is fused into it. onnxruntime does both on its own whatever graph it is given, so a cost that
-    counted them apart would credit an optimization with gains the runtime gets for free."""
+def runtime_items(graph: Graph, device: str = "cpu") -> list[Item]:
+    """The graph's runtime nodes as onnxruntime runs them on `device`, for pricing (`runtime_fusions`): a Conv's
+    only reader, if a BatchNormalization with constant parameters, is folded into it, and then its only reader, if
+    a Relu, Sigmoid or Tanh, is fused into it; on the CPU, a MatMul's bias Add is fused into it (a Gemm). onnxruntime
+    does these on its own whatever graph it is given, so a cost that counted them apart would credit an optimization
+    with gains the runtime gets for free, and would not see a rewrite that leaves the runtime unable to fuse."""
     const = graph.weight_only()
-    owner, act = runtime_fusions(graph)
+    owner, act = runtime_fusions(graph, device)
     items: list[Item] = []
     for i in graph.live():
         n = graph.nodes[i]
@@ -158,7 +192,12 @@ def runtime_items(graph: Graph) -> list[Item]:
     return items
 
 
+def device_of(cost: object) -> str:
+    """The device `cost` prices for ("cpu" for a model that names none, as the analytic one)."""
+    return str(getattr(cost, "device", "cpu"))
+
+
 def runtime_cost(graph: Graph, cost: CostModel) -> float:
     """Summed cost of the graph as onnxruntime runs it (`runtime_items`): the cost a run reports before and after,
     so that no gain the runtime already gets for free is claimed."""
-    return _priced(runtime_items(graph), cost)
+    return _priced(runtime_items(graph, device_of(cost)), cost)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tensat import ops
-from tensat.cost import EXACT, AnalyticCost, Resolution, runtime_fusions
+from tensat.cost import EXACT, AnalyticCost, Resolution, device_of, gemm_bias, runtime_fusions
 from tensat.egraph import provenance
 from tensat.egraph.lower import LoweredGraph
 from tensat.egraph.provenance import DecodedNode
@@ -93,7 +93,11 @@ class Export(LoweredGraph):
         shares that node's measurement, so a graph that drops an Add and keeps its MatMuls' prices still wins.
         The input's BatchNormalization e-nodes that onnxruntime folds into the convolution before them cost nothing,
         as the runtime runs the input (a convolution's fused activation is priced as an activation of its own, see
-        `tensat.cost.fused_activation`): writing a fusion the runtime makes anyway gains nothing.
+        `tensat.cost.fused_activation`): writing a fusion the runtime makes anyway gains nothing. On the CPU, an Add
+        of a constant bias over an e-class that holds a MatMul by a constant matrix costs nothing either
+        (`_gemm_biases`): onnxruntime runs the two as one Gemm, so a rewrite that moves a Transpose between them
+        pays for the Add it leaves apart. The price assumes the MatMul is chosen, and read by that Add alone; where
+        the extracted graph differs, its price as written (`tensat.cost.runtime_cost`) tells.
 
         With `competitive` (for a cost model that measures, where every price takes time), only e-nodes that can
         appear in a competitive selection are priced by `node_cost`: those whose cheapest tree under the analytic
@@ -229,6 +233,9 @@ class Export(LoweredGraph):
             costs[nid] = estimate[nid] * scale
         for nid in self._folded_away(decoded):
             costs[nid] = 0.0
+        if device_of(node_cost) == "cpu":
+            for nid in _gemm_biases(decoded, const, memo.class_shapes):
+                costs[nid] = 0.0
         egg = {op: d.egg for op, d in defs.items()}
         resolution: Resolution = getattr(node_cost, "resolution", EXACT)
         relative, margin = 1.0 + resolution.relative, resolution.ms + UNCHOSEN_MS
@@ -558,3 +565,30 @@ def _chosen_post_order(
                 continue
             stack.pop()
             yield c, dn
+
+
+def _gemm_biases(decoded: dict[str, DecodedNode], const: set[int], shapes: dict[int, tuple[int, ...]]) -> Iterator[str]:
+    """The Add e-nodes of a constant bias over an e-class holding a MatMul of a computed operand by a constant
+    matrix that onnxruntime's CPU session fuses with it into a Gemm (`tensat.cost.gemm_bias`), by their e-class
+    shapes `shapes`."""
+    weights: dict[int, set[tuple[int, ...]]] = {}  # a product's e-class -> the shapes of its MatMuls' weights
+    for dn in decoded.values():
+        if dn.op == "matmul" and dn.eclass not in const:
+            a, b = dn.children
+            if b in const and a not in const and b in shapes:
+                weights.setdefault(dn.eclass, set()).add(shapes[b])
+    for nid, dn in decoded.items():
+        if dn.op != "add" or len(dn.children) != 2:
+            continue
+        for x, bias in (dn.children, dn.children[::-1]):
+            product = shapes.get(x)
+            if (
+                x in weights
+                and bias in const
+                and product is not None
+                and shapes.get(dn.eclass) == product
+                and bias in shapes
+                and any(gemm_bias(product, w, shapes[bias]) for w in weights[x])
+            ):
+                yield nid
+                break

@@ -1,0 +1,137 @@
+"""A MatMul and the Add of its bias run as one Gemm in onnxruntime's CPU session: they are priced so
+(`tensat.cost.runtime_fusions`), as onnxruntime decides it, and the extraction keeps them fusible (a Transpose moved
+between them would leave an Add the runtime runs on its own)."""
+
+from __future__ import annotations
+
+import collections
+import os
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+import tensat
+from tensat import api, onnx_io
+from tensat.cost import AnalyticCost, runtime_fusions, runtime_items
+from tensat.egraph import export
+from tensat.onnx_io import import_model
+from tensat.session import make_session
+from tests.helpers import make, vi
+
+RNG = np.random.default_rng(5)
+SEQ, HIDDEN, OUT = 8, 16, 32
+
+
+def _w(name: str, *shape: int) -> onnx.TensorProto:
+    return numpy_helper.from_array(RNG.standard_normal(shape).astype(np.float32), name)
+
+
+def _linear(tail: list[onnx.NodeProto], outputs: list[onnx.ValueInfoProto], bias: tuple[int, ...] = (OUT,)):
+    """x (1, SEQ, HIDDEN) @ w (HIDDEN, OUT) + b, then `tail`."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"]), helper.make_node("Add", ["mm", "b"], ["lin"]), *tail]
+    return make(nodes, [vi("x", [1, SEQ, HIDDEN])], outputs, [_w("w", HIDDEN, OUT), _w("b", *bias)])
+
+
+def _attention_projection() -> onnx.ModelProto:
+    """Attention's output (Softmax, MatMul, Transpose, Reshape) through its output projection and bias (newer
+    onnxruntime releases leave this pair apart for their attention fusions; the test says which this one does)."""
+    heads, size = 2, HIDDEN // 2
+    nodes = [
+        helper.make_node("Softmax", ["scores"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["ctx"]),
+        helper.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["ctx_t", "merged"], ["flat"]),
+        helper.make_node("MatMul", ["flat", "w"], ["mm"]),
+        helper.make_node("Add", ["mm", "b"], ["y"]),
+    ]
+    inputs = [vi("scores", [1, heads, SEQ, SEQ]), vi("v", [1, heads, SEQ, size])]
+    merged = numpy_helper.from_array(np.array([1, SEQ, HIDDEN], np.int64), "merged")
+    return make(nodes, inputs, [vi("y", [1, SEQ, OUT])], [merged, _w("w", HIDDEN, OUT), _w("b", OUT)])
+
+
+CASES = {
+    "3-D bias": _linear([], [vi("lin", [1, SEQ, OUT])]),
+    "2-D": make(
+        [helper.make_node("MatMul", ["x", "w"], ["mm"]), helper.make_node("Add", ["mm", "b"], ["lin"])],
+        [vi("x", [SEQ, HIDDEN])],
+        [vi("lin", [SEQ, OUT])],
+        [_w("w", HIDDEN, OUT), _w("b", OUT)],
+    ),
+    "full-bias": _linear([], [vi("lin", [1, SEQ, OUT])], bias=(SEQ, OUT)),
+    "two-readers": make(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["mm"]),
+            helper.make_node("Add", ["mm", "b"], ["lin"]),
+            helper.make_node("Relu", ["mm"], ["r"]),
+        ],
+        [vi("x", [1, SEQ, HIDDEN])],
+        [vi("lin", [1, SEQ, OUT]), vi("r", [1, SEQ, OUT])],
+        [_w("w", HIDDEN, OUT), _w("b", OUT)],
+    ),
+    "transposed-between": make(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["mm"]),
+            helper.make_node("Transpose", ["mm"], ["mm_t"], perm=[0, 2, 1]),
+            helper.make_node("Add", ["mm_t", "b"], ["y"]),
+        ],
+        [vi("x", [1, SEQ, HIDDEN])],
+        [vi("y", [1, OUT, SEQ])],
+        [_w("w", HIDDEN, OUT), _w("b", OUT, 1)],
+    ),
+    "attention-projection": _attention_projection(),
+}
+
+
+def _runtime_gemms(model: onnx.ModelProto, tmp_path) -> int:
+    """Gemm nodes in `model` as onnxruntime's CPU session runs it (extended optimizations: its fusions)."""
+    path = os.fspath(tmp_path / "optimized.onnx")
+    make_session(model, "cpu", layout=False, optimized_path=path)
+    return sum(n.op_type in ("Gemm", "FusedGemm") for n in onnx.load(path).graph.node)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bias_fusions_are_those_onnxruntime_makes(case: str, tmp_path) -> None:
+    """tensat's rule for which MatMul+Add pairs run as a Gemm agrees with onnxruntime's own optimizer, on the model
+    as tensat writes it."""
+    graph = import_model(CASES[case]).compact()
+    owner, _ = runtime_fusions(graph)
+    fused = [i for i, m in owner.items() if graph.nodes[m].op == "matmul"]
+    assert len(fused) == _runtime_gemms(onnx_io.export_model(graph), tmp_path)
+    assert len(fused) == (1 if case in ("3-D bias", "2-D", "attention-projection") else 0)
+
+
+def test_a_fused_bias_is_priced_on_the_cpu_only() -> None:
+    graph = import_model(CASES["3-D bias"]).compact()
+    on_cpu = collections.Counter(n.op for n, _, _ in runtime_items(graph, "cpu"))
+    on_cuda = collections.Counter(n.op for n, _, _ in runtime_items(graph, "cuda"))
+    assert on_cpu == {"matmul": 1}
+    assert on_cuda == {"matmul": 1, "add": 1}
+
+
+class _TransposedAddsCheaper(AnalyticCost):
+    """The analytic cost, except that an Add whose rows are shorter than its columns prices at half: the way two
+    measurements of one computation in two layouts can differ. Op by op, moving the Transpose between the MatMul
+    and its bias then looks cheaper."""
+
+    def __call__(self, node, in_shapes, const=()):  # type: ignore[no-untyped-def]
+        price = super().__call__(node, in_shapes, const)
+        return price * 0.5 if node.op == "add" and node.shape[-1] < node.shape[-2] else price
+
+
+@pytest.mark.parametrize("discount", [True, False], ids=["fused-bias-priced", "without"])
+def test_the_extraction_keeps_a_matmul_and_its_bias_fusible(discount: bool, monkeypatch, tmp_path) -> None:
+    """Under prices that favour the Add on the transposed layout, `transpose-add-distribute` looks cheaper op by op.
+    With the bias priced fused in the extraction, the graph is kept as written. Without it (the test's control),
+    the extraction moves the Transpose between the MatMul and its bias, and only the candidate's price as written
+    (which sees the lost Gemm) keeps the input from being returned."""
+    model = _linear([helper.make_node("Transpose", ["lin"], ["y"], perm=[0, 2, 1])], [vi("y", [1, OUT, SEQ])])
+    monkeypatch.setattr(api, "make_cost_model", lambda name, device="auto", progress=False: _TransposedAddsCheaper())
+    if not discount:
+        monkeypatch.setattr(export, "_gemm_biases", lambda decoded, const, shapes: iter(()))
+    result = tensat.optimize_with_details(model, latency_check=0)
+    assert result.verification is None or result.verification.ok
+    assert ("transpose-add-distribute" in result.rules) is not discount
+    assert result.returned_input is not None
+    assert _runtime_gemms(result.output, tmp_path) == 1
