@@ -44,19 +44,11 @@ class Resolution(NamedTuple):
 EXACT = Resolution(0.0, 0.0)  # an estimate that computes: equal prices are equal work
 
 
-# Activations onnxruntime fuses into the Conv before them (FusedConv), as conv2d's fused activation code.
+# Activations onnxruntime fuses into the Conv before them (FusedConv), as conv2d's fused activation code. A
+# convolution with one is priced as the plain convolution by every cost model: onnxruntime applies the activation
+# in the convolution's output loop, at no cost worth a measurement, so a Conv and the Relu it fuses price as the
+# Conv alone (`runtime_fusions`), and writing the fusion into the graph (`conv-relu-fuse`) gains nothing.
 FUSED_ACTIVATIONS = {name: code for name, code in ops.ACT_CODES.items() if code != ops.ACT_NONE}
-_ACTIVATION_OF = {code: name for name, code in FUSED_ACTIVATIONS.items()}
-
-
-def fused_activation(node: Node) -> Node | None:
-    """The activation a convolution applies in its output loop, as a node of its own over the convolution's output
-    (None for none). Every cost model prices a convolution with an activation as the plain convolution plus this
-    node: onnxruntime fuses a Conv and the Relu, Sigmoid or Tanh after it on its own, so writing the fusion into the
-    graph gains nothing, and a price that said otherwise would credit a rewrite (`conv-relu-fuse`) with the
-    activation's whole cost."""
-    name = _ACTIVATION_OF.get(node.attr.get("act", ops.ACT_NONE)) if node.op == "conv2d" else None
-    return None if name is None else Node(name, (), (), node.shape, node.dtype)
 
 
 def _bytes(shape: Sequence[int], itemsize: int = 4) -> float:
@@ -79,8 +71,7 @@ class AnalyticCost:
         flops = d.flops(in_shapes, node.shape, node.attr)
         moved = sum(_bytes(s) for s in in_shapes) + _bytes(node.shape)
         seconds = max(flops / (self.peak_gflops * 1e9), moved / (self.bandwidth_gbs * 1e9))
-        act = fused_activation(node)
-        return seconds * 1e3 + self.overhead_us * 1e-3 + (0.0 if act is None else self(act, [node.shape]))
+        return seconds * 1e3 + self.overhead_us * 1e-3
 
 
 Item = tuple[Node, list[Shape], list[bool]]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tensat import ops
-from tensat.cost import EXACT, AnalyticCost, Resolution, device_of, gemm_bias, runtime_fusions
+from tensat.cost import EXACT, FUSED_ACTIVATIONS, AnalyticCost, Resolution, device_of, gemm_bias
 from tensat.egraph import provenance
 from tensat.egraph.lower import LoweredGraph
 from tensat.egraph.provenance import DecodedNode
@@ -57,7 +57,6 @@ class _ExportMemo:
     index: dict[tuple[Any, ...], str] = field(default_factory=dict)
     shapes_for: dict[str, DecodedNode] | None = None  # the decoded e-nodes of the last export, whose ...
     class_shapes: dict[int, tuple[int, ...]] = field(default_factory=dict)  # ... e-classes have these shapes
-    folded_norms: list[int] | None = None  # the input's BatchNormalizations the runtime folds (`_folded_away`)
 
     def shape_id(self, shape: tuple[int, ...]) -> int:
         """The id of `shape`, numbered now if it is new."""
@@ -91,13 +90,14 @@ class Export(LoweredGraph):
         change is chosen only where it gains more than two measurements can tell apart, not where two equal
         computations (a Mul before or after a Reshape) measured a hair apart. An e-node priced like an input node
         shares that node's measurement, so a graph that drops an Add and keeps its MatMuls' prices still wins.
-        The input's BatchNormalization e-nodes that onnxruntime folds into the convolution before them cost nothing,
-        as the runtime runs the input (a convolution's fused activation is priced as an activation of its own, see
-        `tensat.cost.fused_activation`): writing a fusion the runtime makes anyway gains nothing. On the CPU, an Add
-        of a constant bias over an e-class that holds a MatMul by a constant matrix costs nothing either
-        (`_gemm_biases`): onnxruntime runs the two as one Gemm, so a rewrite that moves a Transpose between them
-        pays for the Add it leaves apart. The price assumes the MatMul is chosen, and read by that Add alone; where
-        the extracted graph differs, its price as written (`tensat.cost.runtime_cost`) tells.
+        An e-node onnxruntime fuses into the e-node below it costs nothing (`_runtime_fused`), as the runtime runs it:
+        a BatchNormalization or an activation over an e-class that holds a convolution, and on the CPU the Add of a
+        constant bias over one that holds a MatMul by a constant matrix (a Gemm). So writing a fusion the runtime
+        makes anyway gains nothing (a convolution's fused activation is priced as the plain convolution, see
+        `tensat.cost.FUSED_ACTIVATIONS`), and a rewrite that takes one apart (a Relu moved past a MaxPool, a
+        Transpose moved between a MatMul and its bias) pays for the node it leaves on its own. The price assumes
+        the convolution or MatMul is chosen, and read by that node alone; where the extracted graph differs, its
+        price as written (`tensat.cost.runtime_cost`) tells.
 
         With `competitive` (for a cost model that measures, where every price takes time), only e-nodes that can
         appear in a competitive selection are priced by `node_cost`: those whose cheapest tree under the analytic
@@ -231,11 +231,8 @@ class Export(LoweredGraph):
                     scale = max(scale, price / estimate[nid])
         for nid in dominated:
             costs[nid] = estimate[nid] * scale
-        for nid in self._folded_away(decoded):
+        for nid in _runtime_fused(decoded, const, memo.class_shapes, device_of(node_cost)):
             costs[nid] = 0.0
-        if device_of(node_cost) == "cpu":
-            for nid in _gemm_biases(decoded, const, memo.class_shapes):
-                costs[nid] = 0.0
         egg = {op: d.egg for op, d in defs.items()}
         resolution: Resolution = getattr(node_cost, "resolution", EXACT)
         relative, margin = 1.0 + resolution.relative, resolution.ms + UNCHOSEN_MS
@@ -426,18 +423,6 @@ class Export(LoweredGraph):
         original = self.original_selection(decoded)
         return provenance.rules_behind(choices, original, inputs, decoded, shapes, roots, self.rules)
 
-    def _folded_away(self, decoded: dict[str, DecodedNode]) -> list[str]:
-        """The input's own BatchNormalization e-nodes that onnxruntime folds into the convolution before them
-        (`cost.runtime_fusions`): they cost nothing as the runtime runs the input, so a rule folding one into the
-        convolution's weights gains nothing either."""
-        memo = self._memo()
-        if memo.folded_norms is None:  # the input graph's, the same for every export
-            owner, _ = runtime_fusions(self.graph)
-            memo.folded_norms = [i for i in owner if self.graph.nodes[i].op == "batchnorm"]
-        index = self._index(decoded)
-        found = (index.get(_own_key(self.graph.nodes[i], self._node_of)) for i in memo.folded_norms)
-        return [nid for nid in found if nid is not None]
-
     def _pinned_out(self, decoded: dict[str, DecodedNode], own: dict[str, str]) -> set[str]:
         """The e-nodes the extraction must not choose for the input's fused subgraphs (`Graph.pinned`, `sealed`:
         nodes the runtime fuses into one op no cost model prices): any the input (its selection `own`) does not
@@ -567,28 +552,39 @@ def _chosen_post_order(
             yield c, dn
 
 
-def _gemm_biases(decoded: dict[str, DecodedNode], const: set[int], shapes: dict[int, tuple[int, ...]]) -> Iterator[str]:
-    """The Add e-nodes of a constant bias over an e-class holding a MatMul of a computed operand by a constant
-    matrix that onnxruntime's CPU session fuses with it into a Gemm (`tensat.cost.gemm_bias`), by their e-class
-    shapes `shapes`."""
+def _runtime_fused(
+    decoded: dict[str, DecodedNode], const: set[int], shapes: dict[int, tuple[int, ...]], device: str
+) -> Iterator[str]:
+    """The e-nodes onnxruntime on `device` fuses into an e-node of the e-class they read, by the e-classes' shapes
+    `shapes` (see `tensat.cost.runtime_fusions`, which decides it on a graph): a BatchNormalization with constant
+    parameters, or a Relu, Sigmoid or Tanh, over an e-class holding a convolution without an activation; and on
+    the CPU, the Add of a constant bias over an e-class holding a MatMul of a computed operand by a constant matrix
+    (`tensat.cost.gemm_bias`)."""
+    convs: set[int] = set()  # e-classes holding a convolution without an activation
     weights: dict[int, set[tuple[int, ...]]] = {}  # a product's e-class -> the shapes of its MatMuls' weights
     for dn in decoded.values():
-        if dn.op == "matmul" and dn.eclass not in const:
+        if dn.eclass in const:
+            continue
+        if dn.op == "conv2d" and dn.attrs.get("act") == ops.ACT_NONE:
+            convs.add(dn.eclass)
+        elif dn.op == "matmul" and device == "cpu":
             a, b = dn.children
             if b in const and a not in const and b in shapes:
                 weights.setdefault(dn.eclass, set()).add(shapes[b])
     for nid, dn in decoded.items():
-        if dn.op != "add" or len(dn.children) != 2:
-            continue
-        for x, bias in (dn.children, dn.children[::-1]):
-            product = shapes.get(x)
-            if (
-                x in weights
-                and bias in const
-                and product is not None
-                and shapes.get(dn.eclass) == product
-                and bias in shapes
-                and any(gemm_bias(product, w, shapes[bias]) for w in weights[x])
-            ):
+        if dn.op in FUSED_ACTIVATIONS or dn.op == "batchnorm":
+            if dn.children[0] in convs and all(c in const for c in dn.children[1:]):
                 yield nid
-                break
+        elif dn.op == "add" and weights:
+            for x, bias in (dn.children, dn.children[::-1]):
+                product = shapes.get(x)
+                if (
+                    x in weights
+                    and bias in const
+                    and product is not None
+                    and shapes.get(dn.eclass) == product
+                    and bias in shapes
+                    and any(gemm_bias(product, w, shapes[bias]) for w in weights[x])
+                ):
+                    yield nid
+                    break

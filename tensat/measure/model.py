@@ -18,7 +18,7 @@ import onnx
 from onnx import ModelProto
 
 from tensat import ops
-from tensat.cost import AnalyticCost, Resolution, fused_activation
+from tensat.cost import AnalyticCost, Resolution
 from tensat.errors import TensatError, one_line
 from tensat.ir import Graph, Node
 from tensat.measure.bar import Progress
@@ -198,9 +198,7 @@ class MeasuredCost:
             return 0.0
         if node.op == "opaque":
             return self._opaque(node, in_shapes, const)
-        act = fused_activation(node)
-        price = self.unit_cost(pricing_unit(node, in_shapes, const))
-        return price if act is None else price + self(act, [node.shape], [False])
+        return self.unit_cost(pricing_unit(node, in_shapes, const))
 
     def _opaque(self, node: Node, in_shapes: Sequence[Shape], const: Sequence[bool]) -> float:
         key = f"opaque|{node.attr.get('key')}|{json.dumps(_jsonable(list(in_shapes)))}"
@@ -230,16 +228,13 @@ class MeasuredCost:
         items = list(items)
         if self.working_set is None:
             self.working_set = self._estimate_working_set(items)
-        units: dict[int, list[Unit]] = {}
+        units: dict[int, Unit] = {}
         for i, (node, shapes, const) in enumerate(items):
             if node.is_leaf or node.op == "opaque" or (shapes and len(const) == len(shapes) and all(const)):
                 continue
-            units[i] = [pricing_unit(node, shapes, const)]
-            act = fused_activation(node)
-            if act is not None:
-                units[i].append(pricing_unit(act, [node.shape], [False]))
-        left = self.prefetch_units([u for us in units.values() for u in us], deadline=deadline)
-        return [i for i, us in units.items() if any(self._key(u) in left for u in us)]
+            units[i] = pricing_unit(node, shapes, const)
+        left = self.prefetch_units(list(units.values()), deadline=deadline)
+        return [i for i, u in units.items() if self._key(u) in left]
 
     @staticmethod
     def _estimate_working_set(items: Sequence[tuple[Node, Sequence[Shape], Sequence[bool]]]) -> int:

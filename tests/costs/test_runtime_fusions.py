@@ -1,6 +1,7 @@
-"""A MatMul and the Add of its bias run as one Gemm in onnxruntime's CPU session: they are priced so
-(`tensat.cost.runtime_fusions`), as onnxruntime decides it, and the extraction keeps them fusible (a Transpose moved
-between them would leave an Add the runtime runs on its own)."""
+"""What onnxruntime fuses on its own is priced as it runs it: a MatMul and the Add of its bias (one Gemm in its CPU
+session), a Conv and the activation after it (one FusedConv). Both are priced so (`tensat.cost.runtime_fusions`) as
+onnxruntime decides it, and the extraction keeps them fusible: a Transpose moved between a MatMul and its bias, or a
+Relu moved past the MaxPool after its Conv, would leave a node the runtime runs on its own."""
 
 from __future__ import annotations
 
@@ -84,11 +85,16 @@ CASES = {
 }
 
 
-def _runtime_gemms(model: onnx.ModelProto, tmp_path) -> int:
-    """Gemm nodes in `model` as onnxruntime's CPU session runs it (extended optimizations: its fusions)."""
+def _runtime_kernels(model: onnx.ModelProto, tmp_path) -> collections.Counter[str]:
+    """Kernels of `model` by op type as onnxruntime's CPU session runs it (extended optimizations: its fusions)."""
     path = os.fspath(tmp_path / "optimized.onnx")
     make_session(model, "cpu", layout=False, optimized_path=path)
-    return sum(n.op_type in ("Gemm", "FusedGemm") for n in onnx.load(path).graph.node)
+    return collections.Counter(n.op_type for n in onnx.load(path).graph.node)
+
+
+def _runtime_gemms(model: onnx.ModelProto, tmp_path) -> int:
+    kernels = _runtime_kernels(model, tmp_path)
+    return kernels["Gemm"] + kernels["FusedGemm"]
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -120,18 +126,43 @@ class _TransposedAddsCheaper(AnalyticCost):
         return price * 0.5 if node.op == "add" and node.shape[-1] < node.shape[-2] else price
 
 
-@pytest.mark.parametrize("discount", [True, False], ids=["fused-bias-priced", "without"])
-def test_the_extraction_keeps_a_matmul_and_its_bias_fusible(discount: bool, monkeypatch, tmp_path) -> None:
-    """Under prices that favour the Add on the transposed layout, `transpose-add-distribute` looks cheaper op by op.
-    With the bias priced fused in the extraction, the graph is kept as written. Without it (the test's control),
-    the extraction moves the Transpose between the MatMul and its bias, and only the candidate's price as written
-    (which sees the lost Gemm) keeps the input from being returned."""
-    model = _linear([helper.make_node("Transpose", ["lin"], ["y"], perm=[0, 2, 1])], [vi("y", [1, OUT, SEQ])])
-    monkeypatch.setattr(api, "make_cost_model", lambda name, device="auto", progress=False: _TransposedAddsCheaper())
+def _conv_relu_pool() -> onnx.ModelProto:
+    """A Conv, its Relu, then a 2x2 MaxPool: op by op, the Relu is cheaper after the pool (a quarter of the data)."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("MaxPool", ["r"], ["y"], kernel_shape=[2, 2], strides=[2, 2]),
+    ]
+    return make(nodes, [vi("x", [1, 3, 16, 16])], [vi("y", [1, 8, 8, 8])], [_w("w", 8, 3, 3, 3), _w("b", 8)])
+
+
+# case -> (the model, its cost model, a rule the control's extraction uses, the fused kernel the result keeps)
+FUSIBLE = {
+    "gemm": (
+        lambda: _linear([helper.make_node("Transpose", ["lin"], ["y"], perm=[0, 2, 1])], [vi("y", [1, OUT, SEQ])]),
+        _TransposedAddsCheaper,
+        "transpose-add-distribute",
+        "Gemm",
+    ),
+    "conv-relu": (_conv_relu_pool, AnalyticCost, "conv-relu-fuse", "FusedConv"),
+}
+
+
+@pytest.mark.parametrize("discount", [True, False], ids=["fused-priced", "without"])
+@pytest.mark.parametrize("case", list(FUSIBLE))
+def test_the_extraction_keeps_what_the_runtime_fuses(case: str, discount: bool, monkeypatch, tmp_path) -> None:
+    """Op by op, taking the fusion apart looks cheaper: the Transpose moved between the MatMul and its bias (under
+    prices that favour the Add on the transposed layout), the Relu moved past the MaxPool. With the fused node
+    priced as the runtime runs it in the extraction, the graph is kept as written. Without it (the test's control),
+    the extraction changes the graph (it takes the Gemm apart; it fuses the Relu into the Conv, a gain only op by op
+    prices), and only the candidate's price as written (which sees what the runtime fuses) keeps the input from
+    being returned."""
+    build, cost, rule, fused = FUSIBLE[case]
+    monkeypatch.setattr(api, "make_cost_model", lambda name, device="auto", progress=False: cost())
     if not discount:
-        monkeypatch.setattr(export, "_gemm_biases", lambda decoded, const, shapes: iter(()))
-    result = tensat.optimize_with_details(model, latency_check=0)
+        monkeypatch.setattr(export, "_runtime_fused", lambda decoded, const, shapes, device: iter(()))
+    result = tensat.optimize_with_details(build(), latency_check=0)
     assert result.verification is None or result.verification.ok
-    assert ("transpose-add-distribute" in result.rules) is not discount
+    assert result.rules == {} if discount else rule in result.rules
     assert result.returned_input is not None
-    assert _runtime_gemms(result.output, tmp_path) == 1
+    assert _runtime_kernels(result.output, tmp_path)[fused] == 1
