@@ -1,0 +1,24 @@
+"""The fusion report (`bench.fusion_report`) counts what onnxruntime fuses in a model and in tensat's graph."""
+
+from __future__ import annotations
+
+import onnx
+
+from bench import fusion_report
+from bench.machine import machine_info
+from tensat import api
+from tensat.cost import AnalyticCost
+from tests.onnx.test_fusions import gpt2_mlp
+
+
+def test_a_models_record_counts_the_runtimes_fused_kernels_before_and_after(monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr(api, "make_cost_model", lambda name, device="auto", progress=False: AnalyticCost())
+    path = tmp_path / "mlp.onnx"
+    onnx.save(gpt2_mlp(), path)
+    rec = fusion_report.run_model("mlp", path, tmp_path, 0.0)
+    assert rec["fused"]["FastGelu"] == [1, 1]
+    assert rec["fused"]["Gemm"][0] == 2
+    assert rec["lost"] == {} and rec["kernels"][0] < len(gpt2_mlp().graph.node)
+    text = fusion_report.markdown([rec], machine_info())
+    assert "| mlp |" in text and "FastGelu 1 -> 1" in text
+    assert "Models whose graph lost a fused kernel: none." in text
