@@ -27,7 +27,7 @@ from typing import Any
 import onnx
 
 from tensat import api, onnx_io, rewrites
-from tensat.cost import EXACT, CostModel, Resolution, graph_cost, runtime_cost
+from tensat.cost import EXACT, CostModel, Resolution, runtime_cost
 from tensat.errors import VerificationError
 from tensat.ir import Graph
 from tensat.latency import time_models
@@ -244,7 +244,7 @@ def compare_model(
     ex = result.exploration
     tensat_info: dict[str, Any] = {
         "cost": result.cost_after,  # the returned model's, as written and priced as onnxruntime runs it
-        "search_cost": graph_cost(result.graph, cost),
+        "search_cost": runtime_cost(result.graph, cost),
         "seconds": search,
         "seconds_with_overhead": search + overhead,
         "times": times,

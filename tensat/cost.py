@@ -8,9 +8,9 @@ per-op launch overhead). It is deterministic, so tests and `--cost analytic` can
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from tensat import ops
 from tensat.ir import Graph, Node
@@ -109,12 +109,42 @@ def gemm_bias(product: Sequence[int], weight: Sequence[int], bias: Sequence[int]
     return len(product) >= 2 and _leading_ones(weight, 2) and _leading_ones(bias, 1) and bias[-1] == product[-1]
 
 
+Operand = tuple[Shape, bool]  # an operand's shape, and whether it is computable from weights alone
+
+
+def fuses_into(
+    op: str,
+    shape: Shape,
+    operands: Sequence[Operand],
+    k: int,
+    producer_op: str,
+    producer_attrs: Mapping[str, Any],
+    producer_operands: Sequence[Operand],
+    device: str,
+) -> bool:
+    """Whether onnxruntime on `device` runs a node (`op`, of output `shape`, over `operands`) fused into the node
+    computing its operand `k` (`producer_op` with `producer_attrs`, over `producer_operands`), where it is that
+    operand's only reader: a BatchNormalization with constant parameters, or a Relu, Sigmoid or Tanh, into a
+    convolution without an activation; on the CPU, the Add of a constant bias into a MatMul of a computed operand by
+    a constant matrix (a Gemm, see `gemm_bias`). Every pricing of a graph as onnxruntime runs it decides by this: the
+    graph's own (`runtime_fusions`), the extraction's and the sequential search's."""
+    if producer_op == "conv2d":
+        return (
+            k == 0
+            and producer_attrs.get("act") == ops.ACT_NONE
+            and (op in FUSED_ACTIVATIONS or (op == "batchnorm" and all(c for _, c in operands[1:])))
+        )
+    if producer_op == "matmul" and op == "add" and device == "cpu" and len(operands) == 2:
+        (_, a_const), (weight, w_const) = producer_operands
+        product, (bias, b_const) = operands[k][0], operands[1 - k]
+        return not a_const and w_const and b_const and shape == product and gemm_bias(product, weight, bias)
+    return False
+
+
 def runtime_fusions(graph: Graph, device: str = "cpu") -> tuple[dict[int, int], dict[int, int]]:
-    """What onnxruntime fuses in `graph` on its own on `device`: each node folded or fused into the node before it
-    -> that node (a following BatchNormalization with constant parameters, then a Relu, Sigmoid or Tanh, each the
-    previous node's only reader, into a convolution; on the CPU, the Add of a constant bias into the MatMul by a
-    constant matrix it is the only reader of: a Gemm, see `gemm_bias`), and each convolution -> the activation
-    code fused into it."""
+    """What onnxruntime fuses in `graph` on its own on `device` (`fuses_into`): each node folded or fused into the
+    node before it, its only reader -> that node (a BatchNormalization, then an activation, into a convolution; on
+    the CPU a bias Add into a MatMul), and each convolution -> the activation code fused into it."""
     const = graph.weight_only()
     live = [i for i in graph.live() if not graph.nodes[i].is_leaf and i not in const]
     outputs = {n for _, n in graph.outputs}
@@ -122,45 +152,26 @@ def runtime_fusions(graph: Graph, device: str = "cpu") -> tuple[dict[int, int], 
     for i in live:
         for j in set(graph.nodes[i].inputs):
             readers[j] = readers.get(j, 0) + 1
+
+    def operands(n: Node) -> list[Operand]:
+        return [(graph.nodes[j].shape, j in const) for j in n.inputs]
+
     owner: dict[int, int] = {}  # a folded or fused node -> the conv2d or matmul that absorbs it
     act: dict[int, int] = {}  # a conv2d -> the activation fused into it
     for i in live:
         n = graph.nodes[i]
-        if n.op == "add" and device == "cpu":
-            for x, bias in (n.inputs, n.inputs[::-1]):
-                m = graph.nodes[x]
-                if (
-                    m.op == "matmul"
-                    and bias in const
-                    and readers.get(x) == 1
-                    and x not in outputs
-                    and x not in const
-                    and m.inputs[1] in const
-                    and m.inputs[0] not in const
-                    and n.shape == m.shape
-                    and gemm_bias(m.shape, graph.nodes[m.inputs[1]].shape, graph.nodes[bias].shape)
-                ):
-                    owner[i] = x
-                    break
-            continue
-        folds = n.op == "batchnorm" and all(j in const for j in n.inputs[1:])
-        if not (folds or n.op in FUSED_ACTIVATIONS):
-            continue
-        x = n.inputs[0]
-        conv = owner.get(x, x)
-        c = graph.nodes[conv]
-        if (
-            c.op != "conv2d"
-            or c.attr["act"] != ops.ACT_NONE
-            or conv in act
-            or readers.get(x) != 1
-            or x in outputs
-            or (folds and x != conv)
-        ):
-            continue
-        owner[i] = conv
-        if not folds:
-            act[conv] = FUSED_ACTIVATIONS[n.op]
+        for k, x in enumerate(n.inputs):
+            if x in const or x in outputs or readers.get(x) != 1:
+                continue
+            p = owner.get(x, x)  # through a BatchNormalization folded into its convolution
+            producer = graph.nodes[p]
+            if p in act or (p != x and n.op not in FUSED_ACTIVATIONS):
+                continue
+            if fuses_into(n.op, n.shape, operands(n), k, producer.op, producer.attr, operands(producer), device):
+                owner[i] = p
+                if n.op in FUSED_ACTIVATIONS:
+                    act[p] = FUSED_ACTIVATIONS[n.op]
+                break
     return owner, act
 
 

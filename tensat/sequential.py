@@ -14,8 +14,10 @@ What makes it fast (and what is incremental):
 - A candidate is priced without being built: its cost is the parent's cost minus the nodes it removes (the matched
   roots, their ancestors, and nodes left without users) plus the nodes it adds (the right side, and the ancestors
   rebuilt over it; an ancestor that collapses onto an existing node is not added). Per-node costs are cached by
-  store id and by signature, so each distinct operator is priced once; weight-only nodes cost 0 as in
-  `graph_cost`. The Merkle hashes of the rebuilt ancestors are computed on the fly; only a popped candidate is
+  store id and by signature, so each distinct operator is priced once; weight-only nodes cost 0, and so does a
+  node onnxruntime fuses into the node computing its operand (`tensat.cost.fuses_into`), as in tensat's
+  extraction: the search's costs are the graph's as onnxruntime runs it (`runtime_cost`, which the result
+  reports). The Merkle hashes of the rebuilt ancestors are computed on the fly; only a popped candidate is
   materialized in the store.
 - Matching is incremental: since terms never change, a parent's match is still valid in the child exactly when its
   roots are still live; a match at an ancestor rebuilt farther above the change than the deepest pattern is carried
@@ -35,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tensat import rewrites
-from tensat.cost import CostModel, graph_cost
+from tensat.cost import FUSED_ACTIVATIONS, CostModel, Operand, device_of, fuses_into, runtime_cost
 from tensat.ir import Graph, Node
 from tensat.rewrites.match import (
     Context,
@@ -117,6 +119,12 @@ class _Rhs:
     built: tuple[int, ...]
 
 
+# a node as pricing sees it: op, attributes, shape, whether it is weight-only, inputs
+_NodeView = tuple[str, tuple[tuple[str, Any], ...], tuple[int, ...], bool, tuple[int, ...]]
+FUSED_INTO = frozenset({"conv2d", "matmul", "batchnorm"})  # ops a reader may be fused into (through a batchnorm)
+FUSING = frozenset({*FUSED_ACTIVATIONS, "batchnorm", "add"})  # ops that may be fused into the node they read
+
+
 @dataclass(eq=False)
 class _State:
     """A search node: a candidate graph, priced; materialized (outputs, context, matches) once popped."""
@@ -152,6 +160,7 @@ class SequentialSearch:
             raise ValueError(f"budget must be >= 0, got {budget}")
         self.graph = graph.compact()
         self.cost_model = cost
+        self.device = device_of(cost)
         self.store = TermGraph(self.graph)
         root_ctx = Context(self.store, tuple(self.graph.outputs))
         present = {self.store.op[i] for i in root_ctx.order}
@@ -193,6 +202,10 @@ class SequentialSearch:
                 self._isop.append(False)
                 continue
             ins = s.inputs[i]
+            if self._fused(i):
+                self._cost.append(0.0)
+                self._isop.append(True)
+                continue
             self._cost.append(
                 self._price(
                     s.op[i],
@@ -204,6 +217,37 @@ class SequentialSearch:
                 )
             )
             self._isop.append(True)
+
+    def _store_node(self, i: int) -> _NodeView:
+        s = self.store
+        return s.op[i], s.attrs[i], s.shape[i], s.const[i], s.inputs[i]
+
+    def _fused(self, i: int, view: Callable[[int], _NodeView] | None = None) -> bool:
+        """Whether onnxruntime runs node `i` (a store node, or any `view` describes) fused into the node computing
+        one of its operands (`tensat.cost.fuses_into`; an activation also through a BatchNormalization folded into
+        its convolution), so it costs nothing, as in tensat's extraction."""
+        look = view or self._store_node
+        op, _, _, _, ins = look(i)
+        if op not in FUSING:
+            return False
+
+        def operands(n: int) -> list[Operand]:
+            return [(look(j)[2], look(j)[3]) for j in look(n)[4]]
+
+        def fuses(n: int, k: int, p: int) -> bool:
+            op, _, shape, _, _ = look(n)
+            p_op, p_attrs, _, _, _ = look(p)
+            return fuses_into(op, shape, operands(n), k, p_op, dict(p_attrs), operands(p), self.device)
+
+        for k, j in enumerate(ins):
+            j_op, _, _, j_const, j_ins = look(j)
+            if j_const:
+                continue
+            if fuses(i, k, j):
+                return True
+            if j_op == "batchnorm" and op in FUSED_ACTIVATIONS and fuses(j, 0, j_ins[0]):
+                return fuses(i, k, j_ins[0])
+        return False
 
     def _materialize(self, st: _State) -> None:
         """Build a popped candidate in the store and find its matches (incrementally from its parent's)."""
@@ -300,10 +344,18 @@ class SequentialSearch:
             return "not_applicable", 0.0, 0, 0
         s = self.store
         live, inputs, const = ctx.live, s.inputs, s.const
-        if any(r in live for r in new_roots) or any(const[a] != const[b] for a, b in zip(roots, new_roots)):
+        if (
+            any(r in live for r in new_roots)
+            or any(const[a] != const[b] for a, b in zip(roots, new_roots))
+            or (
+                any(s.op[x] in FUSED_INTO for x in (*roots, *new_roots))
+                and any(s.op[c] in FUSING for x in roots for c in ctx.consumers.get(x, ()))
+            )
+        ):
             return self._candidate_general(st, roots, new_roots, bound, max_ops)
         # Fast path: no rebuilt ancestor can coincide with a node of the graph (the new roots have no users yet)
-        # and no ancestor changes cost (same weight-only flags), so ancestors cancel out of cost and use counts.
+        # and no ancestor changes cost (same weight-only flags, and no reader fused into a replaced root or its
+        # replacement), so ancestors cancel out of cost and use counts.
         costs, isop, uses = self._cost, self._isop, ctx.uses
         cost, nops = st.cost, st.ops
         delta: dict[int, int] = {}
@@ -377,6 +429,7 @@ class SequentialSearch:
         ctx = st.ctx
         assert ctx is not None
         s = self.store
+        self._sync()  # the store nodes a rebuilt ancestor may collapse onto are priced
         replaced = ctx.replaced(roots)
         live, uses = ctx.live, ctx.uses
         inputs, const, costs, isop, mh, sig = s.inputs, s.const, self._cost, self._isop, s.mh, s.sig
@@ -395,7 +448,15 @@ class SequentialSearch:
         sub = dict(zip(roots, new_roots))
         tmp_mh: dict[int, int] = {}
         tmp_const: dict[int, bool] = {}
+        tmp_node: dict[int, tuple[int, tuple[int, ...]]] = {}  # a temporary id -> the node it rebuilds, its inputs
         fresh = itertools.count(-1, -1)
+
+        def view(i: int) -> _NodeView:
+            if i >= 0:
+                return self._store_node(i)
+            a, ins = tmp_node[i]
+            return s.op[a], s.attrs[a], s.shape[a], tmp_const[i], ins
+
         for a in sorted(replaced):
             if a in sub:
                 continue
@@ -412,9 +473,13 @@ class SequentialSearch:
                 is_const = s.op[a] != "opaque" and all(in_const)
                 tmp_const[new_id] = is_const
                 tmp_mh[new_id] = hash((sig[a], tuple([tmp_mh[i] if i < 0 else mh[i] for i in ins])))
+                tmp_node[new_id] = (a, ins)
+                fused = not is_const and self._fused(new_id, view)
                 if is_const:
                     c, k = 0.0, False
-                elif in_const == tuple(const[i] for i in inputs[a]):
+                elif fused:
+                    c, k = 0.0, True
+                elif in_const == tuple(const[i] for i in inputs[a]) and costs[a] > 0:
                     c, k = costs[a], isop[a]
                 else:
                     c = self._price(
@@ -446,7 +511,7 @@ class SequentialSearch:
 
     def run(self) -> SequentialResult:
         """Search; the best graph found, with statistics."""
-        cost_before = graph_cost(self.graph, self.cost_model)  # also lets a measuring model prefetch
+        cost_before = runtime_cost(self.graph, self.cost_model)  # also lets a measuring model prefetch
         self._sync()
         ops_before = self.graph.op_count()
         start = time.perf_counter()
@@ -541,7 +606,7 @@ class SequentialSearch:
             graph=result_graph,
             original_graph=self.graph,
             cost_before=cost_before,
-            cost_after=graph_cost(result_graph, self.cost_model),
+            cost_after=runtime_cost(result_graph, self.cost_model),
             ops_before=ops_before,
             ops_after=result_graph.op_count(),
             expansions=expansions,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tensat import ops
-from tensat.cost import EXACT, FUSED_ACTIVATIONS, AnalyticCost, Resolution, device_of, gemm_bias
+from tensat.cost import EXACT, FUSED_ACTIVATIONS, AnalyticCost, Operand, Resolution, device_of, fuses_into
 from tensat.egraph import provenance
 from tensat.egraph.lower import LoweredGraph
 from tensat.egraph.provenance import DecodedNode
@@ -555,36 +555,34 @@ def _chosen_post_order(
 def _runtime_fused(
     decoded: dict[str, DecodedNode], const: set[int], shapes: dict[int, tuple[int, ...]], device: str
 ) -> Iterator[str]:
-    """The e-nodes onnxruntime on `device` fuses into an e-node of the e-class they read, by the e-classes' shapes
-    `shapes` (see `tensat.cost.runtime_fusions`, which decides it on a graph): a BatchNormalization with constant
-    parameters, or a Relu, Sigmoid or Tanh, over an e-class holding a convolution without an activation; and on
-    the CPU, the Add of a constant bias over an e-class holding a MatMul of a computed operand by a constant matrix
-    (`tensat.cost.gemm_bias`)."""
-    convs: set[int] = set()  # e-classes holding a convolution without an activation
-    weights: dict[int, set[tuple[int, ...]]] = {}  # a product's e-class -> the shapes of its MatMuls' weights
+    """The e-nodes onnxruntime on `device` fuses into an e-node of an e-class they read (`tensat.cost.fuses_into`,
+    with the e-classes' shapes `shapes`): a BatchNormalization or an activation over an e-class holding a
+    convolution, a bias Add over one holding a MatMul by a constant matrix."""
+    producers: dict[int, list[DecodedNode]] = {}  # e-class -> its convolutions and MatMuls
     for dn in decoded.values():
-        if dn.eclass in const:
-            continue
-        if dn.op == "conv2d" and dn.attrs.get("act") == ops.ACT_NONE:
-            convs.add(dn.eclass)
-        elif dn.op == "matmul" and device == "cpu":
-            a, b = dn.children
-            if b in const and a not in const and b in shapes:
-                weights.setdefault(dn.eclass, set()).add(shapes[b])
+        if dn.op in ("conv2d", "matmul") and dn.eclass not in const:
+            producers.setdefault(dn.eclass, []).append(dn)
+
+    def operands(dn: DecodedNode) -> list[Operand] | None:
+        found: list[Operand] = []
+        for c in dn.children:
+            shape = shapes.get(c)
+            if shape is None:
+                return None
+            found.append((shape, c in const))
+        return found
+
     for nid, dn in decoded.items():
-        if dn.op in FUSED_ACTIVATIONS or dn.op == "batchnorm":
-            if dn.children[0] in convs and all(c in const for c in dn.children[1:]):
-                yield nid
-        elif dn.op == "add" and weights:
-            for x, bias in (dn.children, dn.children[::-1]):
-                product = shapes.get(x)
-                if (
-                    x in weights
-                    and bias in const
-                    and product is not None
-                    and shapes.get(dn.eclass) == product
-                    and bias in shapes
-                    and any(gemm_bias(product, w, shapes[bias]) for w in weights[x])
-                ):
-                    yield nid
-                    break
+        if not (dn.op in FUSED_ACTIVATIONS or dn.op in ("batchnorm", "add")) or dn.eclass not in shapes:
+            continue
+        mine = operands(dn)
+        if mine is None:
+            continue
+        if any(
+            fuses_into(dn.op, shapes[dn.eclass], mine, k, p.op, p.attrs, theirs, device)
+            for k, c in enumerate(dn.children)
+            if c not in const
+            for p in producers.get(c, ())
+            if (theirs := operands(p)) is not None
+        ):
+            yield nid
