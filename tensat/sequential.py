@@ -249,6 +249,38 @@ class SequentialSearch:
                 return fuses(i, k, j_ins[0])
         return False
 
+    def _refused(self, ctx: Context, roots: tuple[int, ...], new_roots: tuple[int, ...]) -> float:
+        """How much the readers of `roots` cost more once they read `new_roots` instead (the same shapes and
+        weight-only flags): only whether each is fused into the node it reads can change (`_fused`; a Relu also
+        through the BatchNormalization between it and a convolution)."""
+        s = self.store
+        if not any(s.op[x] in FUSED_INTO for x in (*roots, *new_roots)):
+            return 0.0
+        sub = dict(zip(roots, new_roots))
+        readers = [c for x in roots for c in ctx.consumers.get(x, ()) if s.op[c] in FUSING and c not in sub]
+        readers += [d for c in readers if s.op[c] == "batchnorm" for d in ctx.consumers.get(c, ())]
+
+        def view(i: int) -> _NodeView:
+            op, attrs, shape, const, ins = self._store_node(i)
+            return op, attrs, shape, const, tuple(sub.get(j, j) for j in ins)
+
+        more = 0.0
+        for c in dict.fromkeys(readers):
+            was, now = self._cost[c], self._fused(c, view)
+            if now:
+                more -= was
+            elif was == 0.0 and self._fused(c):
+                ins = s.inputs[c]
+                more += self._price(
+                    s.op[c],
+                    s.attrs[c],
+                    s.shape[c],
+                    s.dtype[c],
+                    tuple(s.shape[j] for j in ins),
+                    tuple(s.const[j] for j in ins),
+                )
+        return more
+
     def _materialize(self, st: _State) -> None:
         """Build a popped candidate in the store and find its matches (incrementally from its parent's)."""
         parent = st.parent
@@ -344,20 +376,13 @@ class SequentialSearch:
             return "not_applicable", 0.0, 0, 0
         s = self.store
         live, inputs, const = ctx.live, s.inputs, s.const
-        if (
-            any(r in live for r in new_roots)
-            or any(const[a] != const[b] for a, b in zip(roots, new_roots))
-            or (
-                any(s.op[x] in FUSED_INTO for x in (*roots, *new_roots))
-                and any(s.op[c] in FUSING for x in roots for c in ctx.consumers.get(x, ()))
-            )
-        ):
+        if any(r in live for r in new_roots) or any(const[a] != const[b] for a, b in zip(roots, new_roots)):
             return self._candidate_general(st, roots, new_roots, bound, max_ops)
         # Fast path: no rebuilt ancestor can coincide with a node of the graph (the new roots have no users yet)
-        # and no ancestor changes cost (same weight-only flags, and no reader fused into a replaced root or its
-        # replacement), so ancestors cancel out of cost and use counts.
+        # and no ancestor changes cost (same weight-only flags) but the readers fused into a replaced root or its
+        # replacement (`_refused`), so the other ancestors cancel out of cost and use counts.
         costs, isop, uses = self._cost, self._isop, ctx.uses
-        cost, nops = st.cost, st.ops
+        cost, nops = st.cost + self._refused(ctx, roots, new_roots), st.ops
         delta: dict[int, int] = {}
         for x in set(roots):
             cost -= costs[x]
