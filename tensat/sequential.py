@@ -201,22 +201,16 @@ class SequentialSearch:
                 self._cost.append(0.0)
                 self._isop.append(False)
                 continue
-            ins = s.inputs[i]
-            if self._fused(i):
-                self._cost.append(0.0)
-                self._isop.append(True)
-                continue
-            self._cost.append(
-                self._price(
-                    s.op[i],
-                    s.attrs[i],
-                    s.shape[i],
-                    s.dtype[i],
-                    tuple(s.shape[j] for j in ins),
-                    tuple(s.const[j] for j in ins),
-                )
-            )
+            self._cost.append(0.0 if self._fused(i) else self._price_alone(i))
             self._isop.append(True)
+
+    def _price_alone(self, i: int) -> float:
+        """Store node `i`'s price as a node of its own (by its signature: op, attributes, shapes, weight flags)."""
+        s = self.store
+        ins = s.inputs[i]
+        return self._price(
+            s.op[i], s.attrs[i], s.shape[i], s.dtype[i], tuple(s.shape[j] for j in ins), tuple(s.const[j] for j in ins)
+        )
 
     def _store_node(self, i: int) -> _NodeView:
         s = self.store
@@ -270,15 +264,7 @@ class SequentialSearch:
             if now:
                 more -= was
             elif was == 0.0 and self._fused(c):
-                ins = s.inputs[c]
-                more += self._price(
-                    s.op[c],
-                    s.attrs[c],
-                    s.shape[c],
-                    s.dtype[c],
-                    tuple(s.shape[j] for j in ins),
-                    tuple(s.const[j] for j in ins),
-                )
+                more += self._price_alone(c)
         return more
 
     def _materialize(self, st: _State) -> None:
