@@ -13,8 +13,6 @@ input file does not contain) or a Gemm; the report lists the fused kinds whose c
 from __future__ import annotations
 
 import collections
-import os
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,17 +23,14 @@ import onnx
 import tensat
 from bench.machine import header
 from bench.real_report import corpus_main
-from tensat.session import make_session
+from tensat.session import runtime_graph
 
 ALWAYS_FUSED = frozenset({"Gemm", "FusedGemm", "FusedConv", "FusedMatMul"})
 
 
 def runtime_kernels(model: onnx.ModelProto | str) -> collections.Counter[str]:
     """Kernels of `model` by op type, as onnxruntime's CPU session runs it at the extended level."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "optimized.onnx")
-        make_session(model, "cpu", layout=False, optimized_path=path, optimized_weights="weights.bin")
-        return collections.Counter(n.op_type for n in onnx.load(path, load_external_data=False).graph.node)
+    return collections.Counter(n.op_type for n in runtime_graph(model).graph.node)
 
 
 def run_model(name: str, src: Path, work: Path, seconds: float) -> dict[str, Any]:

@@ -124,3 +124,14 @@ def make_session(
         path = os.path.join(tmp, "model.onnx")
         write_external(model, path, "model.data")
         return ort.InferenceSession(path, options, providers=providers, **extra)
+
+
+def runtime_graph(model: ModelProto | Serialized | bytes | str | os.PathLike[str], provider: str = "cpu") -> ModelProto:
+    """`model` as onnxruntime runs it on `provider` at the extended level (its fusions, not the CPU's blocked
+    layout): the optimized model it writes, read back without its weights (their names and shapes only)."""
+    import onnx
+
+    with tempfile.TemporaryDirectory(prefix="tensat-") as tmp:
+        path = os.path.join(tmp, "optimized.onnx")
+        make_session(model, provider, layout=False, optimized_path=path, optimized_weights="weights.bin")
+        return onnx.load(path, load_external_data=False)

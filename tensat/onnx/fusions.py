@@ -17,15 +17,12 @@ two Reshapes onnxruntime inserts) are left free: tensat's merges of convolutions
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-import onnx
 from onnx import ModelProto, NodeProto
 
-from tensat.session import make_session
+from tensat.session import runtime_graph
 
 # Op types whose presence lets onnxruntime fuse a normalization, an activation or an attention: a model with none of
 # them is not optimized in onnxruntime here (a CNN whose only fusions are its convolutions' and its classifier's).
@@ -52,13 +49,10 @@ def runtime_fusions(model: ModelProto) -> Fusions:
     graph = model.graph
     if not TRIGGERS.intersection(n.op_type for n in graph.node):
         return Fusions()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "optimized.onnx")
-        try:
-            make_session(model, "cpu", layout=False, optimized_path=path, optimized_weights="weights.bin")
-            optimized = onnx.load(path, load_external_data=False)
-        except Exception:  # noqa: BLE001 - a model onnxruntime cannot run has nothing it fuses; verification says why
-            return Fusions()
+    try:
+        optimized = runtime_graph(model)
+    except Exception:  # noqa: BLE001 - a model onnxruntime cannot run has nothing it fuses; verification says why
+        return Fusions()
     weights = {t.name for t in graph.initializer} | {s.values.name for s in graph.sparse_initializer}
     return _absorbed(graph.node, optimized.graph.node, weights)
 

@@ -6,7 +6,6 @@ Relu moved past the MaxPool after its Conv, would leave a node the runtime runs 
 from __future__ import annotations
 
 import collections
-import os
 
 import numpy as np
 import onnx
@@ -18,8 +17,8 @@ from tensat import api, onnx_io
 from tensat.cost import AnalyticCost, runtime_fusions, runtime_items
 from tensat.egraph import export
 from tensat.onnx_io import import_model
-from tensat.session import make_session
 from tests.helpers import make, vi
+from tests.onnx.test_fusions import runtime_ops
 
 RNG = np.random.default_rng(5)
 SEQ, HIDDEN, OUT = 8, 16, 32
@@ -85,26 +84,14 @@ CASES = {
 }
 
 
-def _runtime_kernels(model: onnx.ModelProto, tmp_path) -> collections.Counter[str]:
-    """Kernels of `model` by op type as onnxruntime's CPU session runs it (extended optimizations: its fusions)."""
-    path = os.fspath(tmp_path / "optimized.onnx")
-    make_session(model, "cpu", layout=False, optimized_path=path)
-    return collections.Counter(n.op_type for n in onnx.load(path).graph.node)
-
-
-def _runtime_gemms(model: onnx.ModelProto, tmp_path) -> int:
-    kernels = _runtime_kernels(model, tmp_path)
-    return kernels["Gemm"] + kernels["FusedGemm"]
-
-
 @pytest.mark.parametrize("case", list(CASES))
-def test_bias_fusions_are_those_onnxruntime_makes(case: str, tmp_path) -> None:
+def test_bias_fusions_are_those_onnxruntime_makes(case: str) -> None:
     """tensat's rule for which MatMul+Add pairs run as a Gemm agrees with onnxruntime's own optimizer, on the model
     as tensat writes it."""
     graph = import_model(CASES[case]).compact()
     owner, _ = runtime_fusions(graph)
     fused = [i for i, m in owner.items() if graph.nodes[m].op == "matmul"]
-    assert len(fused) == _runtime_gemms(onnx_io.export_model(graph), tmp_path)
+    assert len(fused) == sum(runtime_ops(onnx_io.export_model(graph))[k] for k in ("Gemm", "FusedGemm"))
     assert len(fused) == (1 if case in ("3-D bias", "2-D", "attention-projection") else 0)
 
 
@@ -150,7 +137,7 @@ FUSIBLE = {
 
 @pytest.mark.parametrize("discount", [True, False], ids=["fused-priced", "without"])
 @pytest.mark.parametrize("case", list(FUSIBLE))
-def test_the_extraction_keeps_what_the_runtime_fuses(case: str, discount: bool, monkeypatch, tmp_path) -> None:
+def test_the_extraction_keeps_what_the_runtime_fuses(case: str, discount: bool, monkeypatch) -> None:
     """Op by op, taking the fusion apart looks cheaper: the Transpose moved between the MatMul and its bias (under
     prices that favour the Add on the transposed layout), the Relu moved past the MaxPool. With the fused node
     priced as the runtime runs it in the extraction, the graph is kept as written. Without it (the test's control),
@@ -165,4 +152,4 @@ def test_the_extraction_keeps_what_the_runtime_fuses(case: str, discount: bool, 
     assert result.verification is None or result.verification.ok
     assert result.rules == {} if discount else rule in result.rules
     assert result.returned_input is not None
-    assert _runtime_kernels(result.output, tmp_path)[fused] == 1
+    assert runtime_ops(result.output)[fused] == 1

@@ -5,7 +5,6 @@ MatMul is cheaper op by op) leaves them as the exporter wrote them, so onnxrunti
 from __future__ import annotations
 
 import collections
-import os
 
 import numpy as np
 import onnx
@@ -17,7 +16,7 @@ from tensat import api
 from tensat.cost import AnalyticCost
 from tensat.onnx import fusions
 from tensat.onnx_io import import_model, load_model
-from tensat.session import make_session
+from tensat.session import runtime_graph
 from tests.helpers import make, vi
 
 RNG = np.random.default_rng(3)
@@ -71,16 +70,14 @@ def gpt2_mlp(seq: int = 16, hidden: int = 32, inner: int = 128) -> onnx.ModelPro
     return make(nodes, [vi("x", [1, seq, hidden])], [vi("y", [1, seq, hidden])], inits, opset=17)
 
 
-def runtime_ops(model: onnx.ModelProto, tmp_path) -> collections.Counter[str]:
+def runtime_ops(model: onnx.ModelProto) -> collections.Counter[str]:
     """Op types of `model` as onnxruntime runs it on the CPU (extended optimizations)."""
-    path = os.fspath(tmp_path / "optimized.onnx")
-    make_session(model, "cpu", layout=False, optimized_path=path)
-    return collections.Counter(n.op_type for n in onnx.load(path).graph.node)
+    return collections.Counter(n.op_type for n in runtime_graph(model).graph.node)
 
 
-def test_the_runtimes_fused_subgraphs_are_found(tmp_path) -> None:
+def test_the_runtimes_fused_subgraphs_are_found() -> None:
     model = load_model(gpt2_mlp())
-    assert runtime_ops(model, tmp_path)["FastGelu"] == 1
+    assert runtime_ops(model)["FastGelu"] == 1
     found = fusions.runtime_fusions(model)
     gelu = {"h_half", "cube", "cube_c", "inner", "scaled", "t", "t1", "gelu"}
     assert gelu <= found.pinned
@@ -123,7 +120,7 @@ class _LayoutBiased(AnalyticCost):
 
 
 @pytest.mark.parametrize("pin", [True, False], ids=["pinned", "without-pins"])
-def test_the_fused_gelu_survives_optimization(pin: bool, monkeypatch, tmp_path) -> None:
+def test_the_fused_gelu_survives_optimization(pin: bool, monkeypatch) -> None:
     """Under prices that favour 2-D element-wise ops, moving the GELU's arithmetic across the Reshape looks
     cheaper, and onnxruntime then runs the GELU as eight nodes instead of one FastGelu. With the pins the GELU is
     left as written; without them (the test's control) it is rewritten and unfused."""
@@ -132,4 +129,4 @@ def test_the_fused_gelu_survives_optimization(pin: bool, monkeypatch, tmp_path) 
         monkeypatch.setattr(fusions, "runtime_fusions", lambda model: fusions.Fusions())
     result = tensat.optimize_with_details(gpt2_mlp(), latency_check=0)
     assert result.verification is not None and result.verification.ok
-    assert runtime_ops(result.output, tmp_path)["FastGelu"] == (1 if pin else 0)
+    assert runtime_ops(result.output)["FastGelu"] == (1 if pin else 0)
