@@ -110,6 +110,8 @@ def gemm_bias(product: Sequence[int], weight: Sequence[int], bias: Sequence[int]
 
 
 Operand = tuple[Shape, bool]  # an operand's shape, and whether it is computable from weights alone
+FUSION_PRODUCERS = frozenset({"conv2d", "matmul"})  # the ops `fuses_into` fuses a reader into
+FUSION_READERS = frozenset({*FUSED_ACTIVATIONS, "batchnorm", "add"})  # the ops it may fuse into their producer
 
 
 def fuses_into(

@@ -37,7 +37,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tensat import rewrites
-from tensat.cost import FUSED_ACTIVATIONS, CostModel, Operand, device_of, fuses_into, runtime_cost
+from tensat.cost import (
+    FUSED_ACTIVATIONS,
+    FUSION_PRODUCERS,
+    FUSION_READERS,
+    CostModel,
+    Operand,
+    device_of,
+    fuses_into,
+    runtime_cost,
+)
 from tensat.ir import Graph, Node
 from tensat.rewrites.match import (
     Context,
@@ -121,8 +130,7 @@ class _Rhs:
 
 # a node as pricing sees it: op, attributes, shape, whether it is weight-only, inputs
 _NodeView = tuple[str, tuple[tuple[str, Any], ...], tuple[int, ...], bool, tuple[int, ...]]
-FUSED_INTO = frozenset({"conv2d", "matmul", "batchnorm"})  # ops a reader may be fused into (through a batchnorm)
-FUSING = frozenset({*FUSED_ACTIVATIONS, "batchnorm", "add"})  # ops that may be fused into the node they read
+FUSED_INTO = FUSION_PRODUCERS | {"batchnorm"}  # ops a reader may be fused into (an activation through a batchnorm)
 
 
 @dataclass(eq=False)
@@ -222,7 +230,7 @@ class SequentialSearch:
         its convolution), so it costs nothing, as in tensat's extraction."""
         look = view or self._store_node
         op, _, _, _, ins = look(i)
-        if op not in FUSING:
+        if op not in FUSION_READERS:
             return False
 
         def operands(n: int) -> list[Operand]:
@@ -251,7 +259,7 @@ class SequentialSearch:
         if not any(s.op[x] in FUSED_INTO for x in (*roots, *new_roots)):
             return 0.0
         sub = dict(zip(roots, new_roots))
-        readers = [c for x in roots for c in ctx.consumers.get(x, ()) if s.op[c] in FUSING and c not in sub]
+        readers = [c for x in roots for c in ctx.consumers.get(x, ()) if s.op[c] in FUSION_READERS and c not in sub]
         readers += [d for c in readers if s.op[c] == "batchnorm" for d in ctx.consumers.get(c, ())]
 
         def view(i: int) -> _NodeView:
@@ -490,7 +498,7 @@ class SequentialSearch:
                     c, k = 0.0, False
                 elif fused:
                     c, k = 0.0, True
-                elif in_const == tuple(const[i] for i in inputs[a]) and costs[a] > 0:
+                elif in_const == tuple(const[i] for i in inputs[a]) and not self._fused(a):
                     c, k = costs[a], isop[a]
                 else:
                     c = self._price(

@@ -12,7 +12,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tensat import ops
-from tensat.cost import EXACT, FUSED_ACTIVATIONS, AnalyticCost, Operand, Resolution, device_of, fuses_into
+from tensat.cost import (
+    EXACT,
+    FUSION_PRODUCERS,
+    FUSION_READERS,
+    AnalyticCost,
+    Operand,
+    Resolution,
+    device_of,
+    fuses_into,
+)
 from tensat.egraph import provenance
 from tensat.egraph.lower import LoweredGraph
 from tensat.egraph.provenance import DecodedNode
@@ -560,7 +569,7 @@ def _runtime_fused(
     convolution, a bias Add over one holding a MatMul by a constant matrix."""
     producers: dict[int, list[DecodedNode]] = {}  # e-class -> its convolutions and MatMuls
     for dn in decoded.values():
-        if dn.op in ("conv2d", "matmul") and dn.eclass not in const:
+        if dn.op in FUSION_PRODUCERS and dn.eclass not in const:
             producers.setdefault(dn.eclass, []).append(dn)
 
     def operands(dn: DecodedNode) -> list[Operand] | None:
@@ -573,7 +582,7 @@ def _runtime_fused(
         return found
 
     for nid, dn in decoded.items():
-        if not (dn.op in FUSED_ACTIVATIONS or dn.op in ("batchnorm", "add")) or dn.eclass not in shapes:
+        if dn.op not in FUSION_READERS or dn.eclass not in shapes:
             continue
         mine = operands(dn)
         if mine is None:
