@@ -78,6 +78,8 @@ class Graph:
     # subgraph itself reads (see `tensat.onnx.fusions`)
     pinned: set[int] = field(default_factory=set)
     sealed: set[int] = field(default_factory=set)
+    # residual adds the runtime fuses with the LayerNormalization reading them (`tensat.onnx.fusions.skip_adds`)
+    skip_adds: set[int] = field(default_factory=set)
     _index: dict[Node, int] = field(default_factory=dict, repr=False)
 
     # -- construction -------------------------------------------------------------------------------------------
@@ -209,6 +211,18 @@ class Graph:
         const = self.weight_only()
         return sum(1 for i in self.live() if not self.nodes[i].is_leaf and i not in const)
 
+    def relabel(self, i: int, op: str) -> None:
+        """Give node `i` the op `op` over the same inputs and attributes: another op computing the same value
+        (an add written as ONNX Sum, see `tensat.unfuse`)."""
+        n = self.nodes[i]
+        if ops.get(op).shape([self.nodes[j].shape for j in n.inputs], n.attr) != n.shape:
+            raise ValueError(f"{op} does not compute node {i}'s shape {n.shape}")
+        node = Node(op, n.inputs, n.attrs, n.shape, n.dtype)
+        if self._index.get(n) == i:
+            del self._index[n]
+        self.nodes[i] = node
+        self._index.setdefault(node, i)
+
     def compact(self) -> Graph:
         """A copy holding only live nodes and the weights they use, ids renumbered in topological order."""
         out = Graph(opset_imports=dict(self.opset_imports), name=self.name)
@@ -225,6 +239,7 @@ class Graph:
         out.outputs = [(name, remap[n]) for name, n in self.outputs]
         out.pinned = {remap[i] for i in self.pinned if i in remap}
         out.sealed = {remap[i] for i in self.sealed if i in remap}
+        out.skip_adds = {remap[i] for i in self.skip_adds if i in remap}
         return out
 
     def evaluate(self, feeds: Mapping[str, np.ndarray], nodes: Iterable[int] | None = None) -> dict[int, np.ndarray]:

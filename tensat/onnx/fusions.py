@@ -39,6 +39,8 @@ class Fusions:
 
     pinned: frozenset[str] = frozenset()
     internal: frozenset[str] = frozenset()
+    # the residual Adds fused with the LayerNormalization reading them into a SkipLayerNormalization (`skip_adds`)
+    skip_adds: frozenset[str] = frozenset()
 
 
 def runtime_fusions(model: ModelProto) -> Fusions:
@@ -54,7 +56,31 @@ def runtime_fusions(model: ModelProto) -> Fusions:
     except Exception:  # noqa: BLE001 - a model onnxruntime cannot run has nothing it fuses; verification says why
         return Fusions()
     weights = {t.name for t in graph.initializer} | {s.values.name for s in graph.sparse_initializer}
-    return _absorbed(graph.node, optimized.graph.node, weights)
+    found = _absorbed(graph.node, optimized.graph.node, weights)
+    return Fusions(found.pinned, found.internal, skip_adds(graph.node, optimized.graph.node))
+
+
+SKIP_LAYERNORM = "SkipLayerNormalization"
+
+
+def skip_adds(original: Iterable[NodeProto], optimized: Iterable[NodeProto]) -> frozenset[str]:
+    """The outputs of the original graph's residual Adds that onnxruntime fused, with the LayerNormalization
+    reading them, into a SkipLayerNormalization of `optimized`: the Add of its input and skip (inputs 0 and 1), or,
+    where it took a bias too (input 4), the Add of the skip and the Add of the input and that bias. Where that
+    kernel is slower than the two it replaces, the Add is written so that the fusion does not fire
+    (`tensat.unfuse`)."""
+    adds = {frozenset(n.input): n.output[0] for n in original if n.op_type == "Add" and len(n.input) == 2}
+    out: set[str] = set()
+    for node in optimized:
+        if node.op_type != SKIP_LAYERNORM or len(node.input) < 2:
+            continue
+        x, skip = node.input[0], node.input[1]
+        if len(node.input) > 4 and node.input[4]:
+            x = adds.get(frozenset((x, node.input[4])), "")
+        residual = adds.get(frozenset((x, skip)))
+        if residual:
+            out.add(residual)
+    return frozenset(out)
 
 
 def _absorbed(original: Iterable[NodeProto], optimized: Sequence[NodeProto], weights: set[str]) -> Fusions:

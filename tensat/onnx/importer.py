@@ -185,6 +185,9 @@ class _Importer:
             made = set(range(start, len(g.nodes)))
             g.pinned.update(i for i in made | outs if not g.nodes[i].is_leaf)
             g.sealed.update(i for i in (made - outs) | internal if not g.nodes[i].is_leaf)
+        for name in self.fusions.skip_adds.intersection(node.output):
+            if name in self.env and self.graph.nodes[self.env[name]].op == "add":
+                self.graph.skip_adds.add(self.env[name])
 
     def _lower_node(self, index: int, node: NodeProto) -> None:
         self.node, self.index = node, index
