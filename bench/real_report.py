@@ -187,16 +187,16 @@ def kept_input(rec: dict[str, Any]) -> bool:
 
 def changes(rec: dict[str, Any]) -> str:
     """What tensat did to one model, in words: whether its optimized graph was returned, and the rules behind the
-    extracted graph's changes (read back from the e-graph, each with how many changes it explains), with the residual
-    Adds written as Sum to keep onnxruntime from a fusion measured slower (`tensat.unfuse`). A graph with neither is
-    the input as tensat reads and writes it (an exporter's shape arithmetic folded, Dropout and Identity gone)."""
+    extracted graph's changes (read back from the e-graph, each with how many changes it explains), and the
+    computations written in the form onnxruntime runs faster (`tensat.runtime_forms`). A graph with neither is the
+    input as tensat reads and writes it (an exporter's shape arithmetic folded, Dropout and Identity gone)."""
     first = rec["tensat_first"]
     if not first["ok"]:
         return f"{rec['model']}: not optimized ({first['error'][:80]})"
     stats = first["stats"]
     rules = ", ".join(f"{name} x{n}" for name, n in stats.get("rules", {}).items())
-    sums = (stats.get("unfused") or {}).get("sums", 0)
-    parts = [f"residual Adds written as Sum x{sums} (SkipLayerNormalization measured slower)"] if sums else []
+    forms = (stats.get("forms") or {}).get("rewritten", {})
+    parts = [", ".join(f"{what} x{n}" for what, n in forms.items()) + " (the form measured faster)"] if forms else []
     parts += [f"rules {rules}"] if rules else []
     found = "; ".join(parts) or "no rule's change: the input as tensat writes it"
     if kept_input(rec) or stats.get("returned_input"):

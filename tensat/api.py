@@ -30,8 +30,8 @@ from tensat.latency import LatencyComparison, compare_latency
 from tensat.measure import MeasuredCost, default_clock, make_measured_cost, resolve_device
 from tensat.options import Options
 from tensat.progress import ProgressFn, report
+from tensat.runtime_forms import Forms, choose_forms, has_sites
 from tensat.session import ModelSource, Serialized
-from tensat.unfuse import Unfused, unfuse
 from tensat.verify import VerifyReport
 
 ModelLike = onnx.ModelProto | str | os.PathLike | Graph
@@ -67,9 +67,9 @@ class OptimizeResult:
     # the rules behind the optimized graph's changes, with how many changes each explains (the graph extracted,
     # whether or not it was returned; `tensat.egraph.provenance`)
     rules: dict[str, int] = field(default_factory=dict)
-    # the input's residual Adds timed with the SkipLayerNormalization onnxruntime fuses them into, and those
-    # written as Sum (`tensat.unfuse`); None where none was timed
-    unfused: Unfused | None = None
+    # the input's computations onnxruntime fuses one way and not another, timed both ways, and those written the
+    # other way (`tensat.runtime_forms`); None where none was timed
+    forms: Forms | None = None
 
     @property
     def speedup(self) -> float:
@@ -109,8 +109,8 @@ class OptimizeResult:
                 + ", ".join(f"{name} x{n}" for name, n in self.rules.items())
                 + ("" if self.returned_input is None else " (in the extracted graph, which was not returned)")
             )
-        if self.unfused is not None and self.unfused.timings:
-            lines.append(f"unfused   {self.unfused.sums} Adds written as Sum; {self.unfused.summary()}")
+        if self.forms is not None and self.forms.timings:
+            lines.append(f"forms     {self.forms.summary()}")
         lines.append("time      " + ", ".join(f"{k} {v:.2f}s" for k, v in self.times.items()))
         if self.verification is not None:
             v = self.verification
@@ -146,7 +146,7 @@ class OptimizeResult:
             "onnx_nodes_read": self.nodes_read,
             "returned_input": self.returned_input,
             "rules": dict(self.rules),
-            "unfused": None if self.unfused is None else self.unfused.to_dict(),
+            "forms": None if self.forms is None else self.forms.to_dict(),
             "exploration": self.exploration.to_dict(),
             "extraction": None
             if ex is None
@@ -447,8 +447,8 @@ class _Run:
     cost: _FallbackCost | None = None
     measured: MeasuredCost | None = None  # the cost model if it times ops on a device
     cost_before: float = 0.0
-    unfused: Unfused | None = None  # the input's residual Adds timed, and those written as Sum (`tensat.unfuse`)
-    read: Graph | None = None  # the input graph as read, where `_unfuse` rewrote `graph`
+    forms: Forms | None = None  # what `_choose_forms` timed and rewrote (`tensat.runtime_forms`)
+    read: Graph | None = None  # the input graph as read, where `_choose_forms` rewrote `graph`
     # the search
     search_start: float = 0.0  # perf_counter when the search began: the time budget counts from then
     te: TensorEGraph | None = None
@@ -577,25 +577,26 @@ def _price_input(run: _Run) -> None:
     run.cost_before = runtime_cost(run.graph, run.cost)
 
 
-def _unfuse(run: _Run) -> None:
-    """Write the input's residual Adds that onnxruntime would fuse into a SkipLayerNormalization measured slower on
-    this device so that it does not (`tensat.unfuse`); the input's price then counts what those fused kernels cost
-    beyond the Adds, as onnxruntime runs the input."""
+def _choose_forms(run: _Run) -> None:
+    """Write the input's computations that onnxruntime fuses in one form and not in another the way measured faster
+    on this device (`tensat.runtime_forms`); the input's price then counts what its own forms cost beyond those, as
+    onnxruntime runs the input."""
     assert run.graph is not None and run.measured is not None
-    run.log.say("cost", f"timing {len(run.graph.skip_adds)} residual Add + LayerNormalization pairs both ways")
-    graph = run.graph.compact()
-    run.unfused = unfuse(graph, run.measured)
+    run.log.say("cost", "timing the forms onnxruntime fuses one way and not another")
+    graph, run.forms = choose_forms(run.graph, run.measured)
     run.read, run.graph = run.graph, graph
-    run.cost_before += run.unfused.excess_ms
+    run.cost_before += run.forms.excess_ms
 
 
-def _unfuse_failed(run: _Run, exc: BaseException) -> None:
-    """A failed timing leaves the residual Adds as they are: onnxruntime fuses them as it does in the input."""
-    run.log.warn(f"the residual Add + LayerNormalization pairs could not be timed ({one_line(exc, typed=True)})")
+def _forms_failed(run: _Run, exc: BaseException) -> None:
+    """A failed timing leaves the input as written: onnxruntime fuses it as it does the input."""
+    run.log.warn(
+        f"the forms onnxruntime fuses one way and not another could not be timed ({one_line(exc, typed=True)})"
+    )
 
 
-def _skip_norms(run: _Run) -> bool:
-    return run.measured is not None and run.graph is not None and bool(run.graph.skip_adds)
+def _has_forms(run: _Run) -> bool:
+    return run.measured is not None and run.graph is not None and has_sites(run.graph)
 
 
 # -- the search: lower, explore, price, guided rounds, extract, rebuild
@@ -972,7 +973,7 @@ def _report_costs(run: _Run) -> None:
 _PIPELINE = (
     _Stage("import", _import),
     _Stage(None, _price_input),
-    _Stage("unfuse", _unfuse, fallback=_unfuse_failed, when=_skip_norms),
+    _Stage("forms", _choose_forms, fallback=_forms_failed, when=_has_forms),
     _Stage(None, _search, fallback=_search_failed),
     _Stage("export", _export_candidate, fallback=_unexportable, when=_has_candidate),
     _Stage(None, _price_candidate, when=_has_candidate),
@@ -1038,7 +1039,7 @@ def _result(run: _Run, output_path: str | os.PathLike[str] | None) -> OptimizeRe
         nodes_read=run.nodes_read or len((run.model or out_model).graph.node),
         returned_input=run.returned_input,
         rules=dict(run.candidate_rules),
-        unfused=run.unfused,
+        forms=run.forms,
     )
 
 

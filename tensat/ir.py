@@ -211,15 +211,18 @@ class Graph:
         const = self.weight_only()
         return sum(1 for i in self.live() if not self.nodes[i].is_leaf and i not in const)
 
-    def relabel(self, i: int, op: str) -> None:
-        """Give node `i` the op `op` over the same inputs and attributes: another op computing the same value
-        (an add written as ONNX Sum, see `tensat.unfuse`)."""
-        n = self.nodes[i]
-        if ops.get(op).shape([self.nodes[j].shape for j in n.inputs], n.attr) != n.shape:
-            raise ValueError(f"{op} does not compute node {i}'s shape {n.shape}")
-        node = Node(op, n.inputs, n.attrs, n.shape, n.dtype)
-        if self._index.get(n) == i:
-            del self._index[n]
+    def replace(self, i: int, node: Node) -> None:
+        """Put `node` in place of node `i`: another way of computing its value, over nodes before it (an add
+        written as ONNX Sum, see `tensat.runtime_forms`)."""
+        old = self.nodes[i]
+        if node.shape != old.shape or node.dtype != old.dtype or any(j >= i for j in node.inputs):
+            raise ValueError(f"{node.op} over {node.inputs} cannot replace node {i} ({old.op} of {old.shape})")
+        if node.op != "opaque" and ops.shape_of(node.op, [self.nodes[j].shape for j in node.inputs], node.attr) != (
+            node.shape
+        ):
+            raise ValueError(f"{node.op} over {node.inputs} does not compute node {i}'s shape {old.shape}")
+        if self._index.get(old) == i:
+            del self._index[old]
         self.nodes[i] = node
         self._index.setdefault(node, i)
 

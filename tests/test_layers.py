@@ -13,7 +13,8 @@ order, lowest first; a module may import modules of its own layer or of a layer 
 - onnx: models in and out of ONNX (tensat.onnx_io), running them in onnxruntime (session, verify, latency), the
   built-in benchmark graphs (models).
 - costs: the analytic cost model (cost) and the measured one with its cache (measure, costcache, cost_report), and
-  the fusions it measures slower than the ops they replace, which the input is written not to trigger (unfuse).
+  the forms of a computation onnxruntime fuses one way and not another, which it times to write the faster
+  (runtime_forms).
 - search: the e-graph exploration (egraph) and the TASO-style sequential search (sequential), each over the rules
   and a cost model.
 - pipeline: `tensat.optimize` (api), the comparison of the two searches (compare), and the package's own
@@ -59,7 +60,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("rules", ("tensat.rewrites",)),
     ("extraction", ("tensat.extraction",)),
     ("onnx", ("tensat.onnx_io", "tensat.onnx", "tensat.session", "tensat.verify", "tensat.latency", "tensat.models")),
-    ("costs", ("tensat.cost", "tensat.costcache", "tensat.measure", "tensat.cost_report", "tensat.unfuse")),
+    ("costs", ("tensat.cost", "tensat.costcache", "tensat.measure", "tensat.cost_report", "tensat.runtime_forms")),
     ("search", ("tensat.egraph", "tensat.sequential")),
     ("pipeline", ("tensat", "tensat.api", "tensat.compare")),
     ("cli", ("tensat.cli_args", "tensat.cli", "tensat.compare_cli", "tensat.measure_cli", "tensat.__main__")),

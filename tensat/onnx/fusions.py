@@ -68,7 +68,7 @@ def skip_adds(original: Iterable[NodeProto], optimized: Iterable[NodeProto]) -> 
     reading them, into a SkipLayerNormalization of `optimized`: the Add of its input and skip (inputs 0 and 1), or,
     where it took a bias too (input 4), the Add of the skip and the Add of the input and that bias. Where that
     kernel is slower than the two it replaces, the Add is written so that the fusion does not fire
-    (`tensat.unfuse`)."""
+    (`tensat.runtime_forms`)."""
     adds = {frozenset(n.input): n.output[0] for n in original if n.op_type == "Add" and len(n.input) == 2}
     out: set[str] = set()
     for node in optimized:

@@ -130,7 +130,7 @@ def relu(x: np.ndarray) -> np.ndarray:
 
 ADD = register(binary("add", "Add", operator.add, onnx="Add", onnx_also=("Sub",), int_exact=True, commutative=True))
 # ONNX's Sum of two tensors: add's value, written so that onnxruntime does not fuse it with a LayerNormalization
-# reading it where that fusion is measured slower on the device (`tensat.unfuse`). No rule rewrites it, and the
+# reading it where that fusion is measured slower on the device (`tensat.runtime_forms`). No rule rewrites it, and the
 # importer lowers an ONNX Sum to adds, so it appears only where that pass puts it.
 SUM = register(binary("sum", "Sum", operator.add, onnx="Sum", int_exact=True, commutative=True))
 MUL = register(binary("mul", "Mul", operator.mul, onnx="Mul", int_exact=True, commutative=True))

@@ -9,6 +9,7 @@ import math
 import multiprocessing
 import os
 import sqlite3
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -516,6 +517,22 @@ def test_compare_latency_tells_the_slower_model():
     assert futile.pairs == 6 and futile.speedup < 1  # no gain after 6 pairs: the timing stops
     gaining = compare_latency(slow, fast, max_seconds=30.0, pairs=12, futile_after=6)
     assert gaining.pairs == 12 and gaining.speedup > 1  # a gain is timed to the end
+
+
+def test_timing_stops_as_futile_only_where_its_interval_rules_out_a_gain():
+    from types import SimpleNamespace
+
+    from tensat.latency import FUTILE_HIGH, _futile
+
+    def timed(ratios: list[float]) -> SimpleNamespace:  # block ratios of baseline over candidate, one run a block
+        return SimpleNamespace(samples=[list(ratios), [1.0] * len(ratios)], block=1)
+
+    no_gain = [0.97, 0.99, 1.0, 0.98, 1.01, 0.99, 1.0, 0.98, 0.99, 1.0]
+    assert _futile(timed(no_gain))
+    burst = [0.9, 0.95, 0.97, 0.99, 1.2, 1.25, 0.93, 1.3, 0.96, 1.15]  # median below 1, interval up to 1.2
+    assert statistics.median(burst) <= 1.0 and _futile(timed(burst)) is False
+    assert not _futile(timed([x + 0.05 for x in no_gain]))  # a median gain is timed on
+    assert FUTILE_HIGH > 1.0
 
 
 def test_multi_threaded_interleaved_sessions_do_not_spin_between_runs():

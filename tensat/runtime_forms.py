@@ -1,0 +1,287 @@
+"""Computations onnxruntime fuses into one kernel when they are written one way and not another: each is timed both
+ways on the device, and the input is written the faster way.
+
+onnxruntime's graph optimizer matches fixed patterns. Whether the kernel a pattern becomes beats the ops it
+replaces depends on the device and on the onnxruntime build, and whether it matches at all depends on how the
+exporter wrote the computation; a cost model pricing ops one by one sees neither. Two such forms are handled:
+- a residual Add read by a LayerNormalization, which onnxruntime fuses into a SkipLayerNormalization (a BERT-style
+  post-norm encoder has one per sub-layer; `tensat.onnx.fusions.skip_adds` finds them as onnxruntime fuses them).
+  Written as ONNX Sum (the `sum` op, the same value), it is not fused;
+- an RMSNorm scaling its input by the Reciprocal of a Sqrt (as torch.onnx's dynamo exporter writes `rsqrt`), which
+  onnxruntime does not fuse. Written as a Div by the Sqrt (as the TorchScript exporter writes it), it becomes one
+  SimplifiedLayerNormalization.
+
+Each is timed as a small model at the shape it has in the graph, both ways, interleaved, by the measured cost model
+(`MeasuredCost.compare_forms`, cached with its costs), and rewritten where the other form is faster by more than
+the cost model tells apart. The end-to-end check then times the whole graph against the input, as for any other
+change.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from onnx import ModelProto, helper, numpy_helper
+
+from tensat.ir import Graph, Node, OpaqueSpec
+from tensat.measure import MeasuredCost
+from tensat.onnx.common import ir_version_for
+
+Shape = tuple[int, ...]
+OPSET = 17  # the first with LayerNormalization
+EPSILON = 1e-5
+SKIP_LAYERNORM = "SkipLayerNormalization"
+RMS_NORM = "SimplifiedLayerNormalization"
+
+
+@dataclass(frozen=True)
+class FormTiming:
+    """The computations of one kind and shape in a graph, timed as the input writes them and the other way."""
+
+    kind: str  # the kernel onnxruntime fuses one of the forms into
+    shape: Shape
+    input_ms: float  # one of them as the input writes it
+    other_ms: float  # written the other way
+    count: int  # how many the graph has
+    rewritten: bool  # whether they were written the other way
+
+    @property
+    def written(self) -> str:
+        """The other form, in words."""
+        return "residual Add as Sum" if self.kind == SKIP_LAYERNORM else "RMSNorm's Reciprocal as Div"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "shape": list(self.shape),
+            "input_ms": self.input_ms,
+            "other_ms": self.other_ms,
+            "count": self.count,
+            "rewritten": self.rewritten,
+        }
+
+
+@dataclass
+class Forms:
+    """What `choose_forms` timed and rewrote."""
+
+    timings: list[FormTiming] = field(default_factory=list)
+
+    @property
+    def rewritten(self) -> dict[str, int]:
+        """How many computations were written the other way, by what was done ("residual Add as Sum": n)."""
+        out: dict[str, int] = {}
+        for t in self.timings:
+            if t.rewritten:
+                out[t.written] = out.get(t.written, 0) + t.count
+        return out
+
+    @property
+    def excess_ms(self) -> float:
+        """What the input's forms of the rewritten computations cost beyond the forms written, as timed: their part
+        of the input's price as onnxruntime runs it that per-op costs do not show."""
+        return sum(t.count * (t.input_ms - t.other_ms) for t in self.timings if t.rewritten)
+
+    def summary(self) -> str:
+        """One line per kind and shape: the two timings and what was done."""
+        return "; ".join(
+            f"{t.count} {t.kind} form{'s' if t.count > 1 else ''} at {'x'.join(map(str, t.shape))}: "
+            f"{t.input_ms:.4g} ms as written, {t.other_ms:.4g} ms the other way"
+            + (f" (written: {t.written})" if t.rewritten else " (kept)")
+            for t in self.timings
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rewritten": self.rewritten,
+            "excess_ms": self.excess_ms,
+            "timings": [t.to_dict() for t in self.timings],
+        }
+
+
+def _model(name: str, nodes: list[Any], inputs: Sequence[str], shape: Sequence[int], dtype: str, inits: list[Any]):
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    graph = helper.make_graph(
+        nodes,
+        name,
+        [helper.make_tensor_value_info(n, elem, list(shape)) for n in inputs],
+        [helper.make_tensor_value_info("y", elem, list(shape))],
+        inits,
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    m.ir_version = ir_version_for({"": OPSET})
+    return m
+
+
+def _vector(name: str, shape: Sequence[int], dtype: str, center: float) -> Any:
+    rng = np.random.default_rng(0)
+    return numpy_helper.from_array((center + 0.1 * rng.standard_normal(int(shape[-1]))).astype(dtype), name)
+
+
+def skip_norm_models(shape: Sequence[int], dtype: str = "float32") -> tuple[ModelProto, ModelProto]:
+    """The residual pair at `shape`, normalized over its last axis: written with Add (which onnxruntime fuses
+    into a SkipLayerNormalization) and with Sum (which it does not)."""
+    inits = [_vector("scale", shape, dtype, 1.0), _vector("bias", shape, dtype, 0.0)]
+
+    def model(op: str) -> ModelProto:
+        nodes = [
+            helper.make_node(op, ["x", "skip"], ["s"]),
+            helper.make_node("LayerNormalization", ["s", "scale", "bias"], ["y"], axis=-1, epsilon=EPSILON),
+        ]
+        return _model(f"skip_norm_{op.lower()}", nodes, ("x", "skip"), shape, dtype, inits)
+
+    return model("Add"), model("Sum")
+
+
+def rms_norm_models(shape: Sequence[int], dtype: str = "float32") -> tuple[ModelProto, ModelProto]:
+    """An RMSNorm over the last axis of `shape` (x * 1/sqrt(mean(x^2) + eps) * scale): scaling x by the Reciprocal
+    of the Sqrt (which onnxruntime does not fuse) and dividing x by the Sqrt (which it fuses into a
+    SimplifiedLayerNormalization)."""
+    two = numpy_helper.from_array(np.array(2.0, dtype), "two")
+    eps = numpy_helper.from_array(np.array(EPSILON, dtype), "eps")
+    inits = [two, eps, _vector("scale", shape, dtype, 1.0)]
+
+    def model(op: str) -> ModelProto:
+        nodes = [
+            helper.make_node("Pow", ["x", "two"], ["sq"]),
+            helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[-1], keepdims=1),
+            helper.make_node("Add", ["ms", "eps"], ["v"]),
+            helper.make_node("Sqrt", ["v"], ["rms"]),
+        ]
+        if op == "Div":
+            nodes.append(helper.make_node("Div", ["x", "rms"], ["n"]))
+        else:
+            nodes += [helper.make_node("Reciprocal", ["rms"], ["inv"]), helper.make_node("Mul", ["x", "inv"], ["n"])]
+        nodes.append(helper.make_node("Mul", ["scale", "n"], ["y"]))
+        return _model(f"rms_norm_{op.lower()}", nodes, ("x",), shape, dtype, inits)
+
+    return model("Reciprocal"), model("Div")
+
+
+# -- finding each form in the IR, and writing it the other way
+
+
+Site = tuple[int, ...]  # the nodes one rewrite needs: the node replaced first
+
+
+def _opaque_type(graph: Graph, i: int) -> str:
+    n = graph.nodes[i]
+    return graph.opaque[n.attr["key"]].op_type if n.op == "opaque" else ""
+
+
+def _readers(graph: Graph) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for i in graph.live():
+        for j in set(graph.nodes[i].inputs):
+            out.setdefault(j, []).append(i)
+    return out
+
+
+def _skip_sites(graph: Graph, readers: dict[int, list[int]]) -> list[Site]:
+    """The residual Adds onnxruntime fuses with their LayerNormalization (`Graph.skip_adds`), of two operands of
+    their own shape."""
+    out: list[Site] = []
+    for i in sorted(graph.skip_adds):
+        n = graph.nodes[i]
+        if n.op == "add" and all(graph.nodes[j].shape == n.shape for j in n.inputs):
+            out.append((i,))
+    return out
+
+
+def _as_sum(graph: Graph, site: Site) -> None:
+    n = graph.nodes[site[0]]
+    graph.replace(site[0], Node("sum", n.inputs, n.attrs, n.shape, n.dtype))
+
+
+def _rms_sites(graph: Graph, readers: dict[int, list[int]]) -> list[Site]:
+    """RMSNorms written mul(x, Reciprocal(Sqrt(add(ReduceMean(Pow(x, .)), eps)))) and then scaled by a weight
+    (the pattern onnxruntime's SimplifiedLayerNormalization fusion matches, but with Div): (the mul, x, the Sqrt)."""
+    const = graph.weight_only()
+    out: list[Site] = []
+    for i in graph.live():
+        n = graph.nodes[i]
+        if n.op != "mul" or len(readers.get(i, ())) != 1:
+            continue
+        (scale,) = readers[i]
+        if graph.nodes[scale].op != "mul" or not any(j in const for j in graph.nodes[scale].inputs):
+            continue
+        for k, r in enumerate(n.inputs):
+            x = n.inputs[1 - k]
+            if _opaque_type(graph, r) != "Reciprocal" or readers.get(r) != [i] or graph.nodes[x].shape != n.shape:
+                continue
+            sqrt = graph.nodes[r].inputs[0]
+            if _opaque_type(graph, sqrt) != "Sqrt":
+                continue
+            eps = graph.nodes[graph.nodes[sqrt].inputs[0]]
+            means = [j for j in eps.inputs if _opaque_type(graph, j) == "ReduceMean"]
+            if eps.op != "add" or len(means) != 1 or not any(j in const for j in eps.inputs):
+                continue
+            power = graph.nodes[means[0]].inputs[0]
+            if _opaque_type(graph, power) == "Pow" and graph.nodes[power].inputs[0] == x:
+                out.append((i, x, sqrt, scale, power, means[0], graph.nodes[sqrt].inputs[0]))
+    return out
+
+
+def _as_div(graph: Graph, site: Site) -> None:
+    """Divide x by the Sqrt in place of the mul by its Reciprocal; the fused subgraph is then pinned and sealed as
+    the importer pins those onnxruntime fuses in the input (`Graph.pinned`), so that no rewrite takes it apart (a
+    scale folded into the MatMul after it, say)."""
+    i, x, sqrt, scale, *inner = site
+    n = graph.nodes[i]
+    key = f"Div_rms_{i}"
+    graph.opaque[key] = OpaqueSpec("Div", "", (), 1)
+    attrs = (("key", key), ("index", 0), ("shape", n.shape), ("dtype", n.dtype))
+    graph.replace(i, Node("opaque", (x, sqrt), attrs, n.shape, n.dtype))
+    graph.pinned.update((i, sqrt, scale, *inner))
+    graph.sealed.update((i, sqrt, *inner))
+
+
+@dataclass(frozen=True)
+class _Kind:
+    """One fusion whose form is chosen: where it is, its two forms as models, and how to write the other one."""
+
+    name: str
+    sites: Callable[[Graph, dict[int, list[int]]], list[Site]]
+    models: Callable[[Sequence[int], str], tuple[ModelProto, ModelProto]]
+    rewrite: Callable[[Graph, Site], None]
+
+
+KINDS = (
+    _Kind(SKIP_LAYERNORM, _skip_sites, skip_norm_models, _as_sum),
+    _Kind(RMS_NORM, _rms_sites, rms_norm_models, _as_div),
+)
+
+
+def choose_forms(graph: Graph, measured: MeasuredCost) -> tuple[Graph, Forms]:
+    """`graph` with each computation of `KINDS` written the other way where, at its shape, that form is measured
+    faster than the input's by more than the cost model tells apart (`MeasuredCost.resolution`); and what was
+    timed. `graph` itself is not changed."""
+    graph = graph.compact()
+    readers = _readers(graph)
+    forms = Forms()
+    tolerance = measured.resolution
+    for kind in KINDS:
+        by_shape: dict[tuple[Shape, str], list[Site]] = {}
+        for site in kind.sites(graph, readers):
+            n = graph.nodes[site[0]]
+            if n.dtype in ("float32", "float16"):
+                by_shape.setdefault((n.shape, n.dtype), []).append(site)
+        for (shape, dtype), sites in by_shape.items():
+            name = json.dumps({"fusion": kind.name, "shape": list(shape), "dtype": dtype})
+            input_ms, other_ms = measured.compare_forms(name, *kind.models(shape, dtype))
+            faster = other_ms * (1 + tolerance.relative) + tolerance.ms < input_ms
+            if faster:
+                for site in sites:
+                    kind.rewrite(graph, site)
+            forms.timings.append(FormTiming(kind.name, shape, input_ms, other_ms, len(sites), faster))
+    return graph.compact(), forms
+
+
+def has_sites(graph: Graph) -> bool:
+    """Whether `graph` has a computation whose form `choose_forms` would time."""
+    readers = _readers(graph)
+    return any(kind.sites(graph, readers) for kind in KINDS)
