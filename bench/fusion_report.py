@@ -7,7 +7,9 @@ For each corpus model, tensat optimizes it with default settings except the end-
 the graph returned is then the one the cost model chose, whether or not it runs faster. The input and that graph
 are each optimized by onnxruntime's CPU session at the extended level (its fusions, not the CPU's blocked layout),
 and their kernels counted by op type. A fused kernel is one of a kind onnxruntime made from the input (a kind the
-input file does not contain) or a Gemm; the report lists the fused kinds whose count fell: what tensat's graph lost.
+input file does not contain) or a Gemm; the report lists the fused kinds whose count fell: what tensat's graph lost,
+apart from the fusions tensat kept from firing because it timed them slower than the ops they replace
+(`tensat.runtime_forms`), which are listed as declined.
 """
 
 from __future__ import annotations
@@ -42,7 +44,11 @@ def run_model(name: str, src: Path, work: Path, seconds: float) -> dict[str, Any
     written = set(n.op_type for n in onnx.load(str(src), load_external_data=False).graph.node)
     before, after = runtime_kernels(str(src)), runtime_kernels(result.output)
     fused = {k for k in before if k not in written} | ALWAYS_FUSED
-    lost = {k: before[k] - after[k] for k in sorted(fused) if after[k] < before[k]}
+    declined: dict[str, int] = {}  # fused kernels tensat kept from firing, where it timed them slower
+    for t in result.forms.timings if result.forms is not None else ():
+        if t.rewritten and before[t.kind] > 0:
+            declined[t.kind] = declined.get(t.kind, 0) + t.count
+    lost = {k: n for k in sorted(fused) if (n := before[k] - after[k] - declined.get(k, 0)) > 0}
     changed = {k: [before[k], after[k]] for k in sorted(set(before) | set(after)) if before[k] != after[k]}
     return {
         "model": name,
@@ -52,6 +58,8 @@ def run_model(name: str, src: Path, work: Path, seconds: float) -> dict[str, Any
         "kernels": [sum(before.values()), sum(after.values())],
         "fused": {k: [before[k], after[k]] for k in sorted(fused) if before[k] or after[k]},
         "lost": lost,
+        "declined": declined,
+        "forms": None if result.forms is None else result.forms.to_dict(),
         "changed": changed,
     }
 
@@ -61,6 +69,7 @@ def summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "models": len(records),
         "optimized": sum(not r["returned_input"] for r in records),
         "losing_a_fusion": [r["model"] for r in records if r["lost"]],
+        "declining_a_fusion": [r["model"] for r in records if r.get("declined")],
     }
 
 
@@ -79,8 +88,9 @@ def markdown(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
         " model chose. Kernels are counted in onnxruntime's CPU session at the extended level. See"
         " `bench/fusion_report.py`.",
         "",
-        "| model | returned | kernels before -> after | fused kernels | fused kinds lost | other changes | rules |",
-        "|---|---|---|---|---|---|---|",
+        "| model | returned | kernels before -> after | fused kernels | fused kinds lost | declined as timed slower |"
+        " other changes | rules |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         other = {k: v for k, v in r["changed"].items() if k not in r["fused"]}
@@ -88,12 +98,16 @@ def markdown(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
         lines.append(
             f"| {r['model']} | {'input' if r['returned_input'] else 'optimized'} | {r['kernels'][0]} -> "
             f"{r['kernels'][1]} | {_counts(r['fused'])} | "
-            f"{', '.join(f'{k} -{v}' for k, v in r['lost'].items()) or 'none'} | {_counts(other)} | {rules} |"
+            f"{', '.join(f'{k} -{v}' for k, v in r['lost'].items()) or 'none'} | "
+            f"{', '.join(f'{k} -{v}' for k, v in r.get('declined', {}).items()) or 'none'} | {_counts(other)} | "
+            f"{rules} |"
         )
     lines += [
         "",
         f"- {s['models']} models; tensat returned an optimized graph for {s['optimized']} of them.",
         f"- Models whose graph lost a fused kernel: {', '.join(s['losing_a_fusion']) or 'none'}.",
+        f"- Models where tensat kept onnxruntime from a fusion it timed slower (`tensat.runtime_forms`): "
+        f"{', '.join(s['declining_a_fusion']) or 'none'}.",
         "",
     ]
     return "\n".join(lines)
