@@ -8,6 +8,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,33 @@ from tensat.session import make_session, onnxruntime_module
 
 ALIGNMENT = 64  # bytes: bound buffers start at such a boundary, as onnxruntime's own do
 EVICT_CAP = 256 * 2**20  # at most this many bytes are streamed through the caches before a timed run
+EVICT_FLOOR = 32 * 2**20  # and at least this many, where the evicted working set is larger
+
+
+def last_level_cache() -> int | None:
+    """Bytes of the largest CPU cache one core reads through (Linux sysfs; None where it does not say)."""
+    sizes = []
+    for size in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            text = size.read_text().strip().upper()
+        except OSError:
+            continue
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes) if sizes else None
+
+
+def evict_cap(cache_bytes: int | None) -> int:
+    """Bytes streamed through the caches to push everything else out of them: twice the last-level cache, which
+    leaves nothing of what was there before, and no more (streaming more only takes longer), within `EVICT_FLOOR`
+    and `EVICT_CAP`; `EVICT_CAP` where the cache size is unknown."""
+    if not cache_bytes:
+        return EVICT_CAP
+    return max(EVICT_FLOOR, min(EVICT_CAP, 2 * cache_bytes))
+
+
 STABLE_TOL = 0.02
 
 
@@ -44,15 +72,16 @@ class Runner:
         self.ort = onnxruntime_module()
         self._null: dict[int, Callable[[], None]] = {}
         self._scratch: np.ndarray | None = None
+        self.evict_cap = evict_cap(last_level_cache() if device == "cpu" else None)
 
     def evict(self, nbytes: int) -> None:
-        """Read `nbytes` of a scratch buffer, pushing other data out of the caches, as the rest of a graph's
-        weights (read-only too) pass through them between two runs of one of its ops."""
-        count = min(int(nbytes), EVICT_CAP) // 4
+        """Read `nbytes` of a scratch buffer (at most `evict_cap`), pushing other data out of the caches, as the
+        rest of a graph's weights (read-only too) pass through them between two runs of one of its ops."""
+        count = min(int(nbytes), self.evict_cap) // 4
         if count <= 0:
             return
         if self._scratch is None or self._scratch.size < count:
-            self._scratch = np.ones(EVICT_CAP // 4, np.float32)
+            self._scratch = np.ones(self.evict_cap // 4, np.float32)
         self._scratch[:count].sum()
 
     def cold_weights(self, run: Callable[[], None], nbytes: int) -> Callable[[], None] | None:

@@ -519,6 +519,17 @@ def test_compare_latency_tells_the_slower_model():
     assert gaining.pairs == 12 and gaining.speedup > 1  # a gain is timed to the end
 
 
+def test_eviction_streams_twice_the_last_level_cache_within_its_bounds():
+    from tensat.measure.timing import EVICT_CAP, EVICT_FLOOR, Runner, evict_cap, last_level_cache
+
+    assert evict_cap(48 * 2**20) == 96 * 2**20
+    assert evict_cap(4 * 2**20) == EVICT_FLOOR and evict_cap(512 * 2**20) == EVICT_CAP
+    assert evict_cap(None) == EVICT_CAP  # unknown: stream the most
+    found = last_level_cache()
+    assert found is None or found > 0
+    assert Runner("cpu", 1).evict_cap == evict_cap(found)
+
+
 def test_timing_stops_as_futile_only_where_its_interval_rules_out_a_gain():
     from types import SimpleNamespace
 
