@@ -198,8 +198,9 @@ def _as_sum(graph: Graph, site: Site) -> None:
 
 
 def _rms_sites(graph: Graph, readers: dict[int, list[int]]) -> list[Site]:
-    """RMSNorms written mul(x, Reciprocal(Sqrt(add(ReduceMean(Pow(x, .)), eps)))) and then scaled by a weight
-    (the pattern onnxruntime's SimplifiedLayerNormalization fusion matches, but with Div): (the mul, x, the Sqrt)."""
+    """RMSNorms written mul(x, Reciprocal(Sqrt(add(ReduceMean(Pow(x, 2)), eps)))) and then scaled by a weight
+    (the pattern onnxruntime's SimplifiedLayerNormalization fusion matches, but with Div): (the mul, x, the Sqrt,
+    the scale, and the Pow, ReduceMean and add between them)."""
     const = graph.weight_only()
     out: list[Site] = []
     for i in graph.live():
@@ -221,9 +222,18 @@ def _rms_sites(graph: Graph, readers: dict[int, list[int]]) -> list[Site]:
             if eps.op != "add" or len(means) != 1 or not any(j in const for j in eps.inputs):
                 continue
             power = graph.nodes[means[0]].inputs[0]
-            if _opaque_type(graph, power) == "Pow" and graph.nodes[power].inputs[0] == x:
+            if _opaque_type(graph, power) == "Pow" and graph.nodes[power].inputs[0] == x and _squares(graph, power):
                 out.append((i, x, sqrt, scale, power, means[0], graph.nodes[sqrt].inputs[0]))
     return out
+
+
+def _squares(graph: Graph, power: int) -> bool:
+    """Whether the Pow node `power` raises to a constant 2."""
+    inputs = graph.nodes[power].inputs
+    if len(inputs) != 2 or graph.nodes[inputs[1]].op != "weight":
+        return False
+    exponent = graph.weights[graph.nodes[inputs[1]].attr["name"]]
+    return exponent.size == 1 and float(exponent.reshape(-1)[0]) == 2.0
 
 
 def _as_div(graph: Graph, site: Site) -> None:

@@ -128,7 +128,7 @@ def test_an_add_written_as_sum_computes_the_same_and_is_not_fused() -> None:
         graph.replace(add, Node("matmul", n.inputs, (), n.shape, n.dtype))
 
 
-def _rms_norm(reciprocal: bool = True, scaled: bool = True) -> onnx.ModelProto:
+def _rms_norm(reciprocal: bool = True, scaled: bool = True, power: float = 2.0) -> onnx.ModelProto:
     """T5's and Llama's RMSNorm as torch.onnx's dynamo exporter writes it: x * Reciprocal(Sqrt(mean(x^2) + eps))
     (or, as the TorchScript exporter writes it, x / Sqrt(...)), then scaled by a weight, then a MatMul."""
     nodes = [
@@ -145,7 +145,7 @@ def _rms_norm(reciprocal: bool = True, scaled: bool = True) -> onnx.ModelProto:
         nodes.append(helper.make_node("Mul", ["g", "n"], ["sn"]))
     nodes.append(helper.make_node("MatMul", ["sn" if scaled else "n", "w"], ["y"]))
     inits = [
-        numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+        numpy_helper.from_array(np.array(power, np.float32), "two"),
         numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
         _w("g", HIDDEN),
         _w("w", HIDDEN, HIDDEN),
@@ -183,8 +183,8 @@ def test_an_rms_norm_is_written_with_div_where_the_fused_kernel_is_measured_fast
 
 @pytest.mark.parametrize(
     "model",
-    [_rms_norm(reciprocal=False), _rms_norm(scaled=False)],
-    ids=["written with Div already", "without a scale, which onnxruntime's pattern needs"],
+    [_rms_norm(reciprocal=False), _rms_norm(scaled=False), _rms_norm(power=3.0)],
+    ids=["written with Div already", "without a scale, which onnxruntime's pattern needs", "not of squares"],
 )
 def test_only_the_rms_norms_onnxruntime_would_fuse_as_div_are_timed(model: onnx.ModelProto) -> None:
     assert not has_sites(onnx_io.import_model(model, runtime_fusions=True).compact())
