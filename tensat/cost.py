@@ -150,10 +150,7 @@ def runtime_fusions(graph: Graph, device: str = "cpu") -> tuple[dict[int, int], 
     const = graph.weight_only()
     live = [i for i in graph.live() if not graph.nodes[i].is_leaf and i not in const]
     outputs = {n for _, n in graph.outputs}
-    readers: dict[int, int] = {}
-    for i in live:
-        for j in set(graph.nodes[i].inputs):
-            readers[j] = readers.get(j, 0) + 1
+    readers = graph.readers(live)
 
     def operands(n: Node) -> list[Operand]:
         return [(graph.nodes[j].shape, j in const) for j in n.inputs]
@@ -163,7 +160,7 @@ def runtime_fusions(graph: Graph, device: str = "cpu") -> tuple[dict[int, int], 
     for i in live:
         n = graph.nodes[i]
         for k, x in enumerate(n.inputs):
-            if x in const or x in outputs or readers.get(x) != 1:
+            if x in const or x in outputs or len(readers.get(x, ())) != 1:
                 continue
             p = owner.get(x, x)  # through a BatchNormalization folded into its convolution
             producer = graph.nodes[p]

@@ -31,15 +31,6 @@ from tensat.onnx_io import export_model
 ACTIVATIONS = tuple(FUSED_ACTIVATIONS)  # the ops onnxruntime fuses into a Conv before them
 
 
-def _readers(graph: Graph, nodes: Sequence[int]) -> dict[int, list[int]]:
-    """For every node, the runtime nodes reading it (once per reader)."""
-    readers: dict[int, list[int]] = {}
-    for i in nodes:
-        for j in dict.fromkeys(graph.nodes[i].inputs):
-            readers.setdefault(j, []).append(i)
-    return readers
-
-
 def runtime_nodes(graph: Graph) -> list[int]:
     """Live nodes that run at inference (not inputs, weights or weight-only nodes), in topological order."""
     const = graph.weight_only()
@@ -51,7 +42,7 @@ def fusion_groups(graph: Graph) -> list[list[int]]:
     topological order with the group's output last."""
     const = graph.weight_only()
     nodes = runtime_nodes(graph)
-    readers = _readers(graph, nodes)
+    readers = graph.readers(nodes)
     outputs = {n for _, n in graph.outputs}
     owner: dict[int, int] = {}
     groups: dict[int, list[int]] = {}

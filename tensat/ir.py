@@ -198,6 +198,14 @@ class Graph:
             stack.extend(self.nodes[i].inputs)
         return sorted(seen)
 
+    def readers(self, nodes: Iterable[int] | None = None) -> dict[int, list[int]]:
+        """Each node -> the nodes of `nodes` (default: the live ones) that read it, each reader once, in order."""
+        out: dict[int, list[int]] = {}
+        for i in self.live() if nodes is None else nodes:
+            for j in dict.fromkeys(self.nodes[i].inputs):
+                out.setdefault(j, []).append(i)
+        return out
+
     def weight_only(self) -> set[int]:
         """Ids of nodes computable from weights alone with numpy (folded into constants at export)."""
         const: set[int] = set()

@@ -30,11 +30,11 @@ from onnx import ModelProto, helper, numpy_helper
 from tensat.ir import Graph, Node, OpaqueSpec
 from tensat.measure import MeasuredCost
 from tensat.onnx.common import ir_version_for
+from tensat.onnx.fusions import SKIP_LAYERNORM
 
 Shape = tuple[int, ...]
 OPSET = 17  # the first with LayerNormalization
 EPSILON = 1e-5
-SKIP_LAYERNORM = "SkipLayerNormalization"
 RMS_NORM = "SimplifiedLayerNormalization"
 
 
@@ -173,14 +173,6 @@ def _opaque_type(graph: Graph, i: int) -> str:
     return graph.opaque[n.attr["key"]].op_type if n.op == "opaque" else ""
 
 
-def _readers(graph: Graph) -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    for i in graph.live():
-        for j in set(graph.nodes[i].inputs):
-            out.setdefault(j, []).append(i)
-    return out
-
-
 def _skip_sites(graph: Graph, readers: dict[int, list[int]]) -> list[Site]:
     """The residual Adds onnxruntime fuses with their LayerNormalization (`Graph.skip_adds`), of two operands of
     their own shape."""
@@ -271,7 +263,7 @@ def choose_forms(graph: Graph, measured: MeasuredCost) -> tuple[Graph, Forms]:
     faster than the input's by more than the cost model tells apart (`MeasuredCost.resolution`); and what was
     timed. `graph` itself is not changed."""
     graph = graph.compact()
-    readers = _readers(graph)
+    readers = graph.readers()
     forms = Forms()
     tolerance = measured.resolution
     for kind in KINDS:
@@ -293,5 +285,5 @@ def choose_forms(graph: Graph, measured: MeasuredCost) -> tuple[Graph, Forms]:
 
 def has_sites(graph: Graph) -> bool:
     """Whether `graph` has a computation whose form `choose_forms` would time."""
-    readers = _readers(graph)
+    readers = graph.readers()
     return any(kind.sites(graph, readers) for kind in KINDS)
