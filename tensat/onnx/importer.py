@@ -44,6 +44,16 @@ class _Unsupported(Exception):
     """This node cannot be lowered to IR ops; it becomes opaque."""
 
 
+def _sample(array: np.ndarray) -> bytes:
+    """A few of `array`'s elements, evenly spaced: constants that differ almost always differ there, so only those
+    that agree are compared in full."""
+    flat = array.reshape(-1)
+    return flat[:: max(1, flat.size // SAMPLED)][:SAMPLED].tobytes()
+
+
+SAMPLED = 64  # elements `_sample` reads
+
+
 @dataclass
 class _Importer:
     """Lowers one loaded model to a Graph; the lowerings in IMPORTERS call back into it."""
@@ -61,6 +71,10 @@ class _Importer:
     attrs: dict[str, Any] = field(default_factory=dict)
     fusions: runtime.Fusions = field(default_factory=runtime.Fusions)  # its fused subgraphs (see `Graph.pinned`)
     _temp: int = 0
+    # the weight nodes made so far, by dtype and shape, each with its `_sample` once one was needed
+    _constants: dict[tuple[str, tuple[int, ...]], list[tuple[int, np.ndarray, bytes | None]]] = field(
+        default_factory=dict
+    )
 
     def __post_init__(self) -> None:
         self.opsets = opset_versions(self.model)
@@ -104,8 +118,31 @@ class _Importer:
         if name not in self.env:
             if name not in self.consts:
                 raise ModelError(f"tensor '{name}' is read but never produced")
-            self.env[name] = self.graph.weight(self.consts[name], name)
+            self.env[name] = self.constant(self.consts[name], name)
         return self.env[name]
+
+    def constant(self, array: np.ndarray, name: str) -> int:
+        """The weight node of `array`: one per distinct value. Exporters write equal constants under several names,
+        and onnxslim transposes a weight shared by several MatMuls once per Gemm it writes; a rule that merges the
+        products of a shared weight (Tensat's own gains) must see that it is one. Constants of one dtype and shape
+        are told apart by a sample of their elements, and compared in full where the samples agree."""
+        array = np.asarray(array)
+        if array.dtype == object:
+            return self.graph.weight(array, name)
+        bucket = self._constants.setdefault((str(array.dtype), tuple(array.shape)), [])
+        if bucket:
+            sample = _sample(array)
+            for k, (i, other, known) in enumerate(bucket):
+                if known is None:
+                    known = _sample(other)
+                    bucket[k] = (i, other, known)
+                if known == sample and np.array_equal(other, array):
+                    return i
+        else:
+            sample = None
+        i = self.graph.weight(array, name)
+        bucket.append((i, array, sample))
+        return i
 
     def present(self, k: int) -> bool:
         return k < len(self.node.input) and bool(self.node.input[k])
@@ -134,7 +171,7 @@ class _Importer:
     def weight(self, array: np.ndarray) -> int:
         self._temp += 1
         base = self.node.output[0] if self.node.output and self.node.output[0] else f"node{self.index}"
-        return self.graph.weight(np.asarray(array), f"{base}__{self._temp}")
+        return self.constant(np.asarray(array), f"{base}__{self._temp}")
 
     def op(self, name: str, inputs: Sequence[int], **attrs: Any) -> int:
         """Add IR op `name`; evaluated at once into a weight when every input is a weight (numpy broadcasts the

@@ -220,6 +220,28 @@ def test_a_gemm_with_transb_exports_with_transb_and_its_weight_as_stored() -> No
     np.testing.assert_array_equal(stored, weight)
 
 
+def test_equal_constants_are_one_weight_whatever_their_names() -> None:
+    """Two initializers of one value, and a third folded from a transposed copy (onnxslim's Gemm over a shared
+    weight), read as one weight node: the two products then share it, as a merge rule needs. Unequal ones stay."""
+    w = randn(4, 6)
+    model = make(
+        [
+            helper.make_node("MatMul", ["a", "W1"], ["p"]),
+            helper.make_node("MatMul", ["a", "W2"], ["q"]),
+            helper.make_node("Gemm", ["a", "WT"], ["r"], transB=1),
+            helper.make_node("MatMul", ["a", "V"], ["s"]),
+            helper.make_node("Sum", ["p", "q", "r", "s"], ["y"]),
+        ],
+        [vi("a", [3, 4])],
+        [vi("y", [3, 6])],
+        [init("W1", w), init("W2", w.copy()), init("WT", np.ascontiguousarray(w.T)), init("V", w + 1)],
+        opset=13,
+    )
+    graph, _ = roundtrip(model)
+    matmuls = [graph.nodes[i] for i in graph.live() if graph.nodes[i].op == "matmul"]
+    assert len(matmuls) == 2 and len({m.inputs[1] for m in matmuls}) == 2  # W1, W2 and WT's transpose are one
+
+
 @pytest.mark.parametrize(
     "array",
     [
