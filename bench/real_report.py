@@ -188,8 +188,10 @@ def kept_input(rec: dict[str, Any]) -> bool:
 def changes(rec: dict[str, Any]) -> str:
     """What tensat did to one model, in words: whether its optimized graph was returned, and the rules behind the
     extracted graph's changes (read back from the e-graph, each with how many changes it explains), and the
-    computations written in the form onnxruntime runs faster (`tensat.runtime_forms`). A graph with neither is the
-    input as tensat reads and writes it (an exporter's shape arithmetic folded, Dropout and Identity gone)."""
+    computations written in the form onnxruntime runs faster (`tensat.runtime_forms`), and the pre-pass's own
+    changes, counted in ONNX nodes (the rules' changes are read against the graph the pre-pass wrote). A graph with
+    none is the input as tensat reads and writes it (an exporter's shape arithmetic folded, Dropout and Identity
+    gone)."""
     first = rec["tensat_first"]
     if not first["ok"]:
         return f"{rec['model']}: not optimized ({first['error'][:80]})"
@@ -198,6 +200,11 @@ def changes(rec: dict[str, Any]) -> str:
     forms = (stats.get("forms") or {}).get("rewritten", {})
     parts = [", ".join(f"{what} x{n}" for what, n in forms.items()) + " (the form measured faster)"] if forms else []
     parts += [f"rules {rules}"] if rules else []
+    if "pre_pass" in stats.get("times", {}) and stats["onnx_nodes_read"] != stats["onnx_nodes_before"]:
+        parts.append(
+            f"the {stats['options']['pre_pass']} pre-pass ({stats['onnx_nodes_before']} -> "
+            f"{stats['onnx_nodes_read']} ONNX nodes read)"
+        )
     found = "; ".join(parts) or "no rule's change: the input as tensat writes it"
     if kept_input(rec) or stats.get("returned_input"):
         return f"{rec['model']}: the input returned ({stats.get('returned_input')}); the extracted graph: {found}"

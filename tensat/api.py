@@ -441,14 +441,14 @@ class _Run:
     source: ModelLike  # the model as given
     times: dict[str, float] = field(default_factory=dict)
     # the input and the cost model
-    graph: Graph | None = None  # the input graph as tensat read it (after any pre-pass), compacted
+    read: Graph | None = None  # the input graph as read from the model as given, compacted: what the input costs
+    graph: Graph | None = None  # the graph the search starts from: `read`, or the pre-pass's output, in its forms
     nodes_read: int = 0  # ONNX nodes of the model tensat read (after any pre-pass)
     model: onnx.ModelProto | None = None  # the input model (None for a Graph neither verified nor timed)
     cost: _FallbackCost | None = None
     measured: MeasuredCost | None = None  # the cost model if it times ops on a device
     cost_before: float = 0.0
     forms: Forms | None = None  # what `_choose_forms` timed and rewrote (`tensat.runtime_forms`)
-    read: Graph | None = None  # the input graph as read, where `_choose_forms` rewrote `graph`
     # the search
     search_start: float = 0.0  # perf_counter when the search began: the time budget counts from then
     te: TensorEGraph | None = None
@@ -527,18 +527,29 @@ def _has_candidate(run: _Run) -> bool:
 
 
 def _import(run: _Run) -> None:
-    """Read the model (or take the Graph given) into the input graph."""
+    """Read the model (or take the Graph given) into the input graph, and the graph the search starts from: the
+    pre-pass's output where one runs and tensat reads it, else the input graph itself. A model tensat cannot read as
+    given is still optimized where it reads the pre-pass's output; that graph is then the input's price too."""
     run.log.say("import", "reading the model")
     if isinstance(run.source, Graph):
-        run.graph = run.source.compact()
+        run.read = run.graph = run.source.compact()
         run.model = onnx_io.export_model(run.source) if run.opts.verify or run.opts.latency_check > 0 else None
         return
     run.model = onnx_io.load_model(run.source, run.opts.input_shapes)
     run.nodes_read = len(run.model.graph.node)
+    unread: ModelError | None = None
+    try:
+        run.read = onnx_io.import_model(run.model, check=False, runtime_fusions=True).compact()  # checked on load
+    except ModelError as exc:
+        if run.opts.pre_pass == "none":
+            raise
+        unread = exc
     graph = _read_pre_passed(run) if run.opts.pre_pass != "none" else None
-    if graph is None:
-        graph = onnx_io.import_model(run.model, check=False, runtime_fusions=True)  # the checker has just run
-    run.graph = graph.compact()
+    if graph is None and unread is not None:
+        raise unread
+    run.graph = graph.compact() if graph is not None else run.read
+    if run.read is None:
+        run.read = run.graph
 
 
 def _read_pre_passed(run: _Run) -> Graph | None:
@@ -573,19 +584,21 @@ def _price_input(run: _Run) -> None:
     run.measured = _measured(run.cost, run.opts)
     if run.measured is not None:  # it sizes its cache state by the weights one inference reads
         run.measured.observe_graph(run.graph)
-    run.log.say("cost", f"pricing the input's {run.graph.op_count()} ops")
-    run.cost_before = runtime_cost(run.graph, run.cost)
+    assert run.read is not None
+    run.log.say("cost", f"pricing the input's {run.read.op_count()} ops")
+    run.cost_before = runtime_cost(run.read, run.cost)
 
 
 def _choose_forms(run: _Run) -> None:
     """Write the input's computations that onnxruntime fuses in one form and not in another the way measured faster
     on this device (`tensat.runtime_forms`); the input's price then counts what its own forms cost beyond those, as
     onnxruntime runs the input."""
-    assert run.graph is not None and run.measured is not None
+    assert run.graph is not None and run.read is not None and run.measured is not None
     run.log.say("cost", "timing the forms onnxruntime fuses one way and not another")
     graph, run.forms = choose_forms(run.graph, run.measured)
-    run.read, run.graph = run.graph, graph
-    run.cost_before += run.forms.excess_ms
+    excess = run.forms.excess_ms if run.read is run.graph else choose_forms(run.read, run.measured)[1].excess_ms
+    run.graph = graph
+    run.cost_before += excess
 
 
 def _forms_failed(run: _Run, exc: BaseException) -> None:
@@ -596,7 +609,7 @@ def _forms_failed(run: _Run, exc: BaseException) -> None:
 
 
 def _has_forms(run: _Run) -> bool:
-    return run.measured is not None and run.graph is not None and has_sites(run.graph)
+    return run.measured is not None and any(g is not None and has_sites(g) for g in (run.graph, run.read))
 
 
 # -- the search: lower, explore, price, guided rounds, extract, rebuild
@@ -999,9 +1012,9 @@ def optimize_with_details(model: ModelLike, *, progress: ProgressFn | None = Non
 
 def _result(run: _Run, output_path: str | os.PathLike[str] | None) -> OptimizeResult:
     """The run's result: the accepted candidate, or the input; written to `output_path` if given."""
-    assert run.graph is not None
+    read = run.read
+    assert read is not None
     optimized = run.returned_input is None
-    read = run.read or run.graph
     graph = run.candidate if optimized else read
     if optimized:
         out_model = run.candidate_model

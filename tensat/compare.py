@@ -227,7 +227,7 @@ def compare_model(
     )
 
     _say(progress, f"[{name}] tensat: exploring and extracting")
-    options = dict(settings.tensat)
+    options = {"pre_pass": "none", **settings.tensat}  # both searches start from the graph read as given
     result = api.optimize_with_details(
         original,
         cost=settings.cost,

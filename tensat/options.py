@@ -146,10 +146,11 @@ class Options:
         choices=DEVICES,
     )
     pre_pass: str = _option(
-        "none",
+        "onnxslim",
         "canonicalize an ONNX model before tensat reads it: onnxslim (constant folding, dead-code removal, "
-        "MatMul+Add into Gemm on N-D inputs; needs the 'slim' extra) or none. The result is still verified and "
-        "timed against the model as given, which is returned unless the result is faster (default {default})",
+        "MatMul+Add into Gemm on N-D inputs) or none (tensat reads the model as given). The input is priced as "
+        "given; the result, what the pre-pass changed included, is verified and timed against it, and the input is "
+        "returned unless the result is faster (default {default})",
         choices=PRE_PASSES,
     )
     latency_check: float = _option(

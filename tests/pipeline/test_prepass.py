@@ -1,6 +1,6 @@
-"""The onnxslim pre-pass (`pre_pass="onnxslim"`, `--pre-pass onnxslim`): tensat reads onnxslim's output, checks the
-result against the model as given, leaves the caller's proto alone, and reads the model as given where the pre-pass
-fails or writes something tensat cannot read."""
+"""The onnxslim pre-pass (the default; `--pre-pass none` turns it off): tensat reads onnxslim's output, prices and
+checks the result against the model as given, leaves the caller's proto alone, and reads the model as given where
+the pre-pass fails or writes something tensat cannot read."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ import pytest
 from onnx import helper, numpy_helper
 
 import tensat
+from tensat import onnx_io
 from tensat.cli import main
+from tensat.cost import AnalyticCost, runtime_cost
 from tensat.errors import TensatError
 from tensat.options import Options
 from tensat.verify import random_inputs, run_model
@@ -46,7 +48,7 @@ def _ops(model: onnx.ModelProto) -> list[str]:
 def test_the_graph_read_is_onnxslims_and_the_result_is_checked_against_the_model_as_given() -> None:
     model = _model()
     before = model.SerializeToString()
-    result = tensat.optimize_with_details(model, pre_pass="onnxslim", **FAST)
+    result = tensat.optimize_with_details(model, **FAST)  # the default pre-pass
     assert model.SerializeToString() == before  # onnxslim edits the proto it is given; the caller's is untouched
     assert result.returned_input is None
     assert "Gemm" in _ops(result.output)  # onnxslim's Reshape, Gemm, Reshape
@@ -59,9 +61,37 @@ def test_the_graph_read_is_onnxslims_and_the_result_is_checked_against_the_model
 
 
 def test_without_the_pre_pass_tensat_reads_the_model_as_given() -> None:
-    result = tensat.optimize_with_details(_model(), **FAST)
+    result = tensat.optimize_with_details(_model(), pre_pass="none", **FAST)
     assert "Gemm" not in _ops(result.output) and "pre_pass" not in result.times
     assert result.nodes_read == result.nodes_before == 5
+
+
+def test_the_input_is_priced_as_given_so_what_the_pre_pass_gains_is_returned() -> None:
+    """onnxslim cancels the two Transposes before tensat reads the model: the graph read costs less than the model as
+    given, and that gain alone makes the result, even with no rule to add and no end-to-end check."""
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t1"], perm=[1, 0]),
+        helper.make_node("Transpose", ["t1"], ["t2"], perm=[1, 0]),
+        helper.make_node("Relu", ["t2"], ["y"]),
+    ]
+    model = make(nodes, [vi("x", [64, 32])], [vi("y", [64, 32])])
+    result = tensat.optimize_with_details(model, **FAST)
+    given = onnx_io.import_model(model).compact()
+    assert result.nodes_read == 1 and len(result.original_graph.nodes) == len(given.nodes)
+    assert result.cost_before == pytest.approx(runtime_cost(given, AnalyticCost()))
+    assert result.returned_input is None and _ops(result.output) == ["Relu"]
+    assert result.cost_after < result.cost_before
+
+
+def test_the_result_takes_the_inputs_the_model_as_given_declares() -> None:
+    """onnxslim drops a graph input nothing reads; the result keeps it, so it runs with the same feeds (and the
+    end-to-end check can time it)."""
+    model = _model()
+    model.graph.input.append(vi("unused", [2, 3]))
+    result = tensat.optimize_with_details(model, cost="analytic", latency_check=0.5, time_limit=5, ilp_time_limit=5)
+    assert [i.name for i in result.output.graph.input] == ["x", "unused"]
+    assert not [w for w in result.warnings if "latency check could not run" in w], result.warnings
+    assert result.latency is not None
 
 
 def test_a_failing_pre_pass_reads_the_model_as_given(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -88,7 +118,7 @@ def test_a_pre_pass_output_tensat_cannot_read_is_not_read(monkeypatch: pytest.Mo
 
 def test_the_pre_pass_without_onnxslim_installed_is_a_one_line_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "onnxslim", None)  # what `import onnxslim` sees where it is not installed
-    with pytest.raises(TensatError, match=r"needs onnxslim: pip install 'tensat\[slim\]'") as err:
+    with pytest.raises(TensatError, match=r"needs onnxslim: pip install onnxslim") as err:
         tensat.optimize(_model(), pre_pass="onnxslim", **FAST)
     assert "\n" not in str(err.value)
 
