@@ -67,6 +67,7 @@ def test_compare_cli_on_a_model_file(tmp_path, capsys):
     assert "tensat time to the sequential cost (s)" in captured.out
     assert set(row["latency"]) >= {"original", "sequential", "tensat"}
     assert doc["summary"]["graphs"] == 1 and "versions" in doc["machine"]
+    assert "pre_pass" not in ts["times"]  # both searches start from the graph read as given
 
 
 def test_compare_cli_rejects_unknown_models_and_needs_a_source():
