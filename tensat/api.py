@@ -26,6 +26,7 @@ from tensat.egraph import DecodedNode, ExplorationStats, IterationStats, TensorE
 from tensat.errors import BUG, ModelError, TensatError, VerificationError, one_line
 from tensat.files import check_writable
 from tensat.ir import Graph, Node
+from tensat.latency import RESOLUTION as LATENCY_RESOLUTION
 from tensat.latency import LatencyComparison, compare_latency
 from tensat.measure import MeasuredCost, default_clock, make_measured_cost, resolve_device
 from tensat.options import Options
@@ -361,7 +362,8 @@ class LatencyCheck:
 
 
 FUTILE_PAIRS = 10  # the end-to-end check stops timing a thread count once this many pairs show no gain at all
-LATENCY_RESOLUTION = 0.01  # two sessions of one model can differ by about this much (where their memory lies)
+CHECK_PAIRS = 40  # pairs of blocks the end-to-end check times at each thread count ...
+EXTENDED_PAIRS = 100  # ... and up to this many where the first CHECK_PAIRS leave the answer open
 
 
 def _not_faster(check: LatencyCheck) -> str:
@@ -395,9 +397,11 @@ def _end_to_end_check(
     and at every core (`tensat.latency.compare_latency`, `latency_check` seconds in all); the optimized model is
     kept only if `_faster`. Summed per-op costs miss what only a whole graph shows (fusions onnxruntime makes,
     which weights are still cached), so no cost model alone decides what is returned. A thread count stops being
-    timed once `FUTILE_PAIRS` pairs of blocks show no gain, and the next is not timed once one rejects the model:
-    stopping early can only reject. None when the check could not run (with a warning): the verified optimized
-    model is then kept."""
+    timed once `FUTILE_PAIRS` pairs of blocks show no gain beyond the timing's resolution, and the next is not
+    timed once one rejects the model: stopping early can only reject. One whose `CHECK_PAIRS` pairs leave the
+    answer open (faster in the median, not yet measurably) is timed on to `EXTENDED_PAIRS`, within its share of
+    `latency_check`: gains of a few percent are otherwise decided by the noise of a shared machine. None when the
+    check could not run (with a warning): the verified optimized model is then kept."""
     threads = check_threads()
     by_threads: dict[int, LatencyComparison] = {}
     try:
@@ -410,7 +414,9 @@ def _end_to_end_check(
                 clock=default_clock(device, t),
                 max_seconds=opts.latency_check / len(threads),
                 seed=opts.seed,
+                pairs=CHECK_PAIRS,
                 futile_after=FUTILE_PAIRS,
+                extend_to=EXTENDED_PAIRS,
             )
             if by_threads[t].interval[0] <= 1.0:  # rejected whatever the other thread counts show
                 break

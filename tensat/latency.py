@@ -189,20 +189,32 @@ def time_models(
     return timed.stats()
 
 
+RESOLUTION = 0.01  # two sessions of one model can differ by about this much (where their memory lies)
 FUTILE_HIGH = 1.05  # a candidate whose speedup's interval still reaches this high is timed on (see `_futile`)
 
 
 def _futile(timed: Interleaved) -> bool:
-    """Whether no candidate of `timed` (the models after its first, the baseline) is faster so far: every median
-    block ratio is at most 1, and the 95% interval of none reaches `FUTILE_HIGH`. A burst of load on a shared
-    machine can pull the median of a few pairs below 1 for a candidate some percent faster; its interval is then
-    wide, and more pairs decide."""
+    """Whether no candidate of `timed` (the models after its first, the baseline) is faster so far by more than
+    `RESOLUTION`: every median block ratio is at most 1 + `RESOLUTION`, and the 95% interval of none reaches
+    `FUTILE_HIGH`. A burst of load on a shared machine can pull the median of a few pairs down for a candidate some
+    percent faster; its interval is then wide, and more pairs decide."""
     base, *cands = timed.samples
     for c in cands:
         ratios = block_ratios(base, c, timed.block)
-        if statistics.median(ratios) > 1.0 or median_interval(ratios, draws=400)[1] >= FUTILE_HIGH:
+        if statistics.median(ratios) > 1.0 + RESOLUTION or median_interval(ratios, draws=400)[1] >= FUTILE_HIGH:
             return False
     return True
+
+
+def _undecided(timed: Interleaved) -> bool:
+    """Whether some candidate of `timed` looks faster (its median block ratio above 1 + `RESOLUTION`) while the
+    low end of its 95% interval is not yet above 1 + `RESOLUTION`: more pairs would tell."""
+    base, *cands = timed.samples
+    for c in cands:
+        ratios = block_ratios(base, c, timed.block)
+        if statistics.median(ratios) > 1.0 + RESOLUTION and median_interval(ratios, draws=400)[0] <= 1.0 + RESOLUTION:
+            return True
+    return False
 
 
 def block_ratios(a: Sequence[float], b: Sequence[float], block: int) -> list[float]:
@@ -271,14 +283,18 @@ def compare_latency(
     min_pairs: int = 5,
     seed: int = 0,
     futile_after: int | None = None,
+    extend_to: int | None = None,
 ) -> LatencyComparison:
     """Time `candidate` against `baseline` on the same seeded inputs, in alternating blocks of runs, until `pairs`
     pairs of blocks are taken or `max_seconds` have passed (with at least `min_pairs`); see `LatencyComparison`.
 
     A block holds as many runs as fit in about `BLOCK_SECONDS` (1 to `MAX_BLOCK`), so small models are timed in
     a steady cache state and large ones still give enough pairs within the time limit. With `futile_after`, the
-    timing also stops once that many pairs are taken and the candidate's median speedup is at most 1: for a
-    caller that keeps a candidate only if it is measurably faster, more pairs would not change its answer."""
+    timing also stops once that many pairs are taken and the candidate shows no gain beyond `RESOLUTION`
+    (`_futile`): for a caller that keeps a candidate only if it is measurably faster, more pairs would not change
+    its answer. With
+    `extend_to`, a candidate still undecided after `pairs` pairs (`_undecided`) is timed on to `extend_to` pairs:
+    one more look, within `max_seconds`."""
     return compare_many(
         baseline,
         [candidate],
@@ -290,6 +306,7 @@ def compare_latency(
         min_pairs=min_pairs,
         seed=seed,
         futile_after=futile_after,
+        extend_to=extend_to,
     )[0]
 
 
@@ -305,10 +322,11 @@ def compare_many(
     min_pairs: int = 5,
     seed: int = 0,
     futile_after: int | None = None,
+    extend_to: int | None = None,
 ) -> list[LatencyComparison]:
     """`compare_latency` for several candidates at once: the baseline and every candidate take turns, block by
     block, so each candidate's ratio to the baseline comes from blocks taken back to back (`futile_after` stops
-    the timing once every candidate's median speedup is at most 1)."""
+    the timing once no candidate is faster by more than `RESOLUTION`, `extend_to` times an undecided one on)."""
     start = time.perf_counter()
     models = [baseline, *candidates]
     timed = Interleaved(models, provider=provider, threads=threads, seed=seed, clock=clock)
@@ -317,12 +335,15 @@ def compare_many(
         run()
     single = (time.perf_counter() - t) / len(models)
     timed.block = max(1, min(MAX_BLOCK, int(BLOCK_SECONDS / max(single, 1e-9))))
-    while timed.runs < pairs * timed.block:
+    cap = pairs
+    while timed.runs < cap * timed.block:
         timed.turn()
         if timed.runs >= min_pairs * timed.block and time.perf_counter() - start > max_seconds:
             break
         if futile_after is not None and timed.runs >= futile_after * timed.block and _futile(timed):
             break
+        if extend_to is not None and cap < extend_to and timed.runs >= cap * timed.block and _undecided(timed):
+            cap = extend_to
     base, *cands = timed.stats()
     seconds = time.perf_counter() - start
     out = []

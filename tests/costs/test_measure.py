@@ -15,6 +15,7 @@ import sys
 import textwrap
 import time
 import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import onnx
@@ -530,20 +531,43 @@ def test_eviction_streams_twice_the_last_level_cache_within_its_bounds():
     assert Runner("cpu", 1).evict_cap == evict_cap(found)
 
 
-def test_timing_stops_as_futile_only_where_its_interval_rules_out_a_gain():
-    from types import SimpleNamespace
+def _ratios_timed(ratios: list[float]) -> SimpleNamespace:
+    """An `Interleaved`'s samples whose block ratios (baseline over candidate, one run a block) are `ratios`."""
+    return SimpleNamespace(samples=[list(ratios), [1.0] * len(ratios)], block=1)
 
+
+def test_timing_stops_as_futile_only_where_its_interval_rules_out_a_gain():
     from tensat.latency import FUTILE_HIGH, _futile
 
-    def timed(ratios: list[float]) -> SimpleNamespace:  # block ratios of baseline over candidate, one run a block
-        return SimpleNamespace(samples=[list(ratios), [1.0] * len(ratios)], block=1)
-
+    timed = _ratios_timed
     no_gain = [0.97, 0.99, 1.0, 0.98, 1.01, 0.99, 1.0, 0.98, 0.99, 1.0]
     assert _futile(timed(no_gain))
     burst = [0.9, 0.95, 0.97, 0.99, 1.2, 1.25, 0.93, 1.3, 0.96, 1.15]  # median below 1, interval up to 1.2
     assert statistics.median(burst) <= 1.0 and _futile(timed(burst)) is False
     assert not _futile(timed([x + 0.05 for x in no_gain]))  # a median gain is timed on
+    assert _futile(timed([x + 0.005 for x in no_gain]))  # a gain within the timing's resolution is not
     assert FUTILE_HIGH > 1.0
+
+
+def test_a_candidate_is_undecided_while_it_looks_faster_and_is_not_yet_measurably():
+    from tensat.latency import RESOLUTION, _undecided
+
+    open_gain = [*np.linspace(0.92, 1.0, 20), *np.linspace(1.03, 1.12, 21)]  # median 1.03, interval reaching below 1
+    assert statistics.median(open_gain) > 1 + RESOLUTION and _undecided(_ratios_timed(open_gain))
+    assert not _undecided(_ratios_timed([1.1 + 0.001 * k for k in range(40)]))  # measurably faster: decided
+    assert not _undecided(_ratios_timed(list(np.linspace(0.9, 1.08, 40))))  # no gain in the median
+
+
+def test_an_undecided_candidate_is_timed_on_to_the_extended_pairs_and_a_decided_one_is_not(monkeypatch):
+    import tensat.latency as latency
+
+    fast, slow = export_model(relu_chain(1)), export_model(relu_chain(300))
+    decided = compare_latency(slow, fast, max_seconds=30.0, pairs=8, extend_to=20)
+    assert decided.pairs == 8 and decided.interval[0] > 1 + latency.RESOLUTION
+    monkeypatch.setattr(latency, "_undecided", lambda timed: True)
+    extended = compare_latency(slow, fast, max_seconds=30.0, pairs=8, extend_to=20)
+    assert extended.pairs == 20
+    assert compare_latency(slow, fast, max_seconds=30.0, pairs=8).pairs == 8  # no extension asked for
 
 
 def test_multi_threaded_interleaved_sessions_do_not_spin_between_runs():
