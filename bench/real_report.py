@@ -200,7 +200,7 @@ def changes(rec: dict[str, Any]) -> str:
     forms = (stats.get("forms") or {}).get("rewritten", {})
     parts = [", ".join(f"{what} x{n}" for what, n in forms.items()) + " (the form measured faster)"] if forms else []
     parts += [f"rules {rules}"] if rules else []
-    if "pre_pass" in stats.get("times", {}) and stats["onnx_nodes_read"] != stats["onnx_nodes_before"]:
+    if stats.get("pre_passed") and stats["onnx_nodes_read"] != stats["onnx_nodes_before"]:
         parts.append(
             f"the {stats['options']['pre_pass']} pre-pass ({stats['onnx_nodes_before']} -> "
             f"{stats['onnx_nodes_read']} ONNX nodes read)"

@@ -63,7 +63,8 @@ class OptimizeResult:
     measurement: dict[str, Any] | None = None  # the measured cost model's device, calibration, cache and counters
     nodes_before: int = 0  # ONNX nodes of the input model
     nodes_after: int = 0  # ONNX nodes of the returned model
-    nodes_read: int = 0  # ONNX nodes of the model tensat read: the input's, or after the pre-pass (`options.pre_pass`)
+    nodes_read: int = 0  # ONNX nodes of the model the search started from: the input, or the pre-pass's output
+    pre_passed: bool = False  # whether the search started from the pre-pass's output (`options.pre_pass`)
     returned_input: str | None = None  # why the input model was returned unchanged; None if optimized
     # the rules behind the optimized graph's changes, with how many changes each explains (the graph extracted,
     # whether or not it was returned; `tensat.egraph.provenance`)
@@ -76,10 +77,6 @@ class OptimizeResult:
     def speedup(self) -> float:
         """Cost ratio before/after under the run's cost model."""
         return self.cost_before / self.cost_after if self.cost_after > 0 else 1.0
-
-    @property
-    def _pre_passed(self) -> bool:
-        return "pre_pass" in self.times
 
     def __repr__(self) -> str:
         outcome = "input returned" if self.returned_input else "optimized"
@@ -96,7 +93,7 @@ class OptimizeResult:
             f"cost      {self.cost_before:.4f} -> {self.cost_after:.4f} ms ({self.speedup:.3f}x under the "
             f"{self.options.cost} cost model, as onnxruntime runs each)",
             f"nodes     {self.nodes_before} -> {self.nodes_after} ONNX nodes"
-            + (f" ({self.nodes_read} read after the {self.options.pre_pass} pre-pass)" if self._pre_passed else ""),
+            + (f" ({self.nodes_read} read after the {self.options.pre_pass} pre-pass)" if self.pre_passed else ""),
             f"e-graph   {ex.enodes:,} e-nodes, {ex.eclasses:,} e-classes after {len(ex.iterations)} iterations "
             f"({ex.stop_reason.replace('_', ' ')})",
         ]
@@ -145,6 +142,7 @@ class OptimizeResult:
             "onnx_nodes_before": self.nodes_before,
             "onnx_nodes_after": self.nodes_after,
             "onnx_nodes_read": self.nodes_read,
+            "pre_passed": self.pre_passed,
             "returned_input": self.returned_input,
             "rules": dict(self.rules),
             "forms": None if self.forms is None else self.forms.to_dict(),
@@ -449,7 +447,8 @@ class _Run:
     # the input and the cost model
     read: Graph | None = None  # the input graph as read from the model as given, compacted: what the input costs
     graph: Graph | None = None  # the graph the search starts from: `read`, or the pre-pass's output, in its forms
-    nodes_read: int = 0  # ONNX nodes of the model tensat read (after any pre-pass)
+    nodes_read: int = 0  # ONNX nodes of the model the search starts from
+    pre_passed: bool = False  # whether that is the pre-pass's output (`graph`)
     model: onnx.ModelProto | None = None  # the input model (None for a Graph neither verified nor timed)
     cost: _FallbackCost | None = None
     measured: MeasuredCost | None = None  # the cost model if it times ops on a device
@@ -554,6 +553,7 @@ def _import(run: _Run) -> None:
     if graph is None and unread is not None:
         raise unread
     run.graph = graph.compact() if graph is not None else run.read
+    run.pre_passed = graph is not None
     if run.read is None:
         run.read = run.graph
 
@@ -584,7 +584,9 @@ def _read_pre_passed(run: _Run) -> Graph | None:
 
 
 def _price_input(run: _Run) -> None:
-    """Build the cost model and price the input as onnxruntime runs it."""
+    """Build the cost model and price the input as onnxruntime runs it. Where the pre-pass's graph prices above it,
+    the search starts from the input as read instead: a peer's canonical form is not always the cheaper one (onnxslim
+    writes a 3-D MatMul and its bias as Reshape, Gemm, Reshape), and the search does not undo it."""
     assert run.graph is not None
     run.cost = _cost_model(run.opts, run.log)
     run.measured = _measured(run.cost, run.opts)
@@ -593,6 +595,15 @@ def _price_input(run: _Run) -> None:
     assert run.read is not None
     run.log.say("cost", f"pricing the input's {run.read.op_count()} ops")
     run.cost_before = runtime_cost(run.read, run.cost)
+    if run.pre_passed and run.graph is not run.read and run.model is not None:
+        start = runtime_cost(run.graph, run.cost)
+        if start > run.cost_before * (1 + extraction.GAP_TOLERANCE):
+            run.log.say(
+                "cost",
+                f"the {run.opts.pre_pass} pre-pass's graph prices above the model as given ({start:.4g} against "
+                f"{run.cost_before:.4g} ms): searching from the model as given",
+            )
+            run.graph, run.nodes_read, run.pre_passed = run.read, len(run.model.graph.node), False
 
 
 def _choose_forms(run: _Run) -> None:
@@ -1056,6 +1067,7 @@ def _result(run: _Run, output_path: str | os.PathLike[str] | None) -> OptimizeRe
         nodes_before=len((run.model or out_model).graph.node),
         nodes_after=len(out_model.graph.node),
         nodes_read=run.nodes_read or len((run.model or out_model).graph.node),
+        pre_passed=run.pre_passed,
         returned_input=run.returned_input,
         rules=dict(run.candidate_rules),
         forms=run.forms,

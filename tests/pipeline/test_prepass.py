@@ -53,7 +53,7 @@ def test_the_graph_read_is_onnxslims_and_the_result_is_checked_against_the_model
     assert result.returned_input is None
     assert "Gemm" in _ops(result.output)  # onnxslim's Reshape, Gemm, Reshape
     assert _ops(result.output).count("MatMul") == 1  # tensat's own rewrite on top: V1 @ V2 folded
-    assert (result.nodes_before, result.nodes_read) == (5, 6) and "pre_pass" in result.times
+    assert (result.nodes_before, result.nodes_read) == (5, 6) and "pre_pass" in result.times and result.pre_passed
     assert "6 read after the onnxslim pre-pass" in result.summary()
     assert result.verification is not None and result.verification.ok
     feeds = random_inputs(model, seed=3)
@@ -94,6 +94,28 @@ def test_the_result_takes_the_inputs_the_model_as_given_declares() -> None:
     assert result.latency is not None
 
 
+def test_a_pre_pass_graph_that_prices_above_the_model_as_given_is_not_searched_from(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A peer's output that costs more than the model as given (here two Transposes that cancel, in front of the
+    Relu) is not where the search starts: the model as given is."""
+
+    def detour(model: onnx.ModelProto) -> onnx.ModelProto:
+        relu = model.graph.node[0]
+        relu.input[0] = "t2"
+        model.graph.node.insert(0, helper.make_node("Transpose", ["t1"], ["t2"], perm=[1, 0]))
+        model.graph.node.insert(0, helper.make_node("Transpose", ["x"], ["t1"], perm=[1, 0]))
+        return model
+
+    monkeypatch.setattr(onnxslim, "slim", detour)
+    model = make([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [64, 32])], [vi("y", [64, 32])])
+    result = tensat.optimize_with_details(model, **FAST)
+    assert "pre_pass" in result.times and not result.pre_passed
+    assert result.nodes_read == result.nodes_before == 1 and "pre-pass" not in result.summary()
+    assert result.to_dict()["pre_passed"] is False
+    assert _ops(result.output) == ["Relu"] and not result.warnings
+
+
 def test_a_failing_pre_pass_reads_the_model_as_given(monkeypatch: pytest.MonkeyPatch) -> None:
     def crash(model: onnx.ModelProto) -> onnx.ModelProto:
         raise RuntimeError("injected onnxslim failure")
@@ -101,7 +123,7 @@ def test_a_failing_pre_pass_reads_the_model_as_given(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(onnxslim, "slim", crash)
     result = tensat.optimize_with_details(_model(), pre_pass="onnxslim", **FAST)
     assert any("onnxslim pre-pass failed" in w and "injected onnxslim failure" in w for w in result.warnings)
-    assert "Gemm" not in _ops(result.output) and result.nodes_read == 5
+    assert "Gemm" not in _ops(result.output) and result.nodes_read == 5 and not result.pre_passed
     assert result.verification is not None and result.verification.ok
 
 
