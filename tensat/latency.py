@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from onnx import ModelProto
 
-from tensat.session import ModelSource, Serialized, make_session, proto_of
+from tensat.session import ModelSource, Serialized, proto_of, shared_session
 from tensat.verify import random_inputs
 
 
@@ -125,7 +125,7 @@ class Interleaved:
         # session needs (two copies of one model timed this way differed by up to 2x on 2 cores), so idle threads
         # sleep instead, for every model alike.
         spinning = threads == 1
-        self.sessions = sessions = [make_session(m, provider, threads, spinning=spinning) for m in models]
+        self.sessions = sessions = [shared_session(m, provider, threads, spinning=spinning) for m in models]
         feeds = random_inputs(protos[0], seed)
         self.runs_of = [runner(sess, feeds, provider) for sess in sessions]
         for run in self.runs_of:

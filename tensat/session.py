@@ -31,13 +31,15 @@ def onnxruntime_module() -> Any:
 class Serialized:
     """A model proto and its bytes, serialized on first use and then kept: verification and each thread count of
     the end-to-end check open sessions of the same two models, and serializing a large model takes a while
-    (about 0.4 s for 244 MB of weights). The proto must not change once it is wrapped."""
+    (about 0.4 s for 244 MB of weights); with them, the last session `shared_session` opened. The proto must not
+    change once it is wrapped."""
 
-    __slots__ = ("_data", "proto")
+    __slots__ = ("_data", "_session", "proto")
 
     def __init__(self, proto: ModelProto) -> None:
         self.proto = proto
         self._data: bytes | None = None
+        self._session: tuple[tuple[Any, ...], Any] | None = None  # (the settings, the session)
 
     @property
     def data(self) -> bytes:
@@ -124,6 +126,26 @@ def make_session(
         path = os.path.join(tmp, "model.onnx")
         write_external(model, path, "model.data")
         return ort.InferenceSession(path, options, providers=providers, **extra)
+
+
+def shared_session(
+    model: ModelProto | Serialized | bytes | str | os.PathLike[str],
+    provider: str | Sequence[str] = "cpu",
+    threads: int | None = None,
+    spinning: bool = True,
+    optimizations: bool = True,
+) -> Any:
+    """`make_session(model, provider, threads, spinning, optimizations)`; for a `Serialized` model, the session it
+    last opened with the same settings, if any: verification and the end-to-end check's first thread count run the
+    same two models with the same settings, and opening a session of a large model takes as long as several of its
+    runs. One session is kept per model, so the last one opened replaces it."""
+    if not isinstance(model, Serialized):
+        return make_session(model, provider, threads, spinning, optimizations)
+    key = (provider if isinstance(provider, str) else tuple(provider), threads, spinning, optimizations)
+    if model._session is None or model._session[0] != key:
+        model._session = None  # the one it replaces goes before the new one is opened
+        model._session = (key, make_session(model, provider, threads, spinning, optimizations))
+    return model._session[1]
 
 
 def runtime_graph(model: ModelProto | Serialized | bytes | str | os.PathLike[str], provider: str = "cpu") -> ModelProto:

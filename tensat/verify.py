@@ -21,10 +21,11 @@ import onnx
 from onnx import ModelProto, helper
 
 from tensat.errors import ModelError, VerificationError, one_line
-from tensat.session import ModelSource, Serialized, make_session, proto_of
+from tensat.session import ModelSource, Serialized, proto_of, shared_session
 
 RTOL = 1e-4
 ATOL = 1e-6
+VERIFY_THREADS = 1  # as the end-to-end check first times the two models: with `Serialized` models, one session each
 
 
 def _structure(model: ModelSource) -> ModelProto:
@@ -79,9 +80,11 @@ def run_model(
     feeds: Mapping[str, np.ndarray],
     provider: str = "cpu",
     optimizations: bool = True,
+    threads: int | None = None,
 ) -> dict[str, np.ndarray]:
-    """Run `model` on `feeds` (extra feeds ignored), returning every output by name."""
-    session = make_session(model, provider, optimizations=optimizations)
+    """Run `model` on `feeds` (extra feeds ignored), returning every output by name; with `threads` intra-op threads
+    (default: onnxruntime's choice), in the session a `Serialized` model keeps (`shared_session`)."""
+    session = shared_session(model, provider, threads, optimizations=optimizations)
     names = {i.name for i in session.get_inputs()}
     missing = names - set(feeds)
     if missing:
@@ -200,13 +203,13 @@ def compare_models(
     if unknown:
         return fail(f"the optimized model has an input '{unknown[0]}' the original does not have")
     try:
-        expected = run_model(original, feeds, provider, optimizations)
+        expected = run_model(original, feeds, provider, optimizations, VERIFY_THREADS)
     except ModelError:
         raise
     except Exception as e:  # noqa: BLE001 - onnxruntime raises several exception types
         raise ModelError(f"the original model fails in onnxruntime: {one_line(e)}") from None
     try:
-        actual = run_model(optimized, feeds, provider, optimizations)
+        actual = run_model(optimized, feeds, provider, optimizations, VERIFY_THREADS)
     except Exception as e:  # noqa: BLE001
         return fail(f"the optimized model fails in onnxruntime: {one_line(e)}")
     worst_abs = worst_rel = 0.0

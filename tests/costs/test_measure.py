@@ -54,7 +54,8 @@ from tensat.measure import (
 from tensat.measure.cache import CostCache, CostEntry, default_cache_dir
 from tensat.measure_cli import add_cost_report_arguments, add_profile_arguments, run_cost_report, run_profile
 from tensat.onnx_io import export_model, save_model
-from tensat.verify import make_session, random_inputs
+from tensat.session import make_session
+from tensat.verify import random_inputs
 
 RNG = np.random.default_rng(3)
 FAST = 0.03  # seconds of timing per unit: enough to exercise the machinery, not to be accurate
@@ -580,6 +581,30 @@ def test_multi_threaded_interleaved_sessions_do_not_spin_between_runs():
     for s in single.sessions:  # one thread per session: onnxruntime's default, spinning
         with pytest.raises(RuntimeError):
             s.get_session_options().get_session_config_entry(entry)
+
+
+def test_verification_and_the_check_at_one_thread_open_one_session_per_model(monkeypatch):
+    import tensat.session as session_mod
+    from tensat.session import Serialized, shared_session
+    from tensat.verify import compare_models
+
+    opened: list[int | None] = []
+    real = session_mod.make_session
+
+    def counting(*args: object, **kw: object) -> object:
+        opened.append(args[2] if len(args) > 2 else None)
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(session_mod, "make_session", counting)
+    base, cand = Serialized(export_model(relu_chain(3))), Serialized(export_model(relu_chain(1)))
+    assert compare_models(base, cand).ok and opened == [1, 1]
+    single = Interleaved([base, cand], threads=1)
+    assert opened == [1, 1]  # the sessions verification opened
+    assert single.sessions == [shared_session(base, "cpu", 1), shared_session(cand, "cpu", 1)]
+    Interleaved([base, cand], threads=2)  # other settings: new sessions, which replace those kept
+    assert opened == [1, 1, 2, 2]
+    compare_models(export_model(relu_chain(3)), export_model(relu_chain(1)))  # protos keep nothing
+    assert opened == [1, 1, 2, 2, 1, 1]
 
 
 def test_compare_many_ranks_every_candidate_against_one_baseline():

@@ -550,7 +550,8 @@ def test_model_over_2gib_with_external_data(tmp_path) -> None:
 def test_large_model_paths_with_a_lowered_limit(tmp_path, monkeypatch) -> None:
     """The > 2 GiB code paths (external-data save, path-based checks, sessions from files), with the limit lowered."""
     from tensat.onnx import external
-    from tensat.verify import compare_models, make_session
+    from tensat.session import make_session
+    from tensat.verify import compare_models
 
     monkeypatch.setattr(external, "PROTO_LIMIT", 4096)
     monkeypatch.setattr(external, "_LARGE_TENSOR", 1024)

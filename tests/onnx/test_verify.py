@@ -13,8 +13,8 @@ from onnx import helper, numpy_helper
 from tensat.errors import ModelError, VerificationError
 from tensat.ir import Graph
 from tensat.onnx_io import export_model, import_model, save_model
-from tensat.session import Serialized
-from tensat.verify import VerifyReport, compare_models, make_session, random_inputs, run_model, verify
+from tensat.session import Serialized, make_session
+from tensat.verify import VerifyReport, compare_models, random_inputs, run_model, verify
 
 RNG = np.random.default_rng(7)
 
