@@ -19,7 +19,7 @@ import os
 import random
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -198,23 +198,25 @@ def _futile(timed: Interleaved) -> bool:
     `RESOLUTION`: every median block ratio is at most 1 + `RESOLUTION`, and the 95% interval of none reaches
     `FUTILE_HIGH`. A burst of load on a shared machine can pull the median of a few pairs down for a candidate some
     percent faster; its interval is then wide, and more pairs decide."""
-    base, *cands = timed.samples
-    for c in cands:
-        ratios = block_ratios(base, c, timed.block)
-        if statistics.median(ratios) > 1.0 + RESOLUTION or median_interval(ratios, draws=400)[1] >= FUTILE_HIGH:
-            return False
-    return True
+    return not any(
+        statistics.median(r) > 1.0 + RESOLUTION or median_interval(r, draws=400)[1] >= FUTILE_HIGH
+        for r in _candidate_ratios(timed)
+    )
 
 
 def _undecided(timed: Interleaved) -> bool:
     """Whether some candidate of `timed` looks faster (its median block ratio above 1 + `RESOLUTION`) while the
     low end of its 95% interval is not yet above 1 + `RESOLUTION`: more pairs would tell."""
+    return any(
+        statistics.median(r) > 1.0 + RESOLUTION and median_interval(r, draws=400)[0] <= 1.0 + RESOLUTION
+        for r in _candidate_ratios(timed)
+    )
+
+
+def _candidate_ratios(timed: Interleaved) -> Iterator[list[float]]:
+    """The block ratios (baseline over candidate) of each candidate of `timed` so far."""
     base, *cands = timed.samples
-    for c in cands:
-        ratios = block_ratios(base, c, timed.block)
-        if statistics.median(ratios) > 1.0 + RESOLUTION and median_interval(ratios, draws=400)[0] <= 1.0 + RESOLUTION:
-            return True
-    return False
+    return (block_ratios(base, c, timed.block) for c in cands)
 
 
 def block_ratios(a: Sequence[float], b: Sequence[float], block: int) -> list[float]:
@@ -292,9 +294,8 @@ def compare_latency(
     a steady cache state and large ones still give enough pairs within the time limit. With `futile_after`, the
     timing also stops once that many pairs are taken and the candidate shows no gain beyond `RESOLUTION`
     (`_futile`): for a caller that keeps a candidate only if it is measurably faster, more pairs would not change
-    its answer. With
-    `extend_to`, a candidate still undecided after `pairs` pairs (`_undecided`) is timed on to `extend_to` pairs:
-    one more look, within `max_seconds`."""
+    its answer. With `extend_to`, a candidate still undecided after `pairs` pairs (`_undecided`) is timed on to
+    `extend_to` pairs: one more look, within `max_seconds`."""
     return compare_many(
         baseline,
         [candidate],

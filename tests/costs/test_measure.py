@@ -540,13 +540,12 @@ def _ratios_timed(ratios: list[float]) -> SimpleNamespace:
 def test_timing_stops_as_futile_only_where_its_interval_rules_out_a_gain():
     from tensat.latency import FUTILE_HIGH, _futile
 
-    timed = _ratios_timed
     no_gain = [0.97, 0.99, 1.0, 0.98, 1.01, 0.99, 1.0, 0.98, 0.99, 1.0]
-    assert _futile(timed(no_gain))
+    assert _futile(_ratios_timed(no_gain))
     burst = [0.9, 0.95, 0.97, 0.99, 1.2, 1.25, 0.93, 1.3, 0.96, 1.15]  # median below 1, interval up to 1.2
-    assert statistics.median(burst) <= 1.0 and _futile(timed(burst)) is False
-    assert not _futile(timed([x + 0.05 for x in no_gain]))  # a median gain is timed on
-    assert _futile(timed([x + 0.005 for x in no_gain]))  # a gain within the timing's resolution is not
+    assert statistics.median(burst) <= 1.0 and _futile(_ratios_timed(burst)) is False
+    assert not _futile(_ratios_timed([x + 0.05 for x in no_gain]))  # a median gain is timed on
+    assert _futile(_ratios_timed([x + 0.005 for x in no_gain]))  # a gain within the timing's resolution is not
     assert FUTILE_HIGH > 1.0
 
 
