@@ -361,7 +361,8 @@ class LatencyCheck:
 
 FUTILE_PAIRS = 10  # the end-to-end check stops timing a thread count once this many pairs show no gain at all
 CHECK_PAIRS = 40  # pairs of blocks the end-to-end check times at each thread count ...
-EXTENDED_PAIRS = 100  # ... and up to this many where the first CHECK_PAIRS leave the answer open
+EXTENDED_PAIRS = 100  # ... and up to this many where the first CHECK_PAIRS leave the answer open, ...
+EXTEND_SHARE = 0.5  # ... until this share of the thread count's seconds has passed
 
 
 def _not_faster(check: LatencyCheck) -> str:
@@ -395,15 +396,18 @@ def _end_to_end_check(
     and at every core (`tensat.latency.compare_latency`, `latency_check` seconds in all); the optimized model is
     kept only if `_faster`. Summed per-op costs miss what only a whole graph shows (fusions onnxruntime makes,
     which weights are still cached), so no cost model alone decides what is returned. A thread count stops being
-    timed once `FUTILE_PAIRS` pairs of blocks show no gain beyond the timing's resolution, and the next is not
-    timed once one rejects the model: stopping early can only reject. One whose `CHECK_PAIRS` pairs leave the
-    answer open (faster in the median, not yet measurably) is timed on to `EXTENDED_PAIRS`, within its share of
-    `latency_check`: gains of a few percent are otherwise decided by the noise of a shared machine. None when the
+    timed once `FUTILE_PAIRS` pairs of blocks show no gain beyond what it must show (the timing's resolution, or,
+    once an earlier thread count showed a gain beyond it, any gain: the keep rule of `measurably_faster`), and the
+    next is not timed once one rejects the model: stopping early can only reject. One whose `CHECK_PAIRS` pairs
+    leave the answer open (faster in the median, not yet measurably) is timed on to `EXTENDED_PAIRS`, until
+    `EXTEND_SHARE` of its share of `latency_check` has passed: gains of a few percent are otherwise decided by the
+    noise of a shared machine, and the cap keeps a large model's extension from doubling the run. None when the
     check could not run (with a warning): the verified optimized model is then kept."""
     threads = check_threads()
     by_threads: dict[int, LatencyComparison] = {}
     try:
         for t in threads:
+            beyond = any(c.interval[0] > 1.0 + LATENCY_RESOLUTION for c in by_threads.values())
             by_threads[t] = compare_latency(
                 original,
                 optimized,
@@ -415,6 +419,8 @@ def _end_to_end_check(
                 pairs=CHECK_PAIRS,
                 futile_after=FUTILE_PAIRS,
                 extend_to=EXTENDED_PAIRS,
+                extend_seconds=EXTEND_SHARE * opts.latency_check / len(threads),
+                keep_above=1.0 if beyond else 1.0 + LATENCY_RESOLUTION,
             )
             if by_threads[t].interval[0] <= 1.0:  # rejected whatever the other thread counts show
                 break

@@ -193,22 +193,22 @@ RESOLUTION = 0.01  # two sessions of one model can differ by about this much (wh
 FUTILE_HIGH = 1.05  # a candidate whose speedup's interval still reaches this high is timed on (see `_futile`)
 
 
-def _futile(timed: Interleaved) -> bool:
-    """Whether no candidate of `timed` (the models after its first, the baseline) is faster so far by more than
-    `RESOLUTION`: every median block ratio is at most 1 + `RESOLUTION`, and the 95% interval of none reaches
-    `FUTILE_HIGH`. A burst of load on a shared machine can pull the median of a few pairs down for a candidate some
-    percent faster; its interval is then wide, and more pairs decide."""
+def _futile(timed: Interleaved, keep_above: float = 1.0 + RESOLUTION) -> bool:
+    """Whether no candidate of `timed` (the models after its first, the baseline) is faster so far than
+    `keep_above`, the speedup the caller keeps a candidate beyond: every median block ratio is at most that, and the
+    95% interval of none reaches `FUTILE_HIGH`. A burst of load on a shared machine can pull the median of a few
+    pairs down for a candidate some percent faster; its interval is then wide, and more pairs decide."""
     return not any(
-        statistics.median(r) > 1.0 + RESOLUTION or median_interval(r, draws=400)[1] >= FUTILE_HIGH
+        statistics.median(r) > keep_above or median_interval(r, draws=400)[1] >= FUTILE_HIGH
         for r in _candidate_ratios(timed)
     )
 
 
-def _undecided(timed: Interleaved) -> bool:
-    """Whether some candidate of `timed` looks faster (its median block ratio above 1 + `RESOLUTION`) while the
-    low end of its 95% interval is not yet above 1 + `RESOLUTION`: more pairs would tell."""
+def _undecided(timed: Interleaved, keep_above: float = 1.0 + RESOLUTION) -> bool:
+    """Whether some candidate of `timed` looks faster than `keep_above` (its median block ratio above it) while the
+    low end of its 95% interval is not yet above it: more pairs would tell."""
     return any(
-        statistics.median(r) > 1.0 + RESOLUTION and median_interval(r, draws=400)[0] <= 1.0 + RESOLUTION
+        statistics.median(r) > keep_above and median_interval(r, draws=400)[0] <= keep_above
         for r in _candidate_ratios(timed)
     )
 
@@ -286,16 +286,20 @@ def compare_latency(
     seed: int = 0,
     futile_after: int | None = None,
     extend_to: int | None = None,
+    extend_seconds: float | None = None,
+    keep_above: float = 1.0 + RESOLUTION,
 ) -> LatencyComparison:
     """Time `candidate` against `baseline` on the same seeded inputs, in alternating blocks of runs, until `pairs`
     pairs of blocks are taken or `max_seconds` have passed (with at least `min_pairs`); see `LatencyComparison`.
 
     A block holds as many runs as fit in about `BLOCK_SECONDS` (1 to `MAX_BLOCK`), so small models are timed in
     a steady cache state and large ones still give enough pairs within the time limit. With `futile_after`, the
-    timing also stops once that many pairs are taken and the candidate shows no gain beyond `RESOLUTION`
-    (`_futile`): for a caller that keeps a candidate only if it is measurably faster, more pairs would not change
-    its answer. With `extend_to`, a candidate still undecided after `pairs` pairs (`_undecided`) is timed on to
-    `extend_to` pairs: one more look, within `max_seconds`."""
+    timing also stops once that many pairs are taken and the candidate shows no gain beyond `keep_above` (`_futile`;
+    by default the timing's resolution, `RESOLUTION`): for a caller that keeps a candidate only if the low end of
+    its interval is above that, more pairs would not change its answer. With `extend_to`, a candidate still
+    undecided after `pairs` pairs (`_undecided`, against `keep_above` too) is timed on to
+    `extend_to` pairs: one more look, within `max_seconds`, and with `extend_seconds` only until that many seconds
+    have passed since the timing began (the extension is the part of the timing a caller can cut short)."""
     return compare_many(
         baseline,
         [candidate],
@@ -308,6 +312,8 @@ def compare_latency(
         seed=seed,
         futile_after=futile_after,
         extend_to=extend_to,
+        extend_seconds=extend_seconds,
+        keep_above=keep_above,
     )[0]
 
 
@@ -324,10 +330,13 @@ def compare_many(
     seed: int = 0,
     futile_after: int | None = None,
     extend_to: int | None = None,
+    extend_seconds: float | None = None,
+    keep_above: float = 1.0 + RESOLUTION,
 ) -> list[LatencyComparison]:
     """`compare_latency` for several candidates at once: the baseline and every candidate take turns, block by
     block, so each candidate's ratio to the baseline comes from blocks taken back to back (`futile_after` stops
-    the timing once no candidate is faster by more than `RESOLUTION`, `extend_to` times an undecided one on)."""
+    the timing once no candidate is faster than `keep_above`, `extend_to` times an undecided one on, for at most
+    `extend_seconds` since the start)."""
     start = time.perf_counter()
     models = [baseline, *candidates]
     timed = Interleaved(models, provider=provider, threads=threads, seed=seed, clock=clock)
@@ -337,14 +346,18 @@ def compare_many(
     single = (time.perf_counter() - t) / len(models)
     timed.block = max(1, min(MAX_BLOCK, int(BLOCK_SECONDS / max(single, 1e-9))))
     cap = pairs
+    limit = max_seconds
     while timed.runs < cap * timed.block:
         timed.turn()
-        if timed.runs >= min_pairs * timed.block and time.perf_counter() - start > max_seconds:
+        if timed.runs >= min_pairs * timed.block and time.perf_counter() - start > limit:
             break
-        if futile_after is not None and timed.runs >= futile_after * timed.block and _futile(timed):
+        if futile_after is not None and timed.runs >= futile_after * timed.block and _futile(timed, keep_above):
             break
-        if extend_to is not None and cap < extend_to and timed.runs >= cap * timed.block and _undecided(timed):
+        at_cap = timed.runs >= cap * timed.block
+        if extend_to is not None and cap < extend_to and at_cap and _undecided(timed, keep_above):
             cap = extend_to
+            if extend_seconds is not None:
+                limit = min(max_seconds, extend_seconds)
     base, *cands = timed.stats()
     seconds = time.perf_counter() - start
     out = []

@@ -545,7 +545,9 @@ def test_timing_stops_as_futile_only_where_its_interval_rules_out_a_gain():
     burst = [0.9, 0.95, 0.97, 0.99, 1.2, 1.25, 0.93, 1.3, 0.96, 1.15]  # median below 1, interval up to 1.2
     assert statistics.median(burst) <= 1.0 and _futile(_ratios_timed(burst)) is False
     assert not _futile(_ratios_timed([x + 0.05 for x in no_gain]))  # a median gain is timed on
-    assert _futile(_ratios_timed([x + 0.005 for x in no_gain]))  # a gain within the timing's resolution is not
+    assert _futile(_ratios_timed([x + 0.005 for x in no_gain]))  # a gain within the timing's resolution is not ...
+    small_gain = [x + 0.015 for x in no_gain]  # median 1.005: timed on only by a caller that keeps any gain
+    assert _futile(_ratios_timed(small_gain)) and not _futile(_ratios_timed(small_gain), keep_above=1.0)
     assert FUTILE_HIGH > 1.0
 
 
@@ -555,7 +557,9 @@ def test_a_candidate_is_undecided_while_it_looks_faster_and_is_not_yet_measurabl
     open_gain = [*np.linspace(0.92, 1.0, 20), *np.linspace(1.03, 1.12, 21)]  # median 1.03, interval reaching below 1
     assert statistics.median(open_gain) > 1 + RESOLUTION and _undecided(_ratios_timed(open_gain))
     assert not _undecided(_ratios_timed([1.1 + 0.001 * k for k in range(40)]))  # measurably faster: decided
-    assert not _undecided(_ratios_timed(list(np.linspace(0.9, 1.08, 40))))  # no gain in the median
+    assert not _undecided(_ratios_timed(list(np.linspace(0.9, 1.08, 40))))  # no gain in the median ...
+    assert _undecided(_ratios_timed(list(np.linspace(0.9, 1.12, 40))), keep_above=1.0)  # ... but some above 1
+    assert not _undecided(_ratios_timed([1.005 + 0.0001 * k for k in range(40)]), keep_above=1.0)  # decided above 1
 
 
 def test_an_undecided_candidate_is_timed_on_to_the_extended_pairs_and_a_decided_one_is_not(monkeypatch):
@@ -564,10 +568,29 @@ def test_an_undecided_candidate_is_timed_on_to_the_extended_pairs_and_a_decided_
     fast, slow = export_model(relu_chain(1)), export_model(relu_chain(300))
     decided = compare_latency(slow, fast, max_seconds=30.0, pairs=8, extend_to=20)
     assert decided.pairs == 8 and decided.interval[0] > 1 + latency.RESOLUTION
-    monkeypatch.setattr(latency, "_undecided", lambda timed: True)
+    monkeypatch.setattr(latency, "_undecided", lambda timed, keep_above: True)
     extended = compare_latency(slow, fast, max_seconds=30.0, pairs=8, extend_to=20)
     assert extended.pairs == 20
+    cut = compare_latency(slow, fast, max_seconds=30.0, pairs=8, extend_to=20, extend_seconds=0.0)
+    assert cut.pairs == 9  # the extension's seconds were spent before it began: one turn more, then it stops
     assert compare_latency(slow, fast, max_seconds=30.0, pairs=8).pairs == 8  # no extension asked for
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one thread count to time at")
+def test_after_a_thread_count_shows_a_gain_beyond_resolution_the_next_needs_only_some_gain(monkeypatch):
+    """The keep rule (`api.measurably_faster`) asks for a gain beyond the timing's resolution at one thread count
+    and for some gain at the others: the check's futility stop and extension at the later thread counts use that."""
+    seen: list[float] = []
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["keep_above"])
+        return compare_latency(*args, **kwargs)
+
+    monkeypatch.setattr(api, "compare_latency", spy)
+    fast, slow = export_model(relu_chain(1)), export_model(relu_chain(300))
+    check = api._end_to_end_check(slow, fast, "cpu", api.Options(latency_check=20.0), api.RunLog())
+    assert check is not None and check.kept and list(check.by_threads) == list(api.check_threads())
+    assert seen == [1.0 + api.LATENCY_RESOLUTION] + [1.0] * (len(seen) - 1) and len(seen) > 1
 
 
 def test_multi_threaded_interleaved_sessions_do_not_spin_between_runs():
