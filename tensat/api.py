@@ -66,8 +66,9 @@ class OptimizeResult:
     nodes_read: int = 0  # ONNX nodes of the model the search started from: the input, or the pre-pass's output
     pre_passed: bool = False  # whether the search started from the pre-pass's output (`options.pre_pass`)
     returned_input: str | None = None  # why the input model was returned unchanged; None if optimized
-    # the rules behind the optimized graph's changes, with how many changes each explains (the graph extracted,
-    # whether or not it was returned; `tensat.egraph.provenance`)
+    # the rules behind the optimized graph's changes, with how many changes each explains (the graph checked, whether
+    # or not it was returned: the graph extracted, or, where that prices no lower as written, the graph the search
+    # started from, with none; `tensat.egraph.provenance`)
     rules: dict[str, int] = field(default_factory=dict)
     # the input's computations onnxruntime fuses one way and not another, timed both ways, and those written the
     # other way (`tensat.runtime_forms`); None where none was timed
@@ -363,6 +364,7 @@ FUTILE_PAIRS = 10  # the end-to-end check stops timing a thread count once this 
 CHECK_PAIRS = 40  # pairs of blocks the end-to-end check times at each thread count ...
 EXTENDED_PAIRS = 100  # ... and up to this many where the first CHECK_PAIRS leave the answer open, ...
 EXTEND_SHARE = 0.5  # ... until this share of the thread count's seconds has passed
+CHECK_SESSIONS = 2  # sessions of each model the end-to-end check times in turns (see `tensat.latency.Interleaved`)
 
 
 def _not_faster(check: LatencyCheck) -> str:
@@ -401,8 +403,9 @@ def _end_to_end_check(
     next is not timed once one rejects the model: stopping early can only reject. One whose `CHECK_PAIRS` pairs
     leave the answer open (faster in the median, not yet measurably) is timed on to `EXTENDED_PAIRS`, until
     `EXTEND_SHARE` of its share of `latency_check` has passed: gains of a few percent are otherwise decided by the
-    noise of a shared machine, and the cap keeps a large model's extension from doubling the run. None when the
-    check could not run (with a warning): the verified optimized model is then kept."""
+    noise of a shared machine, and the cap keeps a large model's extension from doubling the run. Each model runs
+    in `CHECK_SESSIONS` sessions in turns, so a verdict rests less on where one session's memory happened to lie.
+    None when the check could not run (with a warning): the verified optimized model is then kept."""
     threads = check_threads()
     by_threads: dict[int, LatencyComparison] = {}
     try:
@@ -421,6 +424,7 @@ def _end_to_end_check(
                 extend_to=EXTENDED_PAIRS,
                 extend_seconds=EXTEND_SHARE * opts.latency_check / len(threads),
                 keep_above=1.0 if beyond else 1.0 + LATENCY_RESOLUTION,
+                copies=CHECK_SESSIONS,
             )
             if by_threads[t].interval[0] <= 1.0:  # rejected whatever the other thread counts show
                 break
@@ -949,6 +953,35 @@ def _unexportable(run: _Run, exc: BaseException) -> None:
     _reject(run, "the optimized graph could not be exported")
 
 
+def _prefer_start(run: _Run) -> None:
+    """Where the rules' changes price no lower, as written, than the graph the search started from (the input as
+    read, or the pre-pass's output, in the forms chosen), that graph as written becomes the candidate: a change the
+    written price says gains nothing only adds risk (a MatMul merged into a Concat for nothing can run slower end to
+    end), while what the pre-pass and the forms changed may still pay, and goes to the checks without it."""
+    assert run.graph is not None and run.written is not None and run.cost is not None
+    model = onnx_io.export_model(run.graph)
+    written = onnx_io.import_model(model, check=False).compact()
+    start, changed = runtime_cost(written, run.cost), runtime_cost(run.written, run.cost)
+    if changed < start * (1 - extraction.GAP_TOLERANCE):
+        return
+    rules = ", ".join(f"{name} x{n}" for name, n in run.candidate_rules.items())
+    run.log.say(
+        "cost",
+        f"the rules' changes ({rules}) price no lower than the graph the search started from ({changed:.4g} "
+        f"against {start:.4g} ms): checking that graph instead",
+    )
+    run.candidate, run.candidate_rules, run.candidate_model, run.written = run.graph, {}, model, written
+
+
+def _start_unexportable(run: _Run, exc: BaseException) -> None:
+    """The start graph could not be written: the rules' candidate goes on to the checks as it is."""
+    run.log.warn(f"the graph the search started from could not be exported ({one_line(exc, typed=True)}): {BUG}")
+
+
+def _rules_changed(run: _Run) -> bool:
+    return run.candidate is not None and bool(run.candidate_rules)
+
+
 def _price_candidate(run: _Run) -> None:
     """Price the candidate as written. A costlier one is rejected. One that costs the same (within the ILP's own
     tolerance) goes on only to the end-to-end check, which alone can tell: its written form may still run faster
@@ -1012,6 +1045,7 @@ _PIPELINE = (
     _Stage("forms", _choose_forms, fallback=_forms_failed, when=_has_forms),
     _Stage(None, _search, fallback=_search_failed),
     _Stage("export", _export_candidate, fallback=_unexportable, when=_has_candidate),
+    _Stage(None, _prefer_start, fallback=_start_unexportable, when=_rules_changed),
     _Stage(None, _price_candidate, when=_has_candidate),
     _Stage("verify", _verify, when=lambda run: _has_candidate(run) and run.opts.verify),
     _Stage("latency_check", _latency_check, when=lambda run: _has_candidate(run) and _will_time(run)),

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from onnx import ModelProto
 
-from tensat.session import ModelSource, Serialized, proto_of, shared_session
+from tensat.session import ModelSource, Serialized, make_session, proto_of, shared_session
 from tensat.verify import random_inputs
 
 
@@ -101,7 +101,12 @@ def clock_function(clock: str, provider: str = "cpu", threads: int | None = 1) -
 
 class Interleaved:
     """Models timed in turns on the same seeded inputs: each `turn()` runs every model once, or with `block` > 1 a
-    block of `block` counted runs after one uncounted run, in a fixed order. `stats()` gives the latency so far."""
+    block of `block` counted runs after one uncounted run, in a fixed order. `stats()` gives the latency so far.
+
+    With `copies` > 1, each model runs in that many sessions of its own, one copy of every model per turn (the
+    copies take turns two by two, so each runs in both orders): two sessions of one model differ by up to a few
+    tenths of a percent, or more, with where their memory lies, and a ratio taken over several sessions of each
+    model depends less on that draw."""
 
     def __init__(
         self,
@@ -113,6 +118,7 @@ class Interleaved:
         seed: int = 0,
         block: int = 1,
         clock: str = "wall",
+        copies: int = 1,
     ) -> None:
         from onnx import load
 
@@ -126,11 +132,14 @@ class Interleaved:
         # sleep instead, for every model alike.
         spinning = threads == 1
         self.sessions = sessions = [shared_session(m, provider, threads, spinning=spinning) for m in models]
+        extra = [[make_session(m, provider, threads, spinning=spinning) for m in models] for _ in range(copies - 1)]
         feeds = random_inputs(protos[0], seed)
         self.runs_of = [runner(sess, feeds, provider) for sess in sessions]
-        for run in self.runs_of:
-            for _ in range(warmup):
-                run()
+        self.copies = [self.runs_of, *[[runner(sess, feeds, provider) for sess in row] for row in extra]]
+        for runs in self.copies:
+            for run in runs:
+                for _ in range(warmup):
+                    run()
         self.block = max(1, int(block))
         self._turns = 0
         self.samples: list[list[float]] = [[] for _ in sessions]
@@ -147,7 +156,7 @@ class Interleaved:
         two copies of one model timed in a fixed order differed by about 0.5%."""
         size = self.block if size is None else size
         start = time.perf_counter()
-        pairs = list(zip(self.runs_of, self.samples))
+        pairs = list(zip(self.copies[(self._turns // 2) % len(self.copies)], self.samples))
         self._turns += 1
         for run, out in pairs if self._turns % 2 else pairs[::-1]:
             if self.block > 1:
@@ -288,6 +297,7 @@ def compare_latency(
     extend_to: int | None = None,
     extend_seconds: float | None = None,
     keep_above: float = 1.0 + RESOLUTION,
+    copies: int = 1,
 ) -> LatencyComparison:
     """Time `candidate` against `baseline` on the same seeded inputs, in alternating blocks of runs, until `pairs`
     pairs of blocks are taken or `max_seconds` have passed (with at least `min_pairs`); see `LatencyComparison`.
@@ -299,7 +309,8 @@ def compare_latency(
     its interval is above that, more pairs would not change its answer. With `extend_to`, a candidate still
     undecided after `pairs` pairs (`_undecided`, against `keep_above` too) is timed on to
     `extend_to` pairs: one more look, within `max_seconds`, and with `extend_seconds` only until that many seconds
-    have passed since the timing began (the extension is the part of the timing a caller can cut short)."""
+    have passed since the timing began (the extension is the part of the timing a caller can cut short). `copies`
+    sessions of each model take turns (`Interleaved`)."""
     return compare_many(
         baseline,
         [candidate],
@@ -314,6 +325,7 @@ def compare_latency(
         extend_to=extend_to,
         extend_seconds=extend_seconds,
         keep_above=keep_above,
+        copies=copies,
     )[0]
 
 
@@ -332,6 +344,7 @@ def compare_many(
     extend_to: int | None = None,
     extend_seconds: float | None = None,
     keep_above: float = 1.0 + RESOLUTION,
+    copies: int = 1,
 ) -> list[LatencyComparison]:
     """`compare_latency` for several candidates at once: the baseline and every candidate take turns, block by
     block, so each candidate's ratio to the baseline comes from blocks taken back to back (`futile_after` stops
@@ -339,7 +352,7 @@ def compare_many(
     `extend_seconds` since the start)."""
     start = time.perf_counter()
     models = [baseline, *candidates]
-    timed = Interleaved(models, provider=provider, threads=threads, seed=seed, clock=clock)
+    timed = Interleaved(models, provider=provider, threads=threads, seed=seed, clock=clock, copies=copies)
     t = time.perf_counter()
     for run in timed.runs_of:
         run()

@@ -606,6 +606,7 @@ def test_multi_threaded_interleaved_sessions_do_not_spin_between_runs():
 
 
 def test_verification_and_the_check_at_one_thread_open_one_session_per_model(monkeypatch):
+    import tensat.latency as latency
     import tensat.session as session_mod
     from tensat.session import Serialized, shared_session
     from tensat.verify import compare_models
@@ -618,6 +619,7 @@ def test_verification_and_the_check_at_one_thread_open_one_session_per_model(mon
         return real(*args, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(session_mod, "make_session", counting)
+    monkeypatch.setattr(latency, "make_session", counting)
     base, cand = Serialized(export_model(relu_chain(3))), Serialized(export_model(relu_chain(1)))
     assert compare_models(base, cand).ok and opened == [1, 1]
     single = Interleaved([base, cand], threads=1)
@@ -627,6 +629,21 @@ def test_verification_and_the_check_at_one_thread_open_one_session_per_model(mon
     assert opened == [1, 1, 2, 2]
     compare_models(export_model(relu_chain(3)), export_model(relu_chain(1)))  # protos keep nothing
     assert opened == [1, 1, 2, 2, 1, 1]
+    Interleaved([base, cand], threads=2, copies=2)  # the kept sessions, and one more of each model
+    assert opened == [1, 1, 2, 2, 1, 1, 2, 2]
+
+
+def test_copies_of_each_model_take_turns_two_by_two_in_both_orders():
+    models = [export_model(relu_chain(2)), export_model(relu_chain(3))]
+    timed = Interleaved(models, copies=2, warmup=0)
+    assert len(timed.copies) == 2 and timed.copies[0] == timed.runs_of
+    ran: list[tuple[int, int]] = []
+    for c, runs in enumerate(timed.copies):
+        runs[:] = [lambda c=c, m=m, run=run: ran.append((c, m)) or run() for m, run in enumerate(runs)]
+    for _ in range(4):
+        timed.turn()
+    assert ran == [(0, 0), (0, 1), (0, 1), (0, 0), (1, 0), (1, 1), (1, 1), (1, 0)]
+    assert timed.runs == 4
 
 
 def test_compare_many_ranks_every_candidate_against_one_baseline():
