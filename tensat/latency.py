@@ -104,9 +104,9 @@ class Interleaved:
     block of `block` counted runs after one uncounted run, in a fixed order. `stats()` gives the latency so far.
 
     With `copies` > 1, each model runs in that many sessions of its own, one copy of every model per turn (the
-    copies take turns two by two, so each runs in both orders): two sessions of one model differ by up to a few
-    tenths of a percent, or more, with where their memory lies, and a ratio taken over several sessions of each
-    model depends less on that draw."""
+    copies take turns two by two, so each runs in both orders): two sessions of one model run at speeds that
+    differ with where their memory lies (`RESOLUTION`), and a ratio taken over several sessions of each model
+    depends less on that draw."""
 
     def __init__(
         self,
