@@ -12,9 +12,11 @@ plus the hand-built model-zoo-style files of `bench.zoo_models`, saved beside th
 - onnxsim and onnxslim simplify the same file (what a user would pick instead);
 - the input and the three results are then timed end to end in onnxruntime, interleaved block by block, at one
   intra-op thread and at every core: each speedup is the median over pairs of blocks of (input / result), with a
-  95% bootstrap interval (`tensat.latency.compare_many`). A result with the input's own nodes and weights (tensat
-  returning the input) is 1.0 by construction and not timed: two sessions of one model differ by up to about 1%,
-  which is the resolution of every other figure.
+  95% bootstrap interval (`tensat.latency.compare_many`). Each model runs in `SESSIONS` sessions of its own,
+  taking turns: sessions of one model run at speeds that differ with where their memory lies, by more at every
+  core than at one thread, and a figure from one session of each model would partly be that draw. A result with
+  the input's own nodes and weights (tensat returning the input) is 1.0 by construction and not timed: two sessions
+  of one model differing is the resolution of every other figure.
 """
 
 from __future__ import annotations
@@ -122,6 +124,9 @@ def same_computation(a: Path, b: Path) -> bool:
     return nodes[0] == nodes[1] and weights[0] == weights[1]
 
 
+SESSIONS = 3  # sessions of each model timed in turns (`tensat.latency.Interleaved`)
+
+
 def _speedups(src: Path, results: dict[str, Path], seconds: float) -> dict[str, dict[str, Any]]:
     """Each result timed against the input at one thread and at every core (see the module docstring); a result
     that is the input itself is reported as 1.0 without timing."""
@@ -139,6 +144,7 @@ def _speedups(src: Path, results: dict[str, Path], seconds: float) -> dict[str, 
             clock=default_clock("cpu", threads),
             max_seconds=seconds,
             pairs=60,
+            copies=SESSIONS,
         )
         for name, c in zip(names, comparisons):
             out[name][f"threads={threads}"] = {
@@ -263,8 +269,9 @@ def markdown(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
         "",
         "Default settings (`tensat optimize MODEL -o OUT`, measured costs, end-to-end check). Speedups are end to "
         "end in onnxruntime (CPU, all graph optimizations on) over the input model: median over pairs of "
-        "interleaved blocks, with a 95% bootstrap interval; `threads=N` is the intra-op thread count. First: a "
-        "fresh process with an empty cost cache; warm: a second process with the cache the first filled.",
+        f"interleaved blocks, each model in {SESSIONS} sessions taking turns, with a 95% bootstrap interval; "
+        "`threads=N` is the intra-op thread count. First: a fresh process with an empty cost cache; warm: a second "
+        "process with the cache the first filled.",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
