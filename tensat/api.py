@@ -363,7 +363,7 @@ class LatencyCheck:
 FUTILE_PAIRS = 10  # the end-to-end check stops timing a thread count once this many pairs show no gain at all
 CHECK_PAIRS = 40  # pairs of blocks the end-to-end check times at each thread count ...
 EXTENDED_PAIRS = 100  # ... and up to this many where the first CHECK_PAIRS leave the answer open, ...
-EXTEND_SHARE = 0.5  # ... until this share of the thread count's seconds has passed
+EXTEND_SHARE = 0.35  # ... until this share of the thread count's seconds has passed
 CHECK_SESSIONS = 2  # sessions of each model the end-to-end check times in turns (see `tensat.latency.Interleaved`)
 
 
