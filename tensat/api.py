@@ -410,7 +410,7 @@ def _end_to_end_check(
     by_threads: dict[int, LatencyComparison] = {}
     try:
         for t in threads:
-            beyond = any(c.interval[0] > 1.0 + LATENCY_RESOLUTION for c in by_threads.values())
+            kept_so_far = _faster(by_threads)  # then any gain here keeps it (`measurably_faster`)
             by_threads[t] = compare_latency(
                 original,
                 optimized,
@@ -423,7 +423,7 @@ def _end_to_end_check(
                 futile_after=FUTILE_PAIRS,
                 extend_to=EXTENDED_PAIRS,
                 extend_seconds=EXTEND_SHARE * opts.latency_check / len(threads),
-                keep_above=1.0 if beyond else 1.0 + LATENCY_RESOLUTION,
+                keep_above=1.0 if kept_so_far else 1.0 + LATENCY_RESOLUTION,
                 copies=CHECK_SESSIONS,
             )
             if by_threads[t].interval[0] <= 1.0:  # rejected whatever the other thread counts show
@@ -937,12 +937,17 @@ def _search(run: _Run) -> None:
 # -- the checks: the candidate is returned only if it passes each
 
 
+def _written(graph: Graph) -> tuple[onnx.ModelProto, Graph]:
+    """`graph` written as ONNX, and read back: a candidate is priced as written (the file is what runs); tensat's
+    own export needs no onnx.checker pass."""
+    model = onnx_io.export_model(graph)
+    return model, onnx_io.import_model(model, check=False).compact()
+
+
 def _export_candidate(run: _Run) -> None:
     assert run.candidate is not None
     run.log.say("export", "writing the optimized graph as ONNX")
-    run.candidate_model = onnx_io.export_model(run.candidate)
-    # priced as written, read back (the file is what runs); tensat's own export needs no onnx.checker pass
-    run.written = onnx_io.import_model(run.candidate_model, check=False).compact()
+    run.candidate_model, run.written = _written(run.candidate)
 
 
 def _unexportable(run: _Run, exc: BaseException) -> None:
@@ -959,8 +964,7 @@ def _prefer_start(run: _Run) -> None:
     written price says gains nothing only adds risk (a MatMul merged into a Concat for nothing can run slower end to
     end), while what the pre-pass and the forms changed may still pay, and goes to the checks without it."""
     assert run.graph is not None and run.written is not None and run.cost is not None
-    model = onnx_io.export_model(run.graph)
-    written = onnx_io.import_model(model, check=False).compact()
+    model, written = _written(run.graph)
     start, changed = runtime_cost(written, run.cost), runtime_cost(run.written, run.cost)
     if changed < start * (1 - extraction.GAP_TOLERANCE):
         return
