@@ -46,7 +46,7 @@ def run_model(name: str, src: Path, work: Path, seconds: float) -> dict[str, Any
     fused = {k for k in before if k not in written} | ALWAYS_FUSED
     declined: dict[str, int] = {}  # fused kernels tensat kept from firing, where it timed them slower
     for t in result.forms.timings if result.forms is not None else ():
-        if t.rewritten and before[t.kind] > 0:
+        if t.rewritten and t.kind in fused and before[t.kind] > 0:
             declined[t.kind] = declined.get(t.kind, 0) + t.count
     lost = {k: n for k in sorted(fused) if (n := before[k] - after[k] - declined.get(k, 0)) > 0}
     changed = {k: [before[k], after[k]] for k in sorted(set(before) | set(after)) if before[k] != after[k]}

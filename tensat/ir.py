@@ -7,7 +7,7 @@ so a node's inputs always have smaller ids.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -234,12 +234,23 @@ class Graph:
         self.nodes[i] = node
         self._index.setdefault(node, i)
 
-    def compact(self) -> Graph:
-        """A copy holding only live nodes and the weights they use, ids renumbered in topological order."""
+    def compact(self, expand: Mapping[int, Callable[[Graph, tuple[int, ...]], int]] | None = None) -> Graph:
+        """A copy holding only live nodes and the weights they use, ids renumbered in topological order. `expand`
+        maps a node to another way of computing its value, over nodes the node reads: given the copy and those
+        inputs in it, it adds the nodes that compute the value there and returns the one holding it (an LRN
+        written as its definition, see `tensat.runtime_forms`). An expanded node's place in `pinned`, `sealed`
+        and `skip_adds` is not passed on."""
+        expand = expand or {}
         out = Graph(opset_imports=dict(self.opset_imports), name=self.name)
         remap: dict[int, int] = {}
         for i in self.live():
             n = self.nodes[i]
+            if i in expand:
+                remap[i] = expand[i](out, tuple(remap[j] for j in n.inputs))
+                got = out.nodes[remap[i]]
+                if got.shape != n.shape or got.dtype != n.dtype:
+                    raise ValueError(f"node {i} ({n.op} of {n.shape}) expanded to a value of {got.shape} {got.dtype}")
+                continue
             if n.op == "weight":
                 remap[i] = out.weight(self.weights[n.attr["name"]], n.attr["name"])
                 continue
@@ -248,9 +259,9 @@ class Graph:
             node = Node(n.op, tuple(remap[j] for j in n.inputs), n.attrs, n.shape, n.dtype)
             remap[i] = out._intern(node)
         out.outputs = [(name, remap[n]) for name, n in self.outputs]
-        out.pinned = {remap[i] for i in self.pinned if i in remap}
-        out.sealed = {remap[i] for i in self.sealed if i in remap}
-        out.skip_adds = {remap[i] for i in self.skip_adds if i in remap}
+        out.pinned = {remap[i] for i in self.pinned if i in remap and i not in expand}
+        out.sealed = {remap[i] for i in self.sealed if i in remap and i not in expand}
+        out.skip_adds = {remap[i] for i in self.skip_adds if i in remap and i not in expand}
         return out
 
     def evaluate(self, feeds: Mapping[str, np.ndarray], nodes: Iterable[int] | None = None) -> dict[int, np.ndarray]:

@@ -2,7 +2,8 @@
 faster way (`tensat.runtime_forms`): a residual Add that onnxruntime fuses with the LayerNormalization reading it
 into a SkipLayerNormalization, found as onnxruntime fuses it, is written as Sum where the fused kernel is slower;
 an RMSNorm scaling by the Reciprocal of a Sqrt, which onnxruntime does not fuse, is written as a Div by it where
-the SimplifiedLayerNormalization it then becomes is faster."""
+the SimplifiedLayerNormalization it then becomes is faster; an LRN is written as its definition, a channel-band
+Conv and a power, where onnxruntime runs that faster than its LRN kernel."""
 
 from __future__ import annotations
 
@@ -17,7 +18,16 @@ from tensat.cost import runtime_cost
 from tensat.ir import Node
 from tensat.measure import MeasuredCost
 from tensat.onnx import fusions
-from tensat.runtime_forms import RMS_NORM, SKIP_LAYERNORM, choose_forms, has_sites, rms_norm_models, skip_norm_models
+from tensat.runtime_forms import (
+    LRN,
+    RMS_NORM,
+    SKIP_LAYERNORM,
+    choose_forms,
+    has_sites,
+    lrn_models,
+    rms_norm_models,
+    skip_norm_models,
+)
 from tensat.session import make_session
 from tests.helpers import make, vi
 from tests.onnx.test_fusions import runtime_ops
@@ -95,7 +105,7 @@ def _consistent(forms, cost: MeasuredCost) -> None:
         assert t.input_ms > 0 and t.other_ms > 0
         assert t.rewritten == (t.other_ms * (1 + tol.relative) + tol.ms < t.input_ms)
     rewritten = [t for t in forms.timings if t.rewritten]
-    assert forms.excess_ms == pytest.approx(sum(t.count * (t.input_ms - t.other_ms) for t in rewritten))
+    assert forms.excess_ms == pytest.approx(sum(t.count * (t.input_ms - t.other_ms - t.priced_ms) for t in rewritten))
 
 
 def test_adds_are_written_as_sum_exactly_where_the_fused_pair_is_measured_slower(tmp_path) -> None:
@@ -223,3 +233,112 @@ def test_the_analytic_cost_model_times_nothing_and_leaves_the_input_as_written()
     result = tensat.optimize_with_details(_post_norm(False), cost="analytic", latency_check=0)
     assert result.forms is None
     assert runtime_ops(result.output)["SkipLayerNormalization"] == 1
+
+
+def _lrn_params(size: int = 5, beta: float = 0.75, alpha: float = 1e-4, bias: float = 1.0) -> tuple:
+    return tuple(sorted({"alpha": alpha, "beta": beta, "bias": bias, "size": float(size)}.items()))
+
+
+def _lrn_reference(x: np.ndarray, size: int, beta: float, alpha: float, bias: float) -> np.ndarray:
+    """ONNX's definition of LRN, channel by channel: the window of channel c runs from c - floor((size - 1) / 2) to
+    c + ceil((size - 1) / 2), clipped to the channels there are."""
+    channels = x.shape[1]
+    below, above = (size - 1) // 2, size - 1 - (size - 1) // 2
+    square_sum = np.stack(
+        [(x[:, max(0, c - below) : min(channels - 1, c + above) + 1] ** 2).sum(axis=1) for c in range(channels)],
+        axis=1,
+    )
+    return x / (bias + alpha / size * square_sum) ** beta
+
+
+@pytest.mark.parametrize(
+    "size, beta, alpha, bias",
+    [(5, 0.75, 1e-4, 1.0), (4, 0.5, 1e-2, 2.0), (3, 1.0, 0.5, 1.0), (5, 0.25, 1e-3, 1.0), (2, 0.6, 0.1, 0.5)],
+    ids=["AlexNet's", "even size, square root", "beta 1", "fourth root", "Pow"],
+)
+def test_an_lrn_written_as_its_definition_computes_what_onnx_defines(
+    size: int, beta: float, alpha: float, bias: float
+) -> None:
+    """The band covers ONNX's window (asymmetric for an even size, which onnxruntime's kernel refuses) at the edges
+    as in the middle; where onnxruntime runs the LRN, the two agree."""
+    lrn, definition = lrn_models((1, 12, 5, 7), "float32", _lrn_params(size, beta, alpha, bias))
+    assert [n.op_type for n in lrn.graph.node] == ["LRN"]
+    assert "LRN" not in {n.op_type for n in definition.graph.node}
+    assert ("Pow" in {n.op_type for n in definition.graph.node}) == (beta not in (0.25, 0.5, 0.75, 1.0))
+    x = (3 * RNG.standard_normal((1, 12, 5, 7))).astype(np.float32)
+    written = make_session(definition.SerializeToString(), "cpu").run(None, {"x": x})[0]
+    expected = _lrn_reference(x.astype(np.float64), size, beta, alpha, bias)
+    np.testing.assert_allclose(written, expected, rtol=1e-5, atol=1e-6)
+    if size % 2:
+        np.testing.assert_allclose(written, _run(lrn, x), rtol=1e-5, atol=1e-6)
+
+
+def _lrn_net(lrn_shape: tuple[int, int, int, int] = (1, 16, 14, 14), opset: int = 9) -> onnx.ModelProto:
+    """A model-zoo-style stem: Conv, Relu, LRN, MaxPool."""
+    n, c, h, w = lrn_shape
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("LRN", ["r"], ["n"], size=5, alpha=1e-4, beta=0.75, bias=1.0),
+        helper.make_node("MaxPool", ["n"], ["y"], kernel_shape=[2, 2], strides=[2, 2]),
+    ]
+    return make(nodes, [vi("x", [n, 3, h, w])], [vi("y", [n, c, h // 2, w // 2])], [_w("w", c, 3, 3, 3)], opset=opset)
+
+
+def test_lrns_are_written_as_their_definition_exactly_where_that_is_measured_faster(tmp_path) -> None:
+    model = _lrn_net()
+    graph = onnx_io.import_model(model).compact()
+    assert has_sites(graph)
+    cost = _cost(tmp_path)
+    chosen, forms = choose_forms(graph, cost)
+    (timing,) = forms.timings
+    assert timing.kind == LRN and timing.shape == (1, 16, 14, 14) and timing.count == 1
+    _consistent(forms, cost)
+    written = onnx_io.export_model(chosen)
+    kinds = {n.op_type for n in written.graph.node}
+    assert ("LRN" in kinds) != timing.rewritten and ("Conv" in kinds)
+    if timing.rewritten:
+        assert timing.priced_ms < 0  # the one opaque op is priced below the ops of its definition
+        assert "LRN as a channel-band Conv" in forms.rewritten
+    x = RNG.standard_normal((1, 3, 14, 14)).astype(np.float32)
+    np.testing.assert_allclose(_run(written, x), _run(model, x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(1, 16, 14), (1, 16, 4, 4, 4)], ids=["3-D", "5-D"])
+def test_only_4d_lrns_are_timed(shape: tuple[int, ...]) -> None:
+    model = make(
+        [helper.make_node("LRN", ["x"], ["y"], size=3)], [vi("x", list(shape))], [vi("y", list(shape))], opset=13
+    )
+    assert not has_sites(onnx_io.import_model(model).compact())
+
+
+def test_an_lrn_that_onnxruntime_runs_slower_is_optimized_and_timed_faster_end_to_end(tmp_path, monkeypatch) -> None:
+    """onnxruntime's CPU LRN kernel walks one window at a time; written as its definition, a band Conv and Sqrts,
+    the stem runs several times faster, which the run returns once the end-to-end check has timed it so."""
+    from tensat import api
+
+    monkeypatch.setattr(api, "make_cost_model", lambda name, device="auto", progress=False: _cost(tmp_path))
+    model = _lrn_net((1, 64, 56, 56))
+    result = tensat.optimize_with_details(model, cost="measured", latency_check=5, pre_pass="none")
+    assert result.forms is not None
+    (timing,) = result.forms.timings
+    assert timing.rewritten and timing.input_ms > 2 * timing.other_ms
+    assert result.returned_input is None and "LRN" not in {n.op_type for n in result.output.graph.node}
+    assert result.latency is not None and result.latency.kept
+    assert result.latency.by_threads[1].speedup > 1.5
+    assert "LRN as a channel-band Conv" in result.summary()
+
+
+def test_a_node_expands_only_into_a_value_of_its_own_shape_and_type() -> None:
+    """`Graph.compact(expand=...)` puts the nodes computing a value another way before its readers, and refuses an
+    expansion that computes something of another shape."""
+    graph = onnx_io.import_model(_lrn_net()).compact()
+    (site,) = [i for i, n in enumerate(graph.nodes) if n.op == "opaque"]
+    graph.pinned.add(site)
+    doubled = graph.compact(expand={site: lambda g, inputs: g.add("add", [inputs[0], inputs[0]])})
+    adds = [i for i, n in enumerate(doubled.nodes) if n.op == "add"]
+    assert len(adds) == 1 and not doubled.pinned
+    assert all(j < adds[0] for j in doubled.nodes[adds[0]].inputs)
+    assert any(adds[0] in n.inputs for n in doubled.nodes)  # the MaxPool reads it
+    with pytest.raises(ValueError, match="expanded to a value of"):
+        graph.compact(expand={site: lambda g, inputs: g.reshape(inputs[0], (1, 16, 196))})
