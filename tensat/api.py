@@ -70,8 +70,8 @@ class OptimizeResult:
     # or not it was returned: the graph extracted, or, where that prices no lower as written, the graph the search
     # started from, with none; `tensat.egraph.provenance`)
     rules: dict[str, int] = field(default_factory=dict)
-    # the input's computations onnxruntime fuses one way and not another, timed both ways, and those written the
-    # other way (`tensat.runtime_forms`); None where none was timed
+    # the input's computations onnxruntime runs faster one way than another, timed both ways, and those written
+    # the other way (`tensat.runtime_forms`); None where none was timed
     forms: Forms | None = None
 
     @property
@@ -617,11 +617,11 @@ def _price_input(run: _Run) -> None:
 
 
 def _choose_forms(run: _Run) -> None:
-    """Write the input's computations that onnxruntime fuses in one form and not in another the way measured faster
-    on this device (`tensat.runtime_forms`); the input's price then counts what its own forms cost beyond those, as
-    onnxruntime runs the input."""
+    """Write each of the input's computations that onnxruntime runs faster in one form than in another in the form
+    measured faster on this device (`tensat.runtime_forms`); the input's price then counts what its own forms cost
+    beyond those, as onnxruntime runs the input."""
     assert run.graph is not None and run.read is not None and run.measured is not None
-    run.log.say("cost", "timing the forms onnxruntime fuses one way and not another")
+    run.log.say("cost", "timing the forms onnxruntime runs faster one way than another")
     graph, run.forms = choose_forms(run.graph, run.measured)
     excess = run.forms.excess_ms if run.read is run.graph else choose_forms(run.read, run.measured)[1].excess_ms
     run.graph = graph
@@ -631,7 +631,7 @@ def _choose_forms(run: _Run) -> None:
 def _forms_failed(run: _Run, exc: BaseException) -> None:
     """A failed timing leaves the input as written: onnxruntime fuses it as it does the input."""
     run.log.warn(
-        f"the forms onnxruntime fuses one way and not another could not be timed ({one_line(exc, typed=True)})"
+        f"the forms onnxruntime runs faster one way than another could not be timed ({one_line(exc, typed=True)})"
     )
 
 

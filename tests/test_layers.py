@@ -13,7 +13,7 @@ order, lowest first; a module may import modules of its own layer or of a layer 
 - onnx: models in and out of ONNX (tensat.onnx_io), running them in onnxruntime (session, verify, latency), the
   built-in benchmark graphs (models).
 - costs: the analytic cost model (cost) and the measured one with its cache (measure, costcache, cost_report), and
-  the forms of a computation onnxruntime fuses one way and not another, which it times to write the faster
+  the forms of a computation onnxruntime runs faster one way than another, which it times to write the faster
   (runtime_forms).
 - search: the e-graph exploration (egraph) and the TASO-style sequential search (sequential), each over the rules
   and a cost model.

@@ -1,4 +1,4 @@
-"""Computations onnxruntime fuses in one form and not another are timed both ways on the device and written the
+"""Computations onnxruntime runs faster in one form than another are timed both ways on the device and written the
 faster way (`tensat.runtime_forms`): a residual Add that onnxruntime fuses with the LayerNormalization reading it
 into a SkipLayerNormalization, found as onnxruntime fuses it, is written as Sum where the fused kernel is slower;
 an RMSNorm scaling by the Reciprocal of a Sqrt, which onnxruntime does not fuse, is written as a Div by it where
