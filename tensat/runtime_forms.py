@@ -314,8 +314,7 @@ def lrn_definition(params: Params, key: str) -> Callable[[Graph, tuple[int, ...]
 
     def build(graph: Graph, inputs: tuple[int, ...]) -> int:
         (x,) = inputs
-        n = graph.nodes[x]
-        channels = n.shape[1]
+        channels = graph.nodes[x].shape[1]
         squares = graph.add("mul", [x, x])
         band = graph.weight(_band(channels, size, p["alpha"] / size), f"{key}_band")
         bias = graph.weight(np.full(channels, p["bias"], np.float32), f"{key}_bias")
@@ -329,8 +328,7 @@ def lrn_definition(params: Params, key: str) -> Callable[[Graph, tuple[int, ...]
             power = {0.25: fourth, 0.5: root, 0.75: graph.add("mul", [root, fourth])}[beta]
         else:
             exponent = graph.weight(np.array(beta, np.float32), f"{key}_beta")
-            graph.opaque[f"Pow_{key}"] = OpaqueSpec("Pow", "", (), 1)
-            power = graph.add("opaque", [d, exponent], key=f"Pow_{key}", index=0, shape=n.shape, dtype=n.dtype)
+            power = _opaque(graph, "Pow", f"Pow_{key}", [d, exponent])
         return _opaque(graph, "Div", f"Div_{key}", [x, power])
 
     return build
@@ -430,8 +428,9 @@ def choose_forms(graph: Graph, measured: MeasuredCost) -> tuple[Graph, Forms]:
                 what["params"] = dict(params)
             input_ms, other_ms = measured.compare_forms(json.dumps(what), *kind.models(shape, dtype, params))
             faster = other_ms * (1 + tolerance.relative) + tolerance.ms < input_ms
-            priced = kind.priced(measured, shape, dtype, params) if faster else 0.0
+            priced = 0.0
             if faster:
+                priced = kind.priced(measured, shape, dtype, params)
                 chosen += sites
             forms.timings.append(FormTiming(kind.name, shape, input_ms, other_ms, len(sites), faster, priced))
         if chosen:
