@@ -14,11 +14,13 @@ A rule file holds forms like
       :when ((same-except ?w1 ?w2 (- (rank ?w1) 1))))
 
 Patterns are `(op tensor-args... :attr value ...)`; `?name` is a variable. In a left side, attributes left out match
-anything. `:let` binds integer expressions or shared right-side terms; `:when` lists guards. Expressions: integers,
-variables, `(dim ?t i)` (a negative literal i counts from the end), `(rank ?t)`, `(shape ?t)`, `(vec a b ...)`,
-`(vec-get v i)`, `(+ - * / % min max ...)`; guards: `(= a b)`, `(!= a b)`, `(< a b)`, `(<= a b)`, `(> a b)`, `(>= a b)`,
-`(same-except ?a ?b axis)` (shapes equal but on one axis; a negative literal axis counts from the end),
-`(same-shape ?a ?b)`.
+anything. `:let` binds integer expressions or shared right-side terms; `:when` lists guards. Expressions: integers
+and reals, variables, `(dim ?t i)` (a negative literal i counts from the end), `(rank ?t)`, `(shape ?t)`,
+`(vec a b ...)`, `(vec-get v i)`, `(vec-set v i x)`, `(ones r)` (a vector of r ones: the shape of a constant that
+broadcasts to any tensor of rank r), `(+ - * / % min max ...)`; guards: `(= a b)`, `(!= a b)`, `(< a b)`,
+`(<= a b)`, `(> a b)`, `(>= a b)`, `(same-except ?a ?b axis)` (shapes equal but on one axis; a negative literal axis
+counts from the end), `(same-shape ?a ?b)`. A constant its attributes define (`fill`, `band`) is a pattern like an
+op: a left side matches one by value.
 
 The same parsed `Rule` compiles to an egglog rule (`to_egglog`) and evaluates with numpy (`instantiate`), so the
 e-graph explorer, the sequential search and the verifier all read one definition.
@@ -117,7 +119,7 @@ class Term:
 Expr = Var | Lit | Call
 Pattern = Var | Term
 
-EXPR_FNS = {"+", "-", "*", "/", "%", "min", "max", "dim", "rank", "shape", "vec", "vec-get"}
+EXPR_FNS = {"+", "-", "*", "/", "%", "min", "max", "dim", "rank", "shape", "vec", "vec-get", "vec-set", "ones"}
 GUARDS = {"=", "!=", "<", "<=", ">", ">=", "same-except", "same-shape"}
 
 
@@ -441,6 +443,9 @@ class _EggCompiler:
         self.fresh = 0
         self.shapes: set[str] = set()
         self.let_terms = {n: v for n, v in rule.lets if isinstance(v, Term)}
+        # egglog looks up a function's table (`ones`) in a query, not in an action: a right side's lookup is bound
+        # in the query to a variable of its own
+        self.hoisted: dict[str, str] = {}
 
     def expr(self, e: Expr) -> str:
         if isinstance(e, Var):
@@ -454,6 +459,11 @@ class _EggCompiler:
             return self.shape_expr(e.fn, args)
         if e.fn == "vec":
             return f"(vec-of {' '.join(self.expr(a) for a in args)})"
+        if e.fn == "vec-set":
+            return f"(vec-set {' '.join(self.expr(a) for a in args)})"
+        if e.fn == "ones":
+            lookup = f"(ones {self.expr(args[0])})"
+            return self.hoisted.setdefault(lookup, f"lookup-{len(self.hoisted)}")
         fn = {">": "<", ">=": "<="}.get(e.fn, e.fn)
         parts = [self.expr(a) for a in args]
         if e.fn in (">", ">="):
@@ -520,7 +530,8 @@ class _EggCompiler:
         guards = [self.expr(g) for g in self.rule.guards]
         actions = [f"(union root{i} {self.pattern(p, False)})" for i, p in enumerate(self.rule.rhs)]
         shapes = [f"(= {_egg_shape(v)} (shape-of {_egg_var(v)}))" for v in sorted(self.shapes)]
-        body = " ".join(query + shapes + lets + guards)
+        lookups = [f"(= {name} {lookup})" for lookup, name in self.hoisted.items()]
+        body = " ".join(query + shapes + lets + lookups + guards)
         name = (name or self.rule.name).replace('"', "")
         return f'(rule ({body}) ({" ".join(actions)}) :ruleset {ruleset} :name "{name}")'
 
@@ -569,6 +580,14 @@ def eval_expr(e: Any, env: Mapping[str, Any], shapes: Mapping[str, tuple[int, ..
         return tuple(vals)
     if fn == "vec-get":
         return vals[0][_index(args[1], vals[1], len(vals[0]))]
+    if fn == "vec-set":
+        v = list(vals[0])
+        v[_index(args[1], vals[1], len(v))] = vals[2]
+        return tuple(v)
+    if fn == "ones":
+        if not 0 <= vals[0] <= ops.MAX_RANK:
+            raise IndexError(f"no shape of {vals[0]} ones")
+        return (1,) * vals[0]
     binary: dict[str, Callable[[Any, Any], Any]] = {
         "+": lambda a, b: a + b,
         "-": lambda a, b: a - b,

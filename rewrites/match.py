@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from tensat import ops
-from tensat.ir import FLOAT, Graph, OpaqueSpec
+from tensat.ir import Graph, OpaqueSpec
 
 from . import select_rules
 from .dsl import Lit, Rule, RuleError, Term, Var, attr_value, eval_expr
@@ -109,7 +109,7 @@ class TermGraph:
         self.dtype.append(dtype)
         const = self.const
         self.const.append(
-            op == "weight" or (op not in ("input", "opaque") and bool(inputs) and all(const[j] for j in inputs))
+            ops.constant_leaf(op) or (op not in ("input", "opaque") and bool(inputs) and all(const[j] for j in inputs))
         )
         sig = hash((op, attrs))
         self.sig.append(sig)
@@ -119,13 +119,13 @@ class TermGraph:
         return i
 
     def is_leaf(self, i: int) -> bool:
-        """Whether node `i` is a graph input or a weight."""
-        return self.op[i] in ("input", "weight")
+        """Whether node `i` is a graph input or a constant leaf."""
+        return ops.get(self.op[i]).leaf
 
     def add(self, op: str, inputs: Sequence[int], attrs: Mapping[str, Any]) -> int:
         """The id of `op(inputs, attrs)`, appended if new; raises ops.ShapeError when it is ill-typed."""
         d = ops.get(op)
-        if d.leaf or d.inputs is None:
+        if (d.leaf and not ops.constant_leaf(op)) or op in ("weight", "opaque"):
             raise RuleError(f"a rewrite cannot build a {op!r} node")
         try:
             frozen = tuple((k, _canon(attrs[k])) for k in d.attr_names)
@@ -136,7 +136,7 @@ class TermGraph:
         if found is not None:
             return found
         shape = ops.shape_of(op, [self.shape[j] for j in inputs], dict(frozen))
-        dtype = self.dtype[inputs[0]] if inputs else FLOAT
+        dtype = ops.dtype_of(op, [self.dtype[j] for j in inputs], dict(frozen))
         return self._append(op, inputs, frozen, shape, dtype)
 
     def rebuild(self, i: int, inputs: tuple[int, ...]) -> int:

@@ -474,6 +474,8 @@ class _Plan:
             if d.ranks is None:
                 continue
             for slot, rank in zip([key, *args], d.ranks):
+                if rank is None:
+                    continue
                 if rank == ops.SAME:
                     same(key, slot)
                 else:
@@ -605,6 +607,15 @@ class _Builder:
         vals = [self.value_of(a) for a in args]
         if fn == "vec":
             return tuple(vals)
+        if fn == "ones":
+            if not isinstance(vals[0], int):
+                raise Reject("symbolic rank")
+            return (1,) * vals[0]
+        if fn == "vec-set":
+            v, i, x = vals
+            if not isinstance(v, tuple) or not isinstance(i, int) or not 0 <= i < len(v):
+                raise Reject("vec-set out of range")
+            return v[:i] + (x,) + v[i + 1 :]
         if fn == "vec-get":
             v, i = vals
             if isinstance(v, tuple) and isinstance(i, int):

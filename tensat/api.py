@@ -31,7 +31,6 @@ from tensat.latency import LatencyComparison, compare_latency
 from tensat.measure import MeasuredCost, default_clock, make_measured_cost, resolve_device
 from tensat.options import Options
 from tensat.progress import ProgressFn, report
-from tensat.runtime_forms import Forms, choose_forms, has_sites
 from tensat.session import ModelSource, Serialized
 from tensat.verify import VerifyReport
 
@@ -70,9 +69,6 @@ class OptimizeResult:
     # or not it was returned: the graph extracted, or, where that prices no lower as written, the graph the search
     # started from, with none; `tensat.egraph.provenance`)
     rules: dict[str, int] = field(default_factory=dict)
-    # the input's computations onnxruntime runs faster one way than another, timed both ways, and those written
-    # the other way (`tensat.runtime_forms`); None where none was timed
-    forms: Forms | None = None
 
     @property
     def speedup(self) -> float:
@@ -108,8 +104,6 @@ class OptimizeResult:
                 + ", ".join(f"{name} x{n}" for name, n in self.rules.items())
                 + ("" if self.returned_input is None else " (in the extracted graph, which was not returned)")
             )
-        if self.forms is not None and self.forms.timings:
-            lines.append(f"forms     {self.forms.summary()}")
         lines.append("time      " + ", ".join(f"{k} {v:.2f}s" for k, v in self.times.items()))
         if self.verification is not None:
             v = self.verification
@@ -146,7 +140,6 @@ class OptimizeResult:
             "pre_passed": self.pre_passed,
             "returned_input": self.returned_input,
             "rules": dict(self.rules),
-            "forms": None if self.forms is None else self.forms.to_dict(),
             "exploration": self.exploration.to_dict(),
             "extraction": None
             if ex is None
@@ -463,7 +456,6 @@ class _Run:
     cost: _FallbackCost | None = None
     measured: MeasuredCost | None = None  # the cost model if it times ops on a device
     cost_before: float = 0.0
-    forms: Forms | None = None  # what `_choose_forms` timed and rewrote (`tensat.runtime_forms`)
     # the search
     search_start: float = 0.0  # perf_counter when the search began: the time budget counts from then
     te: TensorEGraph | None = None
@@ -614,29 +606,6 @@ def _price_input(run: _Run) -> None:
                 f"{run.cost_before:.4g} ms): searching from the model as given",
             )
             run.graph, run.nodes_read, run.pre_passed = run.read, len(run.model.graph.node), False
-
-
-def _choose_forms(run: _Run) -> None:
-    """Write each of the input's computations that onnxruntime runs faster in one form than in another in the form
-    measured faster on this device (`tensat.runtime_forms`); the input's price then counts what its own forms cost
-    beyond those, as onnxruntime runs the input."""
-    assert run.graph is not None and run.read is not None and run.measured is not None
-    run.log.say("cost", "timing the forms onnxruntime runs faster one way than another")
-    graph, run.forms = choose_forms(run.graph, run.measured)
-    excess = run.forms.excess_ms if run.read is run.graph else choose_forms(run.read, run.measured)[1].excess_ms
-    run.graph = graph
-    run.cost_before += excess
-
-
-def _forms_failed(run: _Run, exc: BaseException) -> None:
-    """A failed timing leaves the input as written: onnxruntime fuses it as it does the input."""
-    run.log.warn(
-        f"the forms onnxruntime runs faster one way than another could not be timed ({one_line(exc, typed=True)})"
-    )
-
-
-def _has_forms(run: _Run) -> bool:
-    return run.measured is not None and any(g is not None and has_sites(g) for g in (run.graph, run.read))
 
 
 # -- the search: lower, explore, price, guided rounds, extract, rebuild
@@ -1046,7 +1015,6 @@ def _report_costs(run: _Run) -> None:
 _PIPELINE = (
     _Stage("import", _import),
     _Stage(None, _price_input),
-    _Stage("forms", _choose_forms, fallback=_forms_failed, when=_has_forms),
     _Stage(None, _search, fallback=_search_failed),
     _Stage("export", _export_candidate, fallback=_unexportable, when=_has_candidate),
     _Stage(None, _prefer_start, fallback=_start_unexportable, when=_rules_changed),
@@ -1114,7 +1082,6 @@ def _result(run: _Run, output_path: str | os.PathLike[str] | None) -> OptimizeRe
         pre_passed=run.pre_passed,
         returned_input=run.returned_input,
         rules=dict(run.candidate_rules),
-        forms=run.forms,
     )
 
 

@@ -7,7 +7,7 @@ so a node's inputs always have smaller ids.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +49,8 @@ class Node:
 
     @property
     def is_leaf(self) -> bool:
-        return self.op in ("input", "weight")
+        """A graph input or a constant (a weight, or a constant its attributes define): no tensor inputs."""
+        return ops.get(self.op).leaf
 
 
 @dataclass(frozen=True)
@@ -78,8 +79,6 @@ class Graph:
     # subgraph itself reads (see `tensat.onnx.fusions`)
     pinned: set[int] = field(default_factory=set)
     sealed: set[int] = field(default_factory=set)
-    # residual adds the runtime fuses with the LayerNormalization reading them (`tensat.onnx.fusions.skip_adds`)
-    skip_adds: set[int] = field(default_factory=set)
     _index: dict[Node, int] = field(default_factory=dict, repr=False)
 
     # -- construction -------------------------------------------------------------------------------------------
@@ -134,7 +133,7 @@ class Graph:
             shape, dtype = tuple(frozen["shape"]), frozen["dtype"]
         else:
             shape = ops.shape_of(op, [self.nodes[i].shape for i in inputs], frozen)
-            dtype = self.nodes[inputs[0]].dtype if inputs else FLOAT
+            dtype = ops.dtype_of(op, [self.nodes[i].dtype for i in inputs], frozen)
         return self._intern(Node(op, inputs, ordered, shape, dtype))
 
     def reshape(self, x: int, shape: Sequence[int]) -> int:
@@ -207,50 +206,35 @@ class Graph:
         return out
 
     def weight_only(self) -> set[int]:
-        """Ids of nodes computable from weights alone with numpy (folded into constants at export)."""
+        """Ids of nodes computable from constants alone with numpy (folded into constants at export)."""
         const: set[int] = set()
         for i, n in enumerate(self.nodes):
-            if n.op == "weight" or (n.op not in ("input", "opaque") and n.inputs and all(j in const for j in n.inputs)):
+            if ops.constant_leaf(n.op) or (
+                n.op not in ("input", "opaque") and n.inputs and all(j in const for j in n.inputs)
+            ):
                 const.add(i)
         return const
+
+    def constant(self, i: int) -> np.ndarray | None:
+        """The value of node `i` if it is a constant leaf (a weight, or a constant its attributes define)."""
+        n = self.nodes[i]
+        if n.op == "weight":
+            return self.weights[n.attr["name"]]
+        if ops.constant_leaf(n.op):
+            return ops.evaluate(n.op, [], n.attr).astype(n.dtype, copy=False)
+        return None
 
     def op_count(self) -> int:
         """Number of live operator nodes that run at inference (not inputs, weights or weight-only nodes)."""
         const = self.weight_only()
         return sum(1 for i in self.live() if not self.nodes[i].is_leaf and i not in const)
 
-    def replace(self, i: int, node: Node) -> None:
-        """Put `node` in place of node `i`: another way of computing its value, over nodes before it (an add
-        written as ONNX Sum, see `tensat.runtime_forms`)."""
-        old = self.nodes[i]
-        if node.shape != old.shape or node.dtype != old.dtype or any(j >= i for j in node.inputs):
-            raise ValueError(f"{node.op} over {node.inputs} cannot replace node {i} ({old.op} of {old.shape})")
-        if node.op != "opaque" and ops.shape_of(node.op, [self.nodes[j].shape for j in node.inputs], node.attr) != (
-            node.shape
-        ):
-            raise ValueError(f"{node.op} over {node.inputs} does not compute node {i}'s shape {old.shape}")
-        if self._index.get(old) == i:
-            del self._index[old]
-        self.nodes[i] = node
-        self._index.setdefault(node, i)
-
-    def compact(self, expand: Mapping[int, Callable[[Graph, tuple[int, ...]], int]] | None = None) -> Graph:
-        """A copy holding only live nodes and the weights they use, ids renumbered in topological order. `expand`
-        maps a node to another way of computing its value, over nodes the node reads: given the copy and those
-        inputs in it, it adds the nodes that compute the value there and returns the one holding it (an LRN
-        written as its definition, see `tensat.runtime_forms`). An expanded node's place in `pinned`, `sealed`
-        and `skip_adds` is not passed on."""
-        expand = expand or {}
+    def compact(self) -> Graph:
+        """A copy holding only live nodes and the weights they use, ids renumbered in topological order."""
         out = Graph(opset_imports=dict(self.opset_imports), name=self.name)
         remap: dict[int, int] = {}
         for i in self.live():
             n = self.nodes[i]
-            if i in expand:
-                remap[i] = expand[i](out, tuple(remap[j] for j in n.inputs))
-                got = out.nodes[remap[i]]
-                if got.shape != n.shape or got.dtype != n.dtype:
-                    raise ValueError(f"node {i} ({n.op} of {n.shape}) expanded to a value of {got.shape} {got.dtype}")
-                continue
             if n.op == "weight":
                 remap[i] = out.weight(self.weights[n.attr["name"]], n.attr["name"])
                 continue
@@ -259,9 +243,8 @@ class Graph:
             node = Node(n.op, tuple(remap[j] for j in n.inputs), n.attrs, n.shape, n.dtype)
             remap[i] = out._intern(node)
         out.outputs = [(name, remap[n]) for name, n in self.outputs]
-        out.pinned = {remap[i] for i in self.pinned if i in remap and i not in expand}
-        out.sealed = {remap[i] for i in self.sealed if i in remap and i not in expand}
-        out.skip_adds = {remap[i] for i in self.skip_adds if i in remap and i not in expand}
+        out.pinned = {remap[i] for i in self.pinned if i in remap}
+        out.sealed = {remap[i] for i in self.sealed if i in remap}
         return out
 
     def evaluate(self, feeds: Mapping[str, np.ndarray], nodes: Iterable[int] | None = None) -> dict[int, np.ndarray]:
@@ -279,8 +262,8 @@ class Graph:
             n = self.nodes[i]
             if n.op == "input":
                 values[i] = np.asarray(feeds[n.attr["name"]])
-            elif n.op == "weight":
-                values[i] = self.weights[n.attr["name"]]
+            elif ops.constant_leaf(n.op):
+                values[i] = self.constant(i)  # type: ignore[assignment]
             else:
                 values[i] = ops.evaluate(n.op, [values[j] for j in n.inputs], n.attr)
         return {i: values[i] for i in wanted}

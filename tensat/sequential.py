@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tensat import rewrites
+from tensat import ops, rewrites
 from tensat.cost import (
     FUSED_ACTIVATIONS,
     FUSION_PRODUCERS,
@@ -204,7 +204,7 @@ class SequentialSearch:
         """Price every store node not priced yet (a node's cost never changes: it is a term)."""
         s = self.store
         for i in range(len(self._cost), len(s)):
-            leaf = s.op[i] in ("input", "weight")
+            leaf = ops.get(s.op[i]).leaf
             if leaf or s.const[i]:
                 self._cost.append(0.0)
                 self._isop.append(False)

@@ -12,9 +12,7 @@ order, lowest first; a module may import modules of its own layer or of a layer 
   tensors and imports no other part of the project.
 - onnx: models in and out of ONNX (tensat.onnx_io), running them in onnxruntime (session, verify, latency), the
   built-in benchmark graphs (models).
-- costs: the analytic cost model (cost) and the measured one with its cache (measure, costcache, cost_report), and
-  the forms of a computation onnxruntime runs faster one way than another, which it times to write the faster
-  (runtime_forms).
+- costs: the analytic cost model (cost) and the measured one with its cache (measure, costcache, cost_report).
 - search: the e-graph exploration (egraph) and the TASO-style sequential search (sequential), each over the rules
   and a cost model.
 - pipeline: `tensat.optimize` (api), the comparison of the two searches (compare), and the package's own
@@ -60,7 +58,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("rules", ("tensat.rewrites",)),
     ("extraction", ("tensat.extraction",)),
     ("onnx", ("tensat.onnx_io", "tensat.onnx", "tensat.session", "tensat.verify", "tensat.latency", "tensat.models")),
-    ("costs", ("tensat.cost", "tensat.costcache", "tensat.measure", "tensat.cost_report", "tensat.runtime_forms")),
+    ("costs", ("tensat.cost", "tensat.costcache", "tensat.measure", "tensat.cost_report")),
     ("search", ("tensat.egraph", "tensat.sequential")),
     ("pipeline", ("tensat", "tensat.api", "tensat.compare")),
     ("cli", ("tensat.cli_args", "tensat.cli", "tensat.compare_cli", "tensat.measure_cli", "tensat.__main__")),

@@ -5,6 +5,7 @@ into IR ops, the input graph's own selection, and the IR graph a selection descr
 from __future__ import annotations
 
 import gc
+import statistics
 import time
 from collections.abc import Callable, Container, Iterator, Sequence
 from contextlib import contextmanager
@@ -160,6 +161,7 @@ class Export(LoweredGraph):
         index: dict[tuple[Any, ...], str] = {}
         checked, items = memo.shapes, memo.items
         defs = {d.name: d for d in ops.BY_EGG.values()}
+        leaves = {op for op, d in defs.items() if d.leaf}
         fixed = {op for op, d in defs.items() if d.inputs is not None}
         float_ops = {op for op, d in defs.items() if any(kind == "float" for _, kind in d.attrs)}
         unordered = {op for op, d in defs.items() if [n for n, _ in d.attrs] != sorted(n for n, _ in d.attrs)}
@@ -189,7 +191,7 @@ class Export(LoweredGraph):
                 costs[nid] = 0.0
                 continue
             flags = tuple([c in const for c in children])
-            if op in ("input", "weight") or (op != "opaque" and children and False not in flags):
+            if op in leaves or (op != "opaque" and children and False not in flags):
                 costs[nid] = 0.0
             else:
                 key = (attrs_key, out, child_ids, flags)
@@ -218,11 +220,18 @@ class Export(LoweredGraph):
         prefetch = getattr(node_cost, "prefetch", None)
         original = set(own.values())
         if competitive:
+            deadline = None if price_seconds is None else time.perf_counter() + price_seconds
+            measured: dict[str, float] = {}
+            if prefetch is not None:  # the input's own e-nodes first: what the others are competing against
+                own_items = [nid for nid in to_price if nid in original]
+                left = set(self._prefetch(prefetch, own_items, to_price, deadline))
+                measured = {nid: float(node_cost(*to_price[nid])) for nid in own_items if nid not in left}
             estimate, dominated, order = self._dominated(
-                decoded, to_price, keys, costs, forbidden, competitive, original, names
+                decoded, to_price, keys, costs, forbidden, competitive, original, names, measured
             )
             if prefetch is not None:
-                dominated.update(self._prefetch(prefetch, order, to_price, price_seconds))
+                rest = [nid for nid in order if nid not in measured]
+                dominated.update(self._prefetch(prefetch, rest, to_price, deadline))
         elif prefetch is not None:
             prefetch(list(to_price.values()))
         if memo.price_model is not node_cost:
@@ -327,11 +336,15 @@ class Export(LoweredGraph):
         ratio: float,
         original: set[str],
         names: Sequence[str],
+        measured: dict[str, float],
     ) -> tuple[dict[str, float], set[str], list[str]]:
         """The analytic estimate of every e-node of `to_price`; those whose cheapest tree under it (the e-node with
         the work it needs below it) exceeds `ratio` times the cheapest tree of their e-class (never one of
-        `original`, the input graph's own); and the others in pricing order (see `export`). Estimates are kept in
-        the export memo under the e-node's key in `keys`; `names` are the e-class ids as strings."""
+        `original`, the input graph's own); and the others in pricing order (see `export`). The trees count the
+        input's e-nodes priced already (`measured`) at their price, in the estimate's units (divided by the median
+        ratio of price to estimate over them): a kernel the estimate puts far below what it takes (onnxruntime's
+        LRN) does not make the alternatives to it look dominated. Estimates are kept in the export memo under the
+        e-node's key in `keys`; `names` are the e-class ids as strings."""
         analytic = AnalyticCost()
         known = self._memo().estimates
         estimate: dict[str, float] = {}
@@ -341,11 +354,14 @@ class Export(LoweredGraph):
             if value is None:
                 value = known[key] = float(analytic(*item))
             estimate[nid] = value
+        ratios = [measured[nid] / estimate[nid] for nid in measured if estimate.get(nid, 0.0) > 0 and measured[nid] > 0]
+        scale = statistics.median(ratios) if ratios else 1.0
+        in_units = {nid: price / scale for nid, price in measured.items()}
         estimated = XGraph(
             {
                 nid: ENode(
                     ops.get(dn.op).egg,
-                    estimate.get(nid, costs.get(nid, 0.0)),
+                    in_units.get(nid, estimate.get(nid, costs.get(nid, 0.0))),
                     names[dn.eclass],
                     tuple([names[c] for c in dn.children]),
                 )
@@ -372,10 +388,10 @@ class Export(LoweredGraph):
         prefetch: Callable[..., Any],
         order: Sequence[str],
         to_price: dict[str, tuple[Node, list[tuple[int, ...]], list[bool]]],
-        seconds: float | None,
+        deadline: float | None,
     ) -> list[str]:
-        """Prefetch the prices of `order`, most wanted first, for at most `seconds`; the ids left unpriced."""
-        deadline = None if seconds is None else time.perf_counter() + seconds
+        """Prefetch the prices of `order`, most wanted first, until `deadline` (a `time.perf_counter()` value); the
+        ids left unpriced."""
         left = prefetch([to_price[nid] for nid in order], deadline) or ()
         return [order[i] for i in left]
 
@@ -390,8 +406,9 @@ class Export(LoweredGraph):
         waiting: dict[int, list[int]] = {}
         pending: list[int] = []
         owner: list[int] = []
+        constants = {name for name in ops.REGISTRY if ops.constant_leaf(name)}
         for dn in decoded.values():
-            if dn.op == "weight":
+            if dn.op in constants:
                 if dn.eclass not in const:
                     const.add(dn.eclass)
                     work.append(dn.eclass)

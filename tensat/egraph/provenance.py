@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tensat import rewrites
+from tensat import ops, rewrites
 from tensat.rewrites.dsl import Lit, Pattern, Term, Var, attr_value, eval_expr
 
 
@@ -87,7 +87,7 @@ def rules_behind(
     as_written = _Classes(own)
     matchers = [_Matcher(rule, shapes) for rule in rules]
     counts: Counter[str] = Counter()
-    covered: set[int] = set()
+    covered: dict[int, str] = {}  # a new e-class a right side built -> the op it built there
 
     def explain(
         tiers: Sequence[tuple[Sequence[DecodedNode], _Classes]],
@@ -102,8 +102,8 @@ def rules_behind(
                     rhs = m.explained_by(lefts, lhs_classes, right, eclass, rhs_classes, from_input)
                     if rhs is not None:
                         found.append(m.rule.name)
-                        if rhs_classes is chosen and right is not None:
-                            covered.update(_inner_classes(rhs, right, choices, decoded))
+                        if right is not None:
+                            covered.update(_inner_classes(rhs, right, choices, decoded, everything))
                 if found:
                     counts.update(found)
                     return
@@ -114,24 +114,35 @@ def rules_behind(
         if name in original:
             was = decoded[original[name]]
             explain([([was], as_written), ([was], everything)], now, now.eclass)
-        elif now.eclass not in covered:  # a new e-class the right side above it did not build as chosen
+        elif covered.get(now.eclass) != now.op:  # a new e-class the right side above it did not build as chosen
             others = [dn for dn in everything.of[now.eclass] if dn is not now]
             explain([(others, everything)], now, now.eclass, from_input=False)
     for nid, dn in zip(inputs, own):
-        if dn.op not in ("input", "weight") and original.get(str(dn.eclass)) not in (None, nid):
+        if not ops.get(dn.op).leaf and original.get(str(dn.eclass)) not in (None, nid):
             explain([([dn], as_written), ([dn], everything)], None, dn.eclass)
     return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def _inner_classes(
-    p: Pattern, node: DecodedNode, choices: Mapping[str, str], decoded: Mapping[str, DecodedNode]
-) -> Iterator[int]:
-    """The e-classes a right side matched at `node` builds below it (its inner terms, matched on chosen e-nodes)."""
+    p: Pattern,
+    node: DecodedNode,
+    choices: Mapping[str, str],
+    decoded: Mapping[str, DecodedNode],
+    everything: _Classes,
+) -> Iterator[tuple[int, str]]:
+    """The e-classes a right side matched at `node` builds below it (its inner terms), each with the op it builds
+    there: on the chosen e-nodes, or, where a later rewrite chose another e-node of an inner term's e-class (an LRN's
+    definition whose power became square roots: a change of its own), on an e-node of the term's op there, so the
+    terms below it are the first rewrite's too."""
     if isinstance(p, Term):
         for arg, child in zip(p.args, node.children):
             if isinstance(arg, Term):
-                yield child
-                yield from _inner_classes(arg, decoded[choices[str(child)]], choices, decoded)
+                yield child, arg.op
+                below = decoded[choices[str(child)]] if str(child) in choices else None
+                if below is None or below.op != arg.op:
+                    below = next((dn for dn in everything.of.get(child, ()) if dn.op == arg.op), None)
+                if below is not None:
+                    yield from _inner_classes(arg, below, choices, decoded, everything)
 
 
 class _Classes:

@@ -24,7 +24,7 @@ from tensat.ir import Graph, Node
 from tensat.measure.bar import Progress
 from tensat.measure.cache import CostCache, CostEntry
 from tensat.measure.device import _silenced, default_clock, device_info, fingerprint, resolve_device
-from tensat.measure.timing import Calibration, Runner, Timing, measure_calibration, time_pair, time_rounds
+from tensat.measure.timing import Calibration, Runner, Timing, measure_calibration, time_pair
 from tensat.measure.units import (
     NCHWC_DOMAIN,
     Shape,
@@ -471,29 +471,6 @@ class MeasuredCost:
             detail["evict_mib"] = round(plan.evict_bytes / 2**20, 1)
         spread = max(w.spread for w in plan.windows)
         return CostEntry(us / 1e3, spread, detail["rounds"], plan.unit.label(), detail)
-
-    def compare_forms(self, name: str, first: ModelProto, second: ModelProto) -> tuple[float, float]:
-        """Milliseconds per run of two models computing one thing written two ways (the same inputs), timed
-        interleaved on this device and cached under `name`, with the unit costs. What onnxruntime fuses in each
-        differs, and a kernel it fuses can be slower than the ops it replaces; only timing the two tells. Each
-        figure includes the run's fixed overhead, the same in both."""
-        key = f"forms|{name}"
-        found = self.cache.get(self.fingerprint, key)
-        if found is not None and found.detail is not None and len(found.detail.get("ms", ())) == 2:
-            first_ms, second_ms = found.detail["ms"]
-            return float(first_ms), float(second_ms)
-        runs = [self.runner.bound(self.runner.session(m)) for m in (first, second)]
-        rows: list[tuple[float, float]] = []
-
-        def difference(seconds: Sequence[float]) -> float:
-            rows.append((seconds[0], seconds[1]))
-            return seconds[0] - seconds[1]
-
-        timing = time_rounds(runs, difference, max_seconds=self.max_seconds, clock=self.runner.clock)
-        ms = (statistics.median(r[0] for r in rows) * 1e3, statistics.median(r[1] for r in rows) * 1e3)
-        self.stats.measured += 1
-        self.cache.put(self.fingerprint, key, CostEntry(ms[0], timing.spread, timing.rounds, name, {"ms": list(ms)}))
-        return ms
 
     def _measure(self, unit: Unit) -> CostEntry:
         """Plan and time one unit now, in its windows back to back (no progress bar)."""

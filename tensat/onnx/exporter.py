@@ -147,6 +147,8 @@ class _Exporter:
             n = g.nodes[i]
             if n.op == "weight":
                 self.consts[i] = g.weights[n.attr["name"]]
+            elif ops.constant_leaf(n.op):
+                self.consts[i] = g.constant(i)  # type: ignore[assignment]
             elif n.op == "input" or not n.inputs or not all(j in self.consts for j in n.inputs):
                 continue
             elif n.op == "opaque":
@@ -478,12 +480,20 @@ def _ex_leaf(e: _Exporter, i: int) -> None:
     """Inputs and weights need no node."""
 
 
-def _ex_plain(op_type: str) -> Emitter:
-    """The emission of an op with tensor inputs only, as ONNX op `op_type`."""
+def _split_type(onnx_type: str) -> tuple[str, str]:
+    """(domain, op type) of an `OpDef.onnx` name ("com.microsoft:FusedMatMul", or a default-domain "Add")."""
+    domain, _, op_type = onnx_type.rpartition(":")
+    return domain, op_type
+
+
+def _ex_plain(onnx_type: str) -> Emitter:
+    """The emission of an op with tensor inputs only, as ONNX op `onnx_type` (in its domain, if another)."""
+    domain, op_type = _split_type(onnx_type)
 
     def export(e: _Exporter, i: int) -> None:
         n = e.graph.nodes[i]
-        e.emit(op_type, [e.tensor(j) for j in n.inputs], [e.tensor(i)], f"{n.op}_{i}")
+        e.emit(op_type, [e.tensor(j) for j in n.inputs], [e.tensor(i)], f"{n.op}_{i}", domain=domain)
+        e.domains.add(domain)
 
     return export
 
@@ -684,6 +694,158 @@ def _ex_merge(e: _Exporter, i: int) -> None:
     tiled = e.namer(f"merge_{i}_tiled")
     e.emit("Tile", [e.tensor(n.inputs[0]), e.int64([1, count, 1, 1], f"merge_{i}_repeats")], [tiled], f"merge_{i}_tile")
     e.emit("Mul", [tiled, _ex_const(e, mask, f"merge_{i}_mask")], [e.tensor(i)], f"merge_{i}")
+
+
+@_emitter("clip")
+def _ex_clip(e: _Exporter, i: int) -> None:
+    """Clip with its bounds as attributes (before opset 11) or constant inputs; an infinite bound is left out."""
+    n = e.graph.nodes[i]
+    low, high = n.attr["min"], n.attr["max"]
+    if e.opset < 11:
+        bounds: dict[str, Any] = {k: float(v) for k, v in (("min", low), ("max", high)) if np.isfinite(v)}
+        e.emit("Clip", [e.tensor(n.inputs[0])], [e.tensor(i)], f"clip_{i}", **bounds)
+        return
+    dtype = np.dtype(n.dtype)
+    ins = [e.tensor(n.inputs[0])]
+    for k, v in (("min", low), ("max", high)):
+        ins.append(_ex_const(e, np.asarray(v, dtype), f"clip_{i}_{k}") if np.isfinite(v) else "")
+    while ins[-1] == "":
+        ins.pop()
+    e.emit("Clip", ins, [e.tensor(i)], f"clip_{i}")
+
+
+@_emitter("gelu")
+def _ex_gelu(e: _Exporter, i: int) -> None:
+    """ONNX Gelu from opset 20; before, onnxruntime's contrib Gelu (exact) or FastGelu (tanh)."""
+    n = e.graph.nodes[i]
+    approximate = n.attr["approximate"]
+    if e.opset >= 20:
+        e.emit(
+            "Gelu",
+            [e.tensor(n.inputs[0])],
+            [e.tensor(i)],
+            f"gelu_{i}",
+            approximate=ops.GELU_APPROXIMATIONS[approximate],
+        )
+        return
+    op_type = "FastGelu" if approximate else "Gelu"
+    e.emit(op_type, [e.tensor(n.inputs[0])], [e.tensor(i)], f"gelu_{i}", domain=ops.CONTRIB)
+    e.domains.add(ops.CONTRIB)
+
+
+@_emitter("softmax", "log_softmax")
+def _ex_softmax(e: _Exporter, i: int) -> None:
+    """Softmax over one axis; before opset 13 ONNX's flattens the dims from its axis on, so another axis than the
+    last is moved there and back."""
+    n = e.graph.nodes[i]
+    op_type, axis, rank = _onnx_type(n.op), n.attr["axis"], len(n.shape)
+    x = e.tensor(n.inputs[0])
+    if e.opset >= 13 or axis == rank - 1:
+        e.emit(op_type, [x], [e.tensor(i)], f"{n.op}_{i}", axis=axis)
+        return
+    perm = [d for d in range(rank) if d != axis] + [axis]
+    back = [perm.index(d) for d in range(rank)]
+    moved, done = e.namer(f"{n.op}_{i}_moved"), e.namer(f"{n.op}_{i}_last")
+    e.emit("Transpose", [x], [moved], f"{n.op}_{i}_move", perm=perm)
+    e.emit(op_type, [moved], [done], f"{n.op}_{i}", axis=rank - 1)
+    e.emit("Transpose", [done], [e.tensor(i)], f"{n.op}_{i}_back", perm=back)
+
+
+@_emitter("lrn")
+def _ex_lrn(e: _Exporter, i: int) -> None:
+    n = e.graph.nodes[i]
+    a = n.attr
+    e.emit(
+        "LRN",
+        [e.tensor(n.inputs[0])],
+        [e.tensor(i)],
+        f"lrn_{i}",
+        size=int(a["size"]),
+        alpha=float(a["alpha"]),
+        beta=float(a["beta"]),
+        bias=float(a["bias"]),
+    )
+
+
+@_emitter("cast")
+def _ex_cast(e: _Exporter, i: int) -> None:
+    n = e.graph.nodes[i]
+    e.emit("Cast", [e.tensor(n.inputs[0])], [e.tensor(i)], f"cast_{i}", to=int(n.attr["to"]))
+
+
+@_emitter("reducemean", "reducesum")
+def _ex_reduce(e: _Exporter, i: int) -> None:
+    """A reduction with its axes as an attribute, or as an input from the opset that made them one."""
+    n = e.graph.nodes[i]
+    axes, keep = list(n.attr["axes"]), int(n.attr["keepdims"])
+    x = e.tensor(n.inputs[0])
+    if e.opset < (18 if n.op == "reducemean" else 13):
+        e.emit(_onnx_type(n.op), [x], [e.tensor(i)], f"{n.op}_{i}", axes=axes, keepdims=keep)
+    else:
+        e.emit(_onnx_type(n.op), [x, e.int64(axes, f"{n.op}_{i}_axes")], [e.tensor(i)], f"{n.op}_{i}", keepdims=keep)
+
+
+@_emitter("layernorm")
+def _ex_layer_norm(e: _Exporter, i: int) -> None:
+    """LayerNormalization (an ONNX op from opset 17; onnxruntime runs it at every opset)."""
+    n = e.graph.nodes[i]
+    e.emit(
+        "LayerNormalization",
+        [e.tensor(j) for j in n.inputs],
+        [e.tensor(i)],
+        f"layernorm_{i}",
+        axis=int(n.attr["axis"]),
+        epsilon=float(n.attr["epsilon"]),
+    )
+
+
+@_emitter("gather")
+def _ex_gather(e: _Exporter, i: int) -> None:
+    n = e.graph.nodes[i]
+    e.emit("Gather", [e.tensor(j) for j in n.inputs], [e.tensor(i)], f"gather_{i}", axis=int(n.attr["axis"]))
+
+
+@_emitter("gather_nd")
+def _ex_gather_nd(e: _Exporter, i: int) -> None:
+    n = e.graph.nodes[i]
+    batch: dict[str, Any] = {"batch_dims": int(n.attr["batch_dims"])} if n.attr["batch_dims"] else {}
+    e.emit("GatherND", [e.tensor(j) for j in n.inputs], [e.tensor(i)], f"gather_nd_{i}", **batch)
+
+
+@_emitter("expand")
+def _ex_expand(e: _Exporter, i: int) -> None:
+    n = e.graph.nodes[i]
+    shape = e.int64(n.attr["shape"], f"expand_{i}_shape")
+    e.emit("Expand", [e.tensor(n.inputs[0]), shape], [e.tensor(i)], f"expand_{i}")
+
+
+@_emitter("stride")
+def _ex_stride(e: _Exporter, i: int) -> None:
+    n = e.graph.nodes[i]
+    a = n.attr
+    if e.opset < 10:
+        raise ModelError(f"a strided slice needs opset 10 or later; the model has opset {e.opset}")
+    start, end = a["start"], a["start"] + a["step"] * (a["size"] - 1) + 1
+    ins = [
+        e.tensor(n.inputs[0]),
+        e.int64([start], f"stride_{i}_starts"),
+        e.int64([end], f"stride_{i}_ends"),
+        e.int64([a["axis"]], f"stride_{i}_axes"),
+        e.int64([a["step"]], f"stride_{i}_steps"),
+    ]
+    e.emit("Slice", ins, [e.tensor(i)], f"stride_{i}")
+
+
+@_emitter("skip_layernorm", "rms_norm")
+def _ex_norm_kernel(e: _Exporter, i: int) -> None:
+    """onnxruntime's SkipLayerNormalization (contrib) and SimplifiedLayerNormalization (ONNX domain) kernels."""
+    n = e.graph.nodes[i]
+    domain, op_type = _split_type(_onnx_type(n.op))
+    attrs: dict[str, Any] = {"epsilon": float(n.attr["epsilon"])}
+    if n.op == "rms_norm":
+        attrs["axis"] = -1
+    e.emit(op_type, [e.tensor(j) for j in n.inputs], [e.tensor(i)], f"{n.op}_{i}", domain=domain, **attrs)
+    e.domains.add(domain)
 
 
 def _exporters() -> dict[str, Emitter]:

@@ -1,12 +1,15 @@
-"""The subgraphs onnxruntime fuses into one op that tensat's cost models do not price, found by asking onnxruntime.
+"""The subgraphs onnxruntime fuses into one kernel, found by asking onnxruntime.
 
 onnxruntime's graph optimizer turns a LayerNorm written as ReduceMean/Sub/Pow/Sqrt/Div/Mul/Add, T5's RMSNorm, a GELU
 written with Erf or Tanh, a SiLU, a residual Add and a LayerNorm, a MatMul and the scale or Transpose of its inputs,
-into single kernels. Its pattern matchers accept the operand orders and layouts exporters write, no others: a Mul
-whose operands swap, a scale moved across a Reshape, leave the subgraph unfused, many nodes slower. A cost model
-that prices nodes one by one cannot see that, so the subgraphs are found here, by optimizing the model in
-onnxruntime and reading back which of its nodes each fused node replaced. The importer then pins the IR nodes that
-compute them (`Graph.pinned`: the extraction keeps them as the input has them) and seals the tensors inside them
+into single kernels. Its pattern matchers accept the operand orders and layouts exporters write, no others. So the
+kernels an input runs as are found here, by optimizing the model in onnxruntime and reading back which of its
+nodes each fused node replaced.
+
+A kernel tensat models (`tensat.ops.KERNELS`) is read as what it is: the importer lowers the fused node in place of
+the subgraph it replaced (`Fusions.kernels`), so the e-graph starts from the kernels that run, priced as they run,
+and the rules offer the plain ops they compute as the alternative. The subgraphs of the others are pinned
+(`Graph.pinned`: the extraction keeps them as the input has them) and the tensors inside them sealed
 (`Graph.sealed`: no new node may read one, so no rewrite reaches past the subgraph's output into it).
 
 A convolution's fusions (an activation, a residual Add) and a MatMul's with its bias Add (a Gemm; N-D ones between
@@ -17,11 +20,14 @@ two Reshapes onnxruntime inserts) are left free: tensat's merges of convolutions
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from onnx import ModelProto, NodeProto
 
+from tensat import ops
 from tensat.session import runtime_graph
 
 # Op types whose presence lets onnxruntime fuse a normalization, an activation or an attention: a model with none of
@@ -34,13 +40,13 @@ MAX_GLUE = 4  # nodes onnxruntime adds around a fused node (the Reshapes of an N
 
 @dataclass(frozen=True)
 class Fusions:
-    """Tensors of the input computed inside fused subgraphs: every one (`pinned`), and those only the subgraph
-    itself reads (`internal`: all but each subgraph's outputs)."""
+    """The kernels onnxruntime runs an input as: the fused node of each kernel tensat models, by the input's tensor
+    it computes (`kernels`); and of the others, the tensors computed inside their subgraphs: every one (`pinned`),
+    and those only the subgraph itself reads (`internal`: all but each subgraph's outputs)."""
 
     pinned: frozenset[str] = frozenset()
     internal: frozenset[str] = frozenset()
-    # the residual Adds fused with the LayerNormalization reading them into a SkipLayerNormalization (`skip_adds`)
-    skip_adds: frozenset[str] = frozenset()
+    kernels: Mapping[str, NodeProto] = field(default_factory=dict)
 
 
 def runtime_fusions(model: ModelProto) -> Fusions:
@@ -56,38 +62,18 @@ def runtime_fusions(model: ModelProto) -> Fusions:
     except Exception:  # noqa: BLE001 - a model onnxruntime cannot run has nothing it fuses; verification says why
         return Fusions()
     weights = {t.name for t in graph.initializer} | {s.values.name for s in graph.sparse_initializer}
-    found = _absorbed(graph.node, optimized.graph.node, weights)
-    return Fusions(found.pinned, found.internal, skip_adds(graph.node, optimized.graph.node))
+    inputs = {vi.name for vi in graph.input}
+    return _absorbed(graph.node, optimized.graph.node, weights, inputs)
 
 
-SKIP_LAYERNORM = "SkipLayerNormalization"
-
-
-def skip_adds(original: Iterable[NodeProto], optimized: Iterable[NodeProto]) -> frozenset[str]:
-    """The outputs of the original graph's residual Adds that onnxruntime fused, with the LayerNormalization
-    reading them, into a SkipLayerNormalization of `optimized`: the Add of its input and skip (inputs 0 and 1), or,
-    where it took a bias too (input 4), the Add of the skip and the Add of the input and that bias. Where that
-    kernel is slower than the two it replaces, the Add is written so that the fusion does not fire
-    (`tensat.runtime_forms`)."""
-    adds = {frozenset(n.input): n.output[0] for n in original if n.op_type == "Add" and len(n.input) == 2}
-    out: set[str] = set()
-    for node in optimized:
-        if node.op_type != SKIP_LAYERNORM or len(node.input) < 2:
-            continue
-        x, skip = node.input[0], node.input[1]
-        if len(node.input) > 4 and node.input[4]:
-            x = adds.get(frozenset((x, node.input[4])), "")
-        residual = adds.get(frozenset((x, skip)))
-        if residual:
-            out.add(residual)
-    return frozenset(out)
-
-
-def _absorbed(original: Iterable[NodeProto], optimized: Sequence[NodeProto], weights: set[str]) -> Fusions:
+def _absorbed(
+    original: Iterable[NodeProto], optimized: Sequence[NodeProto], weights: set[str], inputs: set[str]
+) -> Fusions:
     """The original nodes each fused node of a new kind, not `FREE`, replaced: those between the fused node's
     outputs and its inputs (read through the nodes onnxruntime added around it), walking the original graph back
     from the outputs. A fused node whose walk reaches a graph input it does not read, or goes on too long, is
-    skipped: its inputs are tensors onnxruntime made."""
+    skipped: its inputs are tensors onnxruntime made. A fused node of a kernel tensat models (`_as_kernel`) is
+    kept to be read in place of its subgraph; the others' subgraphs are pinned."""
     producer: dict[str, NodeProto] = {}
     kinds: set[tuple[str, str]] = set()
     for node in original:
@@ -102,6 +88,8 @@ def _absorbed(original: Iterable[NodeProto], optimized: Sequence[NodeProto], wei
             readers.setdefault(name, []).append(node)
     pinned: set[str] = set()
     internal: set[str] = set()
+    kernels: dict[str, NodeProto] = {}
+    known = producer.keys() | weights | inputs
     for fused in optimized:
         if fused.op_type in FREE or (fused.domain or "ai.onnx", fused.op_type) in kinds:
             continue
@@ -110,10 +98,33 @@ def _absorbed(original: Iterable[NodeProto], optimized: Sequence[NodeProto], wei
         region = _region(outs, stops, producer, weights)
         if region is None or len(region) < 2:
             continue
+        kernel = _as_kernel(fused, outs, known, readers)
+        if kernel is not None:
+            kernels[kernel.output[0]] = kernel
+            continue
         tensors = {o for n in region for o in n.output if o}
         pinned |= tensors
         internal |= tensors - outs
-    return Fusions(frozenset(pinned), frozenset(internal))
+    return Fusions(frozenset(pinned), frozenset(internal), kernels)
+
+
+def _as_kernel(
+    fused: NodeProto, outs: set[str], known: Iterable[str], readers: Mapping[str, list[NodeProto]]
+) -> NodeProto | None:
+    """The fused node, to be read in place of the subgraph it replaced, where it is a kernel tensat models
+    (`tensat.ops.KERNELS`) of one output read, the input's own tensor, over tensors of the input (not ones
+    onnxruntime made); else None."""
+    domain = "" if fused.domain in ("", "ai.onnx") else fused.domain
+    if fused.op_type not in ops.KERNELS.get(domain, ()):
+        return None
+    if len(outs) != 1 or not fused.output or fused.output[0] not in outs:
+        return None
+    if any(name and readers.get(name) for name in fused.output[1:]):
+        return None
+    names = set(known)
+    if not all(name in names for name in fused.input if name):
+        return None
+    return fused
 
 
 def _original_before(
@@ -161,3 +172,35 @@ def _region(
             elif name not in weights:
                 return None
     return list(seen.values())
+
+
+@dataclass(frozen=True)
+class KernelCheck:
+    """The kernels of tensat's catalogue (`tensat.ops.KERNELS`) a model as written asks for, by op type, and those
+    onnxruntime runs it with: equal where what is written is what runs (onnxruntime fused no plain ops the model
+    chose to keep plain, and kept every kernel it chose)."""
+
+    written: dict[str, int]
+    run: dict[str, int]
+
+    @property
+    def match(self) -> bool:
+        return self.written == self.run
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"written": dict(self.written), "run": dict(self.run), "match": self.match}
+
+
+def _catalogued(nodes: Iterable[NodeProto]) -> dict[str, int]:
+    counts: Counter[str] = Counter()
+    for n in nodes:
+        domain = "" if n.domain in ("", "ai.onnx") else n.domain
+        if n.op_type in ops.KERNELS.get(domain, ()):
+            counts[n.op_type] += 1
+    return dict(sorted(counts.items()))
+
+
+def check_kernels(model: ModelProto, provider: str = "cpu") -> KernelCheck:
+    """Count the catalogued kernels `model` writes and those onnxruntime runs it with on `provider`, in the graph
+    its optimizer writes (`tensat.session.runtime_graph`)."""
+    return KernelCheck(_catalogued(model.graph.node), _catalogued(runtime_graph(model, provider).graph.node))

@@ -21,7 +21,7 @@ from onnx import AttributeProto, ModelProto, NodeProto, helper, numpy_helper
 
 from tensat import ops
 from tensat.errors import ModelError
-from tensat.ir import FLOAT, Graph, OpaqueSpec
+from tensat.ir import Graph, OpaqueSpec
 from tensat.onnx import fusions as runtime
 from tensat.onnx.common import (
     NONDETERMINISTIC,
@@ -52,6 +52,19 @@ def _sample(array: np.ndarray) -> bytes:
 
 
 SAMPLED = 64  # elements `_sample` reads
+
+
+def _uniform(array: np.ndarray) -> float | None:
+    """The one value of a constant whose elements are all equal, where a `fill` holds it exactly (an epsilon, an
+    exponent, a zero bias: the constants a rule can match by value); else None."""
+    if not array.size or str(array.dtype) not in ops.TYPE_CODES:
+        return None
+    flat = array.reshape(-1)
+    first = flat[0]
+    if not np.all(flat == first):
+        return None
+    value = float(first)
+    return value if array.dtype.type(value) == first else None
 
 
 @dataclass
@@ -129,6 +142,10 @@ class _Importer:
         array = np.asarray(array)
         if array.dtype == object:
             return self.graph.weight(array, name)
+        value = _uniform(array)
+        if value is not None:
+            code = ops.TYPE_CODES[str(array.dtype)]
+            return self.graph.add("fill", [], value=value, shape=array.shape, dtype=code)
         bucket = self._constants.setdefault((str(array.dtype), tuple(array.shape)), [])
         if bucket:
             sample = _sample(array)
@@ -150,14 +167,11 @@ class _Importer:
     def value(self, k: int) -> int:
         return self.value_of(self.node.input[k])
 
-    def data(self, k: int, any_dtype: bool = False) -> int:
-        """IR id of data input `k`; only float32 is modelled (any dtype while constant folding `any_dtype` ops)."""
+    def data(self, k: int) -> int:
+        """IR id of data input `k` (the op built over it decides which element types it models: `OpDef.accepts`)."""
         if not self.present(k):
             raise _Unsupported(f"input {k} missing")
-        v = self.value(k)
-        if self.graph.nodes[v].dtype != FLOAT and not (self.folding and any_dtype):
-            raise _Unsupported(f"input {k} is {self.graph.nodes[v].dtype}")
-        return v
+        return self.value(k)
 
     def param(self, k: int) -> np.ndarray:
         """Constant input `k` (shape, axes, split sizes...); a computed one makes the node opaque."""
@@ -174,30 +188,33 @@ class _Importer:
         return self.constant(np.asarray(array), f"{base}__{self._temp}")
 
     def op(self, name: str, inputs: Sequence[int], **attrs: Any) -> int:
-        """Add IR op `name`; evaluated at once into a weight when every input is a weight (numpy broadcasts the
-        operands of element-wise binary ops and matmuls whatever their ranks; the IR pads them to equal ranks)."""
-        nodes = self.graph.nodes
-        broadcast = ops.get(name).kind == "broadcast"
-        if all(nodes[i].op == "weight" for i in inputs):
-            arrays = [self.graph.weights[nodes[i].attr["name"]] for i in inputs]
+        """Add IR op `name`; evaluated at once into a constant when every input is one (numpy broadcasts the
+        operands of element-wise ops and matmuls whatever their ranks; the IR pads them to equal ranks). An op over
+        element types it does not model (`OpDef.accepts`) is not lowered."""
+        g = self.graph
+        d = ops.get(name)
+        broadcast = d.kind == "broadcast"
+        arrays = [g.constant(i) for i in inputs]
+        if all(a is not None for a in arrays):
             if not broadcast and name != "matmul":
-                ops.shape_of(name, [a.shape for a in arrays], attrs)
+                ops.shape_of(name, [a.shape for a in arrays], attrs)  # type: ignore[union-attr]
             try:
-                value = ops.evaluate(name, arrays, attrs)
+                value = ops.evaluate(name, arrays, attrs)  # type: ignore[arg-type]
             except ValueError as e:
                 raise ops.ShapeError(str(e)) from None
             return self.weight(value)
+        dtypes = [g.nodes[i].dtype for i in inputs]
+        if not d.accepts(dtypes):
+            raise _Unsupported(f"{name} of {', '.join(dtypes)} is not modelled")
         if broadcast:
-            rank = max(len(nodes[i].shape) for i in inputs)
+            rank = max(len(g.nodes[i].shape) for i in inputs)
             fixed = []
-            for i in inputs:
-                n = nodes[i]
-                if n.op == "weight" and len(n.shape) < rank:
-                    array = self.graph.weights[n.attr["name"]]
+            for i, array in zip(inputs, arrays):
+                if array is not None and array.ndim < rank:
                     i = self.weight(array.reshape((1,) * (rank - array.ndim) + array.shape))
                 fixed.append(i)
             inputs = fixed
-        return self.graph.add(name, inputs, **attrs)
+        return g.add(name, inputs, **attrs)
 
     def reshape(self, v: int, shape: Sequence[int]) -> int:
         shape = tuple(int(d) for d in shape)
@@ -213,25 +230,30 @@ class _Importer:
     # -- nodes --------------------------------------------------------------------------------------------------
 
     def _lower(self, index: int, node: NodeProto) -> None:
+        """Lower `node`; where it computes the output of a subgraph onnxruntime fuses into a kernel tensat models,
+        the kernel instead (`fusions.Fusions.kernels`: the subgraph's other nodes are then read by nothing)."""
+        kernel = next((self.fusions.kernels[name] for name in node.output if name in self.fusions.kernels), None)
+        if kernel is not None:
+            self._lower_node(index, kernel)
+            made = self.env.get(kernel.output[0])
+            if made is not None and self.graph.nodes[made].op != "opaque":
+                return
         start = len(self.graph.nodes)
         self._lower_node(index, node)
         if self.fusions.pinned.intersection(node.output):  # the IR nodes made for it, and those of its outputs
             g = self.graph
             outs = {self.env[name] for name in node.output if name in self.env}
             internal = {self.env[name] for name in self.fusions.internal.intersection(node.output) if name in self.env}
-            made = set(range(start, len(g.nodes)))
-            g.pinned.update(i for i in made | outs if not g.nodes[i].is_leaf)
-            g.sealed.update(i for i in (made - outs) | internal if not g.nodes[i].is_leaf)
-        for name in self.fusions.skip_adds.intersection(node.output):
-            if name in self.env and self.graph.nodes[self.env[name]].op == "add":
-                self.graph.skip_adds.add(self.env[name])
+            made_here = set(range(start, len(g.nodes)))
+            g.pinned.update(i for i in made_here | outs if not g.nodes[i].is_leaf)
+            g.sealed.update(i for i in (made_here - outs) | internal if not g.nodes[i].is_leaf)
 
     def _lower_node(self, index: int, node: NodeProto) -> None:
         self.node, self.index = node, index
         self.attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         domain = norm_domain(node.domain)
         has_graph = any(subgraphs(a) for a in node.attribute)
-        handler = IMPORTERS.get(node.op_type) if domain == "" else None
+        handler = IMPORTERS.get(node.op_type if domain == "" else f"{domain}:{node.op_type}")
         inputs = [n for n in node.input if n]
         if not has_graph and node.op_type not in NONDETERMINISTIC and all(n in self.consts for n in inputs):
             arrays = self._fold(handler)
@@ -280,8 +302,8 @@ class _Importer:
                 for v in outs:
                     if v is None or isinstance(v, np.ndarray):
                         arrays.append(v)
-                    elif self.graph.nodes[v].op == "weight":
-                        arrays.append(self.graph.weights[self.graph.nodes[v].attr["name"]])
+                    elif (value := self.graph.constant(v)) is not None:
+                        arrays.append(value)
                     else:
                         raise _Unsupported("not folded")
                 return arrays
@@ -446,28 +468,32 @@ def _lowering(*op_types: str) -> Callable[[Lowering], Lowering]:
 
 
 def _plain(op: ops.OpDef) -> Lowering:
-    """The lowering of an op with tensor inputs only: ONNX input k is the op's input k. Element-wise unary ops take
-    float32 only; the others also fold constants of any type (shape arithmetic: Add, Mul of int64 shapes)."""
-    any_dtype = op.kind != "unary"
+    """The lowering of an op with tensor inputs only: ONNX input k is the op's input k."""
 
     def lower(c: _Importer, node: NodeProto) -> list[Any]:
-        return [c.op(op.name, [c.data(k, any_dtype) for k in range(op.inputs or 0)])]
+        if len([n for n in node.input if n]) != op.inputs:
+            raise _Unsupported(f"{node.op_type} of {len(node.input)} inputs")
+        return [c.op(op.name, [c.data(k) for k in range(op.inputs or 0)])]
 
     return lower
 
 
 @_lowering("Sub")
 def _sub(c: _Importer, node: NodeProto) -> list[Any]:
+    """x - b as x + (-b) where b is a constant (the rules know add), else as sub."""
+    if not c.present(1) or node.input[1] not in c.consts:
+        return [c.op("sub", [c.data(0), c.data(1)])]
     b = c.param(1)
-    if b.dtype != np.float32 and not c.folding:
-        raise _Unsupported("non-float Sub")
     if b.dtype.kind not in "fi":
         raise _Unsupported("Sub of unsigned or other types")
-    return [c.op("add", [c.data(0, True), c.weight(-b)])]
+    return [c.op("add", [c.data(0), c.weight(-b)])]
 
 
 @_lowering("Sum")
 def _sum(c: _Importer, node: NodeProto) -> list[Any]:
+    """A Sum of two as `sum` (the form of an add onnxruntime does not fuse), of more as adds."""
+    if len(node.input) == 2:
+        return [c.op("sum", [c.data(0), c.data(1)])]
     acc = c.data(0)
     for k in range(1, len(node.input)):
         acc = c.op("add", [acc, c.data(k)])
@@ -574,7 +600,7 @@ def _global_avg(c: _Importer, node: NodeProto) -> list[Any]:
 
 @_lowering("Concat")
 def _concat(c: _Importer, node: NodeProto) -> list[Any]:
-    parts = [c.data(k, True) for k in range(len(node.input))]
+    parts = [c.data(k) for k in range(len(node.input))]
     axis = _axis(int(c.attrs["axis"]), len(c.shape(parts[0])))
     acc = parts[0]
     for p in parts[1:]:
@@ -584,7 +610,7 @@ def _concat(c: _Importer, node: NodeProto) -> list[Any]:
 
 @_lowering("Split")
 def _split(c: _Importer, node: NodeProto) -> list[Any]:
-    x = c.data(0, True)
+    x = c.data(0)
     shape = c.shape(x)
     axis = _axis(int(c.attrs.get("axis", 0)), len(shape))
     dim, n = shape[axis], len(node.output)
@@ -612,7 +638,7 @@ def _split(c: _Importer, node: NodeProto) -> list[Any]:
 
 @_lowering("Slice")
 def _slice(c: _Importer, node: NodeProto) -> list[Any]:
-    x = c.data(0, True)
+    x = c.data(0)
     shape = c.shape(x)
     if c.opset < 10:
         starts, ends = _ints(c.attrs["starts"]), _ints(c.attrs["ends"])
@@ -622,23 +648,27 @@ def _slice(c: _Importer, node: NodeProto) -> list[Any]:
         starts, ends = _ints(c.param(1)), _ints(c.param(2))
         axes = _ints(c.param(3)) if c.present(3) else list(range(len(starts)))
         steps = _ints(c.param(4)) if c.present(4) else [1] * len(starts)
-    if not len(starts) == len(ends) == len(axes) == len(steps) or any(s != 1 for s in steps):
-        raise _Unsupported("strided slice")
+    if not len(starts) == len(ends) == len(axes) == len(steps) or any(s < 1 for s in steps):
+        raise _Unsupported("reversed slice")
     y = x
-    for axis, start, end in zip(axes, starts, ends):
+    for axis, start, end, step in zip(axes, starts, ends, steps):
         axis = _axis(axis, len(shape))
         dim = shape[axis]
         start = min(max(start + dim if start < 0 else start, 0), dim)
         end = min(max(end + dim if end < 0 else end, 0), dim)
         if end <= start:
             raise _Unsupported("empty slice")
-        y = c.slice(y, axis, start, end - start)
+        size = -(-(end - start) // step)
+        if step == 1 or size == 1:
+            y = c.slice(y, axis, start, size)
+        else:
+            y = c.op("stride", [y], axis=axis, start=start, step=step, size=size)
     return [y]
 
 
 @_lowering("Transpose")
 def _transpose(c: _Importer, node: NodeProto) -> list[Any]:
-    x = c.data(0, True)
+    x = c.data(0)
     rank = len(c.shape(x))
     perm = [int(p) for p in c.attrs.get("perm", list(range(rank))[::-1])]
     if perm == list(range(rank)):
@@ -666,12 +696,12 @@ def _reshape(c: _Importer, node: NodeProto) -> list[Any]:
         out[out.index(-1)] = math.prod(shape) // known
     if tuple(out) == shape:  # a no-op on a tensor of any type (an exporter's view of an index tensor)
         return [x]
-    return [c.reshape(c.data(0, True), out)]
+    return [c.reshape(c.data(0), out)]
 
 
 @_lowering("Flatten")
 def _flatten(c: _Importer, node: NodeProto) -> list[Any]:
-    x = c.data(0, True)
+    x = c.data(0)
     shape = c.shape(x)
     axis = int(c.attrs.get("axis", 1))
     axis = axis + len(shape) if axis < 0 else axis
@@ -682,7 +712,7 @@ def _flatten(c: _Importer, node: NodeProto) -> list[Any]:
 
 @_lowering("Squeeze")
 def _squeeze(c: _Importer, node: NodeProto) -> list[Any]:
-    x = c.data(0, True)
+    x = c.data(0)
     shape = c.shape(x)
     if c.opset < 13:
         axes = _ints(c.attrs["axes"]) if "axes" in c.attrs else None
@@ -698,7 +728,7 @@ def _squeeze(c: _Importer, node: NodeProto) -> list[Any]:
 
 @_lowering("Unsqueeze")
 def _unsqueeze(c: _Importer, node: NodeProto) -> list[Any]:
-    x = c.data(0, True)
+    x = c.data(0)
     shape = c.shape(x)
     axes = _ints(c.attrs["axes"]) if c.opset < 13 else _ints(c.param(1))
     rank = len(shape) + len(axes)
@@ -759,13 +789,17 @@ def _dropout(c: _Importer, node: NodeProto) -> list[Any]:
 @_lowering("Gather")
 def _gather(c: _Importer, node: NodeProto) -> list[Any]:
     """Gather of one constant index: a slice of size 1, reshaped without the axis for a scalar index (taking one
-    channel or row); any other index stays opaque."""
-    x = c.data(0, True)
-    index = c.param(1)
-    if index.dtype.kind not in "iu" or index.size != 1 or index.ndim > 1:
-        raise _Unsupported("Gather of several or non-integer indices")
+    channel or row); of an index tensor (token ids into an embedding table): gather."""
+    x = c.data(0)
     shape = c.shape(x)
     axis = _axis(int(c.attrs.get("axis", 0)), len(shape))
+    if c.present(1) and (node.input[1] not in c.consts or np.asarray(c.param(1)).size != 1):
+        indices = c.data(1)
+        out = shape[:axis] + c.shape(indices) + shape[axis + 1 :]
+        return [c.op("gather", [x, indices], axis=axis, shape=out)]
+    index = c.param(1)
+    if index.dtype.kind not in "iu" or index.ndim > 1:
+        raise _Unsupported("Gather of a non-integer index")
     k = int(index.reshape(-1)[0])
     if not -shape[axis] <= k < shape[axis]:
         raise _Unsupported("Gather index out of range")
@@ -773,6 +807,159 @@ def _gather(c: _Importer, node: NodeProto) -> list[Any]:
     if index.ndim == 0:
         y = c.reshape(y, shape[:axis] + shape[axis + 1 :])
     return [y]
+
+
+@_lowering("GatherND")
+def _gather_nd(c: _Importer, node: NodeProto) -> list[Any]:
+    data, index = c.data(0), c.data(1)
+    b = int(c.attrs.get("batch_dims", 0))
+    dims, at = c.shape(data), c.shape(index)
+    if not at or b + at[-1] > len(dims):
+        raise _Unsupported("GatherND index deeper than the data")
+    return [c.op("gather_nd", [data, index], batch_dims=b, shape=at[:-1] + dims[b + at[-1] :])]
+
+
+@_lowering("Expand")
+def _expand(c: _Importer, node: NodeProto) -> list[Any]:
+    """x broadcast to the constant target: x reshaped to the output's rank first, as element-wise operands are."""
+    x = c.data(0)
+    shape = c.shape(x)
+    target = _ints(c.param(1))
+    rank = max(len(shape), len(target))
+    padded = (1,) * (rank - len(shape)) + tuple(shape)
+    target = [1] * (rank - len(target)) + target
+    out = tuple(max(a, b) if 1 in (a, b) else a for a, b in zip(padded, target))
+    if any(a not in (1, b) for a, b in zip(padded, out)) or any(t not in (1, o) for t, o in zip(target, out)):
+        raise _Unsupported("Expand does not broadcast")
+    x = c.reshape(x, padded)
+    return [x if padded == out else c.op("expand", [x], shape=out)]
+
+
+def _reduce_axes(c: _Importer, rank: int, opset_input: int) -> tuple[int, ...] | None:
+    """A reduction's axes, non-negative and sorted: the attribute before `opset_input`, the optional constant input
+    from it; every axis where none is given (None: a no-op, noop_with_empty_axes)."""
+    if c.opset < opset_input:
+        axes = _ints(c.attrs["axes"]) if "axes" in c.attrs else []
+    else:
+        axes = _ints(c.param(1)) if c.present(1) else []
+    if not axes:
+        return None if int(c.attrs.get("noop_with_empty_axes", 0)) else tuple(range(rank))
+    return tuple(sorted({_axis(a, rank) for a in axes}))
+
+
+@_lowering("ReduceMean", "ReduceSum")
+def _reduce(c: _Importer, node: NodeProto) -> list[Any]:
+    x = c.data(0)
+    axes = _reduce_axes(c, len(c.shape(x)), 18 if node.op_type == "ReduceMean" else 13)
+    if axes is None:
+        return [x]
+    name = "reducemean" if node.op_type == "ReduceMean" else "reducesum"
+    return [c.op(name, [x], axes=axes, keepdims=int(c.attrs.get("keepdims", 1)))]
+
+
+@_lowering("Softmax", "LogSoftmax")
+def _softmax(c: _Importer, node: NodeProto) -> list[Any]:
+    """Softmax over one axis. Before opset 13 ONNX's Softmax is over the dims from its axis on, flattened into one:
+    so it is read, where that is more than the last axis."""
+    x = c.data(0)
+    shape = c.shape(x)
+    rank = len(shape)
+    axis = _axis(int(c.attrs.get("axis", -1 if c.opset >= 13 else 1)), rank)
+    op = "softmax" if node.op_type == "Softmax" else "log_softmax"
+    if c.opset >= 13 or axis == rank - 1:
+        return [c.op(op, [x], axis=axis)]
+    flat = c.reshape(x, (*shape[:axis], math.prod(shape[axis:])))
+    return [c.reshape(c.op(op, [flat], axis=axis), shape)]
+
+
+@_lowering("Clip")
+def _clip(c: _Importer, node: NodeProto) -> list[Any]:
+    """Clip with constant bounds (attributes before opset 11, inputs from it); a bound left out is infinite."""
+    x = c.data(0)
+    if c.opset < 11:
+        low, high = float(c.attrs.get("min", -np.inf)), float(c.attrs.get("max", np.inf))
+    else:
+        low = float(np.asarray(c.param(1)).reshape(-1)[0]) if c.present(1) else -np.inf
+        high = float(np.asarray(c.param(2)).reshape(-1)[0]) if c.present(2) else np.inf
+    return [c.op("clip", [x], min=low, max=high)]
+
+
+@_lowering("Cast")
+def _cast(c: _Importer, node: NodeProto) -> list[Any]:
+    to = dtype_name(int(c.attrs["to"]))
+    if to not in ops.TYPE_CODES:
+        raise _Unsupported(f"Cast to {to}")
+    x = c.data(0)
+    if c.graph.nodes[x].dtype == to:
+        return [x]
+    return [c.op("cast", [x], to=ops.TYPE_CODES[to])]
+
+
+def _first_output_only(c: _Importer, node: NodeProto) -> None:
+    if any(node.output[1:]):
+        raise _Unsupported(f"{node.op_type}'s statistics outputs are read")
+
+
+@_lowering("LayerNormalization")
+def _layer_norm(c: _Importer, node: NodeProto) -> list[Any]:
+    _first_output_only(c, node)
+    x = c.data(0)
+    shape = c.shape(x)
+    axis = _axis(int(c.attrs.get("axis", -1)), len(shape))
+    scale = c.data(1)
+    if c.shape(scale) != shape[axis:]:
+        raise _Unsupported("LayerNormalization scale of another shape than the normalized dims")
+    bias = c.data(2) if c.present(2) else c.weight(np.zeros(shape[axis:], np.float32))
+    return [c.op("layernorm", [x, scale, bias], axis=axis, epsilon=float(c.attrs.get("epsilon", 1e-5)))]
+
+
+@_lowering("LRN")
+def _lrn(c: _Importer, node: NodeProto) -> list[Any]:
+    attrs = {"alpha": 1e-4, "beta": 0.75, "bias": 1.0}
+    found = {k: float(c.attrs.get(k, v)) for k, v in attrs.items()}
+    return [c.op("lrn", [c.data(0)], size=int(c.attrs["size"]), **found)]
+
+
+@_lowering("Gelu")
+def _gelu(c: _Importer, node: NodeProto) -> list[Any]:
+    approximate = c.attrs.get("approximate", b"none")
+    approximate = approximate.decode() if isinstance(approximate, bytes) else str(approximate)
+    if approximate not in ops.GELU_APPROXIMATIONS:
+        raise _Unsupported(f"Gelu approximation {approximate}")
+    return [c.op("gelu", [c.data(0)], approximate=ops.GELU_APPROXIMATIONS.index(approximate))]
+
+
+@_lowering(f"{ops.CONTRIB}:Gelu")
+def _contrib_gelu(c: _Importer, node: NodeProto) -> list[Any]:
+    return [c.op("gelu", [c.data(0)], approximate=0)]
+
+
+@_lowering(f"{ops.CONTRIB}:FastGelu")
+def _fast_gelu(c: _Importer, node: NodeProto) -> list[Any]:
+    x = c.data(0)
+    if c.present(1):
+        x = c.op("add", [x, c.data(1)])
+    return [c.op("gelu", [x], approximate=1)]
+
+
+@_lowering(f"{ops.CONTRIB}:SkipLayerNormalization")
+def _skip_layer_norm(c: _Importer, node: NodeProto) -> list[Any]:
+    _first_output_only(c, node)
+    x, skip, gamma = c.data(0), c.data(1), c.data(2)
+    hidden = c.shape(x)[-1:]
+    beta = c.data(3) if c.present(3) else c.weight(np.zeros(hidden, np.float32))
+    if c.present(4):
+        x = c.op("add", [x, c.data(4)])
+    return [c.op("skip_layernorm", [x, skip, gamma, beta], epsilon=float(c.attrs.get("epsilon", 1e-12)))]
+
+
+@_lowering("SimplifiedLayerNormalization")
+def _simplified_layer_norm(c: _Importer, node: NodeProto) -> list[Any]:
+    _first_output_only(c, node)
+    x, scale = c.data(0), c.data(1)
+    if _axis(int(c.attrs.get("axis", -1)), len(c.shape(x))) != len(c.shape(x)) - 1:
+        raise _Unsupported("SimplifiedLayerNormalization over several axes")
+    return [c.op("rms_norm", [x, scale], epsilon=float(c.attrs.get("epsilon", 1e-5)))]
 
 
 @_lowering("Shape")
@@ -821,8 +1008,9 @@ def import_model(
     runtime_fusions: bool = False,
 ) -> Graph:
     """Load `source` (path or proto) and lower it to a tensat Graph (see `load_model` for validation and `check`).
-    With `runtime_fusions`, the nodes onnxruntime fuses into one op no cost model prices are pinned and the
-    tensors inside those subgraphs sealed (`Graph.pinned`, `Graph.sealed`; found by `fusions.runtime_fusions`)."""
+    With `runtime_fusions`, the input is read as the kernels onnxruntime runs it as (`fusions.runtime_fusions`): a
+    subgraph it fuses into a kernel tensat models is read as that kernel, and the nodes of the others are pinned and
+    the tensors inside them sealed (`Graph.pinned`, `Graph.sealed`)."""
     model = load_model(source, input_shapes, check=check)
     fusions = runtime.runtime_fusions(model) if runtime_fusions else runtime.Fusions()
     return _Importer(model, release=True, fusions=fusions).run()

@@ -14,7 +14,20 @@ Adding an element-wise op is one line in `elementwise.py` (see `unary` and `bina
 from __future__ import annotations
 
 # Registration order is egglog's declaration order: the families are imported in it.
-from tensat.ops import conv, elementwise, layout, leaves, matmul, norm, opaque, pool, transforms  # noqa: F401
+from tensat.ops import (  # noqa: F401
+    conv,
+    elementwise,
+    indexing,
+    kernels,
+    layout,
+    leaves,
+    matmul,
+    norm,
+    opaque,
+    pool,
+    reduce,
+    transforms,
+)
 from tensat.ops.conv import (
     ACT_CODES,
     ACT_NAMES,
@@ -25,17 +38,23 @@ from tensat.ops.conv import (
     ACTIVATIONS,
     conv2d_reference,
 )
+from tensat.ops.elementwise import GELU_APPROXIMATIONS
+from tensat.ops.kernels import CONTRIB, KERNELS
 from tensat.ops.registry import (
     BY_EGG,
     EGG_SORT,
     MAX_RANK,
     REGISTRY,
     SAME,
+    TYPE_CODES,
+    TYPE_NAMES,
     Attrs,
     Equations,
     OpDef,
     Shape,
     ShapeError,
+    constant_leaf,
+    dtype_of,
     egg_declarations,
     egg_shape_rules,
     evaluate,
@@ -54,6 +73,11 @@ __all__ = [
     "ACT_TANH",
     "ACTIVATIONS",
     "BY_EGG",
+    "CONTRIB",
+    "GELU_APPROXIMATIONS",
+    "KERNELS",
+    "TYPE_CODES",
+    "TYPE_NAMES",
     "EGG_SORT",
     "MAX_RANK",
     "REGISTRY",
@@ -64,6 +88,8 @@ __all__ = [
     "Shape",
     "ShapeError",
     "conv2d_reference",
+    "constant_leaf",
+    "dtype_of",
     "egg_declarations",
     "egg_shape_rules",
     "evaluate",

@@ -1,12 +1,15 @@
 """Element-wise ops. `unary` and `binary` derive everything about one from its numpy function: shape (the input's,
 or numpy broadcasting of equal-rank operands), egglog shape rule, cost, rule-verifier ranks and equations, and the
-ONNX op it imports from and exports to.
+ONNX op it imports from and exports to. Ops that keep their input's shape but read along an axis (Softmax, LRN) are
+declared here too, with `unary`.
 
-Binary operands have the same rank (the IR builder inserts reshapes to make it so); dimensions broadcast numpy-style.
+Broadcast operands have the same rank (the IR builder inserts reshapes to make it so); dimensions broadcast
+numpy-style.
 """
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -16,11 +19,15 @@ import numpy as np
 from tensat.ops.registry import (
     MAX_RANK,
     SAME,
+    TYPE_CODES,
+    TYPE_NAMES,
     Attrs,
     Dims,
     Equations,
     OpDef,
     Shape,
+    any_data,
+    booleans,
     check,
     egg_dim,
     egg_rule,
@@ -31,30 +38,40 @@ from tensat.ops.registry import (
 
 
 def broadcast_shape(shapes: Sequence[Shape], _: Attrs) -> Shape:
-    a, b = shapes
-    check(len(a) == len(b), f"element-wise operands need equal ranks, got {a} and {b}")
+    """numpy broadcasting of equal-rank shapes."""
+    check(
+        len({len(s) for s in shapes}) == 1,
+        f"element-wise operands need equal ranks, got {' and '.join(map(str, shapes))}",
+    )
     out = []
-    for x, y in zip(a, b):
-        check(x == y or x == 1 or y == 1, f"shapes {a} and {b} do not broadcast")
-        out.append(max(x, y))
+    for dims in zip(*shapes):
+        top = max(dims)
+        check(all(d in (1, top) for d in dims), f"shapes {' and '.join(map(str, shapes))} do not broadcast")
+        out.append(top)
     return tuple(out)
 
 
 def _broadcast_rules(op: OpDef) -> list[str]:
     out = []
+    n = op.inputs or 2
     for r in range(0, MAX_RANK + 1):
-        query = [f"(= (vec-length s0) {r})", f"(= (vec-length s1) {r})"]
+        query = [f"(= (vec-length s{k}) {r})" for k in range(n)]
         dims = []
         for i in range(r):
-            a, b = egg_dim("s0", i), egg_dim("s1", i)
-            query.append(f"(= 0 (* (- (min {a} {b}) 1) (- {a} {b})))")
-            dims.append(f"(max {a} {b})")
+            a = egg_dim("s0", i)
+            for k in range(1, n):
+                b = egg_dim(f"s{k}", i)
+                query.append(f"(= 0 (* (- (min {a} {b}) 1) (- {a} {b})))")
+                a = f"(max {a} {b})"
+            dims.append(a)
         out.append(egg_rule(op, query, egg_vec(dims)))
     return out
 
 
 def _broadcast_equations(s: Equations, out: Dims, ins: Sequence[Dims], _: Mapping[str, Any]) -> None:
-    s.broadcast(out, ins[0], ins[1], range(len(out)))
+    s.broadcast(out, ins[-2], ins[-1], range(len(out)))
+    for extra in ins[:-2]:  # a third operand (Where's condition) takes the output's dims
+        s.eq(out, extra)
 
 
 def _same_shape(shapes: Sequence[Shape], _: Attrs) -> Shape:
@@ -79,8 +96,9 @@ def _of_first(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[Sequence[np.n
 
 
 def unary(name: str, egg: str, fn: Callable[[np.ndarray], np.ndarray] | None, **fields: Any) -> OpDef:
-    """An element-wise op of one tensor computing `fn` (or `evaluate=`, given attributes); `fields` add the ONNX
-    op type (`onnx=`), `int_exact=True` where `fn` is exact on integers, and anything else an OpDef holds."""
+    """An op of one tensor, of its shape, computing `fn` (or `evaluate=`, given attributes); `fields` add the ONNX
+    op type (`onnx=`), `int_exact=True` where `fn` is exact on integers, and anything else an OpDef holds
+    (`kind="custom"` for one that reads along an axis, which is not element-wise: Softmax)."""
     evaluate = fields.pop("evaluate", None)
     if evaluate is None:
         if fn is None:
@@ -95,26 +113,26 @@ def unary(name: str, egg: str, fn: Callable[[np.ndarray], np.ndarray] | None, **
         evaluate,
         _same_rules,
         elementwise_flops,
-        kind="unary",
+        kind=fields.pop("kind", "unary"),
         ranks=(SAME, SAME),
         equations=_same_equations,
         **fields,
     )
 
 
-def binary(name: str, egg: str, fn: Callable[[np.ndarray, np.ndarray], np.ndarray], **fields: Any) -> OpDef:
-    """An element-wise op of two broadcasting tensors computing `fn`; `fields` as for `unary`."""
+def binary(name: str, egg: str, fn: Callable[..., np.ndarray], inputs: int = 2, **fields: Any) -> OpDef:
+    """An element-wise op of two (or `inputs`) broadcasting tensors computing `fn`; `fields` as for `unary`."""
     return OpDef(
         name,
         egg,
-        2,
+        inputs,
         (),
         broadcast_shape,
-        lambda xs, a: fn(xs[0], xs[1]),
+        lambda xs, a: fn(*xs),
         _broadcast_rules,
         elementwise_flops,
         kind="broadcast",
-        ranks=(SAME, SAME, SAME),
+        ranks=(SAME,) * (inputs + 1),
         equations=_broadcast_equations,
         **fields,
     )
@@ -129,12 +147,230 @@ def relu(x: np.ndarray) -> np.ndarray:
 
 
 ADD = register(binary("add", "Add", operator.add, onnx="Add", onnx_also=("Sub",), int_exact=True, commutative=True))
-# ONNX's Sum of two tensors: add's value, written so that onnxruntime does not fuse it with a LayerNormalization
-# reading it where that fusion is measured slower on the device (`tensat.runtime_forms`). No rule rewrites it, and the
-# importer lowers an ONNX Sum to adds, so it appears only where that pass puts it.
+# ONNX's Sum of two tensors: add's value, in a form onnxruntime does not fuse with a LayerNormalization reading it
+# (`skip-layernorm-unfuse` writes one where the extraction chooses the two ops over the fused kernel). The importer
+# reads a Sum of two as one, so that a model tensat wrote keeps the form it chose.
 SUM = register(binary("sum", "Sum", operator.add, onnx="Sum", int_exact=True, commutative=True))
 MUL = register(binary("mul", "Mul", operator.mul, onnx="Mul", int_exact=True, commutative=True))
 RELU = register(unary("relu", "Relu", relu, onnx="Relu", int_exact=True))
 SIGMOID = register(unary("sigmoid", "Sigmoid", sigmoid, onnx="Sigmoid"))
 TANH = register(unary("tanh", "Tanh", np.tanh, onnx="Tanh"))
 ABS = register(unary("abs", "Abs", np.abs, onnx="Abs", int_exact=True))
+
+
+# -- arithmetic and transcendental functions of real tensors
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """The error function, element-wise (numpy has none; `math.erf` is exact in float64)."""
+    x = np.asarray(x)
+    return np.vectorize(math.erf, otypes=[x.dtype if x.dtype.kind == "f" else np.float64])(x)
+
+
+def _divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """ONNX Div: true division of reals, truncation toward zero of integers."""
+    if a.dtype.kind in "iu" and b.dtype.kind in "iu":
+        return np.trunc(a / b).astype(np.result_type(a, b))
+    return a / b
+
+
+SUB = register(binary("sub", "Sub", operator.sub, onnx="Sub", int_exact=True))
+DIV = register(binary("div", "Div", _divide, onnx="Div", positive=(1,)))
+POW = register(binary("pow", "Pow", np.power, onnx="Pow", positive=(0,)))
+SQRT = register(unary("sqrt", "Sqrt", np.sqrt, onnx="Sqrt", positive=(0,)))
+RECIPROCAL = register(unary("reciprocal", "Reciprocal", lambda x: 1.0 / x, onnx="Reciprocal", positive=(0,)))
+EXP = register(unary("exp", "Exp", np.exp, onnx="Exp"))
+LOG = register(unary("log", "Log", np.log, onnx="Log", positive=(0,)))
+ERF = register(unary("erf", "Erf", erf, onnx="Erf"))
+NEG = register(unary("neg", "Neg", operator.neg, onnx="Neg", int_exact=True))
+
+
+def _clip_eval(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:
+    x = xs[0]
+    return np.clip(x, np.asarray(a["min"], x.dtype), np.asarray(a["max"], x.dtype))
+
+
+# Clip with constant bounds; a bound the model leaves out is infinite
+CLIP = register(
+    unary(
+        "clip",
+        "Clip",
+        None,
+        evaluate=_clip_eval,
+        attrs=(("min", "float"), ("max", "float")),
+        onnx="Clip",
+        domains={"min": [-1.0, 0.0], "max": [1.0, 6.0]},
+    )
+)
+
+GELU_APPROXIMATIONS = ("none", "tanh")  # the `approximate` attribute of ONNX Gelu, by the op's code
+
+
+def _gelu_eval(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:
+    x = xs[0]
+    if a["approximate"]:
+        inner = np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)
+        return (0.5 * x * (1.0 + np.tanh(inner))).astype(x.dtype, copy=False)
+    return (0.5 * x * (1.0 + erf(x / np.sqrt(2.0)))).astype(x.dtype, copy=False)
+
+
+# GELU: x * Phi(x), exactly (erf, approximate 0) or by tanh (approximate 1): ONNX Gelu (opset 20), which onnxruntime
+# also runs as its contrib Gelu and FastGelu
+GELU = register(
+    unary(
+        "gelu",
+        "Gelu",
+        None,
+        evaluate=_gelu_eval,
+        attrs=(("approximate", "int"),),
+        onnx="Gelu",
+        domains={"approximate": [0, 1]},
+    )
+)
+
+
+def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    shifted = x - np.max(x, axis=axis, keepdims=True)
+    e = np.exp(shifted)
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def _log_softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    shifted = x - np.max(x, axis=axis, keepdims=True)
+    return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+
+
+def _axis_domain(rank: int) -> list[int]:
+    return list(range(rank))
+
+
+SOFTMAX = register(
+    unary(
+        "softmax",
+        "Softmax",
+        None,
+        evaluate=lambda xs, a: _softmax(xs[0], a["axis"]),
+        attrs=(("axis", "int"),),
+        kind="custom",
+        onnx="Softmax",
+        domains={"axis": _axis_domain},
+    )
+)
+LOG_SOFTMAX = register(
+    unary(
+        "log_softmax",
+        "LogSoftmax",
+        None,
+        evaluate=lambda xs, a: _log_softmax(xs[0], a["axis"]),
+        attrs=(("axis", "int"),),
+        kind="custom",
+        onnx="LogSoftmax",
+        domains={"axis": _axis_domain},
+    )
+)
+
+
+def lrn_reference(x: np.ndarray, size: int, alpha: float, beta: float, bias: float) -> np.ndarray:
+    """ONNX LRN across channels of an (N, C, ...) tensor: x / (bias + alpha / size * window sum of x^2)^beta, the
+    window of channel c from c - floor((size - 1) / 2) to c + ceil((size - 1) / 2)."""
+    squares = x * x
+    channels = x.shape[1]
+    below, above = (size - 1) // 2, size - 1 - (size - 1) // 2
+    padded = np.pad(squares, [(0, 0), (below, above)] + [(0, 0)] * (x.ndim - 2))
+    window = sum(padded[:, k : k + channels] for k in range(size))
+    return (x / (bias + alpha / size * window) ** beta).astype(x.dtype, copy=False)
+
+
+def _lrn_shape(shapes: Sequence[Shape], a: Attrs) -> Shape:
+    check(len(shapes[0]) == 4 and a["size"] > 0, f"LRN needs a 4-D tensor and a positive size, got {shapes[0]}")
+    return tuple(shapes[0])
+
+
+def _lrn_rules(op: OpDef) -> list[str]:
+    return [egg_rule(op, ["(= (vec-length s0) 4)", "(< 0 size)"], "s0")]
+
+
+def _lrn_equations(s: Equations, out: Dims, ins: Sequence[Dims], _: Mapping[str, Any]) -> None:
+    s.eq(out, ins[0])
+
+
+# local response normalization across the channels of a 4-D tensor (AlexNet, CaffeNet, GoogLeNet)
+LRN = register(
+    OpDef(
+        "lrn",
+        "LRN",
+        1,
+        (("size", "int"), ("alpha", "float"), ("beta", "float"), ("bias", "float")),
+        _lrn_shape,
+        lambda xs, a: lrn_reference(xs[0], a["size"], a["alpha"], a["beta"], a["bias"]),
+        _lrn_rules,
+        lambda s, o, a: float(numel(o) * (a["size"] + 3)),
+        onnx="LRN",
+        ranks=(4, 4),
+        min_rank=4,
+        equations=_lrn_equations,
+        domains={"size": [1, 2, 3, 5], "alpha": [1e-4, 0.5], "beta": [0.75, 0.5, 0.3], "bias": [1.0, 2.0]},
+        positive=(0,),
+        breaks_layout=True,
+    )
+)
+
+
+# -- element types: casts, masks and selections
+
+
+def _cast_dtype(_: Sequence[str], a: Attrs) -> str:
+    return TYPE_NAMES[a["to"]]
+
+
+CAST = register(
+    unary(
+        "cast",
+        "Cast",
+        None,
+        evaluate=lambda xs, a: xs[0].astype(TYPE_NAMES[a["to"]]),
+        attrs=(("to", "int"),),
+        onnx="Cast",
+        dtype=_cast_dtype,
+        accepts=lambda dtypes: dtypes[0] in TYPE_CODES,
+        domains={"to": [TYPE_CODES["float32"]]},
+    )
+)
+
+
+def _to_bool(_: Sequence[str], __: Attrs) -> str:
+    return "bool"
+
+
+def _comparable(dtypes: Sequence[str]) -> bool:
+    return any_data(dtypes) and dtypes[0] != "bool"
+
+
+AND = register(binary("and", "And", np.logical_and, onnx="And", accepts=booleans, int_exact=True, commutative=True))
+OR = register(binary("or", "Or", np.logical_or, onnx="Or", accepts=booleans, int_exact=True, commutative=True))
+NOT = register(unary("not", "Not", np.logical_not, onnx="Not", accepts=booleans, int_exact=True))
+EQUAL = register(binary("equal", "Equal", np.equal, onnx="Equal", dtype=_to_bool, accepts=any_data, int_exact=True))
+LESS = register(binary("less", "Less", np.less, onnx="Less", dtype=_to_bool, accepts=_comparable, int_exact=True))
+ISNAN = register(unary("isnan", "IsNaN", np.isnan, onnx="IsNaN", dtype=_to_bool))
+
+
+def _where_accepts(dtypes: Sequence[str]) -> bool:
+    return len(dtypes) == 3 and dtypes[0] == "bool" and any_data(dtypes[1:])
+
+
+def _where(c: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return np.asarray(np.where(c.astype(bool), x, y))
+
+
+# numpy's where of a boolean condition (broadcast like the values)
+WHERE = register(
+    binary(
+        "where",
+        "Where",
+        _where,
+        inputs=3,
+        onnx="Where",
+        dtype=lambda dtypes, _: dtypes[1],
+        accepts=_where_accepts,
+    )
+)

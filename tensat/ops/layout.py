@@ -17,6 +17,7 @@ from tensat.ops.registry import (
     Equations,
     OpDef,
     Shape,
+    any_data,
     check,
     egg_dim,
     egg_rule,
@@ -71,6 +72,7 @@ CONCAT = register(
         equations=_concat_equations,
         domains={"axis": _axes},
         int_exact=True,
+        accepts=any_data,
     )
 )
 
@@ -126,6 +128,7 @@ SLICE = register(
         domains={"axis": _axes},
         solved={"start": lambda s, out: s.sym(0, 3), "size": lambda s, out: s.sym(1, 4)},
         int_exact=True,
+        accepts=any_data,
         breaks_layout=True,
     )
 )
@@ -168,6 +171,7 @@ TRANSPOSE = register(
         equations=_transpose_equations,
         domains={"perm": lambda rank: list(itertools.permutations(range(rank)))},
         int_exact=True,
+        accepts=any_data,
         breaks_layout=True,
     )
 )
@@ -223,6 +227,7 @@ RESHAPE = register(
         equations=_reshape_equations,
         solved={"shape": lambda s, out: out},
         int_exact=True,
+        accepts=any_data,
         view=True,
         breaks_layout=True,
     )

@@ -85,8 +85,12 @@ class OpDef:
     evaluate: Callable[[Sequence[np.ndarray], Attrs], np.ndarray] | None  # numpy reference semantics
     egg_shape_rules: Callable[[OpDef], list[str]]  # builds this op's egglog shape rules
     flops: Callable[[Sequence[Shape], Shape, Attrs], float]  # for the analytic cost model
-    leaf: bool = False  # input / weight: no tensor inputs, shape from attrs
+    leaf: bool = False  # no tensor inputs, shape from attrs: a graph input, or a constant (`constant_leaf`)
     kind: str = "custom"  # shape family: "unary" (the input's shape), "broadcast" (numpy broadcasting), "custom"
+    # the output's element type from the inputs' and the attributes (None: the first input's, float32 for none)
+    dtype: Callable[[Sequence[str], Attrs], str] | None = None
+    # whether the op is modelled on inputs of these element types (else the importer keeps the ONNX node opaque)
+    accepts: Callable[[Sequence[str]], bool] = lambda dtypes: all(t == "float32" for t in dtypes)
 
     # ONNX. `onnx` is the ONNX op type of the same meaning: an op with tensor inputs only (no attributes) is
     # imported from and exported to it by the ONNX layer with no code of its own; for an op with attributes the ONNX
@@ -94,9 +98,10 @@ class OpDef:
     # the importer lowers (mainly) to this op, each through a lowering function of the ONNX layer.
     onnx: str | None = None
     onnx_also: tuple[str, ...] = ()
+    # an op of another domain is named "domain:OpType" in `onnx` (onnxruntime's contrib kernels, "com.microsoft:...")
 
     # Rule verifier (`rewrites.verify`).
-    ranks: tuple[int, ...] | None = None  # (output, *inputs): a fixed rank or SAME; None: unconstrained
+    ranks: tuple[int | None, ...] | None = None  # (output, *inputs): a fixed rank, SAME or None (free); None: all free
     min_rank: int = 1  # lowest output rank
     # the shape equations between (s, output dims, input dims, attribute values)
     equations: Callable[[Equations, Dims, Sequence[Dims], Mapping[str, Any]], None] | None = None
@@ -161,6 +166,39 @@ def shape_of(op: str, in_shapes: Sequence[Shape], attrs: Attrs) -> Shape:
     return tuple(int(v) for v in d.shape([tuple(s) for s in in_shapes], attrs))
 
 
+def dtype_of(op: str, in_dtypes: Sequence[str], attrs: Attrs) -> str:
+    """Element type of `op`'s output on inputs of `in_dtypes`."""
+    d = get(op)
+    if d.dtype is not None:
+        return d.dtype(list(in_dtypes), attrs)
+    return in_dtypes[0] if in_dtypes else FLOAT32
+
+
+FLOAT32 = "float32"
+# element types the data-movement and logical ops are modelled on besides float32 (masks, indices, token ids)
+DATA_TYPES = frozenset({"float32", "int64", "int32", "bool"})
+# ONNX's element type codes of those, for the attributes that name a type (Cast's `to`, a constant's `dtype`)
+TYPE_CODES = {"float32": 1, "int32": 6, "int64": 7, "bool": 9}
+TYPE_NAMES = {code: name for name, code in TYPE_CODES.items()}
+
+
+def any_data(dtypes: Sequence[str]) -> bool:
+    """`OpDef.accepts` of an op that moves or selects elements: any of `DATA_TYPES`, the same for all inputs."""
+    return bool(dtypes) and dtypes[0] in DATA_TYPES and all(t == dtypes[0] for t in dtypes)
+
+
+def booleans(dtypes: Sequence[str]) -> bool:
+    """`OpDef.accepts` of a logical op."""
+    return all(t == "bool" for t in dtypes)
+
+
+def constant_leaf(op: str) -> bool:
+    """Whether `op` is a constant with no tensor inputs (a weight, or a constant its attributes define): it costs
+    nothing, and an op over constants alone is folded into one."""
+    d = get(op)
+    return d.leaf and op != "input"
+
+
 def evaluate(op: str, arrays: Sequence[np.ndarray], attrs: Attrs) -> np.ndarray:
     """Numpy reference semantics of `op`."""
     d = get(op)
@@ -174,6 +212,9 @@ def egg_declarations() -> str:
     lines = ["(sort IVec (Vec i64))", "(sort T)", "(sort TVec (Vec T))"]
     lines += [op.egg_decl() for op in REGISTRY.values()]
     lines += ["(function shape-of (T) IVec :no-merge)", "(ruleset shapes)"]
+    # (ones r): the shape of r ones, for rules whose constants broadcast (`rewrites.dsl`'s `ones`)
+    lines.append("(function ones (i64) IVec :no-merge)")
+    lines += [f"(set (ones {r}) {egg_vec(['1'] * r)})" for r in range(MAX_RANK + 1)]
     return "\n".join(lines)
 
 

@@ -1,0 +1,241 @@
+"""Selection by index and broadcasting: Gather and GatherND by an index tensor, Expand, and a strided slice.
+
+A Gather by one constant index is a slice (see `layout`); these are the ones whose indices are a tensor (token ids
+into an embedding table, a mask's positions). A slice whose step is not 1 is `stride`, so that the rules written
+for unit-step slices (`layout.slice`) never match one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from tensat.ops.registry import (
+    MAX_RANK,
+    SAME,
+    Attrs,
+    Dims,
+    Equations,
+    OpDef,
+    Shape,
+    any_data,
+    check,
+    egg_dim,
+    egg_rule,
+    no_flops,
+    numel,
+    register,
+    shape_from_attr,
+)
+
+INDEX_TYPES = frozenset({"int64", "int32"})
+
+
+def _gather_accepts(dtypes: Sequence[str]) -> bool:
+    return len(dtypes) == 2 and any_data(dtypes[:1]) and dtypes[1] in INDEX_TYPES
+
+
+def _gather_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
+    data, index = shapes
+    axis = attrs["axis"]
+    check(0 <= axis < len(data), f"gather axis {axis} invalid for {data}")
+    out = tuple(data[:axis]) + tuple(index) + tuple(data[axis + 1 :])
+    check(out == tuple(attrs["shape"]), f"gather of {data} by {index} on axis {axis} is {out}, not {attrs['shape']}")
+    return out
+
+
+def _gather_eval(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:
+    data, index = xs
+    return np.take(data, index.astype(np.int64), axis=a["axis"])
+
+
+def _gather_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[str, Any]) -> None:
+    data, index = ins
+    axis = at["axis"]
+    if not isinstance(axis, int) or not 0 <= axis < len(data) or len(out) != len(data) - 1 + len(index):
+        s.reject("gather axis")
+    s.eq(out, tuple(data[:axis]) + tuple(index) + tuple(data[axis + 1 :]))
+    s.eq(out, at["shape"])
+
+
+# the output's shape is an attribute too (`shape`, checked against the inputs' by the shape function): one egglog
+# shape rule instead of one per rank of data and index, which egglog would spend seconds registering; no rule
+# rewrites a gather
+GATHER = register(
+    OpDef(
+        "gather",
+        "Gather",
+        2,
+        (("axis", "int"), ("shape", "ints")),
+        _gather_shape,
+        _gather_eval,
+        shape_from_attr,
+        no_flops,
+        onnx="Gather",
+        accepts=_gather_accepts,
+        equations=_gather_equations,
+        domains={"axis": lambda rank: [0]},
+        solved={"shape": lambda s, out: out},
+        int_exact=True,
+        breaks_layout=True,
+    )
+)
+
+
+def _gather_nd_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
+    data, index = shapes
+    b = attrs["batch_dims"]
+    check(len(index) >= 1 and 0 <= b < len(index), f"gather_nd index {index} invalid with batch_dims {b}")
+    k = index[-1]
+    check(
+        tuple(data[:b]) == tuple(index[:b]) and b + k <= len(data),
+        f"gather_nd of {data} by {index} with batch_dims {b}",
+    )
+    out = tuple(index[:-1]) + tuple(data[b + k :])
+    check(out == tuple(attrs["shape"]), f"gather_nd of {data} by {index} is {out}, not {attrs['shape']}")
+    return out
+
+
+def _gather_nd_eval(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:
+    data, index = xs[0], xs[1].astype(np.int64)
+    b = a["batch_dims"]
+    batch = int(np.prod(data.shape[:b], dtype=np.int64))
+    flat_data = data.reshape((batch, *data.shape[b:]))
+    flat_index = index.reshape((batch, -1, index.shape[-1]))
+    rows = [flat_data[n][tuple(flat_index[n].T)] for n in range(batch)]
+    return np.stack(rows).reshape(_gather_nd_shape([data.shape, index.shape], a))
+
+
+def _gather_nd_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[str, Any]) -> None:
+    s.reject("gather_nd is not instantiated by the rule verifier")
+
+
+# the output's shape is an attribute, as gather's
+GATHER_ND = register(
+    OpDef(
+        "gather_nd",
+        "GatherND",
+        2,
+        (("batch_dims", "int"), ("shape", "ints")),
+        _gather_nd_shape,
+        _gather_nd_eval,
+        shape_from_attr,
+        no_flops,
+        onnx="GatherND",
+        accepts=_gather_accepts,
+        equations=_gather_nd_equations,
+        domains={"batch_dims": [0]},
+        solved={"shape": lambda s, out: out},
+        int_exact=True,
+        breaks_layout=True,
+    )
+)
+
+
+def _expand_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
+    x, target = shapes[0], tuple(attrs["shape"])
+    check(
+        len(x) == len(target) and all(a in (1, b) for a, b in zip(x, target)),
+        f"cannot expand {x} to {target}",
+    )
+    return target
+
+
+def _expand_rules(op: OpDef) -> list[str]:
+    out = []
+    for r in range(0, MAX_RANK + 1):
+        query = [f"(= (vec-length s0) {r})", f"(= (vec-length shape) {r})"]
+        for i in range(r):
+            a, b = egg_dim("s0", i), egg_dim("shape", i)
+            query.append(f"(= 0 (* (- {a} 1) (- {a} {b})))")
+        out.append(egg_rule(op, query, "shape"))
+    return out
+
+
+def _expand_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[str, Any]) -> None:
+    target = at["shape"]
+    if not isinstance(target, tuple) or len(target) != len(out):
+        s.reject("expand target")
+    s.eq(out, target)
+    s.broadcast(out, ins[0], tuple(out), range(len(out)))
+
+
+# x broadcast to `shape`, of x's rank (the importer gives x the target's rank first)
+EXPAND = register(
+    OpDef(
+        "expand",
+        "Expand",
+        1,
+        (("shape", "ints"),),
+        _expand_shape,
+        lambda xs, a: np.broadcast_to(xs[0], tuple(a["shape"])).copy(),
+        _expand_rules,
+        lambda s, o, a: float(numel(o)),
+        onnx="Expand",
+        ranks=(SAME, SAME),
+        accepts=any_data,
+        equations=_expand_equations,
+        solved={"shape": lambda s, out: out},
+        int_exact=True,
+        breaks_layout=True,
+    )
+)
+
+
+def _stride_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
+    x = shapes[0]
+    ax, start, step, size = attrs["axis"], attrs["start"], attrs["step"], attrs["size"]
+    check(0 <= ax < len(x) and step > 1 and size >= 1, f"strided slice on axis {ax} of {x} by {step}")
+    check(0 <= start and start + step * (size - 1) < x[ax], f"strided slice from {start} by {step} outside {x[ax]}")
+    return x[:ax] + (size,) + x[ax + 1 :]
+
+
+def _stride_eval(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:
+    index = [slice(None)] * xs[0].ndim
+    index[a["axis"]] = slice(a["start"], a["start"] + a["step"] * (a["size"] - 1) + 1, a["step"])
+    return xs[0][tuple(index)]
+
+
+def _stride_rules(op: OpDef) -> list[str]:
+    query = [
+        "(< -1 axis)",
+        "(< axis (vec-length s0))",
+        "(< -1 start)",
+        "(< 1 step)",
+        "(< 0 size)",
+        "(< (+ start (* step (- size 1))) (vec-get s0 axis))",
+    ]
+    return [egg_rule(op, query, "(vec-set s0 axis size)")]
+
+
+def _stride_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[str, Any]) -> None:
+    ax, start, step, size = at["axis"], at["start"], at["step"], at["size"]
+    if not isinstance(ax, int) or not 0 <= ax < len(out):
+        s.reject("strided slice axis")
+    for i in range(len(out)):
+        s.eq(out[i], size if i == ax else ins[0][i])
+    s.eq(ins[0][ax], s.add(start, s.mul(step, s.add(size, -1)), 1, s.sym(0, 2, slack=True)))
+
+
+# every `step`-th element of one axis, `size` of them from `start` (a Slice whose step is above 1)
+STRIDE = register(
+    OpDef(
+        "stride",
+        "Stride",
+        1,
+        (("axis", "int"), ("start", "int"), ("step", "int"), ("size", "int")),
+        _stride_shape,
+        _stride_eval,
+        _stride_rules,
+        no_flops,
+        ranks=(SAME, SAME),
+        accepts=any_data,
+        equations=_stride_equations,
+        domains={"axis": lambda rank: list(range(rank)), "step": [2, 3]},
+        solved={"start": lambda s, out: s.sym(0, 2), "size": lambda s, out: s.sym(1, 3)},
+        int_exact=True,
+        breaks_layout=True,
+    )
+)

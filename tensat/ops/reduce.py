@@ -1,0 +1,154 @@
+"""Reductions and normalizations: ReduceMean and ReduceSum over a set of axes, and LayerNormalization.
+
+Axes are held non-negative and sorted (the importer normalizes ONNX's); `keepdims` 1 keeps each reduced axis as a
+dim of 1, 0 drops it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from tensat.ops.registry import (
+    MAX_RANK,
+    SAME,
+    Attrs,
+    Dims,
+    Equations,
+    OpDef,
+    Shape,
+    check,
+    egg_dim,
+    egg_rule,
+    numel,
+    register,
+)
+
+
+def _reduce_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
+    x, axes = shapes[0], tuple(attrs["axes"])
+    check(
+        bool(axes) and list(axes) == sorted(set(axes)) and all(0 <= a < len(x) for a in axes),
+        f"reduction axes {axes} invalid for {x}",
+    )
+    if attrs["keepdims"]:
+        return tuple(1 if i in axes else d for i, d in enumerate(x))
+    return tuple(d for i, d in enumerate(x) if i not in axes)
+
+
+def _reduce_rules(op: OpDef) -> list[str]:
+    """For each count of axes: the axes in range and increasing; each reduced dim set to 1 (keepdims) or removed,
+    the last first so that the earlier indices still hold."""
+    out = []
+    for k in range(1, MAX_RANK + 1):
+        axes = [egg_dim("axes", i) for i in range(k)]
+        query = [f"(= (vec-length axes) {k})", f"(< -1 {axes[0]})", f"(< {axes[-1]} (vec-length s0))"]
+        query += [f"(< {a} {b})" for a, b in itertools.pairwise(axes)]
+        kept, dropped = "s0", "s0"
+        for a in axes:
+            kept = f"(vec-set {kept} {a} 1)"
+        for a in reversed(axes):
+            dropped = f"(vec-remove {dropped} {a})"
+        out.append(egg_rule(op, [*query, "(= keepdims 1)"], kept))
+        out.append(egg_rule(op, [*query, "(= keepdims 0)"], dropped))
+    return out
+
+
+def _reduce_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[str, Any]) -> None:
+    axes, keep = at["axes"], at["keepdims"]
+    x = ins[0]
+    if not isinstance(axes, tuple) or not axes or any(not 0 <= a < len(x) for a in axes):
+        s.reject("reduction axes")
+    kept = [1 if i in axes else d for i, d in enumerate(x)] if keep else [d for i, d in enumerate(x) if i not in axes]
+    if len(kept) != len(out):
+        s.reject("reduction rank")
+    s.eq(out, tuple(kept))
+
+
+def _reduce_ranks(rank: int) -> list[tuple[int, ...]]:
+    """The axes a reduction over a tensor of `rank` is verified with: each single axis, and all of them."""
+    return [(a,) for a in range(rank)] + ([tuple(range(rank))] if rank > 1 else [])
+
+
+def _reduction(name: str, egg: str, onnx: str, fn: Any) -> OpDef:
+    def evaluate(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:
+        x = xs[0]
+        return np.asarray(fn(x, axis=tuple(a["axes"]), keepdims=bool(a["keepdims"]))).astype(x.dtype, copy=False)
+
+    return OpDef(
+        name,
+        egg,
+        1,
+        (("axes", "ints"), ("keepdims", "int")),
+        _reduce_shape,
+        evaluate,
+        _reduce_rules,
+        lambda s, o, a: float(numel(s[0])),
+        onnx=onnx,
+        equations=_reduce_equations,
+        # the output rank depends on keepdims: the verifier takes the input's rank from the output's for keepdims 1
+        domains={"axes": _reduce_ranks, "keepdims": [1]},
+        breaks_layout=True,
+    )
+
+
+REDUCE_MEAN = register(_reduction("reducemean", "ReduceMean", "ReduceMean", np.mean))
+REDUCE_SUM = register(_reduction("reducesum", "ReduceSum", "ReduceSum", np.sum))
+
+
+def layer_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, axis: int, epsilon: float) -> np.ndarray:
+    """ONNX LayerNormalization: x normalized over its dims from `axis` on, then scaled and shifted."""
+    axes = tuple(range(axis, x.ndim))
+    mean = x.mean(axis=axes, keepdims=True)
+    centred = x - mean
+    var = (centred * centred).mean(axis=axes, keepdims=True)
+    return (centred / np.sqrt(var + epsilon) * scale + bias).astype(x.dtype, copy=False)
+
+
+def _ln_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
+    x, scale, bias = shapes
+    axis = attrs["axis"]
+    check(0 <= axis < len(x), f"layer normalization axis {axis} invalid for {x}")
+    check(
+        tuple(scale) == x[axis:] and tuple(bias) == x[axis:],
+        f"layer normalization of {x} from axis {axis} needs scale and bias of {x[axis:]}, got {scale} and {bias}",
+    )
+    return tuple(x)
+
+
+def _ln_rules(op: OpDef) -> list[str]:
+    query = ["(< -1 axis)", "(< axis (vec-length s0))", "(= (vec-length s1) (- (vec-length s0) axis))", "(= s1 s2)"]
+    return [egg_rule(op, query, "s0")]
+
+
+def _ln_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[str, Any]) -> None:
+    x, scale, bias = ins
+    axis = at["axis"]
+    if not isinstance(axis, int) or not 0 <= axis < len(x) or len(scale) != len(x) - axis:
+        s.reject("layer normalization axis")
+    s.eq(out, x)
+    s.eq(scale, tuple(x[axis:]))
+    s.eq(bias, tuple(x[axis:]))
+
+
+# LayerNormalization's first output (x, scale, bias over the dims from `axis` on; a missing bias is a zero constant)
+LAYER_NORM = register(
+    OpDef(
+        "layernorm",
+        "LayerNorm",
+        3,
+        (("axis", "int"), ("epsilon", "float")),
+        _ln_shape,
+        lambda xs, a: layer_norm(xs[0], xs[1], xs[2], a["axis"], a["epsilon"]),
+        _ln_rules,
+        lambda s, o, a: 8.0 * numel(o),
+        onnx="LayerNormalization",
+        ranks=(SAME, SAME, None, None),
+        equations=_ln_equations,
+        domains={"axis": lambda rank: [rank - 1, max(rank - 2, 0)], "epsilon": [1e-5, 0.25]},
+        breaks_layout=True,
+    )
+)

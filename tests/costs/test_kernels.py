@@ -1,0 +1,227 @@
+"""onnxruntime's kernels and the faster forms of a computation are chosen by the extraction, with measured costs.
+
+The input is read as the kernels onnxruntime runs it with (`tensat.onnx.fusions`): a residual Add and the
+LayerNormalization reading it as one SkipLayerNormalization, a LayerNorm or an RMSNorm written out as the kernel it
+becomes. The rules of `rewrites/rules/kernels.rules` and `forms.rules` offer the other forms (the two ops written
+so that onnxruntime does not fuse them, an RMSNorm's kernel, an LRN's definition), each unit is timed as
+onnxruntime runs it, and the extraction chooses; the exporter writes what was chosen, and onnxruntime runs exactly
+those kernels (`check_kernels`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+import tensat
+from tensat import api, onnx_io, ops
+from tensat.ir import Graph, Node
+from tensat.measure import MeasuredCost
+from tensat.onnx import fusions
+from tensat.session import make_session
+from tests.helpers import make, vi
+from tests.onnx.test_fusions import runtime_ops
+
+RNG = np.random.default_rng(11)
+SEQ, HIDDEN = 128, 256  # a BERT-style encoder's sub-layer output
+
+
+def _w(name: str, *shape: int) -> onnx.TensorProto:
+    return numpy_helper.from_array((0.1 * RNG.standard_normal(shape)).astype(np.float32), name)
+
+
+def _post_norm(bias: bool = True) -> onnx.ModelProto:
+    """A post-norm sub-layer: LayerNorm(x + x @ w (+ b)), the residual Add read by the LayerNormalization alone."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"])]
+    if bias:
+        nodes.append(helper.make_node("Add", ["mm", "b"], ["lin"]))
+    nodes += [
+        helper.make_node("Add", ["lin" if bias else "mm", "x"], ["res"]),
+        helper.make_node("LayerNormalization", ["res", "g", "beta"], ["y"], axis=-1, epsilon=1e-5),
+    ]
+    inits = [_w("w", HIDDEN, HIDDEN), _w("g", HIDDEN), _w("beta", HIDDEN)] + ([_w("b", HIDDEN)] if bias else [])
+    return make(nodes, [vi("x", [1, SEQ, HIDDEN])], [vi("y", [1, SEQ, HIDDEN])], inits)
+
+
+def _rms_norm(reciprocal: bool = True) -> onnx.ModelProto:
+    """T5's and Llama's RMSNorm as torch.onnx's dynamo exporter writes it: x * Reciprocal(Sqrt(mean(x^2) + eps))
+    (or, as the TorchScript exporter writes it, x / Sqrt(...)), scaled by a weight, then a MatMul."""
+    nodes = [
+        helper.make_node("Pow", ["x", "two"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[-1], keepdims=1),
+        helper.make_node("Add", ["ms", "eps"], ["v"]),
+        helper.make_node("Sqrt", ["v"], ["rms"]),
+    ]
+    if reciprocal:
+        nodes += [helper.make_node("Reciprocal", ["rms"], ["inv"]), helper.make_node("Mul", ["x", "inv"], ["n"])]
+    else:
+        nodes.append(helper.make_node("Div", ["x", "rms"], ["n"]))
+    nodes += [helper.make_node("Mul", ["g", "n"], ["sn"]), helper.make_node("MatMul", ["sn", "w"], ["y"])]
+    inits = [
+        numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+        numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
+        _w("g", HIDDEN),
+        _w("w", HIDDEN, HIDDEN),
+    ]
+    return make(nodes, [vi("x", [1, SEQ, HIDDEN])], [vi("y", [1, SEQ, HIDDEN])], inits)
+
+
+def _lrn_net(lrn_shape: tuple[int, int, int, int] = (1, 16, 14, 14), opset: int = 9) -> onnx.ModelProto:
+    """A model-zoo-style stem: Conv, Relu, LRN, MaxPool."""
+    n, c, h, w = lrn_shape
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("LRN", ["r"], ["n"], size=5, alpha=1e-4, beta=0.75, bias=1.0),
+        helper.make_node("MaxPool", ["n"], ["y"], kernel_shape=[2, 2], strides=[2, 2]),
+    ]
+    return make(nodes, [vi("x", [n, 3, h, w])], [vi("y", [n, c, h // 2, w // 2])], [_w("w", c, 3, 3, 3)], opset=opset)
+
+
+def _cost(tmp_path) -> MeasuredCost:
+    return MeasuredCost("cpu", cache_path=tmp_path / "costs.sqlite3", progress=False, max_seconds=0.3)
+
+
+def _run(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    return make_session(model.SerializeToString(), "cpu").run(None, {"x": x})[0]
+
+
+def _optimize(model: onnx.ModelProto, tmp_path, monkeypatch, **options) -> tensat.OptimizeResult:
+    monkeypatch.setattr(api, "make_cost_model", lambda name, device="auto", progress=False: _cost(tmp_path))
+    options = {"cost": "measured", "latency_check": 0, "pre_pass": "none", **options}
+    return tensat.optimize_with_details(model, **options)
+
+
+# -- reading the input as the kernels onnxruntime runs
+
+
+def test_a_residual_add_and_its_layernorm_are_read_as_the_kernel_onnxruntime_runs() -> None:
+    model = _post_norm()
+    assert runtime_ops(model)["SkipLayerNormalization"] == 1
+    found = fusions.runtime_fusions(model)
+    assert [k.op_type for k in found.kernels.values()] == ["SkipLayerNormalization"]
+    assert not {"res", "y"} & found.pinned  # read as the kernel, not pinned
+    graph = onnx_io.import_model(model, runtime_fusions=True).compact()
+    assert graph.summary()["skip_layernorm"] == 1 and "layernorm" not in graph.summary()
+    x = RNG.standard_normal((1, SEQ, HIDDEN)).astype(np.float32)
+    np.testing.assert_allclose(_run(onnx_io.export_model(graph), x), _run(model, x), rtol=1e-4, atol=1e-4)
+    assert "skip_layernorm" not in onnx_io.import_model(model).summary()  # without asking onnxruntime: as written
+
+
+def test_an_rms_norm_onnxruntime_fuses_is_read_as_its_kernel_and_one_it_does_not_as_written() -> None:
+    fused = onnx_io.import_model(_rms_norm(reciprocal=False), runtime_fusions=True).compact()
+    assert fused.summary()["rms_norm"] == 1 and "reciprocal" not in fused.summary()
+    plain = onnx_io.import_model(_rms_norm(reciprocal=True), runtime_fusions=True).compact()
+    assert "rms_norm" not in plain.summary() and plain.summary()["reciprocal"] == 1
+
+
+def test_a_pre_norm_sum_read_again_stays_plain_ops() -> None:
+    """Where the residual sum is read again after the LayerNormalization, onnxruntime's kernel emits it as a second
+    output, which the op does not model: the subgraph is read as written, and pinned."""
+    nodes = [
+        helper.make_node("Add", ["x", "z"], ["res"]),
+        helper.make_node("LayerNormalization", ["res", "g", "beta"], ["n"], axis=-1, epsilon=1e-5),
+        helper.make_node("Add", ["n", "res"], ["y"]),
+    ]
+    model = make(
+        nodes,
+        [vi("x", [1, SEQ, HIDDEN]), vi("z", [1, SEQ, HIDDEN])],
+        [vi("y", [1, SEQ, HIDDEN])],
+        [_w("g", HIDDEN), _w("beta", HIDDEN)],
+    )
+    graph = onnx_io.import_model(model, runtime_fusions=True).compact()
+    assert "skip_layernorm" not in graph.summary()
+    assert bool(graph.pinned) == (runtime_ops(model)["SkipLayerNormalization"] == 1)
+
+
+# -- each kernel and form is timed as onnxruntime runs it
+
+
+@pytest.mark.parametrize(
+    "op, shapes, attrs",
+    [
+        ("skip_layernorm", [(1, SEQ, HIDDEN), (1, SEQ, HIDDEN), (HIDDEN,), (HIDDEN,)], {"epsilon": 1e-5}),
+        ("layernorm", [(1, SEQ, HIDDEN), (HIDDEN,), (HIDDEN,)], {"axis": 2, "epsilon": 1e-5}),
+        ("rms_norm", [(1, SEQ, HIDDEN), (HIDDEN,)], {"epsilon": 1e-6}),
+        ("gelu", [(1, SEQ, HIDDEN)], {"approximate": 0}),
+        ("lrn", [(1, 16, 14, 14)], {"size": 5, "alpha": 1e-4, "beta": 0.75, "bias": 1.0}),
+        ("band", [], {"channels": 16, "size": 5, "alpha": 1e-4}),
+    ],
+)
+def test_each_kernel_and_form_is_timed_as_onnxruntime_runs_it(op: str, shapes: list, attrs: dict, tmp_path) -> None:
+    cost = _cost(tmp_path)
+    out = ops.shape_of(op, shapes, attrs)
+    const = [k > 0 for k in range(len(shapes))] if op != "skip_layernorm" else [False, False, True, True]
+    price = cost(Node(op, (), tuple(attrs.items()), out, "float32"), shapes, const)
+    if ops.constant_leaf(op):
+        assert price == 0.0 and cost.stats.measured == 0  # a constant costs nothing: it is folded
+        return
+    assert price > 0 and cost.stats.measured == 1 and cost.stats.analytic == 0
+
+
+# -- the extraction chooses, and what is written is what runs
+
+
+def test_the_residual_add_is_written_as_sum_exactly_where_the_two_ops_price_below_the_kernel(
+    tmp_path, monkeypatch
+) -> None:
+    model = _post_norm()
+    result = _optimize(model, tmp_path, monkeypatch)
+    cost = _cost(tmp_path)  # the prices the run measured, from its cache
+    x, h = (1, SEQ, HIDDEN), (HIDDEN,)
+    kernel = cost(Node("skip_layernorm", (), (("epsilon", 1e-5),), x, "float32"), [x, x, h, h], [0, 0, 1, 1])
+    plain = cost(Node("sum", (), (), x, "float32"), [x, x]) + cost(
+        Node("layernorm", (), (("axis", 2), ("epsilon", 1e-5)), x, "float32"), [x, h, h], [0, 1, 1]
+    )
+    unfused = result.rules.get("skip-layernorm-unfuse") == 1
+    tolerance = cost.resolution
+    if plain * (1 + tolerance.relative) + tolerance.ms < kernel:
+        assert unfused and result.returned_input is None
+    if kernel < plain:
+        assert not unfused
+    kernels = runtime_ops(result.output)
+    assert (kernels["SkipLayerNormalization"], kernels["Sum"]) == ((0, 1) if unfused else (1, 0))
+    assert fusions.check_kernels(result.output).match
+
+
+def test_an_rms_norm_the_runtime_does_not_fuse_becomes_its_kernel_where_that_prices_lower(
+    tmp_path, monkeypatch
+) -> None:
+    model = _rms_norm(reciprocal=True)
+    assert runtime_ops(model)["SimplifiedLayerNormalization"] == 0
+    result = _optimize(model, tmp_path, monkeypatch)
+    x = RNG.standard_normal((1, SEQ, HIDDEN)).astype(np.float32)
+    np.testing.assert_allclose(_run(result.output, x), _run(model, x), rtol=1e-4, atol=1e-4)
+    fused = "rms-norm-fuse" in result.rules
+    assert runtime_ops(result.output)["SimplifiedLayerNormalization"] == (1 if fused else 0)
+    assert fused == (result.returned_input is None and result.cost_after < result.cost_before)
+    assert fusions.check_kernels(result.output).match
+
+
+def test_an_lrn_onnxruntime_runs_slower_is_written_as_its_definition_and_timed_faster(tmp_path, monkeypatch) -> None:
+    """onnxruntime's CPU LRN kernel walks one window at a time; written as its definition, a band Conv and Sqrts,
+    the stem runs several times faster: the rules offer it, the extraction chooses it, the check times it."""
+    model = _lrn_net((1, 64, 56, 56))
+    result = _optimize(model, tmp_path, monkeypatch, latency_check=5)
+    assert result.returned_input is None and "LRN" not in {n.op_type for n in result.output.graph.node}
+    assert result.rules.get("lrn-definition") == 1 and "(unexplained)" not in result.rules
+    assert result.latency is not None and result.latency.kept
+    assert result.latency.by_threads[1].speedup > 1.5
+    x = RNG.standard_normal((1, 3, 56, 56)).astype(np.float32)
+    np.testing.assert_allclose(_run(result.output, x), _run(model, x), rtol=1e-5, atol=1e-6)
+
+
+def test_the_kernels_check_sees_a_fusion_the_model_did_not_write() -> None:
+    """A LayerNormalization after an Add is written as two ops; onnxruntime runs it as SkipLayerNormalization."""
+    graph = onnx_io.import_model(_post_norm()).compact()
+    check = fusions.check_kernels(onnx_io.export_model(graph))
+    assert check.written == {"LayerNormalization": 1} and check.run == {"SkipLayerNormalization": 1}
+    assert not check.match
+    summed = Graph()
+    x = summed.input("x", (1, SEQ, HIDDEN))
+    z = summed.input("z", (1, SEQ, HIDDEN))
+    g = summed.weight(np.ones(HIDDEN, np.float32), "g")
+    b = summed.weight(np.zeros(HIDDEN, np.float32) + 0.5, "b")
+    summed.output("y", summed.add("layernorm", [summed.add("sum", [x, z]), g, b], axis=2, epsilon=1e-5))
+    assert fusions.check_kernels(onnx_io.export_model(summed)).match
