@@ -56,7 +56,8 @@ def run_model(name: str, src: Path, work: Path, seconds: float) -> dict[str, Any
         "rules": result.rules,
         "seconds": elapsed,
         "kernels": [sum(before.values()), sum(after.values())],
-        "chosen": check_kernels(result.output).to_dict(),
+        # the kernels of the graph tensat wrote (none where it returned the input: nothing of it is tensat's choice)
+        "chosen": None if result.returned_input else check_kernels(result.output).to_dict(),
         "fused": {k: [before[k], after[k]] for k in sorted(fused) if before[k] or after[k]},
         "lost": lost,
         "changed": changed,
@@ -68,7 +69,7 @@ def summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "models": len(records),
         "optimized": sum(not r["returned_input"] for r in records),
         "losing_a_fusion": [r["model"] for r in records if r["lost"]],
-        "kernels_not_run_as_chosen": [r["model"] for r in records if not r["chosen"]["match"]],
+        "kernels_not_run_as_chosen": [r["model"] for r in records if r["chosen"] and not r["chosen"]["match"]],
     }
 
 
@@ -95,12 +96,12 @@ def markdown(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
         other = {k: v for k, v in r["changed"].items() if k not in r["fused"]}
         rules = ", ".join(f"{k} x{v}" for k, v in r["rules"].items()) or "none"
         chosen = r["chosen"]
-        written = ", ".join(f"{k} {v}" for k, v in chosen["written"].items()) or "none"
-        run = (
-            "yes"
-            if chosen["match"]
-            else "no: runs " + (", ".join(f"{k} {v}" for k, v in chosen["run"].items()) or "none")
-        )
+        if chosen is None:
+            written, run = "the input's", "—"
+        else:
+            written = ", ".join(f"{k} {v}" for k, v in chosen["written"].items()) or "none"
+            ran = ", ".join(f"{k} {v}" for k, v in chosen["run"].items()) or "none"
+            run = "yes" if chosen["match"] else f"no: runs {ran}"
         lines.append(
             f"| {r['model']} | {'input' if r['returned_input'] else 'optimized'} | {r['kernels'][0]} -> "
             f"{r['kernels'][1]} | {written} | {run} | {_counts(r['fused'])} | "

@@ -45,10 +45,21 @@ from tensat.errors import TensatError
 from tensat.files import atomic_write_json, atomic_write_text
 from tensat.latency import compare_many
 from tensat.measure import default_clock
+from tensat.onnx.fusions import check_kernels
 from tensat.onnx_io import import_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
-PEERS = ("onnxsim", "onnxslim")
+PEERS = ("onnxsim", "onnxslim", "ort_transformers")
+# onnxruntime's transformer optimizer (`onnxruntime.transformers.optimizer.optimize_model`) by its model type, for
+# the corpus models of a family it supports (by the name's first part); the others it is not run on
+TRANSFORMER_TYPES = {"bert": "bert", "gpt2": "gpt2", "vit": "vit", "t5": "t5", "swin": "swin"}
+
+
+def transformer_type(name: str) -> str | None:
+    """The model type onnxruntime's transformer optimizer takes for corpus model `name`, or None."""
+    return TRANSFORMER_TYPES.get(name.split("_")[0])
+
+
 OPTIMIZE_TIMEOUT = 600.0
 
 
@@ -94,10 +105,19 @@ def _run_tensat(src: Path, out: Path, cache_dir: Path, flags: Sequence[str] = ()
 
 
 def _run_peer(peer: str, src: Path, out: Path) -> dict[str, Any]:
-    """Simplify `src` with onnxsim or onnxslim as their Python APIs do by default; the result is checked and saved."""
+    """Simplify `src` with onnxsim or onnxslim as their Python APIs do by default, or optimize it with onnxruntime's
+    transformer optimizer for its model type (`transformer_type`); the result is saved."""
     model = onnx.load(str(src))
     t = time.perf_counter()
     try:
+        if peer == "ort_transformers":
+            from onnxruntime.transformers.optimizer import optimize_model
+
+            kind = transformer_type(src.stem)
+            if kind is None:
+                return {"ok": False, "seconds": 0.0, "error": "not a model type it supports", "unsupported": True}
+            optimize_model(str(src), model_type=kind).save_model_to_file(str(out))
+            return {"ok": True, "seconds": time.perf_counter() - t, "ops": len(onnx.load(str(out)).graph.node)}
         if peer == "onnxsim":
             import onnxsim
 
@@ -176,6 +196,8 @@ def run_model(name: str, src: Path, work: Path, seconds: float) -> dict[str, Any
         rec["ops_after"] = len(onnx.load(str(out), load_external_data=False).graph.node)
         rec["predicted"] = stats["speedup"]
         rec["warnings"] = stats["warnings"]
+        if not stats.get("returned_input"):  # the kernels of the graph tensat wrote (the input's are not its choice)
+            rec["kernels"] = check_kernels(onnx.load(str(out))).to_dict()
         results["tensat"] = out
     for peer in PEERS:
         path = work / f"{name}.{peer}.onnx"
@@ -192,20 +214,17 @@ def kept_input(rec: dict[str, Any]) -> bool:
 
 
 def changes(rec: dict[str, Any]) -> str:
-    """What tensat did to one model, in words: whether its optimized graph was returned, and the rules behind the
+    """What tensat did to one model, in words: whether its optimized graph was returned, the rules behind the
     extracted graph's changes (read back from the e-graph, each with how many changes it explains), and the
-    computations written in the form onnxruntime runs faster (`tensat.runtime_forms`), and the pre-pass's own
-    changes, counted in ONNX nodes (the rules' changes are read against the graph the pre-pass wrote). A graph with
-    none is the input as tensat reads and writes it (an exporter's shape arithmetic folded, Dropout and Identity
-    gone)."""
+    pre-pass's own changes, counted in ONNX nodes (the rules' changes are read against the graph the pre-pass
+    wrote). A graph with none is the input as tensat reads and writes it (an exporter's shape arithmetic folded,
+    Dropout and Identity gone)."""
     first = rec["tensat_first"]
     if not first["ok"]:
         return f"{rec['model']}: not optimized ({first['error'][:80]})"
     stats = first["stats"]
     rules = ", ".join(f"{name} x{n}" for name, n in stats.get("rules", {}).items())
-    forms = (stats.get("forms") or {}).get("rewritten", {})
-    parts = [", ".join(f"{what} x{n}" for what, n in forms.items()) + " (the form measured faster)"] if forms else []
-    parts += [f"rules {rules}"] if rules else []
+    parts = [f"rules {rules}"] if rules else []
     if stats.get("pre_passed") and stats["onnx_nodes_read"] != stats["onnx_nodes_before"]:
         parts.append(
             f"the {stats['options']['pre_pass']} pre-pass ({stats['onnx_nodes_before']} -> "
@@ -215,6 +234,34 @@ def changes(rec: dict[str, Any]) -> str:
     if kept_input(rec) or stats.get("returned_input"):
         return f"{rec['model']}: the input returned ({stats.get('returned_input')}); the extracted graph: {found}"
     return f"{rec['model']}: the optimized graph returned; {found}"
+
+
+def explained(rec: dict[str, Any]) -> str:
+    """Whether the rules explain the change of a model returned changed: "yes" where every change of the graph
+    returned is a rule's (the onnxslim pre-pass's canonical form aside), "no" where one is not, "—" for a model
+    returned as given."""
+    first = rec["tensat_first"]
+    if not first["ok"] or kept_input(rec) or first["stats"].get("returned_input"):
+        return "—"
+    rules = first["stats"].get("rules", {})
+    if not rules:
+        return "pre-pass only" if first["stats"].get("pre_passed") else "no"
+    return "no" if "(unexplained)" in rules else "yes"
+
+
+def predicted_ratio(rec: dict[str, Any]) -> float | None:
+    """The returned model's price under the measured cost model (the sum of its kernels' measured costs) over its
+    end-to-end time at one thread, or None where either is unknown."""
+    first = rec["tensat_first"]
+    lat = rec.get("latency", {}).get("tensat", {}).get("threads=1")
+    if not first["ok"] or lat is None:
+        return None
+    run_ms = lat.get("ms")
+    if lat.get("same_model"):  # the input itself: its time as the peers' timings measured it
+        timed = [v["threads=1"] for v in rec.get("latency", {}).values() if "baseline_ms" in v.get("threads=1", {})]
+        run_ms = timed[0]["baseline_ms"] if timed else None
+    price = first["stats"].get("cost_after")
+    return price / run_ms if price and run_ms else None
 
 
 def geomean(values: Sequence[float]) -> float:
@@ -248,6 +295,12 @@ def summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 "measurably_slower": slower,
                 "at_least_1.05": sum(1 for v in values if v >= 1.05),
             }
+    modelled = [r["tensat_first"]["stats"]["modelled"] for r in records if r["tensat_first"]["ok"]]
+    out["modelled_min"] = min(modelled, default=float("nan"))
+    out["changed_unexplained"] = [r["model"] for r in records if explained(r) == "no"]
+    out["kernels_not_run_as_chosen"] = [r["model"] for r in records if not r.get("kernels", {}).get("match", True)]
+    ratios = {r["model"]: v for r in records if (v := predicted_ratio(r)) is not None}
+    out["predicted_over_run_outside_10pct"] = sorted(m for m, v in ratios.items() if abs(v - 1) > 0.1)
     firsts = [r["tensat_first"]["seconds"] for r in records if r["tensat_first"]["ok"]]
     warms = [r["tensat_warm"]["seconds"] for r in records if r["tensat_warm"]["ok"]]
     out["first_run_max_s"] = max(firsts, default=float("nan"))
@@ -258,10 +311,11 @@ def summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def markdown(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
     """The report: the machine, one row per model, and the summary against the targets."""
     threads = sorted({k for r in records for who in r.get("latency", {}) for k in r["latency"][who]})
-    head = ["model", "import", "ops before -> after", "predicted", "tensat first / warm (s)", "kept input"]
+    head = ["model", "import", "ops before -> after", "modelled", "predicted", "predicted / run"]
+    head += ["kernels run = chosen", "rules explain the change", "tensat first / warm (s)", "kept input"]
     for t in threads:
-        head += [f"tensat {t}", f"onnxsim {t}", f"onnxslim {t}"]
-    head += ["onnxsim / onnxslim (s)"]
+        head += [f"{who} {t}" for who in ("tensat", *PEERS)]
+    head += [" / ".join(PEERS) + " (s)"]
     lines = [
         "# tensat on real models",
         "",
@@ -283,11 +337,22 @@ def markdown(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
             status += f"; optimize failed: {first['error'][:80]}"
         ops = f"{r['ops_before']} -> {r.get('ops_after', '—')}"
         predicted = f"{r['predicted']:.3f}" if "predicted" in r else "—"
+        modelled = f"{100 * first['stats']['modelled']:.1f}%" if first["ok"] else "—"
+        ratio = predicted_ratio(r)
+        kernels = r.get("kernels")
+        if kernels is None:
+            run = "—"
+        else:
+            chosen = ", ".join(f"{k} {v}" for k, v in kernels["written"].items()) or "none"
+            run = f"yes ({chosen})" if kernels["match"] else f"no ({chosen}; runs {kernels['run']})"
         times = f"{first['seconds']:.1f} / {warm['seconds']:.1f}"
-        row = [r["model"], status, ops, predicted, times, "yes" if kept_input(r) else "no"]
+        row = [r["model"], status, ops, modelled, predicted, f"{ratio:.2f}" if ratio else "—", run, explained(r)]
+        row += [times, "yes" if kept_input(r) else "no"]
         for t in threads:
-            row += [_cell(r, "tensat", t), _cell(r, "onnxsim", t), _cell(r, "onnxslim", t)]
-        peers = " / ".join(f"{r[p]['seconds']:.1f}" if r[p]["ok"] else "failed" for p in PEERS)
+            row += [_cell(r, who, t) for who in ("tensat", *PEERS)]
+        peers = " / ".join(
+            f"{r[p]['seconds']:.1f}" if r[p]["ok"] else ("n/a" if r[p].get("unsupported") else "failed") for p in PEERS
+        )
         row.append(peers)
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", "## What tensat changed", "", *(f"- {changes(r)}" for r in records)]
@@ -297,6 +362,12 @@ def markdown(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
         "## Summary",
         "",
         f"- {s['optimized']} of {s['models']} models optimized and verified.",
+        f"- Nodes modelled: at least {100 * s['modelled_min']:.1f}% of every model's.",
+        f"- Models returned changed where a change is no rule's: {', '.join(s['changed_unexplained']) or 'none'}.",
+        f"- Models onnxruntime runs with other kernels than the extraction chose: "
+        f"{', '.join(s['kernels_not_run_as_chosen']) or 'none'}.",
+        f"- Predicted cost more than 10% from the end-to-end time at one thread: "
+        f"{', '.join(s['predicted_over_run_outside_10pct']) or 'none'}.",
         f"- Longest default run: {s['first_run_max_s']:.1f} s the first time, {s['warm_run_max_s']:.1f} s "
         f"with a warm cost cache.",
     ]

@@ -20,7 +20,8 @@ and reals, variables, `(dim ?t i)` (a negative literal i counts from the end), `
 broadcasts to any tensor of rank r), `(+ - * / % min max ...)`; guards: `(= a b)`, `(!= a b)`, `(< a b)`,
 `(<= a b)`, `(> a b)`, `(>= a b)`, `(same-except ?a ?b axis)` (shapes equal but on one axis; a negative literal axis
 counts from the end), `(same-shape ?a ?b)`. A constant its attributes define (`fill`, `band`) is a pattern like an
-op: a left side matches one by value.
+op: a left side matches one by value. `:tolerance` is the relative error the verifier allows between the sides (0,
+the default, for an identity; a float32 epsilon's order where a side's constants are float32 roundings).
 
 The same parsed `Rule` compiles to an egglog rule (`to_egglog`) and evaluates with numpy (`instantiate`), so the
 e-graph explorer, the sequential search and the verifier all read one definition.
@@ -133,6 +134,9 @@ class Rule:
     lets: tuple[tuple[str, Any], ...] = ()  # (var, Expr or Pattern)
     guards: tuple[Call, ...] = ()
     source: str = field(default="", compare=False)
+    # the relative error both sides may differ by in float64: 0 for an identity, the float32 epsilon's order for
+    # one whose constants are float32 roundings of what the other side computes exactly (a GELU's sqrt(2))
+    tolerance: float = 0.0
 
     @property
     def multi(self) -> bool:
@@ -346,7 +350,7 @@ def _options(items: list[Any], name: str) -> dict[str, Any]:
     if len(items) % 2:
         raise RuleError(f"rule {name}: options must be ':key value' pairs")
     for key, value in zip(items[::2], items[1::2]):
-        if key not in (":let", ":when"):
+        if key not in (":let", ":when", ":tolerance"):
             raise RuleError(f"rule {name}: unknown option {key!r}")
         opts[key] = value
     return opts
@@ -381,7 +385,10 @@ def parse_rules(text: str) -> list[Rule]:
         for g in guards:
             if not (isinstance(g, Call) and g.fn in GUARDS):
                 raise RuleError(f"rule {name}: guard {g} is not a comparison")
-        rule = Rule(name, lhs_t, rhs_t, tuple(lets), guards)  # type: ignore[arg-type]
+        tolerance = opts.get(":tolerance", 0.0)
+        if not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1e-3:
+            raise RuleError(f"rule {name}: :tolerance must be a relative error below 1e-3, got {tolerance!r}")
+        rule = Rule(name, lhs_t, rhs_t, tuple(lets), guards, tolerance=float(tolerance))  # type: ignore[arg-type]
         _check_rule(rule)
         rules.append(rule)
     return rules
@@ -653,7 +660,7 @@ def load_rule_files(paths: Sequence[str]) -> list[Rule]:
                 if r.name in names:
                     raise RuleError(f"duplicate rule name {r.name!r} in {path}")
                 names.add(r.name)
-                rules.append(Rule(r.name, r.lhs, r.rhs, r.lets, r.guards, source=str(path)))
+                rules.append(Rule(r.name, r.lhs, r.rhs, r.lets, r.guards, source=str(path), tolerance=r.tolerance))
     return rules
 
 

@@ -824,7 +824,8 @@ def _check_binding(
 def _compare(
     rule: Rule, tensors: dict[str, np.ndarray], env: dict[str, Any], lets: dict[str, Any], exact: bool
 ) -> None:
-    """Both sides of every output pair agree (exactly on integers, to 1e-9 in float64)."""
+    """Both sides of every output pair agree (exactly on integers, to 1e-9 in float64, or to the rule's declared
+    tolerance where it is larger)."""
     with np.errstate(all="ignore"):
         for k, (lhs, rhs) in enumerate(zip(rule.lhs, rule.rhs)):
             left = instantiate(lhs, tensors, env, lets)
@@ -836,7 +837,8 @@ def _compare(
                     raise _Failure(f"output {k} differs on integer tensors (max |diff| {np.abs(left - right).max()})")
             else:
                 scale = max(1.0, float(np.max(np.abs(left))) if left.size else 1.0)
-                if not np.allclose(left, right, rtol=1e-9, atol=1e-9 * scale, equal_nan=False):
+                tol = max(1e-9, rule.tolerance)
+                if not np.allclose(left, right, rtol=tol, atol=tol * scale, equal_nan=False):
                     diff = float(np.max(np.abs(left - right)))
                     raise _Failure(f"output {k} differs (max |diff| {diff:.3g})")
 

@@ -63,12 +63,18 @@ class OptimizeResult:
     nodes_before: int = 0  # ONNX nodes of the input model
     nodes_after: int = 0  # ONNX nodes of the returned model
     nodes_read: int = 0  # ONNX nodes of the model the search started from: the input, or the pre-pass's output
+    nodes_opaque: int = 0  # of those, the ONNX nodes tensat does not model (kept verbatim, opaque to the rules)
     pre_passed: bool = False  # whether the search started from the pre-pass's output (`options.pre_pass`)
     returned_input: str | None = None  # why the input model was returned unchanged; None if optimized
     # the rules behind the optimized graph's changes, with how many changes each explains (the graph checked, whether
     # or not it was returned: the graph extracted, or, where that prices no lower as written, the graph the search
     # started from, with none; `tensat.egraph.provenance`)
     rules: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def modelled(self) -> float:
+        """The share of the ONNX nodes the search started from that tensat models (the rules can see them)."""
+        return 1.0 - self.nodes_opaque / self.nodes_read if self.nodes_read else 1.0
 
     @property
     def speedup(self) -> float:
@@ -90,7 +96,8 @@ class OptimizeResult:
             f"cost      {self.cost_before:.4f} -> {self.cost_after:.4f} ms ({self.speedup:.3f}x under the "
             f"{self.options.cost} cost model, as onnxruntime runs each)",
             f"nodes     {self.nodes_before} -> {self.nodes_after} ONNX nodes"
-            + (f" ({self.nodes_read} read after the {self.options.pre_pass} pre-pass)" if self.pre_passed else ""),
+            + (f" ({self.nodes_read} read after the {self.options.pre_pass} pre-pass)" if self.pre_passed else "")
+            + f", {100 * self.modelled:.1f}% of those read modelled",
             f"e-graph   {ex.enodes:,} e-nodes, {ex.eclasses:,} e-classes after {len(ex.iterations)} iterations "
             f"({ex.stop_reason.replace('_', ' ')})",
         ]
@@ -137,6 +144,8 @@ class OptimizeResult:
             "onnx_nodes_before": self.nodes_before,
             "onnx_nodes_after": self.nodes_after,
             "onnx_nodes_read": self.nodes_read,
+            "onnx_nodes_opaque": self.nodes_opaque,
+            "modelled": self.modelled,
             "pre_passed": self.pre_passed,
             "returned_input": self.returned_input,
             "rules": dict(self.rules),
@@ -1079,6 +1088,7 @@ def _result(run: _Run, output_path: str | os.PathLike[str] | None) -> OptimizeRe
         nodes_before=len((run.model or out_model).graph.node),
         nodes_after=len(out_model.graph.node),
         nodes_read=run.nodes_read or len((run.model or out_model).graph.node),
+        nodes_opaque=(run.graph or read).opaque_count(),
         pre_passed=run.pre_passed,
         returned_input=run.returned_input,
         rules=dict(run.candidate_rules),

@@ -224,6 +224,10 @@ class Graph:
             return ops.evaluate(n.op, [], n.attr).astype(n.dtype, copy=False)
         return None
 
+    def opaque_count(self) -> int:
+        """ONNX nodes the live graph keeps verbatim, as opaque nodes (one per ONNX node, whatever its outputs)."""
+        return len({self.nodes[i].attr["key"] for i in self.live() if self.nodes[i].op == "opaque"})
+
     def op_count(self) -> int:
         """Number of live operator nodes that run at inference (not inputs, weights or weight-only nodes)."""
         const = self.weight_only()

@@ -836,6 +836,31 @@ def _ex_stride(e: _Exporter, i: int) -> None:
     e.emit("Slice", ins, [e.tensor(i)], f"stride_{i}")
 
 
+@_emitter("fused_matmul")
+def _ex_fused_matmul(e: _Exporter, i: int) -> None:
+    n = e.graph.nodes[i]
+    a = n.attr
+    e.emit(
+        "FusedMatMul",
+        [e.tensor(j) for j in n.inputs],
+        [e.tensor(i)],
+        f"fused_matmul_{i}",
+        domain=ops.CONTRIB,
+        transA=int(a["trans_a"]),
+        transB=int(a["trans_b"]),
+        alpha=float(a["alpha"]),
+    )
+    e.domains.add(ops.CONTRIB)
+
+
+@_emitter("quick_gelu")
+def _ex_quick_gelu(e: _Exporter, i: int) -> None:
+    n = e.graph.nodes[i]
+    domain, op_type = _split_type(_onnx_type(n.op))
+    e.emit(op_type, [e.tensor(n.inputs[0])], [e.tensor(i)], f"quick_gelu_{i}", domain=domain, alpha=n.attr["alpha"])
+    e.domains.add(domain)
+
+
 @_emitter("skip_layernorm", "rms_norm")
 def _ex_norm_kernel(e: _Exporter, i: int) -> None:
     """onnxruntime's SkipLayerNormalization (contrib) and SimplifiedLayerNormalization (ONNX domain) kernels."""

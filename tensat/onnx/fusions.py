@@ -33,7 +33,9 @@ from tensat.session import runtime_graph
 # Op types whose presence lets onnxruntime fuse a normalization, an activation or an attention: a model with none of
 # them is not optimized in onnxruntime here (a CNN whose only fusions are its convolutions' and its classifier's).
 TRIGGERS = frozenset({"ReduceMean", "Pow", "Sqrt", "Erf", "Tanh", "Sigmoid", "LayerNormalization"})
-FREE = frozenset({"Conv", "FusedConv", "NhwcFusedConv", "Gemm", "FusedGemm"})  # fused kinds left free (see above)
+# fused kinds left free (see above; a Split is what onnxruntime makes of Slices that partition a tensor, as tensat's
+# exporter writes them too)
+FREE = frozenset({"Conv", "FusedConv", "NhwcFusedConv", "Gemm", "FusedGemm", "Split"})
 MAX_REGION = 64  # ONNX nodes in one fused subgraph; a walk that goes further has left the fusion
 MAX_GLUE = 4  # nodes onnxruntime adds around a fused node (the Reshapes of an N-D MatMul+Add made a Gemm)
 

@@ -942,6 +942,22 @@ def _fast_gelu(c: _Importer, node: NodeProto) -> list[Any]:
     return [c.op("gelu", [x], approximate=1)]
 
 
+@_lowering(f"{ops.CONTRIB}:FusedMatMul")
+def _fused_matmul(c: _Importer, node: NodeProto) -> list[Any]:
+    if int(c.attrs.get("transBatchA", 0)) or int(c.attrs.get("transBatchB", 0)):
+        raise _Unsupported("FusedMatMul with batch transposes")
+    a, b = c.data(0), c.data(1)
+    if len(c.shape(a)) != len(c.shape(b)) or len(c.shape(a)) < 2:
+        raise _Unsupported("FusedMatMul of operands of other ranks")
+    attrs = {"trans_a": int(c.attrs.get("transA", 0)), "trans_b": int(c.attrs.get("transB", 0))}
+    return [c.op("fused_matmul", [a, b], alpha=float(c.attrs.get("alpha", 1.0)), **attrs)]
+
+
+@_lowering(f"{ops.CONTRIB}:QuickGelu")
+def _quick_gelu(c: _Importer, node: NodeProto) -> list[Any]:
+    return [c.op("quick_gelu", [c.data(0)], alpha=float(c.attrs.get("alpha", 1.702)))]
+
+
 @_lowering(f"{ops.CONTRIB}:SkipLayerNormalization")
 def _skip_layer_norm(c: _Importer, node: NodeProto) -> list[Any]:
     _first_output_only(c, node)

@@ -16,8 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from tensat.ops.elementwise import unary
+from tensat.ops.matmul import matmul_shape
 from tensat.ops.reduce import layer_norm
 from tensat.ops.registry import (
+    MAX_RANK,
     SAME,
     Attrs,
     Dims,
@@ -25,7 +28,9 @@ from tensat.ops.registry import (
     OpDef,
     Shape,
     check,
+    egg_dim,
     egg_rule,
+    egg_vec,
     numel,
     register,
 )
@@ -115,9 +120,114 @@ RMS_NORM = register(
     )
 )
 
+
+def _quick_gelu(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:
+    x = xs[0]
+    return (x * (0.5 * (np.tanh(0.5 * a["alpha"] * x) + 1.0))).astype(x.dtype, copy=False)
+
+
+# onnxruntime's QuickGelu: x * sigmoid(alpha * x), which it makes of a SiLU (alpha 1)
+QUICK_GELU = register(
+    unary(
+        "quick_gelu",
+        "QuickGelu",
+        None,
+        evaluate=_quick_gelu,
+        attrs=(("alpha", "float"),),
+        onnx=f"{CONTRIB}:QuickGelu",
+        domains={"alpha": [1.0, 1.702]},
+    )
+)
+
+
+def _operands(shapes: Sequence[Shape], a: Attrs) -> tuple[Shape, Shape]:
+    """The operands as multiplied: each with its last two dims swapped where it is transposed."""
+    x, y = (tuple(s) for s in shapes)
+    if a["trans_a"] and len(x) >= 2:
+        x = (*x[:-2], x[-1], x[-2])
+    if a["trans_b"] and len(y) >= 2:
+        y = (*y[:-2], y[-1], y[-2])
+    return x, y
+
+
+def _fused_matmul_shape(shapes: Sequence[Shape], a: Attrs) -> Shape:
+    check(a["trans_a"] in (0, 1) and a["trans_b"] in (0, 1), f"fused matmul transposes {a['trans_a']}, {a['trans_b']}")
+    return matmul_shape(_operands(shapes, a), {})
+
+
+def _fused_matmul_eval(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:
+    x, y = xs
+    if a["trans_a"]:
+        x = np.swapaxes(x, -1, -2)
+    if a["trans_b"]:
+        y = np.swapaxes(y, -1, -2)
+    out = np.matmul(x, y)
+    return (out * np.asarray(a["alpha"], out.dtype)).astype(out.dtype, copy=False)
+
+
+def _fused_matmul_rules(op: OpDef) -> list[str]:
+    out = []
+    for r in range(2, MAX_RANK + 1):
+        for ta in (0, 1):
+            for tb in (0, 1):
+                m, k = (r - 1, r - 2) if ta else (r - 2, r - 1)
+                k2, n = (r - 1, r - 2) if tb else (r - 2, r - 1)
+                query = [
+                    f"(= (vec-length s0) {r})",
+                    f"(= (vec-length s1) {r})",
+                    f"(= trans_a {ta})",
+                    f"(= trans_b {tb})",
+                    f"(= {egg_dim('s0', k)} {egg_dim('s1', k2)})",
+                ]
+                dims = []
+                for i in range(r - 2):
+                    x, y = egg_dim("s0", i), egg_dim("s1", i)
+                    query.append(f"(= 0 (* (- (min {x} {y}) 1) (- {x} {y})))")
+                    dims.append(f"(max {x} {y})")
+                out.append(egg_rule(op, query, egg_vec([*dims, egg_dim("s0", m), egg_dim("s1", n)])))
+    return out
+
+
+def _fused_matmul_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[str, Any]) -> None:
+    if at["trans_a"] not in (0, 1) or at["trans_b"] not in (0, 1):
+        s.reject("fused matmul transposes")
+    a, b = ins
+    r = len(out)
+    if at["trans_a"]:
+        a = (*a[:-2], a[-1], a[-2])
+    if at["trans_b"]:
+        b = (*b[:-2], b[-1], b[-2])
+    s.broadcast(out, a, b, range(r - 2))
+    s.eq(a[r - 1], b[r - 2])
+    s.eq(out[r - 2], a[r - 2])
+    s.eq(out[r - 1], b[r - 1])
+
+
+# onnxruntime's FusedMatMul: alpha * A @ B, either operand with its last two dims swapped (a Transpose and a scale
+# folded into the product, as in attention's scores); equal ranks >= 2, batch dims broadcast, as matmul's
+FUSED_MATMUL = register(
+    OpDef(
+        "fused_matmul",
+        "FusedMatMul",
+        2,
+        (("trans_a", "int"), ("trans_b", "int"), ("alpha", "float")),
+        _fused_matmul_shape,
+        _fused_matmul_eval,
+        _fused_matmul_rules,
+        lambda s, o, a: 2.0 * numel(o) * _operands(s, a)[0][-1],
+        onnx=f"{CONTRIB}:FusedMatMul",
+        ranks=(SAME, SAME, SAME),
+        min_rank=2,
+        equations=_fused_matmul_equations,
+        domains={"trans_a": [0, 1], "trans_b": [0, 1], "alpha": [0.125, 1.0]},
+        breaks_layout=True,
+    )
+)
+
 KERNELS: dict[str, tuple[str, ...]] = {
-    CONTRIB: ("SkipLayerNormalization",),
+    CONTRIB: ("SkipLayerNormalization", "Gelu", "FastGelu", "QuickGelu", "FusedMatMul"),
     "": ("SimplifiedLayerNormalization", "LayerNormalization", "Gelu"),
 }
 """The onnxruntime kernels tensat models, by domain: the fused ops its graph optimizer makes that are ops here
-(LayerNormalization and Gelu are standard ONNX ops onnxruntime also makes of their written-out forms)."""
+(LayerNormalization and Gelu are standard ONNX ops onnxruntime also makes of their written-out forms; its contrib
+Gelu and FastGelu are `gelu`, exact and by tanh)."""

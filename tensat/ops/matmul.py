@@ -25,7 +25,8 @@ from tensat.ops.registry import (
 )
 
 
-def _matmul_shape(shapes: Sequence[Shape], _: Attrs) -> Shape:
+def matmul_shape(shapes: Sequence[Shape], _: Attrs) -> Shape:
+    """The product's shape: equal ranks >= 2, inner dims equal, batch dims broadcast."""
     a, b = shapes
     check(len(a) == len(b) and len(a) >= 2, f"matmul needs equal ranks >= 2, got {a} and {b}")
     check(a[-1] == b[-2], f"matmul inner dims differ: {a} @ {b}")
@@ -70,7 +71,7 @@ MATMUL = register(
         "MatMul",
         2,
         (),
-        _matmul_shape,
+        matmul_shape,
         lambda xs, a: np.matmul(xs[0], xs[1]),
         _matmul_rules,
         _matmul_flops,

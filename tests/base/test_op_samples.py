@@ -99,6 +99,12 @@ SAMPLES: dict[str, tuple[list[tuple[np.ndarray, bool]], dict[str, Any], int]] = 
         17,
     ),
     "rms_norm": ([(real(2, 4, 8), False), (real(8), True)], {"epsilon": 1e-6}, 17),
+    "quick_gelu": ([(real(3, 5), False)], {"alpha": 1.0}, 17),
+    "fused_matmul": (
+        [(real(2, 4, 3), False), (real(2, 5, 3), False)],
+        {"trans_a": 0, "trans_b": 1, "alpha": 0.125},
+        17,
+    ),
 }
 
 # leaves and constants their attributes define: evaluated from attributes, not run
