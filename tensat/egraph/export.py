@@ -447,7 +447,9 @@ class Export(LoweredGraph):
         index = self._index(decoded)
         inputs = [index[_own_key(self.graph.nodes[i], self._node_of)] for i in self.live]
         original = self.original_selection(decoded)
-        return provenance.rules_behind(choices, original, inputs, decoded, shapes, roots, self.rules)
+        return provenance.rules_behind(
+            choices, original, inputs, decoded, shapes, roots, self.rules, self._constant_classes(decoded)
+        )
 
     def _pinned_out(self, decoded: dict[str, DecodedNode], own: dict[str, str]) -> set[str]:
         """The e-nodes the extraction must not choose for the input's fused subgraphs (`Graph.pinned`, `sealed`:

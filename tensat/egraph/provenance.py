@@ -76,11 +76,14 @@ def rules_behind(
     shapes: Mapping[int, Shape],
     roots: Sequence[str],
     rules: Sequence[rewrites.Rule],
+    constant: Iterable[int] = (),
 ) -> dict[str, int]:
     """For each rule, how many changes of `choices` against the input's selection `original` it explains (see the
     module docstring), most first; `inputs` are the input graph's own e-nodes, `shapes` each e-class's shape.
     Changes no rule explains count under `UNEXPLAINED`. Empty when the selection is the input's own and no input
-    node was merged away."""
+    node was merged away. Changes of the `constant` e-classes (computable from weights alone) are not counted: the
+    exporter folds them into the weights, so the model does not change there."""
+    folded = set(constant)
     everything = _Classes(decoded.values())
     chosen = _Classes(decoded[nid] for nid in choices.values())
     own = [decoded[nid] for nid in inputs]
@@ -111,6 +114,8 @@ def rules_behind(
 
     for name in reversed(changed_classes(choices, original, decoded, roots)):  # parents first
         now = decoded[choices[name]]
+        if now.eclass in folded:
+            continue
         if name in original:
             was = decoded[original[name]]
             explain([([was], as_written), ([was], everything)], now, now.eclass)

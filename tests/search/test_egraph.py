@@ -586,3 +586,24 @@ def test_the_rules_behind_a_selection_are_read_back() -> None:
     assert {"add-matmul-factor-left", "transpose-compose-2"} <= set(rules)
     assert provenance.UNEXPLAINED not in rules
     assert te.rules_behind(te.original_selection(decoded), decoded, xg.roots, shapes) == {"transpose-compose-2": 1}
+
+
+def test_a_change_among_constants_is_no_change_of_the_model() -> None:
+    """A change inside weights alone (a concatenation of two weights chosen where the input had a slice of one) is
+    folded away at export: it is counted under no rule, and not as unexplained."""
+    nodes = {
+        "w#0": provenance.DecodedNode("weight", {"name": "w"}, (), 0),
+        "v#0": provenance.DecodedNode("weight", {"name": "v"}, (), 1),
+        "cat#0": provenance.DecodedNode("concat", {"axis": 0}, (0, 1), 2),
+        "x#0": provenance.DecodedNode("input", {"name": "x"}, (), 3),
+        "slice#0": provenance.DecodedNode("slice", {"axis": 0, "start": 0, "size": 2}, (0,), 2),
+        "mm#0": provenance.DecodedNode("matmul", {}, (3, 2), 4),
+    }
+    original = {"0": "w#0", "1": "v#0", "2": "slice#0", "3": "x#0", "4": "mm#0"}
+    choices = dict(original, **{"2": "cat#0"})
+    shapes = {0: (2, 2), 1: (2, 2), 2: (2, 2), 3: (3, 2), 4: (3, 2)}
+    inputs = ["w#0", "v#0", "slice#0", "x#0", "mm#0"]
+    rules: list = []
+    counted = provenance.rules_behind(choices, original, inputs, nodes, shapes, ["4"], rules)
+    assert counted == {provenance.UNEXPLAINED: 1}
+    assert provenance.rules_behind(choices, original, inputs, nodes, shapes, ["4"], rules, constant={0, 1, 2}) == {}
