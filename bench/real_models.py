@@ -309,6 +309,116 @@ def _convnext() -> Built:
     return Built(_wrap(_hf(config, "ConvNextModel"), names, outs), (_image(224),), names, outs)
 
 
+def _audio(samples: int) -> Any:
+    """A seeded (1, samples) float32 waveform."""
+    import torch  # bench extra, not a runtime dependency
+
+    gen = torch.Generator().manual_seed(SEED)
+    return 0.1 * torch.randn(1, samples, generator=gen)
+
+
+def _wav2vec2() -> Built:
+    from transformers import Wav2Vec2Config  # bench extra, not a runtime dependency
+
+    # The base model's convolutional feature encoder (GroupNorm after the first conv, GELU) narrowed to 128
+    # channels, its grouped positional conv, and a 4-layer encoder, over one second at 16 kHz.
+    config = Wav2Vec2Config(
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=1024,
+        conv_dim=(128,) * 7,
+        num_conv_pos_embeddings=64,
+        num_conv_pos_embedding_groups=16,
+        attn_implementation="eager",
+    )
+    names, outs = ("input_values",), ("last_hidden_state",)
+    return Built(_wrap(_hf(config, "Wav2Vec2Model"), names, outs), (_audio(16000),), names, outs)
+
+
+def _whisper_encoder() -> Built:
+    import torch  # bench extra, not a runtime dependency
+    from transformers import WhisperConfig, WhisperModel
+
+    # Whisper's encoder: two Conv1d over 80 log-mel bins, sinusoidal positions, 4 pre-norm layers, 400 frames.
+    config = WhisperConfig(
+        d_model=256,
+        encoder_layers=4,
+        encoder_attention_heads=4,
+        encoder_ffn_dim=1024,
+        decoder_layers=1,
+        decoder_attention_heads=4,
+        decoder_ffn_dim=256,
+        num_mel_bins=80,
+        max_source_positions=200,
+        attn_implementation="eager",
+    )
+    torch.manual_seed(SEED)
+    encoder = _realistic(WhisperModel(config).get_encoder()).eval()
+    gen = torch.Generator().manual_seed(SEED)
+    names, outs = ("input_features",), ("last_hidden_state",)
+    return Built(_wrap(encoder, names, outs), (torch.randn(1, 80, 400, generator=gen),), names, outs)
+
+
+def _clip_vision() -> Built:
+    from transformers import CLIPVisionConfig  # bench extra, not a runtime dependency
+
+    # CLIP's image tower: QuickGELU (x * sigmoid(1.702 x)), pre-LayerNorm, 4 layers, 32x32 patches.
+    config = CLIPVisionConfig(
+        hidden_size=256,
+        intermediate_size=1024,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        image_size=224,
+        patch_size=32,
+        attn_implementation="eager",
+    )
+    names, outs = ("pixel_values",), ("last_hidden_state", "pooler_output")
+    return Built(_wrap(_hf(config, "CLIPVisionModel"), names, outs), (_image(224),), names, outs)
+
+
+def _segformer() -> Built:
+    from transformers import SegformerConfig  # bench extra, not a runtime dependency
+
+    # SegFormer-B0's hierarchical encoder: overlapping patch merges, efficient attention with reduction convs,
+    # a depthwise conv in each MLP.
+    config = SegformerConfig(depths=[2, 2, 2, 2], hidden_sizes=[32, 64, 160, 256], attn_implementation="eager")
+    names, outs = ("pixel_values",), ("last_hidden_state",)
+    return Built(_wrap(_hf(config, "SegformerModel"), names, outs), (_image(224),), names, outs)
+
+
+def _mobilevit() -> Built:
+    from transformers import MobileViTConfig  # bench extra, not a runtime dependency
+
+    # MobileViT-XXS: MobileNetV2 blocks and transformer blocks over unfolded 2x2 patches.
+    config = MobileViTConfig(
+        image_size=256,
+        hidden_sizes=[64, 80, 96],
+        neck_hidden_sizes=[16, 16, 24, 48, 64, 80, 320],
+        expand_ratio=2.0,
+    )
+    names, outs = ("pixel_values",), ("pooler_output",)
+    model = _trained_like(_hf(config, "MobileViTModel"), convs=False)
+    return Built(_wrap(model, names, outs), (_image(256),), names, outs)
+
+
+def _albert() -> Built:
+    from transformers import AlbertConfig  # bench extra, not a runtime dependency
+
+    # ALBERT: factorized embeddings (128 -> 256) and one layer's weights shared by all 4.
+    config = AlbertConfig(
+        vocab_size=VOCAB,
+        embedding_size=128,
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=1024,
+        attn_implementation="eager",
+    )
+    names, outs = ("input_ids", "attention_mask"), ("last_hidden_state", "pooler_output")
+    return Built(_wrap(_hf(config, "AlbertModel"), names, outs), _tokens(128, padded=16), names, outs)
+
+
 def _densenet_module(growth: int, blocks: Sequence[int], init_features: int, bn_size: int) -> Any:
     """A torchvision-style DenseNet: pre-activation dense layers concatenated per block, BN-ReLU-Conv-AvgPool
     transitions that halve the channels, and a final BN-ReLU-GlobalAvgPool-Linear head."""
@@ -439,6 +549,42 @@ ARCHITECTURES: dict[str, Architecture] = {
             "DenseNet-121-style, pre-activation BatchNorm, growth 16 (blocks 6-12-16-12, 224x224)",
             "torch",
             _densenet,
+        ),
+        Architecture(
+            "wav2vec2",
+            "wav2vec 2.0: conv feature encoder with GroupNorm, grouped positional conv (4 layers, width 256, 1 s)",
+            "transformers.Wav2Vec2Model",
+            _wav2vec2,
+        ),
+        Architecture(
+            "whisper_encoder",
+            "Whisper encoder: Conv1d stem over log-mels, pre-norm (4 layers, width 256, 400 frames)",
+            "transformers.WhisperModel (encoder)",
+            _whisper_encoder,
+        ),
+        Architecture(
+            "clip_vision",
+            "CLIP image tower: QuickGELU, pre-LayerNorm (4 layers, width 256, 224x224, 32x32 patches)",
+            "transformers.CLIPVisionModel",
+            _clip_vision,
+        ),
+        Architecture(
+            "segformer",
+            "SegFormer-B0 encoder: overlapping patch merges, reduced-key attention, depthwise-conv MLP (224x224)",
+            "transformers.SegformerModel",
+            _segformer,
+        ),
+        Architecture(
+            "mobilevit",
+            "MobileViT-XXS: inverted residuals and transformers over unfolded patches (256x256)",
+            "transformers.MobileViTModel",
+            _mobilevit,
+        ),
+        Architecture(
+            "albert",
+            "ALBERT: factorized embeddings, one layer shared by all 4 (width 256, seq 128)",
+            "transformers.AlbertModel",
+            _albert,
         ),
     ]
 }

@@ -52,7 +52,15 @@ RESULTS = Path(__file__).resolve().parent / "results"
 PEERS = ("onnxsim", "onnxslim", "ort_transformers")
 # onnxruntime's transformer optimizer (`onnxruntime.transformers.optimizer.optimize_model`) by its model type, for
 # the corpus models of a family it supports (by the name's first part); the others it is not run on
-TRANSFORMER_TYPES = {"bert": "bert", "gpt2": "gpt2", "vit": "vit", "t5": "t5", "swin": "swin"}
+TRANSFORMER_TYPES = {
+    "bert": "bert",
+    "albert": "bert",
+    "gpt2": "gpt2",
+    "vit": "vit",
+    "t5": "t5",
+    "swin": "swin",
+    "clip": "clip",
+}
 
 
 def transformer_type(name: str) -> str | None:

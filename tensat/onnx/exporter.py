@@ -785,6 +785,18 @@ def _ex_reduce(e: _Exporter, i: int) -> None:
         e.emit(_onnx_type(n.op), [x, e.int64(axes, f"{n.op}_{i}_axes")], [e.tensor(i)], f"{n.op}_{i}", keepdims=keep)
 
 
+@_emitter("instancenorm")
+def _ex_instance_norm(e: _Exporter, i: int) -> None:
+    n = e.graph.nodes[i]
+    e.emit(
+        "InstanceNormalization",
+        [e.tensor(j) for j in n.inputs],
+        [e.tensor(i)],
+        f"instancenorm_{i}",
+        epsilon=float(n.attr["epsilon"]),
+    )
+
+
 @_emitter("layernorm")
 def _ex_layer_norm(e: _Exporter, i: int) -> None:
     """LayerNormalization (an ONNX op from opset 17; onnxruntime runs it at every opset)."""

@@ -552,12 +552,45 @@ def _spatial_pads(
     return begin[0], begin[1], end[0], end[1]
 
 
+def _conv1d(c: _Importer, x: int, w: int) -> int:
+    """A 1-D Conv as conv2d over a height of 1: (N, C, L) read as (N, C, 1, L), the kernel (M, C/g, K) as
+    (M, C/g, 1, K), and the output read back as (N, M, L'). The convolution rules and the blocked layout of 2-D
+    convolutions then apply to it."""
+    sx, sw = c.shape(x), c.shape(w)
+    kernel = [int(k) for k in c.attrs.get("kernel_shape", sw[2:])]
+    if tuple(kernel) != sw[2:]:
+        raise _Unsupported("kernel_shape disagrees with weight")
+    strides = [1, int(c.attrs.get("strides", [1])[0])]
+    dilations = [1, int(c.attrs.get("dilations", [1])[0])]
+    x4 = (sx[0], sx[1], 1, sx[2])
+    auto = c.attrs.get("auto_pad", b"NOTSET")
+    if (auto.decode() if isinstance(auto, bytes) else str(auto)) == "NOTSET":
+        begin, end = (int(p) for p in c.attrs.get("pads", [0, 0]))
+        pads: tuple[int, int, int, int] = (0, begin, 0, end)
+    else:
+        pads = _spatial_pads(c, x4, [1, kernel[0]], strides, dilations)
+    b = c.data(2) if c.present(2) else c.graph.weight(np.zeros(sw[0], dtype=np.float32), "zero_bias")
+    y = c.op(
+        "conv2d",
+        [c.reshape(x, x4), c.reshape(w, (sw[0], sw[1], 1, sw[2])), b],
+        strides=strides,
+        pads=pads,
+        dilations=dilations,
+        group=int(c.attrs.get("group", 1)),
+        act=ops.ACT_NONE,
+    )
+    out = c.shape(y)
+    return c.reshape(y, (out[0], out[1], out[3]))
+
+
 @_lowering("Conv")
 def _conv(c: _Importer, node: NodeProto) -> list[Any]:
     x, w = c.data(0), c.data(1)
     sx, sw = c.shape(x), c.shape(w)
+    if len(sx) == 3 and len(sw) == 3:
+        return [_conv1d(c, x, w)]
     if len(sx) != 4 or len(sw) != 4:
-        raise _Unsupported("non-2-D conv")
+        raise _Unsupported("a 3-D conv")
     kernel = [int(k) for k in c.attrs.get("kernel_shape", sw[2:])]
     if tuple(kernel) != sw[2:]:
         raise _Unsupported("kernel_shape disagrees with weight")
@@ -911,6 +944,11 @@ def _layer_norm(c: _Importer, node: NodeProto) -> list[Any]:
         raise _Unsupported("LayerNormalization scale of another shape than the normalized dims")
     bias = c.data(2) if c.present(2) else c.weight(np.zeros(shape[axis:], np.float32))
     return [c.op("layernorm", [x, scale, bias], axis=axis, epsilon=float(c.attrs.get("epsilon", 1e-5)))]
+
+
+@_lowering("InstanceNormalization")
+def _instance_norm(c: _Importer, node: NodeProto) -> list[Any]:
+    return [c.op("instancenorm", [c.data(0), c.data(1), c.data(2)], epsilon=float(c.attrs.get("epsilon", 1e-5)))]
 
 
 @_lowering("LRN")

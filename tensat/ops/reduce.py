@@ -152,3 +152,56 @@ LAYER_NORM = register(
         breaks_layout=True,
     )
 )
+
+
+def instance_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, epsilon: float) -> np.ndarray:
+    """ONNX InstanceNormalization: each (sample, channel) normalized over its spatial dims, then scaled and shifted
+    per channel."""
+    axes = tuple(range(2, x.ndim))
+    mean = x.mean(axis=axes, keepdims=True)
+    centred = x - mean
+    var = (centred * centred).mean(axis=axes, keepdims=True)
+    per_channel = (1, -1) + (1,) * (x.ndim - 2)
+    return (centred / np.sqrt(var + epsilon) * scale.reshape(per_channel) + bias.reshape(per_channel)).astype(
+        x.dtype, copy=False
+    )
+
+
+def _in_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
+    x, scale, bias = shapes
+    check(len(x) >= 3, f"instance normalization needs a rank of 3 or more, got {x}")
+    check(tuple(scale) == (x[1],) and tuple(bias) == (x[1],), f"instance normalization of {x} by {scale}, {bias}")
+    return tuple(x)
+
+
+def _in_rules(op: OpDef) -> list[str]:
+    query = ["(< 2 (vec-length s0))", "(= s1 (vec-of (vec-get s0 1)))", "(= s2 s1)"]
+    return [egg_rule(op, query, "s0")]
+
+
+def _in_equations(s: Equations, out: Dims, ins: Sequence[Dims], _: Mapping[str, Any]) -> None:
+    x, scale, bias = ins
+    s.eq(out, x)
+    s.eq(scale, (x[1],))
+    s.eq(bias, (x[1],))
+
+
+# InstanceNormalization (as exporters write GroupNorm: the groups reshaped into channels, then scaled per channel)
+INSTANCE_NORM = register(
+    OpDef(
+        "instancenorm",
+        "InstanceNorm",
+        3,
+        (("epsilon", "float"),),
+        _in_shape,
+        lambda xs, a: instance_norm(xs[0], xs[1], xs[2], a["epsilon"]),
+        _in_rules,
+        lambda s, o, a: 8.0 * numel(o),
+        onnx="InstanceNormalization",
+        ranks=(SAME, SAME, 1, 1),
+        min_rank=3,
+        equations=_in_equations,
+        domains={"epsilon": [1e-5, 0.25]},
+        breaks_layout=True,
+    )
+)

@@ -880,7 +880,7 @@ def test_loop_with_nested_outer_scope_capture() -> None:
     assert list(graph.opaque) == ["Loop_1@1"]  # the empty condition input is remembered in the key
 
 
-def test_other_domains_and_non_2d_conv_are_opaque() -> None:
+def test_other_domains_and_3d_conv_are_opaque() -> None:
     model = make(
         [
             helper.make_node("Normalizer", ["x"], ["y"], domain="ai.onnx.ml", norm="L2"),
@@ -892,13 +892,13 @@ def test_other_domains_and_non_2d_conv_are_opaque() -> None:
     )
     graph, out = roundtrip(model)
     assert ops_of(graph)["opaque"] == 1 and ("ai.onnx.ml", 1) in [(o.domain, o.version) for o in out.opset_import]
-    conv1d = make(
+    conv3d = make(
         [helper.make_node("Conv", ["x", "w"], ["y"])],
-        [vi("x", [1, 2, 9])],
-        [vi("y", [1, 3, 7])],
-        [init("w", randn(3, 2, 3))],
+        [vi("x", [1, 2, 5, 5, 5])],
+        [vi("y", [1, 3, 3, 3, 3])],
+        [init("w", randn(3, 2, 3, 3, 3))],
     )
-    graph, _ = roundtrip(conv1d)
+    graph, _ = roundtrip(conv3d)
     assert ops_of(graph)["opaque"] == 1
 
 
@@ -911,3 +911,31 @@ def test_reading_back_tensats_own_export_without_the_checker_gives_the_same_grap
     checked, unchecked = import_model(written).compact(), import_model(written, check=False).compact()
     assert unchecked.nodes == checked.nodes and unchecked.outputs == checked.outputs
     assert unchecked.weights.keys() == checked.weights.keys()
+
+
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        {"kernel_shape": [3], "pads": [1, 1]},
+        {"kernel_shape": [5], "strides": [2], "pads": [2, 1], "group": 2},
+        {"kernel_shape": [4], "strides": [3], "auto_pad": "SAME_UPPER"},
+        {"kernel_shape": [3], "dilations": [2], "pads": [0, 2]},
+    ],
+    ids=["padded", "strided, grouped", "auto_pad", "dilated"],
+)
+def test_a_1d_conv_is_a_2d_conv_of_height_1(attrs: dict) -> None:
+    """Whisper's and wav2vec 2.0's Conv1d: read as conv2d over (N, C, 1, L), so that the convolution rules apply,
+    and written so that it computes what the model does."""
+    group = attrs.get("group", 1)
+    w = randn(6, 4 // group, attrs["kernel_shape"][0])
+    model = make(
+        [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs), helper.make_node("Relu", ["c"], ["y"])],
+        [vi("x", [1, 4, 19])],
+        [vi("y", [1, 6, None])],
+        [init("w", w), init("b", randn(6))],
+    )
+    graph, out = roundtrip(model)
+    summary = ops_of(graph)
+    assert "opaque" not in summary and summary["conv2d"] == 1
+    conv = next(graph.nodes[i] for i in graph.live() if graph.nodes[i].op == "conv2d")
+    assert conv.shape[2] == 1 and len(graph.nodes[conv.inputs[0]].shape) == 4
