@@ -19,7 +19,7 @@ from typing import Any
 
 import onnx
 
-from tensat import extraction, onnx_io, rewrites
+from tensat import extraction, onnx_io, ops, rewrites
 from tensat import verify as verify_mod
 from tensat.cost import AnalyticCost, CostModel, Shape, runtime_cost
 from tensat.egraph import DecodedNode, ExplorationStats, IterationStats, TensorEGraph
@@ -743,15 +743,27 @@ def _export(run: _Run, analytic: bool = False) -> Exported:
     sample's greedy and local search, when extraction starts)."""
     te = run.te
     assert te is not None and run.cost is not None
+    avoided = _avoided(run)
     if run.measured is not None and not analytic:  # depends on the time left to price, so it is not reused
         seconds = min(PRICE_SECONDS, max(MIN_PRICE_SECONDS, _budget_left(run) / 2))
-        xg, decoded, forbidden = te.export(run.cost, competitive=COMPETITIVE_RATIO, price_seconds=seconds)
+        xg, decoded, forbidden = te.export(
+            run.cost, competitive=COMPETITIVE_RATIO, price_seconds=seconds, avoided=avoided
+        )
         return Exported(xg, decoded, frozenset(forbidden), te.original_selection(decoded), te.class_shapes(decoded))
     if run.last_export is None or run.last_export[0] != te.version:  # else unchanged since (the last sample's)
-        xg, decoded, forbidden = te.export(run.cost if run.measured is None else ANALYTIC)
+        xg, decoded, forbidden = te.export(run.cost if run.measured is None else ANALYTIC, avoided=avoided)
         x = Exported(xg, decoded, frozenset(forbidden), te.original_selection(decoded), te.class_shapes(decoded))
         run.last_export = (te.version, x)
     return run.last_export[1]
+
+
+def _avoided(run: _Run) -> frozenset[str]:
+    """The ops the extraction avoids: with `standard_onnx`, those not of the ONNX standard at the model's opset
+    (onnxruntime's kernels, which the rules write back as the ops they compute)."""
+    if not run.opts.standard_onnx or run.graph is None:
+        return frozenset()
+    opset = int(run.graph.opset_imports.get("", 17))
+    return frozenset(name for name in ops.REGISTRY if not ops.standard(name, opset))
 
 
 def _price(run: _Run) -> None:
@@ -886,6 +898,13 @@ def _rebuild(run: _Run) -> None:
     x = run.exported
     run.candidate = run.te.rebuild(run.chosen.choices, x.decoded).compact()
     run.candidate_rules = run.te.rules_behind(run.chosen.choices, x.decoded, x.egraph.roots, x.shapes)
+    left = sorted({run.candidate.nodes[i].op for i in run.candidate.live()} & _avoided(run))
+    if left:  # no rule wrote these as standard ops where the graph needs them: the input, standard, is returned
+        run.log.warn(
+            f"no graph of ONNX standard ops was found: {', '.join(left)} could not be written as the ops they "
+            "compute; returned the input model (standard_onnx / --standard-onnx)"
+        )
+        _reject(run, "no graph of ONNX standard ops was found")
 
 
 def _search_failed(run: _Run, exc: BaseException) -> None:
@@ -961,7 +980,9 @@ def _start_unexportable(run: _Run, exc: BaseException) -> None:
 
 
 def _rules_changed(run: _Run) -> bool:
-    return run.candidate is not None and bool(run.candidate_rules)
+    """Whether the candidate has rules' changes that `_prefer_start` may drop for the graph the search started from
+    (not with `standard_onnx`: that graph holds onnxruntime's kernels as the input runs them)."""
+    return run.candidate is not None and bool(run.candidate_rules) and not run.opts.standard_onnx
 
 
 def _price_candidate(run: _Run) -> None:

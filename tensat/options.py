@@ -167,6 +167,13 @@ class Options:
         name="--no-verify",
         action="store_false",
     )
+    standard_onnx: bool = _option(
+        False,
+        "write only ops of the ONNX standard at the model's opset, for runtimes other than onnxruntime: every "
+        "onnxruntime kernel the search can choose (SkipLayerNormalization, FusedMatMul, ...) is written as the ops "
+        "it computes",
+        action="store_true",
+    )
     seed: int = _option(0, "seed of the random verification inputs (default {default})", type=int)
     input_shapes: Mapping[str, Sequence[int]] | None = _option(
         None,

@@ -32,6 +32,7 @@ from tensat.ir import Graph, Node
 
 UNCHOSEN_MS = 1e-9  # added to the cost of e-nodes the input graph does not use: a tie-break, not a price
 COMPETITIVE_SLACK_MS = 0.005  # an estimate this close to its e-class's cheapest is competitive whatever the ratio
+AVOIDED_MS = 1e6  # added to the cost of an e-node of an op to avoid (see `Export.export`)
 
 CostFn = Callable[[Node, Sequence[tuple[int, ...]], Sequence[bool]], float]
 
@@ -87,6 +88,7 @@ class Export(LoweredGraph):
         node_cost: CostFn,
         competitive: float | None = None,
         price_seconds: float | None = None,
+        avoided: Container[str] = (),
     ) -> tuple[XGraph, dict[str, DecodedNode], set[str]]:
         """The e-graph for the extractor: costs from `node_cost`, roots the graph outputs.
 
@@ -124,12 +126,15 @@ class Export(LoweredGraph):
         shapes (values that mean the same in every export, unlike e-class ids), so a later export of this e-graph
         (after a guided round) redoes only the e-nodes it has not seen; `node_cost` must price a node by its
         arguments alone (the analytic model computes, the measured one memoizes).
+
+        E-nodes of the ops in `avoided` cost `AVOIDED_MS` more: chosen only where their e-class has no other (an
+        onnxruntime kernel, where the model must keep to the ONNX standard's ops).
         """
         with _collector_paused():
-            return self._export(node_cost, competitive, price_seconds)
+            return self._export(node_cost, competitive, price_seconds, avoided)
 
     def _export(
-        self, node_cost: CostFn, competitive: float | None, price_seconds: float | None
+        self, node_cost: CostFn, competitive: float | None, price_seconds: float | None, avoided: Container[str]
     ) -> tuple[XGraph, dict[str, DecodedNode], set[str]]:
         """`export`, with the collector paused."""
         eg = self.egraph
@@ -257,12 +262,14 @@ class Export(LoweredGraph):
         priced_for_input = {keys[nid] for nid in original if nid in keys}
 
         def offered(nid: str) -> float:
-            """The cost the extractor sees: the price, plus the tie-breaks of e-nodes the input does not use."""
+            """The cost the extractor sees: the price, plus the tie-breaks of e-nodes the input does not use (and
+            the penalty of an avoided op)."""
+            extra = AVOIDED_MS if decoded[nid].op in avoided else 0.0
             if nid in original:
-                return costs[nid]
+                return costs[nid] + extra
             if keys.get(nid) in priced_for_input:
-                return costs[nid] + UNCHOSEN_MS
-            return costs[nid] * relative + margin
+                return costs[nid] + UNCHOSEN_MS + extra
+            return costs[nid] * relative + margin + extra
 
         nodes = {
             nid: ENode(egg[dn.op], offered(nid), names[dn.eclass], tuple([names[c] for c in dn.children]))

@@ -92,12 +92,14 @@ def rules_behind(
     counts: Counter[str] = Counter()
     covered: dict[int, str] = {}  # a new e-class a right side built -> the op it built there
 
-    def explain(
+    def step(
         tiers: Sequence[tuple[Sequence[DecodedNode], _Classes]],
         right: DecodedNode | None,
         eclass: int,
-        from_input: bool = True,
-    ) -> None:
+        from_input: bool,
+    ) -> list[str]:
+        """The rules that explain one rewrite into `right` (None: any e-node of `eclass`), covering the e-classes
+        their right sides built below it."""
         for lefts, lhs_classes in tiers:
             for rhs_classes in (chosen, everything) if right is not None else (everything,):
                 found = []
@@ -108,9 +110,30 @@ def rules_behind(
                         if right is not None:
                             covered.update(_inner_classes(rhs, right, choices, decoded, everything))
                 if found:
-                    counts.update(found)
-                    return
-        counts[UNEXPLAINED] += 1
+                    return found
+        return []
+
+    def explain(
+        tiers: Sequence[tuple[Sequence[DecodedNode], _Classes]],
+        right: DecodedNode | None,
+        eclass: int,
+        from_input: bool = True,
+    ) -> None:
+        found = step(tiers, right, eclass, from_input)
+        if not found and right is not None:  # two rewrites in a row: the first into another e-node of the e-class
+            for middle in everything.of.get(eclass, ()):
+                if middle is right or (from_input and any(middle in lefts for lefts, _ in tiers)):
+                    continue
+                second = step([([middle], everything)], right, eclass, False)
+                if second:
+                    first = step(tiers, middle, eclass, from_input)
+                    if first:
+                        found = first + second
+                        break
+        if found:
+            counts.update(found)
+        else:
+            counts[UNEXPLAINED] += 1
 
     for name in reversed(changed_classes(choices, original, decoded, roots)):  # parents first
         now = decoded[choices[name]]

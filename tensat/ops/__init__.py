@@ -61,6 +61,7 @@ from tensat.ops.registry import (
     get,
     register,
     shape_of,
+    standard,
 )
 from tensat.ops.transforms import merge_mask
 
@@ -97,4 +98,5 @@ __all__ = [
     "merge_mask",
     "register",
     "shape_of",
+    "standard",
 ]

@@ -225,6 +225,7 @@ GELU = register(
         attrs=(("approximate", "int"),),
         onnx="Gelu",
         domains={"approximate": [0, 1]},
+        standard_since=20,
     )
 )
 

@@ -70,6 +70,7 @@ SKIP_LAYER_NORM = register(
         _skip_rules,
         lambda s, o, a: 9.0 * numel(o),
         onnx=f"{CONTRIB}:SkipLayerNormalization",
+        standard_since=None,
         ranks=(3, 3, 3, 1, 1),
         min_rank=3,
         equations=_skip_equations,
@@ -113,6 +114,7 @@ RMS_NORM = register(
         _rms_rules,
         lambda s, o, a: 5.0 * numel(o),
         onnx="SimplifiedLayerNormalization",
+        standard_since=None,
         ranks=(SAME, SAME, 1),
         equations=_rms_equations,
         domains={"epsilon": [1e-5, 0.25]},
@@ -135,6 +137,7 @@ QUICK_GELU = register(
         evaluate=_quick_gelu,
         attrs=(("alpha", "float"),),
         onnx=f"{CONTRIB}:QuickGelu",
+        standard_since=None,
         domains={"alpha": [1.0, 1.702]},
     )
 )
@@ -216,6 +219,7 @@ FUSED_MATMUL = register(
         _fused_matmul_rules,
         lambda s, o, a: 2.0 * numel(o) * _operands(s, a)[0][-1],
         onnx=f"{CONTRIB}:FusedMatMul",
+        standard_since=None,
         ranks=(SAME, SAME, SAME),
         min_rank=2,
         equations=_fused_matmul_equations,

@@ -146,6 +146,7 @@ LAYER_NORM = register(
         _ln_rules,
         lambda s, o, a: 8.0 * numel(o),
         onnx="LayerNormalization",
+        standard_since=17,
         ranks=(SAME, SAME, None, None),
         equations=_ln_equations,
         domains={"axis": lambda rank: [rank - 1, max(rank - 2, 0)], "epsilon": [1e-5, 0.25]},

@@ -99,6 +99,8 @@ class OpDef:
     onnx: str | None = None
     onnx_also: tuple[str, ...] = ()
     # an op of another domain is named "domain:OpType" in `onnx` (onnxruntime's contrib kernels, "com.microsoft:...")
+    # the first opset at which the ONNX standard has the op as tensat writes it (None: onnxruntime's own kernel)
+    standard_since: int | None = 1
 
     # Rule verifier (`rewrites.verify`).
     ranks: tuple[int | None, ...] | None = None  # (output, *inputs): a fixed rank, SAME or None (free); None: all free
@@ -190,6 +192,12 @@ def any_data(dtypes: Sequence[str]) -> bool:
 def booleans(dtypes: Sequence[str]) -> bool:
     """`OpDef.accepts` of a logical op."""
     return all(t == "bool" for t in dtypes)
+
+
+def standard(op: str, opset: int) -> bool:
+    """Whether `op` is written with ops of the ONNX standard at `opset` (not as an onnxruntime kernel)."""
+    since = get(op).standard_since
+    return since is not None and opset >= since
 
 
 def constant_leaf(op: str) -> bool:

@@ -225,3 +225,34 @@ def test_the_kernels_check_sees_a_fusion_the_model_did_not_write() -> None:
     b = summed.weight(np.zeros(HIDDEN, np.float32) + 0.5, "b")
     summed.output("y", summed.add("layernorm", [summed.add("sum", [x, z]), g, b], axis=2, epsilon=1e-5))
     assert fusions.check_kernels(onnx_io.export_model(summed)).match
+
+
+# -- standard ONNX ops only
+
+
+def test_with_standard_onnx_every_kernel_is_written_as_the_ops_it_computes() -> None:
+    """A post-norm sub-layer is read as onnxruntime's SkipLayerNormalization, and an RMSNorm onnxruntime fuses as its
+    SimplifiedLayerNormalization; written for another runtime, the model holds ops of the ONNX standard only."""
+    for model in (_post_norm(), _rms_norm(reciprocal=False)):
+        read = onnx_io.import_model(model, runtime_fusions=True)
+        assert not all(ops.standard(read.nodes[i].op, 17) for i in read.live())
+        result = tensat.optimize_with_details(model, cost="analytic", latency_check=0, standard_onnx=True)
+        written = result.output if result.returned_input is None else model
+        assert all(n.domain in ("", "ai.onnx") for n in written.graph.node)
+        onnx.checker.check_model(written, full_check=True)
+        x = RNG.standard_normal((1, SEQ, HIDDEN)).astype(np.float32)
+        np.testing.assert_allclose(_run(written, x), _run(model, x), rtol=1e-4, atol=1e-4)
+    default = tensat.optimize_with_details(_rms_norm(reciprocal=False), cost="analytic", latency_check=0)
+    assert default.returned_input is not None or "SimplifiedLayerNormalization" in {
+        n.op_type for n in default.output.graph.node
+    }
+
+
+def test_with_standard_onnx_a_kernel_no_rule_rewrote_returns_the_input() -> None:
+    """With no exploration, the kernel the input was read as has no alternative in the e-graph: the input, whose
+    ops are the standard's, is returned, and the run says why."""
+    result = tensat.optimize_with_details(
+        _post_norm(), cost="analytic", latency_check=0, standard_onnx=True, iter_limit=0
+    )
+    assert result.returned_input == "no graph of ONNX standard ops was found"
+    assert any("skip_layernorm" in w for w in result.warnings)
