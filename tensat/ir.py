@@ -74,11 +74,6 @@ class Graph:
     opaque: dict[str, OpaqueSpec] = field(default_factory=dict)
     opset_imports: dict[str, int] = field(default_factory=lambda: {"": 17})
     name: str = "tensat"
-    # nodes the runtime fuses with others into one op that no cost model prices (a LayerNorm, a GELU): the
-    # extraction keeps them as the input has them, and no new node reads the `sealed` ones, those only the fused
-    # subgraph itself reads (see `tensat.onnx.fusions`)
-    pinned: set[int] = field(default_factory=set)
-    sealed: set[int] = field(default_factory=set)
     _index: dict[Node, int] = field(default_factory=dict, repr=False)
 
     # -- construction -------------------------------------------------------------------------------------------
@@ -247,8 +242,6 @@ class Graph:
             node = Node(n.op, tuple(remap[j] for j in n.inputs), n.attrs, n.shape, n.dtype)
             remap[i] = out._intern(node)
         out.outputs = [(name, remap[n]) for name, n in self.outputs]
-        out.pinned = {remap[i] for i in self.pinned if i in remap}
-        out.sealed = {remap[i] for i in self.sealed if i in remap}
         return out
 
     def evaluate(self, feeds: Mapping[str, np.ndarray], nodes: Iterable[int] | None = None) -> dict[int, np.ndarray]:

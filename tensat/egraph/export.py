@@ -93,8 +93,7 @@ class Export(LoweredGraph):
         """The e-graph for the extractor: costs from `node_cost`, roots the graph outputs.
 
         Returns the extraction e-graph, the decoded e-node behind every node id, and the ids of e-nodes that must
-        not be chosen (their shape does not check, a child has no shape, or their e-class computes a pinned input
-        node and they are not the input's choice there). Every e-node the input graph does not
+        not be chosen (their shape does not check, or a child has no shape). Every e-node the input graph does not
         use costs `UNCHOSEN_MS` more, so that of equal-cost graphs the extraction keeps the input's own operand
         order and layout (onnxruntime's fusions match operands in the order exporters write them). Where
         `node_cost` declares a `resolution` (a measuring model, whose prices carry timing noise), such an e-node
@@ -215,10 +214,6 @@ class Export(LoweredGraph):
             to_i64(r.inputs[0]): setdefault(r.output, len(class_ids)) for r in frozen.functions["chosen-of"].rows
         }
         own = self.original_selection(decoded)
-        for nid in self._pinned_out(decoded, own):
-            forbidden.add(nid)
-            costs[nid] = 0.0
-            to_price.pop(nid, None)
         names = [str(c) for c in range(len(class_ids))]
         estimate: dict[str, float] = {}
         dominated: set[str] = set()
@@ -457,23 +452,6 @@ class Export(LoweredGraph):
         return provenance.rules_behind(
             choices, original, inputs, decoded, shapes, roots, self.rules, self._constant_classes(decoded)
         )
-
-    def _pinned_out(self, decoded: dict[str, DecodedNode], own: dict[str, str]) -> set[str]:
-        """The e-nodes the extraction must not choose for the input's fused subgraphs (`Graph.pinned`, `sealed`:
-        nodes the runtime fuses into one op no cost model prices): any the input (its selection `own`) does not
-        choose in the e-class of a pinned node, and any e-node not the input's own that reads a sealed one's
-        e-class."""
-        g = self.graph
-        if not g.pinned:
-            return set()
-        mine = set(own.values())
-        pinned = {self._node_of[i] for i in g.pinned if i in self._node_of}
-        sealed = {self._node_of[i] for i in g.sealed if i in self._node_of}
-        return {
-            nid
-            for nid, dn in decoded.items()
-            if nid not in mine and (dn.eclass in pinned or not sealed.isdisjoint(dn.children))
-        }
 
     def original_selection(self, decoded: dict[str, DecodedNode]) -> dict[str, str]:
         """The e-node chosen in each e-class by the input graph itself: a valid, acyclic selection.

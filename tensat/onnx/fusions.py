@@ -6,11 +6,11 @@ into single kernels. Its pattern matchers accept the operand orders and layouts 
 kernels an input runs as are found here, by optimizing the model in onnxruntime and reading back which of its
 nodes each fused node replaced.
 
-A kernel tensat models (`tensat.ops.KERNELS`) is read as what it is: the importer lowers the fused node in place of
-the subgraph it replaced (`Fusions.kernels`), so the e-graph starts from the kernels that run, priced as they run,
-and the rules offer the plain ops they compute as the alternative. The subgraphs of the others are pinned
-(`Graph.pinned`: the extraction keeps them as the input has them) and the tensors inside them sealed
-(`Graph.sealed`: no new node may read one, so no rewrite reaches past the subgraph's output into it).
+Each is read as what it is: the importer lowers the fused node in place of the subgraph it replaced
+(`Fusions.kernels`), so the e-graph starts from the kernels that run, priced as they run. A kernel tensat models
+(`tensat.ops.KERNELS`) becomes its op, and the rules offer the plain ops it computes as the alternative; another
+(onnxruntime's BiasGelu, say) is kept verbatim, an opaque node of its domain, as any op of a custom domain is. A
+fused node over tensors onnxruntime made itself (weights it folded) is not read: its subgraph is read as written.
 
 A convolution's fusions (an activation, a residual Add) and a MatMul's with its bias Add (a Gemm; N-D ones between
 two Reshapes onnxruntime inserts) are left free: tensat's merges of convolutions and of MatMuls that share an input
@@ -42,20 +42,15 @@ MAX_GLUE = 4  # nodes onnxruntime adds around a fused node (the Reshapes of an N
 
 @dataclass(frozen=True)
 class Fusions:
-    """The kernels onnxruntime runs an input as: the fused node of each kernel tensat models, by the input's tensor
-    it computes (`kernels`); and of the others, the tensors computed inside their subgraphs: every one (`pinned`),
-    and those only the subgraph itself reads (`internal`: all but each subgraph's outputs)."""
+    """The kernels onnxruntime runs an input as: the fused node of each, by the input's tensor it computes."""
 
-    pinned: frozenset[str] = frozenset()
-    internal: frozenset[str] = frozenset()
     kernels: Mapping[str, NodeProto] = field(default_factory=dict)
 
 
 def runtime_fusions(model: ModelProto) -> Fusions:
-    """The tensors `model` computes inside subgraphs onnxruntime fuses into one op of a kind tensat does not price
-    (see the module docstring); none where the model has no op such a fusion starts from, or where onnxruntime
-    cannot load it. The model is optimized in onnxruntime's CPU session at the extended level (the fusions; not the
-    CPU's blocked layout)."""
+    """The kernels onnxruntime fuses subgraphs of `model` into (see the module docstring); none where the model has
+    no op such a fusion starts from, or where onnxruntime cannot load it. The model is optimized in onnxruntime's
+    CPU session at the extended level (the fusions; not the CPU's blocked layout)."""
     graph = model.graph
     if not TRIGGERS.intersection(n.op_type for n in graph.node):
         return Fusions()
@@ -71,11 +66,11 @@ def runtime_fusions(model: ModelProto) -> Fusions:
 def _absorbed(
     original: Iterable[NodeProto], optimized: Sequence[NodeProto], weights: set[str], inputs: set[str]
 ) -> Fusions:
-    """The original nodes each fused node of a new kind, not `FREE`, replaced: those between the fused node's
-    outputs and its inputs (read through the nodes onnxruntime added around it), walking the original graph back
-    from the outputs. A fused node whose walk reaches a graph input it does not read, or goes on too long, is
-    skipped: its inputs are tensors onnxruntime made. A fused node of a kernel tensat models (`_as_kernel`) is
-    kept to be read in place of its subgraph; the others' subgraphs are pinned."""
+    """The fused nodes of a new kind, not `FREE`, that replaced two or more original nodes, to be read in place of
+    them (`_as_kernel`). The original nodes a fused node replaced are those between its outputs and its inputs
+    (read through the nodes onnxruntime added around it), walking the original graph back from the outputs; a
+    fused node whose walk reaches a graph input it does not read, or goes on too long, is skipped: its inputs are
+    tensors onnxruntime made."""
     producer: dict[str, NodeProto] = {}
     kinds: set[tuple[str, str]] = set()
     for node in original:
@@ -88,8 +83,6 @@ def _absorbed(
     for node in optimized:
         for name in node.input:
             readers.setdefault(name, []).append(node)
-    pinned: set[str] = set()
-    internal: set[str] = set()
     kernels: dict[str, NodeProto] = {}
     known = producer.keys() | weights | inputs
     for fused in optimized:
@@ -103,22 +96,15 @@ def _absorbed(
         kernel = _as_kernel(fused, outs, known, readers)
         if kernel is not None:
             kernels[kernel.output[0]] = kernel
-            continue
-        tensors = {o for n in region for o in n.output if o}
-        pinned |= tensors
-        internal |= tensors - outs
-    return Fusions(frozenset(pinned), frozenset(internal), kernels)
+    return Fusions(kernels)
 
 
 def _as_kernel(
     fused: NodeProto, outs: set[str], known: Iterable[str], readers: Mapping[str, list[NodeProto]]
 ) -> NodeProto | None:
-    """The fused node, to be read in place of the subgraph it replaced, where it is a kernel tensat models
-    (`tensat.ops.KERNELS`) of one output read, the input's own tensor, over tensors of the input (not ones
-    onnxruntime made); else None."""
-    domain = "" if fused.domain in ("", "ai.onnx") else fused.domain
-    if fused.op_type not in ops.KERNELS.get(domain, ()):
-        return None
+    """The fused node, to be read in place of the subgraph it replaced, where it has one output read, the input's
+    own tensor, and reads tensors of the input (not ones onnxruntime made); else None. Its other outputs are left
+    out: nothing reads them."""
     if len(outs) != 1 or not fused.output or fused.output[0] not in outs:
         return None
     if any(name and readers.get(name) for name in fused.output[1:]):
@@ -126,7 +112,10 @@ def _as_kernel(
     names = set(known)
     if not all(name in names for name in fused.input if name):
         return None
-    return fused
+    node = NodeProto()
+    node.CopyFrom(fused)
+    del node.output[1:]
+    return node
 
 
 def _original_before(

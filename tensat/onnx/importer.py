@@ -82,7 +82,7 @@ class _Importer:
     folding: bool = False
     release: bool = False
     attrs: dict[str, Any] = field(default_factory=dict)
-    fusions: runtime.Fusions = field(default_factory=runtime.Fusions)  # its fused subgraphs (see `Graph.pinned`)
+    fusions: runtime.Fusions = field(default_factory=runtime.Fusions)  # the kernels onnxruntime runs it as
     _temp: int = 0
     # the weight nodes made so far, by dtype and shape, each with its `_sample` once one was needed
     _constants: dict[tuple[str, tuple[int, ...]], list[tuple[int, np.ndarray, bytes | None]]] = field(
@@ -117,14 +117,7 @@ class _Importer:
             if vi.type.WhichOneof("value") not in (None, "tensor_type"):
                 raise ModelError(f"graph output '{vi.name}' is a {vi.type.WhichOneof('value')}; tensat needs tensors")
             self.graph.output(vi.name, self.value_of(vi.name))
-        self._unseal_views()
         return self.graph.compact()
-
-    def _unseal_views(self) -> None:
-        """Views of a fused subgraph's inputs (the Reshape an N-D MatMul is lowered through) stay readable: a new
-        node reading one reads the subgraph's input, not a value computed inside it."""
-        g = self.graph
-        g.sealed -= {i for i in g.sealed if ops.get(g.nodes[i].op).view and g.pinned.isdisjoint(g.nodes[i].inputs)}
 
     def value_of(self, name: str) -> int:
         """IR id of tensor `name` (a weight node for a constant)."""
@@ -230,23 +223,19 @@ class _Importer:
     # -- nodes --------------------------------------------------------------------------------------------------
 
     def _lower(self, index: int, node: NodeProto) -> None:
-        """Lower `node`; where it computes the output of a subgraph onnxruntime fuses into a kernel tensat models,
-        the kernel instead (`fusions.Fusions.kernels`: the subgraph's other nodes are then read by nothing)."""
+        """Lower `node`; where it computes the output of a subgraph onnxruntime fuses into a kernel, the kernel
+        instead (`fusions.Fusions.kernels`: its op where tensat models it, else the node verbatim; the subgraph's
+        other nodes are then read by nothing)."""
         kernel = next((self.fusions.kernels[name] for name in node.output if name in self.fusions.kernels), None)
         if kernel is not None:
-            self._lower_node(index, kernel)
-            made = self.env.get(kernel.output[0])
-            if made is not None and self.graph.nodes[made].op != "opaque":
-                return
-        start = len(self.graph.nodes)
+            try:
+                self._lower_node(index, kernel)
+            except ModelError:  # the kernel's own types are not known: the subgraph as written
+                pass
+            else:
+                if kernel.output[0] in self.env:
+                    return
         self._lower_node(index, node)
-        if self.fusions.pinned.intersection(node.output):  # the IR nodes made for it, and those of its outputs
-            g = self.graph
-            outs = {self.env[name] for name in node.output if name in self.env}
-            internal = {self.env[name] for name in self.fusions.internal.intersection(node.output) if name in self.env}
-            made_here = set(range(start, len(g.nodes)))
-            g.pinned.update(i for i in made_here | outs if not g.nodes[i].is_leaf)
-            g.sealed.update(i for i in (made_here - outs) | internal if not g.nodes[i].is_leaf)
 
     def _lower_node(self, index: int, node: NodeProto) -> None:
         self.node, self.index = node, index
@@ -1063,8 +1052,8 @@ def import_model(
 ) -> Graph:
     """Load `source` (path or proto) and lower it to a tensat Graph (see `load_model` for validation and `check`).
     With `runtime_fusions`, the input is read as the kernels onnxruntime runs it as (`fusions.runtime_fusions`): a
-    subgraph it fuses into a kernel tensat models is read as that kernel, and the nodes of the others are pinned and
-    the tensors inside them sealed (`Graph.pinned`, `Graph.sealed`)."""
+    subgraph it fuses into a kernel is read as that kernel, an op where tensat models it, else the kernel's node
+    kept verbatim."""
     model = load_model(source, input_shapes, check=check)
     fusions = runtime.runtime_fusions(model) if runtime_fusions else runtime.Fusions()
     return _Importer(model, release=True, fusions=fusions).run()

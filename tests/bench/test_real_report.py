@@ -1,0 +1,70 @@
+"""The real-model report (`bench.real_report`): its verdicts per model from the records one run writes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench import real_report
+from bench.machine import machine_info
+
+
+def _record(name: str, rules: dict[str, int], *, returned_input: str | None = None, **extra: Any) -> dict[str, Any]:
+    timing = {"speedup": 1.1, "interval": [1.05, 1.15], "baseline_ms": 11.0, "ms": 10.0, "pairs": 60}
+    stats = {
+        "rules": rules,
+        "returned_input": returned_input,
+        "pre_passed": True,
+        "onnx_nodes_before": 10,
+        "onnx_nodes_read": 10,
+        "options": {"pre_pass": "onnxslim"},
+        "modelled": 0.99,
+        "cost_after": 9.0,
+        "speedup": 1.1,
+        "warnings": [],
+    }
+    latency = {who: {"threads=1": dict(timing)} for who in ("tensat", "onnxsim", "onnxslim")}
+    if returned_input:
+        latency["tensat"]["threads=1"] = {"speedup": 1.0, "interval": [1.0, 1.0], "same_model": True}
+    rec = {
+        "model": name,
+        "import": "ok",
+        "ops_before": 10,
+        "ops_after": 8,
+        "predicted": 1.1,
+        "tensat_first": {"ok": True, "seconds": 9.0, "stats": stats},
+        "tensat_warm": {"ok": True, "seconds": 5.0, "stats": stats},
+        "latency": latency,
+        **{peer: {"ok": True, "seconds": 0.5} for peer in real_report.PEERS},
+    }
+    rec.update(extra)
+    return rec
+
+
+def test_a_change_is_explained_by_rules_only_where_every_change_is_a_rules() -> None:
+    assert real_report.explained(_record("a", {"skip-layernorm-unfuse": 9})) == "yes"
+    assert real_report.explained(_record("b", {"mul-comm": 1, "(unexplained)": 1})) == "no"
+    assert real_report.explained(_record("c", {})) == "pre-pass only"
+    assert real_report.explained(_record("d", {"mul-comm": 1}, returned_input="not faster")) == "—"
+
+
+def test_the_prediction_is_read_against_the_time_of_the_model_returned() -> None:
+    assert real_report.predicted_ratio(_record("a", {"r": 1})) == 9.0 / 10.0
+    returned = _record("b", {}, returned_input="not faster")
+    assert real_report.predicted_ratio(returned) == 9.0 / 11.0  # the input itself, as the peers' timings saw it
+
+
+def test_the_report_shows_the_new_columns_and_the_targets() -> None:
+    kernels = {"written": {"LayerNormalization": 9}, "run": {"LayerNormalization": 9}, "match": True}
+    wrong = {"written": {"LayerNormalization": 1}, "run": {"SkipLayerNormalization": 1}, "match": False}
+    records = [
+        _record("bert", {"skip-layernorm-unfuse": 9}, kernels=kernels),
+        _record("odd", {"(unexplained)": 2}, kernels=wrong),
+    ]
+    text = real_report.markdown(records, machine_info())
+    assert "| modelled | predicted | predicted / run | kernels run = chosen | rules explain the change |" in text
+    assert "| 99.0% | 1.100 | 0.90 | yes (LayerNormalization 9) | yes |" in text
+    assert "no (LayerNormalization 1; runs {'SkipLayerNormalization': 1}) | no |" in text
+    s = real_report.summary(records)
+    assert s["changed_unexplained"] == ["odd"] and s["kernels_not_run_as_chosen"] == ["odd"]
+    assert s["modelled_min"] == 0.99 and s["predicted_over_run_outside_10pct"] == []
+    assert "Models returned changed where a change is no rule's: odd." in text
