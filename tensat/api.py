@@ -362,7 +362,8 @@ class LatencyCheck:
         )
 
 
-FUTILE_PAIRS = 10  # the end-to-end check stops timing a thread count once this many pairs show no gain at all
+FUTILE_PAIRS = 10  # the end-to-end check stops timing a thread count once this many pairs show no gain at all,
+DECIDED_MARGIN = 0.05  # or a gain beyond this much more than it must show
 CHECK_PAIRS = 40  # pairs of blocks the end-to-end check times at each thread count ...
 EXTENDED_PAIRS = 100  # ... and up to this many where the first CHECK_PAIRS leave the answer open, ...
 EXTEND_SHARE = 0.35  # ... until this share of the thread count's seconds has passed
@@ -407,12 +408,15 @@ def _end_to_end_check(
     `EXTEND_SHARE` of its share of `latency_check` has passed: gains of a few percent are otherwise decided by the
     noise of a shared machine, and the cap keeps a large model's extension from doubling the run. Each model runs
     in `CHECK_SESSIONS` sessions in turns, so a verdict rests less on where one session's memory happened to lie.
+    A thread count also stops once `FUTILE_PAIRS` pairs show a gain beyond what it must show by `DECIDED_MARGIN`
+    more at 95% confidence (a model several times faster needs no 40 pairs to tell).
     None when the check could not run (with a warning): the verified optimized model is then kept."""
     threads = check_threads()
     by_threads: dict[int, LatencyComparison] = {}
     try:
         for t in threads:
             kept_so_far = _faster(by_threads)  # then any gain here keeps it (`measurably_faster`)
+            keep_above = 1.0 if kept_so_far else 1.0 + LATENCY_RESOLUTION
             by_threads[t] = compare_latency(
                 original,
                 optimized,
@@ -425,7 +429,8 @@ def _end_to_end_check(
                 futile_after=FUTILE_PAIRS,
                 extend_to=EXTENDED_PAIRS,
                 extend_seconds=EXTEND_SHARE * opts.latency_check / len(threads),
-                keep_above=1.0 if kept_so_far else 1.0 + LATENCY_RESOLUTION,
+                keep_above=keep_above,
+                decided_above=keep_above + DECIDED_MARGIN,
                 copies=CHECK_SESSIONS,
             )
             if by_threads[t].interval[0] <= 1.0:  # rejected whatever the other thread counts show

@@ -222,6 +222,12 @@ def _undecided(timed: Interleaved, keep_above: float = 1.0 + RESOLUTION) -> bool
     )
 
 
+def _decided(timed: Interleaved, above: float) -> bool:
+    """Whether every candidate of `timed` is faster than `above` beyond doubt so far: the low end of its 95%
+    interval is above it."""
+    return all(median_interval(r, draws=400)[0] > above for r in _candidate_ratios(timed))
+
+
 def _candidate_ratios(timed: Interleaved) -> Iterator[list[float]]:
     """The block ratios (baseline over candidate) of each candidate of `timed` so far."""
     base, *cands = timed.samples
@@ -297,6 +303,7 @@ def compare_latency(
     extend_to: int | None = None,
     extend_seconds: float | None = None,
     keep_above: float = 1.0 + RESOLUTION,
+    decided_above: float | None = None,
     copies: int = 1,
 ) -> LatencyComparison:
     """Time `candidate` against `baseline` on the same seeded inputs, in alternating blocks of runs, until `pairs`
@@ -309,8 +316,10 @@ def compare_latency(
     its interval is above that, more pairs would not change its answer. With `extend_to`, a candidate still
     undecided after `pairs` pairs (`_undecided`, against `keep_above` too) is timed on to
     `extend_to` pairs: one more look, within `max_seconds`, and with `extend_seconds` only until that many seconds
-    have passed since the timing began (the extension is the part of the timing a caller can cut short). `copies`
-    sessions of each model take turns (`Interleaved`)."""
+    have passed since the timing began (the extension is the part of the timing a caller can cut short). With
+    `decided_above` too, the timing stops once `futile_after` pairs are taken and the candidate is faster than that
+    beyond doubt (`_decided`): a model several times faster needs no 40 pairs to tell. `copies` sessions of each
+    model take turns (`Interleaved`)."""
     return compare_many(
         baseline,
         [candidate],
@@ -325,6 +334,7 @@ def compare_latency(
         extend_to=extend_to,
         extend_seconds=extend_seconds,
         keep_above=keep_above,
+        decided_above=decided_above,
         copies=copies,
     )[0]
 
@@ -344,12 +354,13 @@ def compare_many(
     extend_to: int | None = None,
     extend_seconds: float | None = None,
     keep_above: float = 1.0 + RESOLUTION,
+    decided_above: float | None = None,
     copies: int = 1,
 ) -> list[LatencyComparison]:
     """`compare_latency` for several candidates at once: the baseline and every candidate take turns, block by
     block, so each candidate's ratio to the baseline comes from blocks taken back to back (`futile_after` stops
-    the timing once no candidate is faster than `keep_above`, `extend_to` times an undecided one on, for at most
-    `extend_seconds` since the start)."""
+    the timing once no candidate is faster than `keep_above`, or, with `decided_above`, once every one is faster
+    than that beyond doubt; `extend_to` times an undecided one on, for at most `extend_seconds` since the start)."""
     start = time.perf_counter()
     models = [baseline, *candidates]
     timed = Interleaved(models, provider=provider, threads=threads, seed=seed, clock=clock, copies=copies)
@@ -364,8 +375,9 @@ def compare_many(
         timed.turn()
         if timed.runs >= min_pairs * timed.block and time.perf_counter() - start > limit:
             break
-        if futile_after is not None and timed.runs >= futile_after * timed.block and _futile(timed, keep_above):
-            break
+        if futile_after is not None and timed.runs >= futile_after * timed.block:
+            if _futile(timed, keep_above) or (decided_above is not None and _decided(timed, decided_above)):
+                break
         at_cap = timed.runs >= cap * timed.block
         if extend_to is not None and cap < extend_to and at_cap and _undecided(timed, keep_above):
             cap = extend_to

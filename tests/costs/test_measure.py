@@ -562,6 +562,23 @@ def test_a_candidate_is_undecided_while_it_looks_faster_and_is_not_yet_measurabl
     assert not _undecided(_ratios_timed([1.005 + 0.0001 * k for k in range(40)]), keep_above=1.0)  # decided above 1
 
 
+def test_a_candidate_faster_beyond_doubt_is_decided():
+    from tensat.latency import _decided
+
+    clear = [1.4 + 0.01 * (k % 5) for k in range(10)]
+    assert _decided(_ratios_timed(clear), 1.06)
+    assert not _decided(_ratios_timed([1.05 + 0.01 * (k % 5) for k in range(10)]), 1.06)
+    assert not _decided(_ratios_timed([0.8, 1.5, 0.9, 1.6, 1.0, 1.4, 0.85, 1.55, 0.95, 1.45]), 1.06)  # a wide spread
+
+
+def test_a_clearly_faster_candidate_stops_being_timed_once_decided():
+    fast, slow = export_model(relu_chain(1)), export_model(relu_chain(300))
+    decided = compare_latency(slow, fast, max_seconds=30.0, pairs=30, futile_after=6, decided_above=1.5)
+    assert decided.pairs == 6 and decided.interval[0] > 1.5
+    timed_on = compare_latency(slow, fast, max_seconds=30.0, pairs=12, futile_after=6)
+    assert timed_on.pairs == 12  # without `decided_above`, a gain is timed to the end
+
+
 def test_an_undecided_candidate_is_timed_on_to_the_extended_pairs_and_a_decided_one_is_not(monkeypatch):
     import tensat.latency as latency
 
