@@ -31,7 +31,7 @@ from tensat.extraction import (
 from tensat.extraction.cli import add_arguments, main, run
 from tests.helpers import ROOT
 
-DATA = ROOT.parent / "shared" / "data" / "extraction-gym-tensat"  # the shared data folder beside the checkout
+DATA = ROOT / "tests" / "data" / "extraction_gym"  # two of extraction-gym's Tensat e-graphs, shipped with the tests
 
 
 # ---------------------------------------------------------------------------------------------
@@ -396,7 +396,6 @@ def _consistent(res: ExtractionResult, greedy_cost: float) -> None:
         assert res.cost == pytest.approx(greedy_cost)
 
 
-@pytest.mark.skipif(not DATA.exists(), reason="extraction-gym data not available")
 @pytest.mark.parametrize("limit, solver", [(0.3, "highs"), (2.0, "highs"), (2.5, "cbc")])
 def test_time_limit_status_is_honest(limit: float, solver: str, no_path_bound: None) -> None:
     eg = load_egraph(DATA / "vgg.json")  # its ILP does not close within seconds
@@ -408,7 +407,6 @@ def test_time_limit_status_is_honest(limit: float, solver: str, no_path_bound: N
     assert res.seconds <= limit + 1.0
 
 
-@pytest.mark.skipif(not DATA.exists(), reason="extraction-gym data not available")
 def test_vgg_gap_tolerance_ends_the_cut_loop(no_path_bound: None) -> None:
     """vgg's first relaxation bound (2.64) is within 50% of greedy's 4.851 (the MIP start): a 0.5 tolerance, passed
     to the solver as its own gap, ends the run after the first solve instead of cutting cycles for 30 s."""
@@ -422,7 +420,6 @@ def test_vgg_gap_tolerance_ends_the_cut_loop(no_path_bound: None) -> None:
     assert res.cost - res.bound <= 0.5 * res.cost and res.bound <= 4.85076 + 1e-9
 
 
-@pytest.mark.skipif(not DATA.exists(), reason="extraction-gym data not available")
 @pytest.mark.parametrize("solver", ["highs", "cbc"])
 def test_vgg_stall_window_stops_the_search(solver: str, no_path_bound: None) -> None:
     """No cheaper selection than greedy turns up on vgg: the stall window ends the run, honestly."""
@@ -437,7 +434,6 @@ def test_vgg_stall_window_stops_the_search(solver: str, no_path_bound: None) -> 
     assert res.seconds <= stall + 1.0 + (1.0 if solver == "cbc" else 0.0)
 
 
-@pytest.mark.skipif(not DATA.exists(), reason="extraction-gym data not available")
 def test_vgg_optimum_is_proven_by_its_critical_path() -> None:
     """vgg is a chain of layers: every acyclic term holds a root-to-leaf path as costly as greedy's whole DAG, so the
     pruning's bound proves 4.85076 optimal with no ILP (the cut loop alone ends near 4.1 after 100 s)."""
@@ -484,7 +480,6 @@ def test_path_bound_prunes_nodes_whose_path_and_term_exceed_the_incumbent() -> N
     assert res.cost == pytest.approx(2.5) == brute_force(eg) and res.status == "optimal"
 
 
-@pytest.mark.skipif(not DATA.exists(), reason="extraction-gym data not available")
 def test_highs_is_interrupted_inside_its_search() -> None:
     """The stop rules reach into a running HiGHS search (callbacks), not only between solver calls."""
     from tensat.extraction import ilp
@@ -506,7 +501,6 @@ def test_highs_is_interrupted_inside_its_search() -> None:
     assert not res.interrupted and res.proven and res.objective < greedy.cost
 
 
-@pytest.mark.skipif(not DATA.exists(), reason="extraction-gym data not available")
 def test_model_building_stops_at_its_deadline() -> None:
     """A model that could not be solved in time is not built: the deadline bounds building too."""
     from tensat.extraction import ilp
@@ -519,7 +513,6 @@ def test_model_building_stops_at_its_deadline() -> None:
     assert ilp._Model(ix, red).prob.numConstraints() > 0
 
 
-@pytest.mark.skipif(not DATA.exists(), reason="extraction-gym data not available")
 def test_resnet50_acyclic_proven() -> None:
     eg = load_egraph(DATA / "resnet50_acyclic.json")
     greedy = greedy_dag(eg)
@@ -529,7 +522,6 @@ def test_resnet50_acyclic_proven() -> None:
     assert res.status == "optimal" and res.cost <= greedy.cost
 
 
-@pytest.mark.skipif(not DATA.exists(), reason="extraction-gym data not available")
 def test_vgg_real() -> None:
     eg = load_egraph(DATA / "vgg.json")
     greedy = greedy_dag(eg)
