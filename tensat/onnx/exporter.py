@@ -785,6 +785,18 @@ def _ex_reduce(e: _Exporter, i: int) -> None:
         e.emit(_onnx_type(n.op), [x, e.int64(axes, f"{n.op}_{i}_axes")], [e.tensor(i)], f"{n.op}_{i}", keepdims=keep)
 
 
+@_emitter("pad")
+def _ex_pad(e: _Exporter, i: int) -> None:
+    n = e.graph.nodes[i]
+    pads, value = list(n.attr["pads"]), float(n.attr["value"])
+    x = e.tensor(n.inputs[0])
+    if e.opset < 11:
+        e.emit("Pad", [x], [e.tensor(i)], f"pad_{i}", pads=pads, value=value)
+        return
+    fill = _ex_const(e, np.asarray(value, np.dtype(n.dtype)), f"pad_{i}_value")
+    e.emit("Pad", [x, e.int64(pads, f"pad_{i}_pads"), fill], [e.tensor(i)], f"pad_{i}")
+
+
 @_emitter("instancenorm")
 def _ex_instance_norm(e: _Exporter, i: int) -> None:
     n = e.graph.nodes[i]

@@ -935,6 +935,32 @@ def _layer_norm(c: _Importer, node: NodeProto) -> list[Any]:
     return [c.op("layernorm", [x, scale, bias], axis=axis, epsilon=float(c.attrs.get("epsilon", 1e-5)))]
 
 
+@_lowering("Pad")
+def _pad(c: _Importer, node: NodeProto) -> list[Any]:
+    """Constant padding by constant pads (attributes before opset 11, inputs from it; axes from opset 18)."""
+    mode = c.attrs.get("mode", b"constant")
+    if (mode.decode() if isinstance(mode, bytes) else str(mode)) != "constant":
+        raise _Unsupported(f"Pad mode {mode}")
+    x = c.data(0)
+    rank = len(c.shape(x))
+    if c.opset < 11:
+        pads, value = _ints(c.attrs["pads"]), float(c.attrs.get("value", 0.0))
+    else:
+        pads = _ints(c.param(1))
+        value = float(np.asarray(c.param(2)).reshape(-1)[0]) if c.present(2) else 0.0
+    if c.opset >= 18 and c.present(3):
+        axes = [_axis(a, rank) for a in _ints(c.param(3))]
+        full = [0] * (2 * rank)
+        for k, a in enumerate(axes):
+            full[a], full[a + rank] = pads[k], pads[k + len(axes)]
+        pads = full
+    if len(pads) != 2 * rank:
+        raise _Unsupported("pads of another rank")
+    if not any(pads):
+        return [x]
+    return [c.op("pad", [x], pads=pads, value=value)]
+
+
 @_lowering("InstanceNormalization")
 def _instance_norm(c: _Importer, node: NodeProto) -> list[Any]:
     return [c.op("instancenorm", [c.data(0), c.data(1), c.data(2)], epsilon=float(c.attrs.get("epsilon", 1e-5)))]

@@ -232,3 +232,65 @@ RESHAPE = register(
         breaks_layout=True,
     )
 )
+
+
+def _pad_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
+    x, pads = shapes[0], tuple(attrs["pads"])
+    check(len(pads) == 2 * len(x), f"pads {pads} do not fit a tensor of rank {len(x)}")
+    check(all(p >= 0 for p in pads), f"negative pads {pads} (a crop) are not modelled")
+    r = len(x)
+    return tuple(d + pads[i] + pads[i + r] for i, d in enumerate(x))
+
+
+def _pad_eval(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:
+    x, pads = xs[0], a["pads"]
+    r = x.ndim
+    return np.pad(x, [(pads[i], pads[i + r]) for i in range(r)], constant_values=np.asarray(a["value"], x.dtype))
+
+
+def _pad_rules(op: OpDef) -> list[str]:
+    out = []
+    for r in range(1, MAX_RANK + 1):
+        dims = [f"(+ {egg_dim('s0', i)} (+ {egg_dim('pads', i)} {egg_dim('pads', i + r)}))" for i in range(r)]
+        query = [f"(= (vec-length s0) {r})", f"(= (vec-length pads) {2 * r})"]
+        query += [f"(< -1 {egg_dim('pads', i)})" for i in range(2 * r)]
+        out.append(egg_rule(op, query, egg_vec(dims)))
+    return out
+
+
+def _pad_domain(rank: int) -> list[tuple[int, ...]]:
+    """The pads the rule verifier tries: none, one at the end of the last axis, and one before the first axis and
+    two after the last."""
+    none = (0,) * (2 * rank)
+    return [none, none[:-1] + (1,), (1,) + none[1:-1] + (2,)]
+
+
+def _pad_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[str, Any]) -> None:
+    pads = at["pads"]
+    r = len(out)
+    if not isinstance(pads, tuple) or len(pads) != 2 * r:
+        s.reject("pads")
+    for i in range(r):
+        s.eq(out[i], s.add(ins[0][i], pads[i], pads[i + r]))
+
+
+# constant padding: `pads` the ONNX way (the begins of every axis, then the ends), filled with `value`
+PAD = register(
+    OpDef(
+        "pad",
+        "Pad",
+        1,
+        (("pads", "ints"), ("value", "float")),
+        _pad_shape,
+        _pad_eval,
+        _pad_rules,
+        lambda s, o, a: float(numel(o)),
+        onnx="Pad",
+        ranks=(SAME, SAME),
+        accepts=any_data,
+        equations=_pad_equations,
+        domains={"pads": _pad_domain, "value": [0.0]},
+        int_exact=True,
+        breaks_layout=True,
+    )
+)
