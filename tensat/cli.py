@@ -9,12 +9,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from tensat import api, compare_cli, measure_cli, onnx_io
+from tensat._version import __version__
 from tensat.cli_args import Parser
 from tensat.errors import TensatError, one_line
 from tensat.extraction import InputError
 from tensat.extraction import cli as extraction_cli
 from tensat.files import atomic_write_json, check_writable
-from tensat.models import build_model, catalog, format_catalog
+from tensat.models import build_model, catalog, format_catalog, model_names
 from tensat.options import OPTION_NAMES, add_option_flags, options_from_args
 from tensat.progress import StderrProgress
 from tensat.progress import wanted as progress_wanted
@@ -32,7 +33,10 @@ def _add_optimize(sub: Any) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("input", nargs="?", help="the ONNX model to optimize")
     src.add_argument(
-        "--model", metavar="NAME", help="optimize a built-in benchmark graph instead of a file (see `tensat models`)"
+        "--model",
+        metavar="NAME",
+        type=_model_name,
+        help="optimize a built-in benchmark graph instead of a file (see `tensat models`)",
     )
     p.add_argument("-o", "--output", required=True, help="where to write the optimized ONNX model")
     add_option_flags(p, ("input_shapes", *(name for name in OPTION_NAMES if name != "input_shapes")))
@@ -50,6 +54,13 @@ def _add_optimize(sub: Any) -> None:
     )
 
 
+def _model_name(text: str) -> str:
+    """A built-in model's name, as `--model` takes it: an unknown one is a bad flag value."""
+    if text not in model_names():
+        raise argparse.ArgumentTypeError(f"unknown model {text!r}; valid names: {', '.join(model_names())}")
+    return text
+
+
 def progress_reporter(args: argparse.Namespace) -> Any:
     """The CLI's progress reporter on stderr: on a terminal unless --quiet; elsewhere only with --progress."""
     return StderrProgress() if progress_wanted(args.quiet, args.progress) else None
@@ -59,13 +70,7 @@ def _run_optimize(args: argparse.Namespace) -> int:
     for path in (args.output, args.stats):  # before any work, not after it
         if path:
             check_writable(path)
-    if args.model:
-        try:
-            source: Any = build_model(args.model)
-        except ValueError as exc:
-            raise TensatError(str(exc)) from None
-    else:
-        source = args.input
+    source: Any = build_model(args.model) if args.model else args.input
     progress = progress_reporter(args)
     try:
         result = api.optimize_with_details(source, progress=progress, **options_from_args(args))
@@ -147,6 +152,7 @@ def _run_models(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `tensat` command."""
     parser = Parser(prog="tensat", description="Tensor-graph superoptimization by equality saturation.")
+    parser.add_argument("--version", action="version", version=f"tensat {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_optimize(sub)
     _add_extract(sub)

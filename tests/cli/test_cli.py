@@ -137,9 +137,22 @@ def test_cli_help_documents_every_flag(capsys):
         assert flag in text
 
 
-def test_cli_unknown_model_is_a_clear_error(tmp_path: Path, capsys):
-    assert main(["optimize", "--model", "alexnet", "-o", str(tmp_path / "x.onnx")]) == 1
-    assert "alexnet" in capsys.readouterr().err
+def test_cli_unknown_model_is_a_bad_flag_value(tmp_path: Path, capsys):
+    """An unknown `--model` is a bad flag value: one line naming it and the valid names, exit 2, nothing written."""
+    with pytest.raises(SystemExit) as exc:
+        main(["optimize", "--model", "alexnet", "-o", str(tmp_path / "x.onnx")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown model 'alexnet'" in err and "squeezenet" in err
+    assert not (tmp_path / "x.onnx").exists()
+
+
+def test_cli_states_its_version(capsys):
+    from tensat._version import __version__
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out == f"tensat {__version__}\n"
 
 
 # -------------------------------------------------------------------------------------------------------------------
