@@ -23,7 +23,16 @@ from tensat import extraction, onnx_io, ops, rewrites
 from tensat import verify as verify_mod
 from tensat.cost import AnalyticCost, CostModel, Shape, runtime_cost
 from tensat.egraph import DecodedNode, ExplorationStats, IterationStats, TensorEGraph
-from tensat.errors import BUG, ModelError, TensatError, VerificationError, one_line
+from tensat.errors import (
+    BUG,
+    ModelError,
+    OutOfMemory,
+    TensatError,
+    VerificationError,
+    one_line,
+    out_of_memory,
+    raise_if_out_of_memory,
+)
 from tensat.files import check_writable
 from tensat.ir import Graph, Node
 from tensat.latency import RESOLUTION as LATENCY_RESOLUTION
@@ -31,7 +40,7 @@ from tensat.latency import LatencyComparison, compare_latency
 from tensat.measure import MeasuredCost, default_clock, make_measured_cost, resolve_device
 from tensat.options import Options
 from tensat.progress import ProgressFn, report
-from tensat.session import ModelSource, Serialized
+from tensat.session import ModelSource, Serialized, proto_of
 from tensat.verify import VerifyReport
 
 ModelLike = onnx.ModelProto | str | os.PathLike | Graph
@@ -196,6 +205,7 @@ class RunLog:
     def __init__(self, progress: ProgressFn | None = None) -> None:
         self.warnings: list[str] = []
         self.progress = progress
+        self.stage = "import"  # the stage said last (`say`): where a run that fails stopped
 
     def warn(self, message: str) -> None:
         """Record a warning: it says what happened and what the user can do."""
@@ -204,6 +214,7 @@ class RunLog:
 
     def say(self, stage: str, detail: str = "") -> None:
         """Report progress: the stage the run is in and where in it."""
+        self.stage = stage
         report(self.progress, stage, detail)
 
 
@@ -368,6 +379,7 @@ CHECK_PAIRS = 40  # pairs of blocks the end-to-end check times at each thread co
 EXTENDED_PAIRS = 100  # ... and up to this many where the first CHECK_PAIRS leave the answer open, ...
 EXTEND_SHARE = 0.35  # ... until this share of the thread count's seconds has passed
 CHECK_SESSIONS = 2  # sessions of each model the end-to-end check times in turns (see `tensat.latency.Interleaved`)
+ONE_SESSION_BYTES = 2**29  # ... one only for a model with more weights than this: each session holds their copy
 
 
 def _not_faster(check: LatencyCheck) -> str:
@@ -407,12 +419,18 @@ def _end_to_end_check(
     leave the answer open (faster in the median, not yet measurably) is timed on to `EXTENDED_PAIRS`, until
     `EXTEND_SHARE` of its share of `latency_check` has passed: gains of a few percent are otherwise decided by the
     noise of a shared machine, and the cap keeps a large model's extension from doubling the run. Each model runs
-    in `CHECK_SESSIONS` sessions in turns, so a verdict rests less on where one session's memory happened to lie.
+    in `CHECK_SESSIONS` sessions in turns, so a verdict rests less on where one session's memory happened to lie
+    (in one, for a model of over `ONE_SESSION_BYTES` of weights, since each session holds a copy of them).
     A thread count also stops once `FUTILE_PAIRS` pairs show a gain beyond what it must show by `DECIDED_MARGIN`
     more at 95% confidence (a model several times faster needs no 40 pairs to tell).
     None when the check could not run (with a warning): the verified optimized model is then kept."""
     threads = check_threads()
     by_threads: dict[int, LatencyComparison] = {}
+    weights = max(
+        onnx_io.weight_bytes(m if isinstance(m, (str, os.PathLike)) else proto_of(m)) or 0
+        for m in (original, optimized)
+    )
+    copies = CHECK_SESSIONS if weights <= ONE_SESSION_BYTES else 1
     try:
         for t in threads:
             kept_so_far = _faster(by_threads)  # then any gain here keeps it (`measurably_faster`)
@@ -431,11 +449,12 @@ def _end_to_end_check(
                 extend_seconds=EXTEND_SHARE * opts.latency_check / len(threads),
                 keep_above=keep_above,
                 decided_above=keep_above + DECIDED_MARGIN,
-                copies=CHECK_SESSIONS,
+                copies=copies,
             )
             if by_threads[t].interval[0] <= 1.0:  # rejected whatever the other thread counts show
                 break
     except Exception as exc:  # noqa: BLE001 - the graph is verified; a failed timing only loses the check
+        raise_if_out_of_memory(exc)
         log.warn(
             f"the end-to-end latency check could not run ({one_line(exc, typed=True)}); returned the "
             f"verified optimized model untimed (latency_check=0 / --latency-check 0 skips the check)"
@@ -517,7 +536,9 @@ def _perform(run: _Run, stages: Sequence[_Stage]) -> None:
     """Run the stages in order: the one place a stage is timed and its failure handled.
 
     A recoverable failure (`_recoverable`) degrades the run to what the stage's fallback leaves; Ctrl-C, an exit
-    request and the failures of a stage with no fallback propagate. A stage's time excludes what it records under
+    request and the failures of a stage with no fallback propagate. Running out of memory ends the run with an
+    `OutOfMemory` error naming the stage (`_out_of_memory`), whatever the stage: no fallback is taken for it, and
+    the model is not blamed. A stage's time excludes what it records under
     other keys itself (the exploring of a guided round is exploration time; the cycle filter runs inside the
     extraction)."""
     for stage in stages:
@@ -528,11 +549,39 @@ def _perform(run: _Run, stages: Sequence[_Stage]) -> None:
         try:
             stage.work(run)
         except BaseException as exc:  # noqa: BLE001 - egglog's Rust panics derive from BaseException
+            if out_of_memory(exc):
+                raise exc if isinstance(exc, OutOfMemory) else _out_of_memory(run) from None
             if stage.fallback is None or not _recoverable(exc):
                 raise
             stage.fallback(run, exc)
         if stage.key is not None:
             run.times[stage.key] = time.perf_counter() - t - (sum(run.times.values()) - recorded)
+
+
+# what the run was doing in each stage it reports (`tensat.progress.STAGES`), for the out-of-memory error
+_DOING = {
+    "import": "reading the model",
+    "cost": "pricing the input's ops",
+    "explore": "exploring the e-graph",
+    "price": "pricing the e-graph",
+    "guided": "exploring the e-graph",
+    "extract": "extracting the optimized graph",
+    "export": "writing the optimized graph",
+    "verify": "verifying the optimized graph in onnxruntime",
+    "latency": "timing both models end to end",
+}
+
+
+def _out_of_memory(run: _Run) -> OutOfMemory:
+    """The error for a run that ran out of memory: the stage, the size of the model's weights, and what gives the
+    run more room. It never says the model is at fault."""
+    model = run.model if run.model is not None else run.source
+    size = onnx_io.weight_bytes(model) if isinstance(model, (onnx.ModelProto, str, os.PathLike)) else None
+    weights = f"; the model has {size / 2**30:.2f} GiB of weights" if size else ""
+    return OutOfMemory(
+        f"out of memory while {_DOING.get(run.log.stage, run.log.stage)}{weights}: give the run more room with "
+        f"--verify off, --latency-check 0 or a smaller --node-limit, or run it on a machine with more memory"
+    )
 
 
 def _reject(run: _Run, reason: str) -> None:
@@ -556,7 +605,7 @@ def _import(run: _Run) -> None:
         run.read = run.graph = run.source.compact()
         run.model = onnx_io.export_model(run.source) if run.opts.verify or run.opts.latency_check > 0 else None
         return
-    run.model = onnx_io.load_model(run.source, run.opts.input_shapes)
+    run.model = onnx_io.load_model(run.source, run.opts.input_shapes, keep_external=True)
     run.nodes_read = len(run.model.graph.node)
     unread: ModelError | None = None
     try:
@@ -591,6 +640,7 @@ def _read_pre_passed(run: _Run) -> Graph | None:
             return None
         raise  # the pre-pass is not installed
     except Exception as exc:  # noqa: BLE001 - a peer's failure on this model: the model as given is still read
+        raise_if_out_of_memory(exc)
         run.log.warn(f"the {name} pre-pass failed ({one_line(exc, typed=True)}); read the model as given")
         return None
     finally:
@@ -942,7 +992,7 @@ def _search(run: _Run) -> None:
 def _written(graph: Graph) -> tuple[onnx.ModelProto, Graph]:
     """`graph` written as ONNX, and read back: a candidate is priced as written (the file is what runs); tensat's
     own export needs no onnx.checker pass."""
-    model = onnx_io.export_model(graph)
+    model = onnx_io.export_model(graph, keep_external=True)
     return model, onnx_io.import_model(model, check=False).compact()
 
 
@@ -1019,7 +1069,7 @@ def _checked(run: _Run) -> tuple[Serialized, Serialized]:
 
 def _verify(run: _Run) -> None:
     run.log.say("verify", "running both models in onnxruntime")
-    run.report = _verified(*_checked(run), run.opts, run.log)
+    run.report = _verified(*_checked(run), run.opts, run.log, keep_sessions=_will_time(run))
     if run.report is None:
         _reject(run, "the optimized graph rounds differently under onnxruntime's fused kernels")
 
@@ -1095,8 +1145,8 @@ def _result(run: _Run, output_path: str | os.PathLike[str] | None) -> OptimizeRe
     elif output_path is not None:  # from the bytes the checks serialized, where they ran it
         onnx_io.save_model(next((m for m in run.checked or () if m.proto is out_model), out_model), output_path)
         output = Path(output_path)
-    else:
-        output = out_model
+    else:  # a proto of its own for the caller, its weights in it (`load_model` left external data on disk)
+        output = onnx_io.materialize(out_model)
     return OptimizeResult(
         output,
         graph,
@@ -1121,8 +1171,12 @@ def _result(run: _Run, output_path: str | os.PathLike[str] | None) -> OptimizeRe
     )
 
 
-def _verified(original: ModelSource, optimized: ModelSource, opts: Options, log: RunLog) -> VerifyReport | None:
-    """The optimized model's verification report, or None where the input must be returned instead.
+def _verified(
+    original: ModelSource, optimized: ModelSource, opts: Options, log: RunLog, *, keep_sessions: bool = True
+) -> VerifyReport | None:
+    """The optimized model's verification report, or None where the input must be returned instead. The sessions
+    are kept for the end-to-end check where `keep_sessions` (it times its first thread count in them), else each is
+    released before the next is made.
 
     Both models run in onnxruntime as a user runs them, graph optimizations on. Where their outputs differ, both run
     again as written (no fusions): a difference there means the optimized graph computes something else, and
@@ -1130,10 +1184,10 @@ def _verified(original: ModelSource, optimized: ModelSource, opts: Options, log:
     difference is in how onnxruntime's fused kernels round for one of them (a merged projection fused where the
     input's three were not); the input model is then returned, with a warning, since it is what runs as the user
     expects."""
-    report = verify_mod.compare_models(original, optimized, seed=opts.seed)
+    report = verify_mod.compare_models(original, optimized, seed=opts.seed, keep_sessions=keep_sessions)
     if report.ok:
         return report
-    exact = verify_mod.compare_models(original, optimized, seed=opts.seed, optimizations=False)
+    exact = verify_mod.compare_models(original, optimized, seed=opts.seed, optimizations=False, keep_sessions=False)
     if not exact.ok:
         raise VerificationError(report.detail)
     log.warn(

@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from tensat import api, compare_cli, measure_cli, onnx_io
+from tensat import api, compare_cli, measure_cli
 from tensat._version import __version__
 from tensat.cli_args import Parser
 from tensat.errors import TensatError, one_line
@@ -17,7 +17,7 @@ from tensat.extraction import cli as extraction_cli
 from tensat.files import atomic_write_json, check_writable
 from tensat.models import build_model, catalog, format_catalog, model_names
 from tensat.options import OPTION_NAMES, add_option_flags, options_from_args
-from tensat.progress import StderrProgress
+from tensat.progress import LOG_AFTER, StderrProgress
 from tensat.progress import wanted as progress_wanted
 from tensat.rewrites import RuleError
 from tensat.rewrites import cli as rules_cli
@@ -62,8 +62,12 @@ def _model_name(text: str) -> str:
 
 
 def progress_reporter(args: argparse.Namespace) -> Any:
-    """The CLI's progress reporter on stderr: on a terminal unless --quiet; elsewhere only with --progress."""
-    return StderrProgress() if progress_wanted(args.quiet, args.progress) else None
+    """The CLI's progress reporter on stderr: on a terminal unless --quiet; elsewhere every step with --progress,
+    and without it one line per stage once the run has taken `LOG_AFTER` seconds (a long batch job shows where it
+    is; a short one prints its summary only)."""
+    if progress_wanted(args.quiet, args.progress):
+        return StderrProgress()
+    return None if args.quiet else StderrProgress(live=False, after=LOG_AFTER)
 
 
 def _run_optimize(args: argparse.Namespace) -> int:
@@ -73,11 +77,12 @@ def _run_optimize(args: argparse.Namespace) -> int:
     source: Any = build_model(args.model) if args.model else args.input
     progress = progress_reporter(args)
     try:
-        result = api.optimize_with_details(source, progress=progress, **options_from_args(args))
+        result = api.optimize_with_details(  # written by the run: weights kept on disk are copied, not loaded
+            source, progress=progress, output=args.output, **options_from_args(args)
+        )
     finally:
         if progress is not None:
             progress.close()
-    onnx_io.save_model(result.output, args.output)
     if args.stats:
         atomic_write_json(args.stats, result.to_dict())
     if not args.quiet:

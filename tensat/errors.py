@@ -28,3 +28,34 @@ def one_line(error: object, *, typed: bool = False, limit: int | None = 300) -> 
     if not text:
         return name if isinstance(error, BaseException) else "unknown error"
     return f"{name}: {text}" if typed else text
+
+
+class OutOfMemory(TensatError):
+    """The machine ran out of memory during a stage of the run: the model is not at fault."""
+
+
+# how libraries say an allocation failed: C++'s std::bad_alloc (onnxruntime, onnx), onnxruntime's own allocator,
+# numpy, the C library (ENOMEM) and CUDA
+_OUT_OF_MEMORY = (
+    "bad_alloc",
+    "failed to allocate memory",
+    "unable to allocate",
+    "cannot allocate memory",
+    "out of memory",
+    "memory allocation",
+)
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """Whether `error` says the machine ran out of memory, as Python or any library tensat calls says it."""
+    if isinstance(error, (MemoryError, OutOfMemory)):
+        return True
+    text = str(error).lower()
+    return any(marker in text for marker in _OUT_OF_MEMORY)
+
+
+def raise_if_out_of_memory(error: BaseException) -> None:
+    """Re-raise `error` where it says memory ran out: a handler that would blame the model or the candidate for it
+    (a session that fails to load, an unreadable file) leaves it to the run, which names the stage instead."""
+    if out_of_memory(error):
+        raise error

@@ -10,9 +10,11 @@ from tensat.onnx import (
     import_model,
     ir_version_for,
     load_model,
+    materialize,
     pre_pass,
     run_node,
     save_model,
+    weight_bytes,
 )
 
 __all__ = [
@@ -25,7 +27,9 @@ __all__ = [
     "import_model",
     "ir_version_for",
     "load_model",
+    "materialize",
     "pre_pass",
     "run_node",
     "save_model",
+    "weight_bytes",
 ]

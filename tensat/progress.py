@@ -4,7 +4,8 @@
 `STAGES`, `detail` says where in it the run is ("iteration 3: 12,345 e-nodes"). `StderrProgress` is the CLI's
 reporter: on a terminal it redraws one line in place, with a clock that keeps ticking through stages that report
 nothing for a while (an ILP solve, a latency check), so a run never looks hung; elsewhere it writes one line per
-report, and only when asked (`tensat optimize --progress`), since logs and pipes want no redraws.
+report when asked (`tensat optimize --progress`), since logs and pipes want no redraws, and otherwise, once a run
+has taken `LOG_AFTER` seconds, one line per stage, so that a long batch job shows where it is.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from typing import TextIO
 
 ProgressFn = Callable[[str, str], None]
+LOG_AFTER = 30.0  # seconds after which a run off a terminal, not asked for its progress, reports its stages
 
 STAGES = ("import", "cost", "explore", "price", "guided", "extract", "export", "verify", "latency")
 
@@ -54,13 +56,21 @@ def clock(seconds: float) -> str:
 
 class StderrProgress:
     """A progress reporter writing to stderr (or `stream`): `live` redraws one line in place, ticking every
-    `tick` seconds; otherwise one line per report. Use as a context manager, or call `close()`."""
+    `tick` seconds; otherwise one line per report, or, with `after`, nothing for `after` seconds, then the stage the
+    run is in and one line per stage from then on. Use as a context manager, or call `close()`."""
 
     def __init__(
-        self, stream: TextIO | None = None, live: bool | None = None, tick: float = 0.5, prefix: str = "tensat"
+        self,
+        stream: TextIO | None = None,
+        live: bool | None = None,
+        tick: float = 0.5,
+        prefix: str = "tensat",
+        after: float | None = None,
     ) -> None:
         self.stream = stream if stream is not None else sys.stderr
         self.live = stream_is_tty(self.stream) if live is None else live
+        self.after = None if self.live else after
+        self._written = ""  # the stage of the last line written, with `after`
         self.prefix = prefix
         self.start = time.perf_counter()
         self._stage, self._detail, self._since = "", "", self.start
@@ -71,6 +81,9 @@ class StderrProgress:
         if self.live:
             self._thread = threading.Thread(target=self._tick, args=(tick,), daemon=True, name="tensat-progress")
             self._thread.start()
+        elif self.after is not None:
+            self._thread = threading.Thread(target=self._wake, daemon=True, name="tensat-progress")
+            self._thread.start()
 
     def __call__(self, stage: str, detail: str = "") -> None:
         now = time.perf_counter()
@@ -80,9 +93,24 @@ class StderrProgress:
             self._stage, self._detail = stage, detail
             if self.live:
                 self._draw(now)
-            else:
-                self.stream.write(f"{self.prefix}: [{clock(now - self.start):>6}] {self._text()}\n")
-                self.stream.flush()
+            elif self.after is None:
+                self._line(now)
+            elif now - self.start >= self.after and stage != self._written:
+                self._line(now)
+
+    def _line(self, now: float) -> None:
+        self.stream.write(f"{self.prefix}: [{clock(now - self.start):>6}] {self._text()}\n")
+        self.stream.flush()
+        self._written = self._stage
+
+    def _wake(self) -> None:
+        """With `after`: once that long has passed, the stage the run is in, if no line said it yet."""
+        assert self.after is not None
+        if self._stop.wait(self.after):
+            return
+        with self._lock:
+            if self._stage and self._stage != self._written:
+                self._line(time.perf_counter())
 
     def _text(self) -> str:
         return f"{self._stage}: {self._detail}" if self._detail else self._stage

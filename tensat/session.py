@@ -14,6 +14,7 @@ from typing import Any
 
 from onnx import ModelProto
 
+EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"  # where a model from bytes finds its data
 PROVIDERS = {
     "cpu": ["CPUExecutionProvider"],
     "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
@@ -70,6 +71,7 @@ def make_session(
     optimized_weights: str | None = None,
     profile_prefix: str | None = None,
     disabled_optimizers: Sequence[str] = (),
+    prepacking: bool = True,
 ) -> Any:
     """An onnxruntime InferenceSession for `model` (a proto, wrapped with its bytes or not, serialized bytes or a
     path) on `provider` ("cpu",
@@ -80,7 +82,8 @@ def make_session(
     without `layout`, its optimizations stop at the extended level (the fusions, not the CPU's blocked layout).
     `optimized_path` saves onnxruntime's optimized model there (with its initializers over 1 KiB in the file
     `optimized_weights` beside it, if given), `profile_prefix` turns on its profiler, and `disabled_optimizers`
-    names graph transformers to leave out."""
+    names graph transformers to leave out. Without `prepacking`, weights are not repacked for the kernels when the
+    session loads (a session that only writes its optimized graph needs no second copy of them)."""
     ort = onnxruntime_module()
     if isinstance(provider, str):
         try:
@@ -106,16 +109,22 @@ def make_session(
                 "session.optimized_model_external_initializers_file_name", optimized_weights
             )
             options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+    if not prepacking:
+        options.add_session_config_entry("session.disable_prepacking", "1")
     if profile_prefix:
         options.enable_profiling = True
         options.profile_file_prefix = profile_prefix
     extra: dict[str, Any] = {"disabled_optimizers": list(disabled_optimizers)} if disabled_optimizers else {}
+    from tensat.onnx.external import external_dir, is_large, write_external  # lazy: tensat.onnx imports this module
+
+    proto = model.proto if isinstance(model, Serialized) else model if isinstance(model, ModelProto) else None
+    directory = external_dir(proto) if proto is not None else None
+    if directory is not None:  # weights tensat left on disk are read from there, not passed as bytes
+        options.add_session_config_entry(EXTERNAL_FOLDER, directory)
     if isinstance(model, (str, os.PathLike)):
         return ort.InferenceSession(os.fspath(model), options, providers=providers, **extra)
     if isinstance(model, bytes):
         return ort.InferenceSession(model, options, providers=providers, **extra)
-    from tensat.onnx.external import is_large, write_external  # lazy: tensat.onnx imports this module
-
     if isinstance(model, Serialized):
         if not is_large(model.proto):
             return ort.InferenceSession(model.data, options, providers=providers, **extra)
@@ -150,10 +159,18 @@ def shared_session(
 
 def runtime_graph(model: ModelProto | Serialized | bytes | str | os.PathLike[str], provider: str = "cpu") -> ModelProto:
     """`model` as onnxruntime runs it on `provider` at the extended level (its fusions, not the CPU's blocked
-    layout): the optimized model it writes, read back without its weights (their names and shapes only)."""
+    layout): the optimized model it writes, read back without its weights (their names and shapes only). The
+    weights are neither repacked nor, where the system allows, written anywhere (their file is the null device):
+    for a model of several GB that would take seconds and as much memory again."""
     import onnx
 
     with tempfile.TemporaryDirectory(prefix="tensat-") as tmp:
         path = os.path.join(tmp, "optimized.onnx")
-        make_session(model, provider, layout=False, optimized_path=path, optimized_weights="weights.bin")
+        try:
+            os.symlink(os.devnull, os.path.join(tmp, "weights.bin"))
+        except OSError:  # no symlinks here: the weights are written to the temporary directory
+            pass
+        make_session(
+            model, provider, layout=False, optimized_path=path, optimized_weights="weights.bin", prepacking=False
+        )
         return onnx.load(path, load_external_data=False)

@@ -20,8 +20,8 @@ import numpy as np
 import onnx
 from onnx import ModelProto, helper
 
-from tensat.errors import ModelError, VerificationError, one_line
-from tensat.session import ModelSource, Serialized, proto_of, shared_session
+from tensat.errors import ModelError, VerificationError, one_line, raise_if_out_of_memory
+from tensat.session import ModelSource, Serialized, make_session, proto_of, shared_session
 
 RTOL = 1e-4
 ATOL = 1e-6
@@ -81,10 +81,15 @@ def run_model(
     provider: str = "cpu",
     optimizations: bool = True,
     threads: int | None = None,
+    keep: bool = True,
 ) -> dict[str, np.ndarray]:
     """Run `model` on `feeds` (extra feeds ignored), returning every output by name; with `threads` intra-op threads
-    (default: onnxruntime's choice), in the session a `Serialized` model keeps (`shared_session`)."""
-    session = shared_session(model, provider, threads, optimizations=optimizations)
+    (default: onnxruntime's choice), in the session a `Serialized` model keeps (`shared_session`), or, without
+    `keep`, in a session of its own released on return (a large model's session holds a copy of its weights)."""
+    if keep:
+        session = shared_session(model, provider, threads, optimizations=optimizations)
+    else:
+        session = make_session(model, provider, threads, optimizations=optimizations)
     names = {i.name for i in session.get_inputs()}
     missing = names - set(feeds)
     if missing:
@@ -175,9 +180,12 @@ def compare_models(
     atol: float = ATOL,
     provider: str = "cpu",
     optimizations: bool = True,
+    keep_sessions: bool = True,
 ) -> VerifyReport:
     """Run both models on the same seeded random inputs and compare outputs by name (see module docstring);
-    `optimizations` False runs both as written, without onnxruntime's graph optimizations.
+    `optimizations` False runs both as written, without onnxruntime's graph optimizations. Without
+    `keep_sessions`, one model's session is released before the other's is made (see `run_model`): the
+    comparison then needs room for one model's weights at a time.
 
     Interface mismatches (output names, shapes, dtypes, inputs) and a failure of the optimized model in
     onnxruntime give a failed report; a failure of the original raises ModelError."""
@@ -203,14 +211,16 @@ def compare_models(
     if unknown:
         return fail(f"the optimized model has an input '{unknown[0]}' the original does not have")
     try:
-        expected = run_model(original, feeds, provider, optimizations, VERIFY_THREADS)
+        expected = run_model(original, feeds, provider, optimizations, VERIFY_THREADS, keep_sessions)
     except ModelError:
         raise
     except Exception as e:  # noqa: BLE001 - onnxruntime raises several exception types
+        raise_if_out_of_memory(e)
         raise ModelError(f"the original model fails in onnxruntime: {one_line(e)}") from None
     try:
-        actual = run_model(optimized, feeds, provider, optimizations, VERIFY_THREADS)
+        actual = run_model(optimized, feeds, provider, optimizations, VERIFY_THREADS, keep_sessions)
     except Exception as e:  # noqa: BLE001
+        raise_if_out_of_memory(e)
         return fail(f"the optimized model fails in onnxruntime: {one_line(e)}")
     worst_abs = worst_rel = 0.0
     for name in names:

@@ -15,7 +15,7 @@ captured tensors appended to its IR inputs; the exporter renames them back to wh
 
 from tensat.onnx.common import MAX_IR_VERSION, ir_version_for, run_node
 from tensat.onnx.exporter import EXPORTERS, export_model
-from tensat.onnx.external import PROTO_LIMIT
+from tensat.onnx.external import PROTO_LIMIT, materialize, weight_bytes
 from tensat.onnx.importer import IMPORTERS, import_model
 from tensat.onnx.load import MIN_OPSET, load_model
 from tensat.onnx.prepass import pre_pass
@@ -31,7 +31,9 @@ __all__ = [
     "import_model",
     "ir_version_for",
     "load_model",
+    "materialize",
     "pre_pass",
     "run_node",
     "save_model",
+    "weight_bytes",
 ]

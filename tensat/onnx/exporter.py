@@ -7,7 +7,8 @@ attributes and opaque nodes have emitters below.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +31,7 @@ from tensat.onnx.common import (
     rename_free,
     run_node,
 )
-from tensat.onnx.external import subgraphs
+from tensat.onnx.external import external_tensor, file_region, set_external_dir, subgraphs
 
 
 class _Namer:
@@ -54,6 +55,7 @@ class _Exporter:
     """Builds the ONNX graph for one IR graph; the emitters in EXPORTERS append nodes through it."""
 
     graph: Graph
+    keep_external: bool = False  # weights mapped from a file stay there (see `export_model`)
     opset: int = 17
     nodes: list[NodeProto] = field(default_factory=list)
     initializers: list[tuple[np.ndarray, str]] = field(default_factory=list)  # written into the model at the end
@@ -402,8 +404,14 @@ class _Exporter:
         graph.node.extend(self.nodes)
         graph.input.extend(inputs)
         graph.output.extend(outputs)
+        directory = _weights_dir(array for array, _ in self.initializers) if self.keep_external else None
         for array, name in self.initializers:
-            _put_tensor(graph.initializer.add(), array, name)
+            stub = external_tensor(array, name, directory) if directory is not None else None
+            if stub is not None:  # a weight read from a file tensat kept on disk stays there
+                graph.initializer.append(stub)
+            else:
+                _put_tensor(graph.initializer.add(), array, name)
+        set_external_dir(model, directory)
         dtypes = sorted({n.dtype for n in g.nodes})
         model.ir_version = ir_version_for(opsets, dtypes)
         return model
@@ -616,6 +624,16 @@ def _ex_opaque(e: _Exporter, i: int) -> None:
     node.name = e.node_namer(spec.name or key.split("@")[0])
     e.nodes.append(node)
     e.domains.add(spec.domain)
+
+
+def _weights_dir(arrays: Iterable[np.ndarray]) -> str | None:
+    """The directory of the first file a weight is mapped from (`tensat.onnx.external.file_region`), if any: the
+    model written refers to the weights under it where they lie, rather than copying them."""
+    for array in arrays:
+        region = file_region(array)
+        if region is not None:
+            return os.path.dirname(region[0])
+    return None
 
 
 def _put_tensor(tensor: TensorProto, array: np.ndarray, name: str) -> None:
@@ -916,7 +934,12 @@ EXPORTERS: dict[str, Emitter] = _exporters()
 """IR op name -> ONNX emission, for every op in tensat.ops.REGISTRY."""
 
 
-def export_model(graph: Graph) -> ModelProto:
+def export_model(graph: Graph, *, keep_external: bool = False) -> ModelProto:
     """Export `graph` as an ONNX model for its source opset: weight-only subgraphs folded into initializers,
-    slices partitioning a tensor as one Split, names deterministic (the same graph exports byte-identically)."""
-    return _Exporter(graph).run()
+    slices partitioning a tensor as one Split, names deterministic (the same graph exports byte-identically).
+
+    With `keep_external`, a weight mapped from a model's external data file (`import_model` keeps it on disk) is
+    written as a reference to where it lies, with the directory recorded in the model
+    (`tensat.onnx.external.external_dir`): tensat's sessions and `save_model` read it from there, and the weights
+    never pass through Python. Without it, every weight is written into the model."""
+    return _Exporter(graph, keep_external).run()

@@ -28,6 +28,7 @@ from typing import Any
 from onnx import ModelProto, NodeProto
 
 from tensat import ops
+from tensat.errors import raise_if_out_of_memory
 from tensat.session import runtime_graph
 
 # Op types whose presence lets onnxruntime fuse a normalization, an activation or an attention: a model with none of
@@ -56,7 +57,8 @@ def runtime_fusions(model: ModelProto) -> Fusions:
         return Fusions()
     try:
         optimized = runtime_graph(model)
-    except Exception:  # noqa: BLE001 - a model onnxruntime cannot run has nothing it fuses; verification says why
+    except Exception as exc:  # noqa: BLE001 - a model onnxruntime cannot run has nothing it fuses; verification says why
+        raise_if_out_of_memory(exc)
         return Fusions()
     weights = {t.name for t in graph.initializer} | {s.values.name for s in graph.sparse_initializer}
     inputs = {vi.name for vi in graph.input}

@@ -36,7 +36,7 @@ from tensat.onnx.common import (
     single_node_model,
     sparse_to_array,
 )
-from tensat.onnx.external import subgraphs
+from tensat.onnx.external import external_dir, has_external, mapped_array, subgraphs
 from tensat.onnx.load import load_model
 
 
@@ -56,12 +56,13 @@ SAMPLED = 64  # elements `_sample` reads
 
 def _uniform(array: np.ndarray) -> float | None:
     """The one value of a constant whose elements are all equal, where a `fill` holds it exactly (an epsilon, an
-    exponent, a zero bias: the constants a rule can match by value); else None."""
+    exponent, a zero bias: the constants a rule can match by value); else None. A sample is looked at first, so
+    that a weight kept on disk is not read whole to find it varies."""
     if not array.size or str(array.dtype) not in ops.TYPE_CODES:
         return None
     flat = array.reshape(-1)
     first = flat[0]
-    if not np.all(flat == first):
+    if not np.all(np.frombuffer(_sample(array), array.dtype) == first) or not np.all(flat == first):
         return None
     value = float(first)
     return value if array.dtype.type(value) == first else None
@@ -101,7 +102,12 @@ class _Importer:
 
     def run(self) -> Graph:
         g = self.model.graph
+        directory = external_dir(self.model)
         for tensor in g.initializer:
+            if directory is not None and has_external(tensor):  # kept on disk: mapped, not read
+                mapped = mapped_array(tensor, directory)
+                self.consts[tensor.name] = mapped if mapped is not None else numpy_helper.to_array(tensor, directory)
+                continue
             self.consts[tensor.name] = numpy_helper.to_array(tensor).copy()
             if self.release:
                 tensor.ClearField("raw_data")  # this proto is private: free its copy of the data early
@@ -1079,7 +1085,8 @@ def import_model(
     """Load `source` (path or proto) and lower it to a tensat Graph (see `load_model` for validation and `check`).
     With `runtime_fusions`, the input is read as the kernels onnxruntime runs it as (`fusions.runtime_fusions`): a
     subgraph it fuses into a kernel is read as that kernel, an op where tensat models it, else the kernel's node
-    kept verbatim."""
-    model = load_model(source, input_shapes, check=check)
+    kept verbatim. External data stays on disk: its weights are arrays mapped from their file
+    (`tensat.onnx.external.mapped_array`), read only where touched, and shared by every graph read from it."""
+    model = load_model(source, input_shapes, check=check, keep_external=True)
     fusions = runtime.runtime_fusions(model) if runtime_fusions else runtime.Fusions()
     return _Importer(model, release=True, fusions=fusions).run()

@@ -14,9 +14,18 @@ import onnx
 import onnx.inliner
 from onnx import GraphProto, ModelProto
 
-from tensat.errors import ModelError, one_line
+from tensat.errors import ModelError, one_line, raise_if_out_of_memory
 from tensat.onnx.common import MAX_IR_VERSION, free_names, node_label, norm_domain, opset_versions
-from tensat.onnx.external import has_external, is_large, light_copy, model_tensors, subgraphs, write_external
+from tensat.onnx.external import (
+    external_dir,
+    has_external,
+    is_large,
+    light_copy,
+    model_tensors,
+    set_external_dir,
+    subgraphs,
+    write_external,
+)
 
 MIN_OPSET = 7
 
@@ -26,7 +35,7 @@ def _read(source: Any) -> tuple[ModelProto, str | None, str | None]:
     if isinstance(source, ModelProto):
         model = ModelProto()
         model.CopyFrom(source)
-        return model, None, None
+        return model, external_dir(model), None
     if not isinstance(source, (str, os.PathLike)):
         raise ModelError(f"expected a model path or an onnx.ModelProto, got {type(source).__name__}")
     path = os.fspath(source)
@@ -267,6 +276,7 @@ def _run_checker(model: ModelProto, path: str | None) -> None:
     except ModelError:
         raise
     except Exception as e:  # noqa: BLE001 - the checker also raises plain C++ errors
+        raise_if_out_of_memory(e)
         raise ModelError(f"onnx.checker rejected the model: {one_line(e)}") from None
 
 
@@ -332,6 +342,7 @@ def _infer(model: ModelProto) -> None:
     try:
         inferred = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=True)
     except Exception as e:  # noqa: BLE001 - inference raises several C++ error types
+        raise_if_out_of_memory(e)
         raise ModelError(f"shape inference failed: {one_line(e)}") from None
     del model.graph.value_info[:]
     model.graph.value_info.extend(inferred.graph.value_info)
@@ -345,12 +356,15 @@ def load_model(
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     *,
     check: bool = True,
+    keep_external: bool = False,
 ) -> ModelProto:
     """Read (path or proto), validate, fix input shapes and shape-infer a model; errors are one-line ModelErrors.
 
     Without `check`, onnx.checker is skipped (a second on a model of 100M weights): for a model tensat has just
     exported itself, whose structure the other checks still cover. External data is read only from the model's own
-    directory. The result holds all weights in memory, every
+    directory. The result holds all weights in memory, or with `keep_external` leaves external data on disk, the
+    directory it lies in recorded in the proto (`tensat.onnx.external.external_dir`: the importer maps it, sessions
+    read it from there, `save_model` copies it), so that a large model's weights do not pass through Python. Every
     graph input has a concrete shape, its nodes are in topological order (sorted before the checker, which
     rejects any other order) and `graph.value_info` holds the inferred types.
     """
@@ -369,12 +383,16 @@ def load_model(
         try:
             model = onnx.inliner.inline_local_functions(model)
         except Exception as e:  # noqa: BLE001
+            raise_if_out_of_memory(e)
             raise ModelError(f"cannot inline the model's local functions: {one_line(e)}") from None
         del model.functions[:]
     _fix_input_shapes(model, input_shapes)
     _infer(model)
-    if external:
+    if external and keep_external:
+        set_external_dir(model, base_dir)
+    elif external:
         _load_external(model, base_dir)
+        set_external_dir(model, None)
     return model
 
 
@@ -383,4 +401,5 @@ def _load_external(model: ModelProto, base_dir: str | None) -> None:
     try:
         onnx.external_data_helper.load_external_data_for_model(model, base_dir)
     except Exception as e:  # noqa: BLE001
+        raise_if_out_of_memory(e)
         raise ModelError(f"cannot read external data: {one_line(e)}") from None

@@ -13,7 +13,7 @@ from onnx import ModelProto
 
 from tensat.errors import TensatError
 from tensat.files import atomic_write_bytes, fsync_dir
-from tensat.onnx.external import is_large, write_external
+from tensat.onnx.external import external_dir, is_large, write_external
 from tensat.session import Serialized, proto_of
 
 
@@ -29,7 +29,7 @@ def save_model(model: ModelProto | Serialized, path: str | os.PathLike[str]) -> 
     if not os.path.isdir(directory):
         raise TensatError(f"cannot write {path}: directory {directory} does not exist")
     proto = proto_of(model)
-    if is_large(proto):
+    if is_large(proto) or external_dir(proto) is not None:  # over 2 GiB, or weights tensat left on disk
         _save_external(proto, path, directory, os.path.basename(path))
         return
     atomic_write_bytes(path, model.data if isinstance(model, Serialized) else proto.SerializeToString())
