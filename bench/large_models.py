@@ -57,6 +57,7 @@ SIZES = {
         Size("small", 1024, 4, 2816, 8),
         Size("medium", 1536, 6, 4096, 12),
         Size("large", 2048, 8, 5632, 16),
+        Size("xlarge", 2048, 10, 5632, 16),  # over 2 GiB of weights: protobuf's limit
     )
 }
 
@@ -147,7 +148,8 @@ def optimize(path: Path, flags: Sequence[str]) -> dict[str, Any]:
         if stats.exists():
             data = json.loads(stats.read_text())
             record["times"] = {k: round(v, 2) for k, v in data.get("times", {}).items()}
-            record["outcome"] = data.get("outcome")
+            record["returned_input"] = data.get("returned_input")
+            record["cost_speedup"] = data.get("speedup")
             record["latency_check"] = data.get("latency_check")
         record["output_bytes"] = sum(p.stat().st_size for p in Path(tmp).iterdir() if p.name.startswith("out.onnx"))
         return record
@@ -172,18 +174,32 @@ def render(data: dict[str, Any]) -> str:
         "",
         "Llama-style decoders with random weights (batch 1, 64 tokens), weights in external data; `tensat optimize`",
         "in a fresh process, peak resident set read from the kernel. Regenerate: `python -m bench.large_models`.",
+        "The end-to-end column is the check's timing of the optimized graph against the input (`latency_check`,",
+        "20 s by default, shared by two thread counts): with runs of half a second and more, it gets few pairs.",
         "",
-        "| model | params | weights | settings | exit | time | peak RSS | peak / weights | stages (s) | outcome |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| model | params | weights | settings | exit | time | peak RSS | peak / weights | stages (s) "
+        "| cost ratio of the model returned | end to end, 1 thread | outcome |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, m in data["models"].items():
         for run_name, r in m["runs"].items():
-            stages = ", ".join(f"{k} {v:g}" for k, v in r.get("times", {}).items())
-            outcome = r.get("outcome") or r.get("stderr", "")
+            stages = ", ".join(f"{k} {v:g}" for k, v in r.get("times", {}).items() if v >= 0.05)
+            check = (r.get("latency_check") or {}).get("threads=1")
+            timed = (
+                f"{check['speedup']:.3f}x ({check['interval'][0]:.3f}-{check['interval'][1]:.3f}, "
+                f"{check['pairs']} pairs)"
+                if check
+                else "not timed"
+            )
+            if r["exit"] != 0:
+                outcome = r.get("stderr", "")
+            else:
+                outcome = "optimized" if r.get("returned_input") is None else f"input returned: {r['returned_input']}"
+            predicted = f"{r['cost_speedup']:.3f}x" if r.get("cost_speedup") else ""
             lines.append(
                 f"| {name} | {m['params'] / 1e6:.0f}M | {m['weight_bytes'] / 2**30:.2f} GiB | {run_name} | {r['exit']} "
                 f"| {r['seconds']:.0f} s | {r['peak_rss_bytes'] / 2**30:.2f} GiB "
-                f"| {r['peak_rss_bytes'] / m['weight_bytes']:.2f}x | {stages} | {outcome} |"
+                f"| {r['peak_rss_bytes'] / m['weight_bytes']:.2f}x | {stages} | {predicted} | {timed} | {outcome} |"
             )
     lines.append("")
     for run_name in RUNS:

@@ -200,3 +200,33 @@ def test_optimizing_a_model_with_external_data_writes_it_whole(tmp_path: Path) -
     np.testing.assert_allclose(run_model(str(out), feeds)["y"], run_model(str(path), feeds)["y"], rtol=1e-5)
     proto = tensat.optimize(str(path), cost="analytic", latency_check=0)
     assert external_dir(proto) is None and not any(has_external(t) for t in proto.graph.initializer)
+
+
+def test_saving_a_model_that_keeps_its_weights_on_disk_is_atomic(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Interrupted before the model is renamed into place, a save leaves the previous output and its data file as
+    they were, and no other file; completed, it leaves one model and one data file."""
+    path = _external_model(tmp_path)
+    written = export_model(import_model(path), keep_external=True)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    out = out_dir / "opt.onnx"
+    save_model(written, out)
+    before = {p: (out_dir / p).read_bytes() for p in os.listdir(out_dir)}
+    real_replace = os.replace
+
+    def interrupted(a: Any, b: Any) -> None:
+        if str(b) == str(out):
+            raise KeyboardInterrupt
+        real_replace(a, b)
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        save_model(written, out)
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert {p: (out_dir / p).read_bytes() for p in os.listdir(out_dir)} == before
+    save_model(written, out)
+    assert len(os.listdir(out_dir)) == 2
+    feeds = {"x": np.ones((4, 64), np.float32), "z": np.zeros((4, 64), np.float32)}
+    np.testing.assert_allclose(run_model(str(out), feeds)["y"], run_model(str(path), feeds)["y"], rtol=1e-6)
