@@ -119,6 +119,29 @@ class EGraph:
             self._index = _Index(self)
         return self._index
 
+    def without(self, removed: Iterable[str]) -> EGraph:
+        """This e-graph less the e-nodes `removed`, and less every e-node left reading an e-class with none (an
+        e-graph's forbidden e-nodes gone, for a file any extractor can read)."""
+        keep = {nid: n for nid, n in self.nodes.items() if nid not in set(removed)}
+        while True:
+            classes = {n.eclass for n in keep.values()}
+            dropped = {nid for nid, n in keep.items() if any(c not in classes for c in n.children)}
+            if not dropped:
+                return EGraph(keep, self.roots)
+            keep = {nid: n for nid, n in keep.items() if nid not in dropped}
+
+    def to_json(self) -> dict[str, Any]:
+        """The egraph-serialize dict `from_json` reads back: each e-node with its op, cost, e-class and, for each
+        child e-class, the id of an e-node in it."""
+        first = {c: ids[0] for c, ids in self.classes.items()}
+        return {
+            "nodes": {
+                nid: {"op": n.op, "cost": n.cost, "eclass": n.eclass, "children": [first[c] for c in n.children]}
+                for nid, n in self.nodes.items()
+            },
+            "root_eclasses": list(self.roots),
+        }
+
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> EGraph:
         """Build from an egraph-serialize dict; child node ids are resolved to their e-classes."""

@@ -33,6 +33,7 @@ from tensat.errors import (
     out_of_memory,
     raise_if_out_of_memory,
 )
+from tensat.extraction import EGraph
 from tensat.files import check_writable
 from tensat.ir import Graph, Node
 from tensat.latency import RESOLUTION as LATENCY_RESOLUTION
@@ -79,6 +80,9 @@ class OptimizeResult:
     # or not it was returned: the graph extracted, or, where that prices no lower as written, the graph the search
     # started from, with none; `tensat.egraph.provenance`)
     rules: dict[str, int] = field(default_factory=dict)
+    # the e-graph the graph was extracted from, as the extraction read it (e-nodes priced, those whose shapes do not
+    # check left out): None where no search ran
+    egraph: EGraph | None = None
 
     @property
     def modelled(self) -> float:
@@ -1168,6 +1172,7 @@ def _result(run: _Run, output_path: str | os.PathLike[str] | None) -> OptimizeRe
         pre_passed=run.pre_passed,
         returned_input=run.returned_input,
         rules=dict(run.candidate_rules),
+        egraph=run.exported.egraph.without(run.exported.forbidden) if run.exported is not None else None,
     )
 
 

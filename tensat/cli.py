@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from tensat import api, compare_cli, measure_cli
+from tensat import api, compare_cli, measure_cli, onnx_io
 from tensat._version import __version__
 from tensat.cli_args import Parser
 from tensat.errors import TensatError, one_line
@@ -45,6 +45,12 @@ def _add_optimize(sub: Any) -> None:
         metavar="FILE",
         help="write the run's statistics (growth per iteration, costs, times) as JSON to FILE",
     )
+    p.add_argument(
+        "--save-egraph",
+        metavar="FILE",
+        help="write the e-graph the graph was extracted from, its e-nodes priced, as egraph-serialize JSON to FILE "
+        "(what `tensat extract` reads)",
+    )
     out = p.add_mutually_exclusive_group()
     out.add_argument("-q", "--quiet", action="store_true", help="print nothing on success, and no progress")
     out.add_argument(
@@ -71,7 +77,7 @@ def progress_reporter(args: argparse.Namespace) -> Any:
 
 
 def _run_optimize(args: argparse.Namespace) -> int:
-    for path in (args.output, args.stats):  # before any work, not after it
+    for path in (args.output, args.stats, args.save_egraph):  # before any work, not after it
         if path:
             check_writable(path)
     source: Any = build_model(args.model) if args.model else args.input
@@ -85,6 +91,11 @@ def _run_optimize(args: argparse.Namespace) -> int:
             progress.close()
     if args.stats:
         atomic_write_json(args.stats, result.to_dict())
+    if args.save_egraph:
+        if result.egraph is None:
+            print(f"tensat: no e-graph to write to {args.save_egraph}: the search did not run", file=sys.stderr)
+        else:
+            atomic_write_json(args.save_egraph, result.egraph.to_json())
     if not args.quiet:
         print(result.summary())
         print(f"wrote     {args.output}")
@@ -146,11 +157,23 @@ def _run_cost_report(args: argparse.Namespace) -> int:
 
 
 def _add_models(sub: Any) -> None:
-    sub.add_parser("models", help="list the built-in benchmark graphs", description="List the built-in models.")
+    p = sub.add_parser(
+        "models",
+        help="list the built-in benchmark graphs, or write one as ONNX",
+        description="List the built-in models, or write one as an ONNX file (--export NAME -o FILE) to try the "
+        "commands that take a model file on.",
+    )
+    p.add_argument("--export", metavar="NAME", type=_model_name, help="the built-in model to write")
+    p.add_argument("-o", "--output", metavar="FILE", help="where --export writes it")
 
 
 def _run_models(args: argparse.Namespace) -> int:
-    print(format_catalog(catalog()))
+    if args.export is None:
+        print(format_catalog(catalog()))
+        return 0
+    check_writable(args.output)
+    onnx_io.save_model(build_model(args.export), args.output)
+    print(f"wrote     {args.output} (the built-in {args.export})")
     return 0
 
 
@@ -175,6 +198,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "optimize" and args.input is not None and args.model is not None:
         parser.error("give either a model file or --model, not both")
+    if args.command == "models" and (args.export is None) != (args.output is None):
+        parser.error("--export NAME writes a built-in model to -o FILE: give both, or neither to list the models")
     handlers = {
         "optimize": _run_optimize,
         "rules": _run_rules,

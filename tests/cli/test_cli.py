@@ -183,6 +183,9 @@ def test_cli_models_lists_sizes_and_descriptions(capsys: pytest.CaptureFixture) 
         ["profile", "--device", "tpu"],
         ["cost-report", "--bogus"],
         ["models", "--bogus"],
+        ["models", "--export", "bert"],
+        ["models", "-o", "x.onnx"],
+        ["models", "--export", "resnet18", "-o", "x.onnx"],
         ["frobnicate"],
     ],
 )
@@ -226,3 +229,46 @@ def test_the_parser_is_the_one_error_style_for_subcommands() -> None:
     parser = build_parser()
     subparsers = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
     assert all(type(p) is type(parser) for p in subparsers.choices.values())
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# the files the README's examples start from
+
+
+def test_models_export_writes_a_built_in_model_that_optimizes(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """`tensat models --export NAME -o FILE` writes the built-in model as ONNX: the file the README's `model.onnx`
+    examples start from, which runs as the built-in model does and optimizes from the command line."""
+    path = tmp_path / "squeezenet.onnx"
+    assert main(["models", "--export", "squeezenet", "-o", str(path)]) == 0
+    assert str(path) in capsys.readouterr().out
+    model = onnx.load(str(path))
+    onnx.checker.check_model(model)
+    built = build_model("squeezenet")
+    dims = [d.dim_value for d in built.graph.input[0].type.tensor_type.shape.dim]
+    feeds = {built.graph.input[0].name: np.random.default_rng(0).standard_normal(dims).astype(np.float32)}
+    got, expected = run_model(model, feeds), run_model(built, feeds)
+    assert got.keys() == expected.keys()
+    for name in expected:
+        np.testing.assert_array_equal(got[name], expected[name])
+    out = tmp_path / "opt.onnx"
+    assert main(["optimize", str(path), "-o", str(out), "-q", "--cost", "analytic", "--latency-check", "0"]) == 0
+    assert out.exists()
+
+
+def test_save_egraph_writes_what_extract_reads(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """`tensat optimize --save-egraph FILE` writes the e-graph the graph was extracted from as egraph-serialize JSON;
+    `tensat extract` reads it, and finds no graph cheaper than the run's own extraction did."""
+    from tensat.extraction import EGraph
+
+    egraph, out = tmp_path / "egraph.json", tmp_path / "opt.onnx"
+    argv = ["optimize", "--model", "squeezenet", "-o", str(out), "-q", "--cost", "analytic", "--latency-check", "0"]
+    assert main([*argv, "--stats", str(tmp_path / "stats.json"), "--save-egraph", str(egraph)]) == 0
+    data = json.loads(egraph.read_text())
+    read = EGraph.from_json(data)
+    again = EGraph.from_json(read.to_json())
+    assert again.nodes == read.nodes and again.roots == read.roots and len(read.nodes) > 100
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    capsys.readouterr()
+    assert main(["extract", str(egraph), "--extractor", "ilp", "--time-limit", "20"]) == 0
+    found = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("cost"))
+    assert float(found.split()[1]) <= stats["extraction"]["cost"] * (1 + 1e-5)
