@@ -131,10 +131,9 @@ class OptimizeResult:
         if self.latency is not None:
             for threads, lat in self.latency.by_threads.items():
                 low, high = lat.interval
-                lines.append(
-                    f"latency   {lat.baseline_ms:.4g} -> {lat.candidate_ms:.4g} ms end to end at {threads} "
-                    f"thread{'s' if threads > 1 else ''} ({lat.speedup:.3f}x, 95% interval {low:.3f}-"
-                    f"{high:.3f})"
+                lines.append(  # the ratio alone: the median of the pairs' ratios, which the medians may not show
+                    f"latency   {lat.speedup:.3f}x end to end at {threads} thread{'s' if threads > 1 else ''} "
+                    f"(95% interval {low:.3f}-{high:.3f}, {lat.pairs} pairs of timed blocks)"
                 )
         lines.append(
             "result    "
@@ -760,7 +759,8 @@ class _Sampler:
         found = extraction.local_search(x.egraph, start, forbidden=x.forbidden, time_limit=SAMPLE_SECONDS)
         run.sampled = (x, found)
         cost = found.cost
-        run.log.say("explore", f"iteration {it.iteration}: sampled cost {cost:.6g}")
+        unit = " ms (analytic estimate)" if run.measured is not None else " ms"  # the summary's are measured
+        run.log.say("explore", f"iteration {it.iteration}: sampled cost {cost:.6g}{unit}")
         now = time.perf_counter()
         if cost < self.best * (1 - extraction.GAP_TOLERANCE):
             self.best, self.stale, self.since = cost, 0, now

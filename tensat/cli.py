@@ -15,6 +15,7 @@ from tensat.errors import TensatError, one_line
 from tensat.extraction import InputError
 from tensat.extraction import cli as extraction_cli
 from tensat.files import atomic_write_json, check_writable
+from tensat.measure.cache import default_cache_path
 from tensat.models import build_model, catalog, format_catalog, model_names
 from tensat.options import OPTION_NAMES, add_option_flags, options_from_args
 from tensat.progress import LOG_AFTER, StderrProgress
@@ -28,7 +29,8 @@ def _add_optimize(sub: Any) -> None:
         "optimize",
         help="optimize an ONNX model by equality saturation",
         description="Optimize an ONNX model: explore rewrites in an e-graph, extract the cheapest "
-        "graph, verify it against the input in onnxruntime, write it out.",
+        "graph, verify it against the input in onnxruntime, write it out. Measured op costs are cached in "
+        f"{default_cache_path()} (set TENSAT_CACHE_DIR to keep them elsewhere).",
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("input", nargs="?", help="the ONNX model to optimize")

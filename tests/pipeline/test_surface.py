@@ -219,6 +219,34 @@ def test_a_candidate_that_costs_the_same_is_left_to_the_end_to_end_check() -> No
     assert timed.returned_input is None or "end to end" in timed.returned_input
 
 
+def test_the_summary_figures_agree() -> None:
+    """The latency line gives one measurement, the median of the pairs' ratios, with the interval around it (two
+    medians beside it could point the other way); the cost line names its cost model, in ms."""
+    graph = tensat.Graph()
+    x = graph.input("x", (64, 64))
+    graph.output(
+        "y", graph.add("relu", [graph.add("transpose", [graph.add("transpose", [x], perm=(1, 0))], perm=(1, 0))])
+    )
+    result = tensat.optimize_with_details(graph, cost="analytic", latency_check=0.5)
+    assert result.latency is not None
+    lines = result.summary().splitlines()
+    timed = [line for line in lines if line.startswith("latency")]
+    assert len(timed) == len(result.latency.by_threads)
+    for line, (threads, comparison) in zip(timed, result.latency.by_threads.items()):
+        found = re.fullmatch(
+            r"latency   (\d+\.\d{3})x end to end at (\d+) threads? \(95% interval (\d+\.\d{3})-(\d+\.\d{3}), "
+            r"(\d+) pairs of timed blocks\)",
+            line,
+        )
+        assert found, line
+        ratio, low, high = (float(found[k]) for k in (1, 3, 4))
+        assert int(found[2]) == threads and int(found[5]) == comparison.pairs
+        assert low <= high and ratio == round(comparison.speedup, 3)
+        assert " ms" not in line
+    cost = next(line for line in lines if line.startswith("cost"))
+    assert " ms (" in cost and "under the analytic cost model" in cost
+
+
 def _start_and_candidate(start: tensat.Graph, candidate: tensat.Graph) -> api._Run:
     """A run whose search started from `start` and extracted `candidate`, written and read back, with rules behind
     it: the state `_prefer_start` reads."""
