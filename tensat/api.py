@@ -1094,6 +1094,15 @@ def _will_time(run: _Run) -> bool:
 
 def _accept(run: _Run) -> None:
     run.returned_input = None
+    if run.opts.input_shapes and not isinstance(run.source, Graph):
+        symbolic = onnx_io.symbolic_inputs(onnx_io.given_model(run.source))
+        if symbolic:
+            dims = ", ".join(f"{name} ({', '.join(d)})" for name, d in symbolic.items())
+            run.log.warn(
+                f"the optimized model is fixed to the input shapes it was optimized at; the symbolic dims of the "
+                f"model's inputs {dims} are not kept, so serve it at those shapes only (a run that returns the "
+                f"input returns it with them)"
+            )
 
 
 def _report_costs(run: _Run) -> None:
@@ -1136,8 +1145,12 @@ def _result(run: _Run, output_path: str | os.PathLike[str] | None) -> OptimizeRe
     graph = run.candidate if optimized else read
     if optimized:
         out_model = run.candidate_model
+    elif run.model is None:
+        out_model = onnx_io.export_model(read)
+    elif run.opts.input_shapes and not isinstance(run.source, Graph):  # as given: the shapes fixed only to read it
+        out_model = onnx_io.given_model(run.source)
     else:
-        out_model = run.model if run.model is not None else onnx_io.export_model(read)
+        out_model = run.model
     assert graph is not None and out_model is not None
     report = run.report
     if not optimized and run.opts.verify and report is None:

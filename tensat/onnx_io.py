@@ -7,6 +7,7 @@ from tensat.onnx import (
     MIN_OPSET,
     PROTO_LIMIT,
     export_model,
+    given_model,
     import_model,
     ir_version_for,
     load_model,
@@ -14,6 +15,7 @@ from tensat.onnx import (
     pre_pass,
     run_node,
     save_model,
+    symbolic_inputs,
     weight_bytes,
 )
 
@@ -24,6 +26,7 @@ __all__ = [
     "MIN_OPSET",
     "PROTO_LIMIT",
     "export_model",
+    "given_model",
     "import_model",
     "ir_version_for",
     "load_model",
@@ -31,5 +34,6 @@ __all__ = [
     "pre_pass",
     "run_node",
     "save_model",
+    "symbolic_inputs",
     "weight_bytes",
 ]

@@ -396,6 +396,29 @@ def load_model(
     return model
 
 
+def given_model(source: str | os.PathLike[str] | ModelProto) -> ModelProto:
+    """The model as given, read again and left as it is (no shapes fixed, nothing sorted, inlined or inferred), its
+    external data on disk where it has some (`external_dir`): what a run that changes nothing returns."""
+    model, base_dir, _ = _read(source)
+    if base_dir is not None and any(has_external(t) for t in model_tensors(model)):
+        set_external_dir(model, base_dir)
+    return model
+
+
+def symbolic_inputs(model: ModelProto) -> dict[str, list[str]]:
+    """The graph inputs of `model` with dims of no fixed size, each with those dims' names ("?" for an unnamed
+    one)."""
+    weights = {t.name for t in model.graph.initializer}
+    found: dict[str, list[str]] = {}
+    for vi in model.graph.input:
+        if vi.name in weights or not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
+            continue
+        names = [d.dim_param or "?" for d in vi.type.tensor_type.shape.dim if not d.dim_value > 0]
+        if names:
+            found[vi.name] = names
+    return found
+
+
 def _load_external(model: ModelProto, base_dir: str | None) -> None:
     assert base_dir is not None  # _check_external refuses external data of a model not read from a file
     try:
