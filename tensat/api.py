@@ -39,6 +39,7 @@ from tensat.ir import Graph, Node
 from tensat.latency import RESOLUTION as LATENCY_RESOLUTION
 from tensat.latency import LatencyComparison, compare_latency
 from tensat.measure import MeasuredCost, default_clock, make_measured_cost, resolve_device
+from tensat.onnx.symbolic import fixed_shapes, generalize, other_shapes
 from tensat.options import Options
 from tensat.progress import ProgressFn, report
 from tensat.session import ModelSource, Serialized, proto_of
@@ -83,6 +84,8 @@ class OptimizeResult:
     # the e-graph the graph was extracted from, as the extraction read it (e-nodes priced, those whose shapes do not
     # check left out): None where no search ran
     egraph: EGraph | None = None
+    # the input shapes at which the optimized model, written back with the input's symbolic dims, was verified
+    shapes_verified: list[dict[str, list[int]]] = field(default_factory=list)
 
     @property
     def modelled(self) -> float:
@@ -128,6 +131,12 @@ class OptimizeResult:
         if self.verification is not None:
             v = self.verification
             lines.append(f"verified  max abs error {v.max_abs_error:.2e}, max rel error {v.max_rel_error:.2e}")
+        if self.shapes_verified:
+            lines.append(
+                "shapes    symbolic dims kept; verified at "
+                + "; ".join(_shape_text(s) for s in self.shapes_verified)
+                + " (timed at the first)"
+            )
         if self.latency is not None:
             for threads, lat in self.latency.by_threads.items():
                 low, high = lat.interval
@@ -181,6 +190,7 @@ class OptimizeResult:
                 "max_rel_error": self.verification.max_rel_error,
             },
             "latency_check": None if self.latency is None else self.latency.to_dict(),
+            "shapes_verified": [dict(s) for s in self.shapes_verified],
             "measurement": self.measurement,
             "warnings": list(self.warnings),
             "options": {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in self.options.__dict__.items()},
@@ -508,6 +518,7 @@ class _Run:
     written: Graph | None = None
     candidate_cost: float = 0.0
     checked: tuple[Serialized, Serialized] | None = None  # the input and the candidate as the checks run them
+    shapes_verified: list[dict[str, list[int]]] = field(default_factory=list)  # other shapes of symbolic dims
     # the outcome
     report: VerifyReport | None = None
     check: LatencyCheck | None = None
@@ -1087,6 +1098,51 @@ def _latency_check(run: _Run) -> None:
         _reject(run, _not_faster(run.check))
 
 
+def _symbolic(run: _Run) -> bool:
+    """Whether the model was given with symbolic input dims, which the search fixed (`load_model`)."""
+    return run.model is not None and onnx_io.symbolic_dims(run.model) is not None and not isinstance(run.source, Graph)
+
+
+def _generalize(run: _Run) -> None:
+    """The candidate, optimized at one shape of the model's symbolic dims, written back with them
+    (`tensat.onnx.symbolic.generalize`) and verified against the model as given at that shape and at two others;
+    where it cannot be written so or does not match, the input is returned: a model fixed to one shape is no use
+    where the sizes vary."""
+    assert run.model is not None and run.candidate_model is not None
+    assert not isinstance(run.source, Graph)
+    given = onnx_io.given_model(run.source)
+    shapes = fixed_shapes(run.model)
+    written = generalize(run.candidate_model, given, shapes)
+    if written is None:
+        _reject(
+            run,
+            "the optimized graph holds at the input shapes it was optimized at only: a Reshape in it "
+            "could not be written for every size of the model's symbolic dims",
+        )
+        return
+    for instance in [shapes, *other_shapes(given, shapes)]:
+        run.log.say("verify", f"at {_shape_text(instance)}")
+        try:
+            report = verify_mod.compare_models(given, written, seed=run.opts.seed, keep_sessions=False, shapes=instance)
+        except ModelError as exc:  # the model as given does not run at these sizes: nothing to hold the result to
+            _reject(run, f"the input does not run at {_shape_text(instance)} to verify the optimized graph at ({exc})")
+            return
+        if not report.ok:
+            _reject(
+                run,
+                f"the optimized graph, written for every size of the symbolic dims, does not match the "
+                f"input at {_shape_text(instance)} ({report.detail})",
+            )
+            return
+        run.shapes_verified.append({k: list(v) for k, v in instance.items()})
+    run.candidate_model = written
+
+
+def _shape_text(shapes: Mapping[str, Sequence[int]]) -> str:
+    """Input shapes in words: `x=1,3,224,224 y=1,8`."""
+    return " ".join(f"{name}={','.join(str(d) for d in dims)}" for name, dims in shapes.items())
+
+
 def _will_time(run: _Run) -> bool:
     """Whether the run times a candidate against the input end to end."""
     return run.opts.latency_check > 0 and run.model is not None
@@ -1094,15 +1150,11 @@ def _will_time(run: _Run) -> bool:
 
 def _accept(run: _Run) -> None:
     run.returned_input = None
-    if run.opts.input_shapes and not isinstance(run.source, Graph):
-        symbolic = onnx_io.symbolic_inputs(onnx_io.given_model(run.source))
-        if symbolic:
-            dims = ", ".join(f"{name} ({', '.join(d)})" for name, d in symbolic.items())
-            run.log.warn(
-                f"the optimized model is fixed to the input shapes it was optimized at; the symbolic dims of the "
-                f"model's inputs {dims} are not kept, so serve it at those shapes only (a run that returns the "
-                f"input returns it with them)"
-            )
+    if _symbolic(run) and not run.opts.verify:
+        run.log.warn(
+            "the optimized model is fixed to the input shapes it was optimized at: with verification off, the "
+            "model's symbolic dims are not written back (they are checked at other sizes only when verifying)"
+        )
 
 
 def _report_costs(run: _Run) -> None:
@@ -1119,6 +1171,7 @@ _PIPELINE = (
     _Stage(None, _price_candidate, when=_has_candidate),
     _Stage("verify", _verify, when=lambda run: _has_candidate(run) and run.opts.verify),
     _Stage("latency_check", _latency_check, when=lambda run: _has_candidate(run) and _will_time(run)),
+    _Stage("verify", _generalize, when=lambda run: _has_candidate(run) and run.opts.verify and _symbolic(run)),
     _Stage(None, _accept, when=_has_candidate),
     _Stage(None, _report_costs),
 )
@@ -1147,7 +1200,7 @@ def _result(run: _Run, output_path: str | os.PathLike[str] | None) -> OptimizeRe
         out_model = run.candidate_model
     elif run.model is None:
         out_model = onnx_io.export_model(read)
-    elif run.opts.input_shapes and not isinstance(run.source, Graph):  # as given: the shapes fixed only to read it
+    elif _symbolic(run) and not isinstance(run.source, Graph):  # as given: symbolic dims fixed only to read it
         out_model = onnx_io.given_model(run.source)
     else:
         out_model = run.model
@@ -1186,6 +1239,7 @@ def _result(run: _Run, output_path: str | os.PathLike[str] | None) -> OptimizeRe
         returned_input=run.returned_input,
         rules=dict(run.candidate_rules),
         egraph=run.exported.egraph.without(run.exported.forbidden) if run.exported is not None else None,
+        shapes_verified=run.shapes_verified if optimized else [],
     )
 
 

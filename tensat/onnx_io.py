@@ -15,6 +15,7 @@ from tensat.onnx import (
     pre_pass,
     run_node,
     save_model,
+    symbolic_dims,
     symbolic_inputs,
     weight_bytes,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "pre_pass",
     "run_node",
     "save_model",
+    "symbolic_dims",
     "symbolic_inputs",
     "weight_bytes",
 ]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,8 +42,11 @@ def _initializer_names(model: ModelProto) -> set[str]:
     return {t.name for t in model.graph.initializer} | {s.values.name for s in model.graph.sparse_initializer}
 
 
-def random_inputs(model: ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded feeds for every graph input: floats standard normal, integers in [0, 4), booleans random.
+def random_inputs(
+    model: ModelProto, seed: int = 0, shapes: Mapping[str, Sequence[int]] | None = None
+) -> dict[str, np.ndarray]:
+    """Seeded feeds for every graph input, of the shapes `shapes` gives or else the declared ones: floats standard
+    normal, integers in [0, 4), booleans random.
 
     Small non-negative integers keep index inputs (Gather, OneHot...) in range for axes of size 4 or more."""
     rng = np.random.default_rng(seed)
@@ -55,8 +58,8 @@ def random_inputs(model: ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
         tt = vi.type.tensor_type
         if vi.type.WhichOneof("value") != "tensor_type" or not tt.HasField("shape"):
             raise ModelError(f"input '{vi.name}' has no tensor shape; cannot make random inputs for it")
-        shape = []
-        for d in tt.shape.dim:
+        shape = [int(d) for d in shapes[vi.name]] if shapes and vi.name in shapes else []
+        for d in tt.shape.dim if not shape else ():
             if not d.HasField("dim_value") or d.dim_value < 1:
                 raise ModelError(f"input '{vi.name}' has a dynamic dimension; load the model with its input shapes")
             shape.append(int(d.dim_value))
@@ -181,11 +184,13 @@ def compare_models(
     provider: str = "cpu",
     optimizations: bool = True,
     keep_sessions: bool = True,
+    shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> VerifyReport:
     """Run both models on the same seeded random inputs and compare outputs by name (see module docstring);
     `optimizations` False runs both as written, without onnxruntime's graph optimizations. Without
     `keep_sessions`, one model's session is released before the other's is made (see `run_model`): the
-    comparison then needs room for one model's weights at a time.
+    comparison then needs room for one model's weights at a time. `shapes` gives the inputs' shapes where the
+    models declare symbolic dims.
 
     Interface mismatches (output names, shapes, dtypes, inputs) and a failure of the optimized model in
     onnxruntime give a failed report; a failure of the original raises ModelError."""
@@ -205,7 +210,7 @@ def compare_models(
     for name in names:
         if not _compatible(sig_a[name], sig_b[name]):
             return fail(f"output '{name}' is declared as {_describe(sig_b[name])}, expected {_describe(sig_a[name])}")
-    feeds = random_inputs(meta_a, seed)
+    feeds = random_inputs(meta_a, seed, shapes)
     inputs_b = {vi.name for vi in meta_b.graph.input} - _initializer_names(meta_b)
     unknown = sorted(inputs_b - set(feeds))
     if unknown:

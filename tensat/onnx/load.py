@@ -4,6 +4,7 @@ checker), fix its input shapes, inline local functions and run shape inference (
 from __future__ import annotations
 
 import heapq
+import json
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -26,6 +27,7 @@ from tensat.onnx.external import (
     subgraphs,
     write_external,
 )
+from tensat.onnx.symbolic import input_dims, is_batch, representative
 
 MIN_OPSET = 7
 
@@ -323,9 +325,9 @@ def _fix_input_shapes(model: ModelProto, input_shapes: Mapping[str, Sequence[int
             raise ModelError(
                 f"input '{vi.name}' has an unknown rank; pass its shape, e.g. --input-shape {vi.name}=1,3,224,224"
             )
-        dynamic = [d for d in dims if not (d.HasField("dim_value") and d.dim_value > 0)]
-        if dynamic:
-            first = dynamic[0]
+        dynamic = [(axis, d) for axis, d in enumerate(dims) if not (d.HasField("dim_value") and d.dim_value > 0)]
+        if dynamic:  # named: the first that is not a batch (a batch alone is taken as 1, see `representative`)
+            first = next((d for axis, d in dynamic if not is_batch(d.dim_param or "?", axis)), dynamic[0][1])
             what = first.dim_param if first.HasField("dim_param") and first.dim_param else "unknown size"
             if first.HasField("dim_value") and first.dim_value == 0:
                 what = "size 0"
@@ -386,7 +388,14 @@ def load_model(
             raise_if_out_of_memory(e)
             raise ModelError(f"cannot inline the model's local functions: {one_line(e)}") from None
         del model.functions[:]
-    _fix_input_shapes(model, input_shapes)
+    dims = input_dims(model)
+    if any(isinstance(d, str) for shape in dims.values() for d in shape):  # optimized at one shape, written back
+        if input_shapes is None:
+            input_shapes = representative(model)
+        _fix_input_shapes(model, input_shapes)
+        model.metadata_props.add(key=SYMBOLIC_DIMS, value=json.dumps(dims))
+    else:
+        _fix_input_shapes(model, input_shapes)
     _infer(model)
     if external and keep_external:
         set_external_dir(model, base_dir)
@@ -403,6 +412,15 @@ def given_model(source: str | os.PathLike[str] | ModelProto) -> ModelProto:
     if base_dir is not None and any(has_external(t) for t in model_tensors(model)):
         set_external_dir(model, base_dir)
     return model
+
+
+SYMBOLIC_DIMS = "tensat.symbolic_dims"  # metadata key: the input dims of a model read with symbolic ones, as given
+
+
+def symbolic_dims(model: ModelProto) -> dict[str, list[int | str]] | None:
+    """The input dims `model` was given with, where `load_model` fixed symbolic ones (None where it had none)."""
+    text = next((p.value for p in model.metadata_props if p.key == SYMBOLIC_DIMS), None)
+    return json.loads(text) if text is not None else None
 
 
 def symbolic_inputs(model: ModelProto) -> dict[str, list[str]]:

@@ -707,11 +707,11 @@ def test_the_tensat_process_exits_1_with_one_line_for_bad_input(tmp_path: Path) 
 
 
 def _dynamic_model(tmp_path: Path) -> str:
-    """The fault graph as a file whose input x has a symbolic batch dimension."""
+    """The fault graph as a file whose input x has a symbolic dimension that is not a batch (a batch is taken as 1)."""
     model = export_model(_graph())
-    dim = model.graph.input[0].type.tensor_type.shape.dim[0]
+    dim = model.graph.input[0].type.tensor_type.shape.dim[1]
     dim.ClearField("dim_value")
-    dim.dim_param = "batch"
+    dim.dim_param = "seq"
     path = tmp_path / "dynamic.onnx"
     path.write_bytes(model.SerializeToString())
     return str(path)
@@ -722,7 +722,7 @@ def test_dynamic_dims_without_shapes_is_a_one_line_error(tmp_path: Path, capsys:
     assert main(["optimize", src, "-o", str(out)]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("tensat: error:") and "\n" not in err, err
-    assert "dynamic dimension (batch)" in err and "--input-shape x=" in err
+    assert "dynamic dimension (seq)" in err and "--input-shape x=" in err
     assert not out.exists()
     assert main(["optimize", src, "-o", str(out), "-q", "--input-shape", "x=4,8", "--cost", "analytic"]) == 0
     assert out.exists()

@@ -1,5 +1,5 @@
-"""Models with symbolic input dims, optimized at the shapes given: the model returned unchanged keeps its symbolic
-dims; an optimized one is fixed to the shapes given, and the run says so."""
+"""Models with symbolic input dims: optimized at one shape (the one given, else 1 for a batch dim), written back with
+their symbolic dims and verified at other sizes of them; the input, as given, where that fails."""
 
 from __future__ import annotations
 
@@ -7,15 +7,20 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import tensat
+import tensat.api as api
+from tensat.errors import ModelError
+from tensat.onnx.symbolic import _polymorphic, other_shapes, representative
 from tensat.onnx_io import symbolic_inputs
 from tensat.verify import run_model
 
 
-def _dynamic(tmp_path: Path, *, cancelling: bool) -> Path:
-    """x[batch, 16] @ w, then a Relu; with `cancelling`, a Transpose pair before the Relu (a gain the rules find)."""
+def _dynamic(tmp_path: Path, *, cancelling: bool, flatten: bool = False) -> Path:
+    """x[batch, 16] @ w, then a Relu; with `cancelling`, a Transpose pair before the Relu (a gain the rules find);
+    with `flatten`, y is reshaped to one row per batch through a target computed from x's shape."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])
     w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32), "w")
@@ -24,38 +29,109 @@ def _dynamic(tmp_path: Path, *, cancelling: bool) -> Path:
         nodes += [
             helper.make_node("Transpose", ["m"], ["t"], perm=[1, 0]),
             helper.make_node("Transpose", ["t"], ["u"], perm=[1, 0]),
-            helper.make_node("Relu", ["u"], ["y"]),
+            helper.make_node("Relu", ["u"], ["r"]),
         ]
     else:
-        nodes.append(helper.make_node("Relu", ["m"], ["y"]))
+        nodes.append(helper.make_node("Relu", ["m"], ["r"]))
+    inits = [w]
+    if flatten:  # r[batch, 8] -> [batch, 2, 4] -> [batch, 8], the targets read from x's shape at run time
+        inits += [numpy_helper.from_array(np.array([2, 4], np.int64), "two_four")]
+        inits += [numpy_helper.from_array(np.array([8], np.int64), "eight")]
+        nodes += [
+            helper.make_node("Shape", ["x"], ["xs"], start=0, end=1),
+            helper.make_node("Concat", ["xs", "two_four"], ["split_shape"], axis=0),
+            helper.make_node("Reshape", ["r", "split_shape"], ["s"]),
+            helper.make_node("Concat", ["xs", "eight"], ["flat_shape"], axis=0),
+            helper.make_node("Reshape", ["s", "flat_shape"], ["y"]),
+        ]
+    else:
+        nodes[-1].output[0] = "y"
     model = helper.make_model(
-        helper.make_graph(nodes, "g", [x], [y], [w]), opset_imports=[helper.make_opsetid("", 17)], ir_version=8
+        helper.make_graph(nodes, "g", [x], [y], inits), opset_imports=[helper.make_opsetid("", 17)], ir_version=8
     )
     path = tmp_path / "dynamic.onnx"
     onnx.save(model, str(path))
     return path
 
 
+FAST = dict(cost="analytic", latency_check=0)
+
+
 def test_the_input_returned_unchanged_keeps_its_symbolic_dims(tmp_path: Path) -> None:
     """The shapes given fix the dims only for the search: a run that returns the input writes the model as given,
     which runs at any batch."""
     src, out = _dynamic(tmp_path, cancelling=False), tmp_path / "out.onnx"
-    result = tensat.optimize_with_details(
-        str(src), output=str(out), input_shapes={"x": [2, 16]}, cost="analytic", latency_check=0
-    )
+    result = tensat.optimize_with_details(str(src), output=str(out), input_shapes={"x": [2, 16]}, **FAST)
     assert result.returned_input is not None
     written = onnx.load(str(out))
     assert symbolic_inputs(written) == {"x": ["batch"]}
     assert run_model(written, {"x": np.ones((5, 16), np.float32)})["y"].shape == (5, 8)
 
 
-def test_an_optimized_model_fixed_to_the_shapes_given_says_so(tmp_path: Path) -> None:
+@pytest.mark.parametrize("flatten", [False, True], ids=["elementwise", "reshaped"])
+def test_an_optimized_model_keeps_its_symbolic_dims_verified_at_three_shapes(tmp_path: Path, flatten: bool) -> None:
+    """With no shape given, the batch dim is optimized at 1; the model written declares it symbolic again, its
+    Reshapes (their targets folded at batch 1 on reading) copy it (0) or absorb it (-1), and it is verified at
+    batch 1, 2 and 3, and runs at any other."""
+    src, out = _dynamic(tmp_path, cancelling=True, flatten=flatten), tmp_path / "out.onnx"
+    result = tensat.optimize_with_details(str(src), output=str(out), **FAST)
+    assert result.returned_input is None, result.returned_input
+    assert result.shapes_verified == [{"x": [1, 16]}, {"x": [2, 16]}, {"x": [3, 16]}]
+    assert "symbolic dims kept" in result.summary()
+    written = onnx.load(str(out))
+    assert symbolic_inputs(written) == {"x": ["batch"]}
+    feeds = {"x": np.random.default_rng(1).standard_normal((7, 16)).astype(np.float32)}
+    np.testing.assert_allclose(run_model(written, feeds)["y"], run_model(str(src), feeds)["y"], rtol=1e-5, atol=1e-6)
+
+
+def test_a_written_model_that_holds_at_one_shape_only_returns_the_input(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Verification at other sizes catches a graph right at the shape it was optimized at only (here, one written
+    back without its symbolic dims): the input is returned as given, and the run says at which shape it failed."""
     src, out = _dynamic(tmp_path, cancelling=True), tmp_path / "out.onnx"
-    result = tensat.optimize_with_details(
-        str(src), output=str(out), input_shapes={"x": [2, 16]}, cost="analytic", latency_check=0
+
+    def fixed(candidate: onnx.ModelProto, given: onnx.ModelProto, shapes: dict) -> onnx.ModelProto:
+        return candidate
+
+    monkeypatch.setattr(api, "generalize", fixed)
+    result = tensat.optimize_with_details(str(src), output=str(out), **FAST)
+    assert result.returned_input is not None and "does not match the input at x=2,16" in result.returned_input
+    assert result.shapes_verified == []
+    assert symbolic_inputs(onnx.load(str(out))) == {"x": ["batch"]}
+
+
+def test_reshape_targets_are_written_for_every_size() -> None:
+    sizes = {"batch": 1, "seq": 64}
+    assert _polymorphic([1, 64, 12, 64], ["batch", "seq", 768], sizes) == [0, 0, 12, 64]
+    assert _polymorphic([64, 768], ["batch", "seq", 768], sizes) == [-1, 768]
+    assert _polymorphic([1, 64, 768], ["batch", "seq", 12, 64], sizes) == [0, 0, 768]
+    assert _polymorphic([1, 2048], ["batch", 2048, 1, 1], {"batch": 1}) == [0, 2048]
+    assert _polymorphic([3, 5], ["seq", 7], {"seq": 2}) is None  # no dim absorbs the sequence's size
+    assert _polymorphic([4, 16], ["?", 16], sizes) is None  # a size no name tells
+
+
+def test_the_representative_shape_and_the_others() -> None:
+    def model(*dims: object) -> onnx.ModelProto:
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(dims))
+        graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [x])
+        graph.output[0].name = "y"
+        return helper.make_model(graph)
+
+    assert representative(model("N", 3, 224, 224)) == {"x": [1, 3, 224, 224]}
+    assert representative(model(1, "seq")) is None  # a sequence's length must be given
+    assert representative(model("seq", 8)) is None  # on the first axis too
+    assert representative(model(2, 3)) is None  # nothing symbolic
+    assert other_shapes(model("batch", 3), {"x": [1, 3]}) == [{"x": [2, 3]}, {"x": [3, 3]}]
+
+
+def test_a_symbolic_dim_that_is_not_a_batch_still_needs_its_shape(tmp_path: Path) -> None:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "seq"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "seq"])
+    model = helper.make_model(
+        helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]),
+        opset_imports=[helper.make_opsetid("", 17)],
+        ir_version=8,
     )
-    assert result.returned_input is None
-    assert symbolic_inputs(onnx.load(str(out))) == {}
-    assert any("not kept" in w and "x (batch)" in w for w in result.warnings), result.warnings
-    static = tensat.optimize_with_details(onnx.load(str(out)), cost="analytic", latency_check=0)
-    assert not any("symbolic" in w for w in static.warnings)
+    with pytest.raises(ModelError, match="dynamic dimension \\(seq\\)"):
+        tensat.optimize_with_details(model, **FAST)

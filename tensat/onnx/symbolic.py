@@ -1,0 +1,160 @@
+"""Symbolic input dims: the shape a model with them is optimized at, and the optimized model written back with them.
+
+tensat optimizes at one concrete shape (`representative`: the shapes given, else 1 for a batch dim). The model it
+writes for that shape is then given back the input's symbolic dims (`generalize`): its inputs and outputs declare
+them, and each Reshape whose target copied a symbolic dim's size is written with 0 (copy the input's dim) and -1
+(the one dim that absorbs the rest), so that it holds at every size. Whether it does is not assumed: the run verifies
+the result at other sizes of the symbolic dims (`other_shapes`), and returns the input where it does not match.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import ModelProto, numpy_helper
+
+from tensat.onnx.external import light_copy
+
+Dims = list[int | str]  # a shape whose dims are sizes or the names of symbolic dims
+BATCH_NAMES = re.compile(r"(batch|^n$|^b$|^bs$|^N$|^B$)", re.IGNORECASE)  # a symbolic dim read as a batch
+BATCH = 1  # the size a batch dim is optimized at, when no shape is given
+
+
+def input_dims(model: ModelProto) -> dict[str, Dims]:
+    """Each graph input's dims: sizes, and the names of symbolic dims ("?" for an unnamed one)."""
+    weights = {t.name for t in model.graph.initializer}
+    found: dict[str, Dims] = {}
+    for vi in model.graph.input:
+        if vi.name in weights or not vi.type.tensor_type.HasField("shape"):
+            continue
+        found[vi.name] = [
+            d.dim_value if d.dim_value > 0 else (d.dim_param or "?") for d in vi.type.tensor_type.shape.dim
+        ]
+    return found
+
+
+def is_batch(name: str, axis: int) -> bool:
+    """Whether the symbolic dim `name` (at `axis`) is read as a batch: named like one, or an unnamed first axis."""
+    return bool(BATCH_NAMES.search(name)) or (axis == 0 and name == "?")
+
+
+def fixed_shapes(model: ModelProto) -> dict[str, list[int]]:
+    """Each graph input's shape, for a model whose inputs have sizes only (as `load_model` leaves it)."""
+    return {name: [d if isinstance(d, int) else 0 for d in dims] for name, dims in input_dims(model).items()}
+
+
+def representative(model: ModelProto) -> dict[str, list[int]] | None:
+    """The shapes to optimize `model` at where its only symbolic dims are batch dims (named like one, or an unnamed
+    first axis): 1 for each. None where it has no symbolic dim, or one that is not a batch (its shape must then be
+    given)."""
+    dims = input_dims(model)
+    if not any(isinstance(d, str) for shape in dims.values() for d in shape):
+        return None
+    shapes: dict[str, list[int]] = {}
+    for name, shape in dims.items():
+        sizes = []
+        for axis, d in enumerate(shape):
+            if isinstance(d, int):
+                sizes.append(d)
+            elif is_batch(d, axis):
+                sizes.append(BATCH)
+            else:
+                return None
+        shapes[name] = sizes
+    return shapes
+
+
+def sizes_of(model: ModelProto, shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
+    """The size each named symbolic dim of `model`'s inputs takes in `shapes`."""
+    sizes: dict[str, int] = {}
+    for name, dims in input_dims(model).items():
+        for d, size in zip(dims, shapes.get(name, ())):
+            if isinstance(d, str) and d != "?":
+                sizes.setdefault(d, int(size))
+    return sizes
+
+
+def other_shapes(model: ModelProto, shapes: Mapping[str, Sequence[int]], count: int = 2) -> list[dict[str, list[int]]]:
+    """`count` other instances of `model`'s input shapes: every symbolic dim 1, 2, ... larger than in `shapes`
+    (one dim named alike takes one size throughout)."""
+    sizes = sizes_of(model, shapes)
+    out = []
+    for k in range(1, count + 1):
+        instance = {}
+        for name, dims in input_dims(model).items():
+            given = list(shapes.get(name, ()))
+            instance[name] = [
+                (sizes.get(d, given[axis]) + k) if isinstance(d, str) else d for axis, d in enumerate(dims)
+            ]
+        out.append(instance)
+    return out
+
+
+def generalize(candidate: ModelProto, given: ModelProto, shapes: Mapping[str, Sequence[int]]) -> ModelProto | None:
+    """`candidate` (written at `shapes`) with `given`'s symbolic dims: its inputs and outputs declared as the given
+    model's, its Reshape targets that copied a symbolic size written with 0 and -1. None where a Reshape cannot be
+    written so (its target is computed, or no one dim absorbs the symbolic sizes it does not copy)."""
+    sizes = sizes_of(given, shapes)
+    out = ModelProto()
+    out.CopyFrom(candidate)
+    declared = {vi.name: vi for vi in [*given.graph.input, *given.graph.output]}
+    for vi in [*out.graph.input, *out.graph.output]:
+        if vi.name in declared:
+            vi.type.CopyFrom(declared[vi.name].type)
+    del out.graph.value_info[:]
+    inits = {t.name: t for t in out.graph.initializer}
+    for index, node in enumerate(out.graph.node):
+        if node.op_type != "Reshape" or len(node.input) < 2:
+            continue
+        target = inits.get(node.input[1])
+        if target is None:
+            return None
+        source = _dims_of(out, node.input[0])
+        if source is None or not any(isinstance(d, str) for d in source):
+            continue
+        new = _polymorphic(numpy_helper.to_array(target).tolist(), source, sizes)
+        if new is None:
+            return None
+        name = f"{node.input[1]}__sym{index}"
+        out.graph.initializer.append(numpy_helper.from_array(np.asarray(new, np.int64), name))
+        node.input[1] = name
+    return out
+
+
+def _dims_of(model: ModelProto, tensor: str) -> Dims | None:
+    """`tensor`'s dims in `model` by ONNX shape inference from its symbolic inputs (None where unknown)."""
+    inferred = onnx.shape_inference.infer_shapes(light_copy(model), strict_mode=False, data_prop=True)
+    for vi in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]:
+        if vi.name == tensor and vi.type.tensor_type.HasField("shape"):
+            return [
+                d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in vi.type.tensor_type.shape.dim
+            ]
+    return None
+
+
+def _polymorphic(target: list[int], source: Dims, sizes: Mapping[str, int]) -> list[int] | None:
+    """A Reshape target equal to `target` where `source`'s symbolic dims take `sizes`, and right at their other sizes:
+    0 where the target keeps a symbolic dim in place, -1 at the one dim that absorbs the symbolic sizes it does not
+    keep. None where that dim cannot be told."""
+    if any(isinstance(d, str) and d not in sizes for d in source):
+        return None
+    new = list(target)
+    kept = set()
+    for k, t in enumerate(target):
+        d = source[k] if k < len(source) else None
+        if isinstance(d, str) and t == sizes[d]:
+            new[k] = 0
+            kept.add(k)
+    rest = math.prod(sizes[d] for j, d in enumerate(source) if isinstance(d, str) and j not in kept)
+    left = [j for j, d in enumerate(source) if isinstance(d, str) and j not in kept]
+    if not left or -1 in target:
+        return new
+    absorbing = [k for k, t in enumerate(target) if k not in kept and t > 0 and t % rest == 0]
+    if not absorbing:
+        return None
+    new[absorbing[0]] = -1
+    return new
