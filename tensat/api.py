@@ -86,6 +86,8 @@ class OptimizeResult:
     egraph: EGraph | None = None
     # the input shapes at which the optimized model, written back with the input's symbolic dims, was verified
     shapes_verified: list[dict[str, list[int]]] = field(default_factory=list)
+    # the second of those shapes and the timing there against the input (None where not timed)
+    latency_other_shape: tuple[dict[str, list[int]], LatencyComparison] | None = None
 
     @property
     def modelled(self) -> float:
@@ -133,9 +135,13 @@ class OptimizeResult:
             lines.append(f"verified  max abs error {v.max_abs_error:.2e}, max rel error {v.max_rel_error:.2e}")
         if self.shapes_verified:
             lines.append(
-                "shapes    symbolic dims kept; verified at "
-                + "; ".join(_shape_text(s) for s in self.shapes_verified)
-                + " (timed at the first)"
+                "shapes    symbolic dims kept; verified at " + "; ".join(_shape_text(s) for s in self.shapes_verified)
+            )
+        if self.latency_other_shape is not None:
+            shapes, lat = self.latency_other_shape
+            lines.append(
+                f"latency   {lat.speedup:.3f}x end to end at 1 thread at {_shape_text(shapes)} (95% interval "
+                f"{lat.interval[0]:.3f}-{lat.interval[1]:.3f}, {lat.pairs} pairs of timed blocks)"
             )
         if self.latency is not None:
             for threads, lat in self.latency.by_threads.items():
@@ -191,6 +197,9 @@ class OptimizeResult:
             },
             "latency_check": None if self.latency is None else self.latency.to_dict(),
             "shapes_verified": [dict(s) for s in self.shapes_verified],
+            "latency_other_shape": None
+            if self.latency_other_shape is None
+            else {"shapes": self.latency_other_shape[0], **self.latency_other_shape[1].to_dict()},
             "measurement": self.measurement,
             "warnings": list(self.warnings),
             "options": {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in self.options.__dict__.items()},
@@ -519,6 +528,7 @@ class _Run:
     candidate_cost: float = 0.0
     checked: tuple[Serialized, Serialized] | None = None  # the input and the candidate as the checks run them
     shapes_verified: list[dict[str, list[int]]] = field(default_factory=list)  # other shapes of symbolic dims
+    timed_other: tuple[dict[str, list[int]], LatencyComparison] | None = None  # timed at one of those
     # the outcome
     report: VerifyReport | None = None
     check: LatencyCheck | None = None
@@ -1135,7 +1145,45 @@ def _generalize(run: _Run) -> None:
             )
             return
         run.shapes_verified.append({k: list(v) for k, v in instance.items()})
+    if _will_time(run):
+        _time_other_shape(run, given, written, run.shapes_verified[1])
+        if run.returned_input is not None:
+            return
     run.candidate_model = written
+
+
+def _time_other_shape(
+    run: _Run, given: onnx.ModelProto, written: onnx.ModelProto, shapes: dict[str, list[int]]
+) -> None:
+    """Time the model written back with its symbolic dims against the model as given at `shapes`, another size of
+    them than the one the end-to-end check timed, at one thread, in a quarter of `latency_check`: the input is
+    returned where the result is measurably slower there (a gain at one size may be a loss at another)."""
+    device = run.measured.device if run.measured is not None else _check_device(run.opts)
+    run.log.say("latency", f"timing both models at {_shape_text(shapes)}")
+    try:
+        timed = compare_latency(
+            given,
+            written,
+            provider=device,
+            threads=1,
+            clock=default_clock(device, 1),
+            max_seconds=run.opts.latency_check / 4,
+            seed=run.opts.seed,
+            pairs=CHECK_PAIRS,
+            futile_after=None,
+            shapes=shapes,
+        )
+    except Exception as exc:  # noqa: BLE001 - the graph is verified at this shape; only its timing is lost
+        raise_if_out_of_memory(exc)
+        run.log.warn(f"the optimized model could not be timed at {_shape_text(shapes)} ({one_line(exc, typed=True)})")
+        return
+    run.timed_other = (shapes, timed)
+    if timed.interval[1] < 1.0:
+        _reject(
+            run,
+            f"the optimized graph was measurably slower end to end at {_shape_text(shapes)} ({timed.speedup:.3f}x at "
+            f"1 thread, 95% interval {timed.interval[0]:.3f}-{timed.interval[1]:.3f})",
+        )
 
 
 def _shape_text(shapes: Mapping[str, Sequence[int]]) -> str:
@@ -1240,6 +1288,7 @@ def _result(run: _Run, output_path: str | os.PathLike[str] | None) -> OptimizeRe
         rules=dict(run.candidate_rules),
         egraph=run.exported.egraph.without(run.exported.forbidden) if run.exported is not None else None,
         shapes_verified=run.shapes_verified if optimized else [],
+        latency_other_shape=run.timed_other,
     )
 
 

@@ -119,6 +119,7 @@ class Interleaved:
         block: int = 1,
         clock: str = "wall",
         copies: int = 1,
+        shapes: Mapping[str, Sequence[int]] | None = None,
     ) -> None:
         from onnx import load
 
@@ -133,7 +134,7 @@ class Interleaved:
         spinning = threads == 1
         self.sessions = sessions = [shared_session(m, provider, threads, spinning=spinning) for m in models]
         extra = [[make_session(m, provider, threads, spinning=spinning) for m in models] for _ in range(copies - 1)]
-        feeds = random_inputs(protos[0], seed)
+        feeds = random_inputs(protos[0], seed, shapes)  # at `shapes` where the models' inputs have symbolic dims
         self.runs_of = [runner(sess, feeds, provider) for sess in sessions]
         self.copies = [self.runs_of, *[[runner(sess, feeds, provider) for sess in row] for row in extra]]
         for runs in self.copies:
@@ -305,6 +306,7 @@ def compare_latency(
     keep_above: float = 1.0 + RESOLUTION,
     decided_above: float | None = None,
     copies: int = 1,
+    shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> LatencyComparison:
     """Time `candidate` against `baseline` on the same seeded inputs, in alternating blocks of runs, until `pairs`
     pairs of blocks are taken or `max_seconds` have passed (with at least `min_pairs`); see `LatencyComparison`.
@@ -319,7 +321,8 @@ def compare_latency(
     have passed since the timing began (the extension is the part of the timing a caller can cut short). With
     `decided_above` too, the timing stops once `futile_after` pairs are taken and the candidate is faster than that
     beyond doubt (`_decided`): a model several times faster needs no 40 pairs to tell. `copies` sessions of each
-    model take turns (`Interleaved`)."""
+    model take turns (`Interleaved`); `shapes` gives the inputs' shapes where the models' inputs have symbolic
+    dims."""
     return compare_many(
         baseline,
         [candidate],
@@ -336,6 +339,7 @@ def compare_latency(
         keep_above=keep_above,
         decided_above=decided_above,
         copies=copies,
+        shapes=shapes,
     )[0]
 
 
@@ -356,6 +360,7 @@ def compare_many(
     keep_above: float = 1.0 + RESOLUTION,
     decided_above: float | None = None,
     copies: int = 1,
+    shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> list[LatencyComparison]:
     """`compare_latency` for several candidates at once: the baseline and every candidate take turns, block by
     block, so each candidate's ratio to the baseline comes from blocks taken back to back (`futile_after` stops
@@ -363,7 +368,9 @@ def compare_many(
     than that beyond doubt; `extend_to` times an undecided one on, for at most `extend_seconds` since the start)."""
     start = time.perf_counter()
     models = [baseline, *candidates]
-    timed = Interleaved(models, provider=provider, threads=threads, seed=seed, clock=clock, copies=copies)
+    timed = Interleaved(
+        models, provider=provider, threads=threads, seed=seed, clock=clock, copies=copies, shapes=shapes
+    )
     t = time.perf_counter()
     for run in timed.runs_of:
         run()
