@@ -272,3 +272,27 @@ def test_save_egraph_writes_what_extract_reads(tmp_path: Path, capsys: pytest.Ca
     assert main(["extract", str(egraph), "--extractor", "ilp", "--time-limit", "20"]) == 0
     found = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("cost"))
     assert float(found.split()[1]) <= stats["extraction"]["cost"] * (1 + 1e-5)
+
+
+def test_the_defaults_the_readme_states_are_the_code_s() -> None:
+    """Every option whose default the README's options paragraph gives as a number (`name` (N ...), and the time
+    budget's shares for exploration and the guided rounds, are the code's."""
+    import re
+
+    from tensat import api
+    from tests.helpers import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    paragraph = readme[readme.index("Options (API keyword = CLI flag):") :].split("\n\n", 1)[0]
+    stated = {
+        name: float(value.replace(",", ""))
+        for name, value in re.findall(r"`(\w+)` \((\d[\d,]*(?:\.\d+)?)", " ".join(paragraph.split()))
+    }
+    defaults = Options()
+    assert {"time_budget", "patience", "node_limit", "iter_limit", "time_limit", "k_multi"} <= set(stated)
+    assert {"guided_rounds", "ilp_time_limit", "latency_check"} <= set(stated)
+    for name, value in stated.items():
+        assert getattr(defaults, name) == value, (name, value, getattr(defaults, name))
+    shares = re.search(r"exploration ends by (\d+)% of it and the guided rounds by (\d+)%", " ".join(paragraph.split()))
+    assert shares is not None
+    assert (float(shares[1]) / 100, float(shares[2]) / 100) == (api.EXPLORE_SHARE, api.GUIDED_SHARE)
