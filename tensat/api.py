@@ -122,7 +122,10 @@ class OptimizeResult:
         if self.extraction is not None:
             x = self.extraction
             stop = x.info.get("ilp_stop")
-            lines.append(f"extract   {x.method}" + (f" ({stop})" if stop else f" ({x.status})"))
+            if stop and x.method != "ilp":  # the portfolio's selection: the ILP ran and found none cheaper
+                lines.append(f"extract   {x.method}'s selection: the ILP found none cheaper ({stop})")
+            else:
+                lines.append(f"extract   {x.method} ({stop or x.status})")
         if self.rules:
             lines.append(
                 "rules     "

@@ -344,3 +344,20 @@ def test_results_have_short_reprs_and_a_summary() -> None:
     lines = result.summary().splitlines()
     assert [ln.split()[0] for ln in lines[:3]] == ["cost", "nodes", "e-graph"]
     assert lines[-1].startswith(("result", "warning")) and all(len(ln) < 400 for ln in lines)
+
+
+def test_the_extract_line_names_the_selection_returned_and_why_not_the_ilp_s() -> None:
+    """Where the portfolio's greedy or local-search selection is returned under the ILP extractor, the line says so,
+    and what the ILP did; where the ILP's own is returned, it names the ILP."""
+    result = tensat.optimize_with_details(build_model("squeezenet", **SMALL_SIZES["squeezenet"]), **FAST)
+    line = next(line for line in result.summary().splitlines() if line.startswith("extract"))
+    x = result.extraction
+    if x.method == "ilp":
+        assert line == f"extract   ilp ({x.info.get('ilp_stop') or x.status})"
+    else:
+        assert line.startswith(f"extract   {x.method}'s selection: the ILP found none cheaper (")
+    greedy = tensat.optimize_with_details(
+        build_model("squeezenet", **SMALL_SIZES["squeezenet"]), extractor="greedy", **FAST
+    )
+    line = next(line for line in greedy.summary().splitlines() if line.startswith("extract"))
+    assert line.startswith("extract   greedy (") and "ILP" not in line
