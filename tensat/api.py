@@ -1222,7 +1222,7 @@ _PIPELINE = (
     _Stage(None, _price_candidate, when=_has_candidate),
     _Stage("verify", _verify, when=lambda run: _has_candidate(run) and run.opts.verify),
     _Stage("latency_check", _latency_check, when=lambda run: _has_candidate(run) and _will_time(run)),
-    _Stage("verify", _generalize, when=lambda run: _has_candidate(run) and run.opts.verify and _symbolic(run)),
+    _Stage("verify_shapes", _generalize, when=lambda run: _has_candidate(run) and run.opts.verify and _symbolic(run)),
     _Stage(None, _accept, when=_has_candidate),
     _Stage(None, _report_costs),
 )
