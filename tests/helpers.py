@@ -93,3 +93,18 @@ TINY_SIZES = {
 def tiny_graph(name: str) -> Graph:
     """The benchmark graph `name` at TINY_SIZES, imported into the IR."""
     return onnx_io.import_model(build_model(name, **TINY_SIZES[name])).compact()
+
+
+def interrupt_rename_onto(monkeypatch, target: Path) -> None:
+    """Make `os.replace` raise KeyboardInterrupt when it renames a file onto `target`, as Ctrl-C between a save's
+    data file and its model; other renames go through. `monkeypatch.undo()` restores it."""
+    import os
+
+    real_replace = os.replace
+
+    def interrupted(a, b) -> None:
+        if str(b) == str(target):
+            raise KeyboardInterrupt
+        real_replace(a, b)
+
+    monkeypatch.setattr(os, "replace", interrupted)

@@ -41,7 +41,7 @@ from tensat.ir import Graph, Node
 from tensat.onnx import external
 from tensat.onnx_io import export_model, save_model
 from tensat.verify import run_model
-from tests.helpers import ROOT, bad_model_inputs
+from tests.helpers import ROOT, bad_model_inputs, interrupt_rename_onto
 
 FAST = dict(iter_limit=3, time_limit=10.0, ilp_time_limit=10.0, cost="analytic", latency_check=0)
 
@@ -639,13 +639,7 @@ def test_ctrl_c_while_saving_external_data_keeps_the_previous_output(
     feeds = {"x": np.ones((2, 64), np.float32)}
     before = run_model(str(out), feeds)["y"]
     real_replace = os.replace
-
-    def interrupt_model_rename(a: Any, b: Any) -> None:
-        if str(b) == str(out):
-            raise KeyboardInterrupt
-        real_replace(a, b)
-
-    monkeypatch.setattr(os, "replace", interrupt_model_rename)
+    interrupt_rename_onto(monkeypatch, out)
     with pytest.raises(KeyboardInterrupt):
         save_model(_external_matmul(2.0), out)
     monkeypatch.setattr(os, "replace", real_replace)

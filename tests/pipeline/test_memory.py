@@ -24,6 +24,7 @@ from tensat.onnx.external import external_dir, external_info, file_region, has_e
 from tensat.onnx_io import export_model, import_model, save_model, weight_bytes
 from tensat.progress import StderrProgress
 from tensat.verify import run_model
+from tests.helpers import interrupt_rename_onto
 
 BAD_ALLOC = "[ONNXRuntimeError] : 1 : FAIL : Exception during loading: std::bad_alloc"
 
@@ -214,17 +215,10 @@ def test_saving_a_model_that_keeps_its_weights_on_disk_is_atomic(
     out = out_dir / "opt.onnx"
     save_model(written, out)
     before = {p: (out_dir / p).read_bytes() for p in os.listdir(out_dir)}
-    real_replace = os.replace
-
-    def interrupted(a: Any, b: Any) -> None:
-        if str(b) == str(out):
-            raise KeyboardInterrupt
-        real_replace(a, b)
-
-    monkeypatch.setattr(os, "replace", interrupted)
+    interrupt_rename_onto(monkeypatch, out)
     with pytest.raises(KeyboardInterrupt):
         save_model(written, out)
-    monkeypatch.setattr(os, "replace", real_replace)
+    monkeypatch.undo()
     assert {p: (out_dir / p).read_bytes() for p in os.listdir(out_dir)} == before
     save_model(written, out)
     assert len(os.listdir(out_dir)) == 2
