@@ -142,17 +142,9 @@ class OptimizeResult:
             )
         if self.latency_other_shape is not None:
             shapes, lat = self.latency_other_shape
-            lines.append(
-                f"latency   {lat.speedup:.3f}x end to end at 1 thread at {_shape_text(shapes)} (95% interval "
-                f"{lat.interval[0]:.3f}-{lat.interval[1]:.3f}, {lat.pairs} pairs of timed blocks)"
-            )
+            lines.append(_latency_line(lat, 1, f" at {_shape_text(shapes)}"))
         if self.latency is not None:
-            for threads, lat in self.latency.by_threads.items():
-                low, high = lat.interval
-                lines.append(  # the ratio alone: the median of the pairs' ratios, which the medians may not show
-                    f"latency   {lat.speedup:.3f}x end to end at {threads} thread{'s' if threads > 1 else ''} "
-                    f"(95% interval {low:.3f}-{high:.3f}, {lat.pairs} pairs of timed blocks)"
-                )
+            lines += [_latency_line(lat, threads) for threads, lat in self.latency.by_threads.items()]
         lines.append(
             "result    "
             + (
@@ -391,11 +383,25 @@ class LatencyCheck:
 
     def figures(self) -> str:
         """The speedup and its interval at each thread count, in words."""
-        return ", ".join(
-            f"{c.speedup:.3f}x at {t} thread{'s' if t > 1 else ''}, 95% interval "
-            f"{c.interval[0]:.3f}-{c.interval[1]:.3f}"
-            for t, c in self.by_threads.items()
-        )
+        return ", ".join(_figures(c, t) for t, c in self.by_threads.items())
+
+
+def _figures(timed: LatencyComparison, threads: int) -> str:
+    """A timing's speedup and its interval, in words: `1.012x at 1 thread, 95% interval 1.004-1.020`."""
+    return (
+        f"{timed.speedup:.3f}x at {threads} thread{'s' if threads > 1 else ''}, 95% interval "
+        f"{timed.interval[0]:.3f}-{timed.interval[1]:.3f}"
+    )
+
+
+def _latency_line(timed: LatencyComparison, threads: int, where: str = "") -> str:
+    """The summary's line for a timing: the median of the pairs' ratios alone (the two models' medians beside it
+    could point the other way), its interval, and how many pairs it rests on."""
+    low, high = timed.interval
+    return (
+        f"latency   {timed.speedup:.3f}x end to end at {threads} thread{'s' if threads > 1 else ''}{where} "
+        f"(95% interval {low:.3f}-{high:.3f}, {timed.pairs} pairs of timed blocks)"
+    )
 
 
 FUTILE_PAIRS = 10  # the end-to-end check stops timing a thread count once this many pairs show no gain at all,
@@ -511,6 +517,7 @@ class _Run:
     nodes_read: int = 0  # ONNX nodes of the model the search starts from
     pre_passed: bool = False  # whether that is the pre-pass's output (`graph`)
     model: onnx.ModelProto | None = None  # the input model (None for a Graph neither verified nor timed)
+    given: onnx.ModelProto | None = None  # the model as given, unfixed, where its symbolic dims need it (`_given`)
     cost: _FallbackCost | None = None
     measured: MeasuredCost | None = None  # the cost model if it times ops on a device
     cost_before: float = 0.0
@@ -1122,8 +1129,7 @@ def _generalize(run: _Run) -> None:
     where it cannot be written so or does not match, the input is returned: a model fixed to one shape is no use
     where the sizes vary."""
     assert run.model is not None and run.candidate_model is not None
-    assert not isinstance(run.source, Graph)
-    given = onnx_io.given_model(run.source)
+    given = _given(run)
     shapes = fixed_shapes(run.model)
     written = generalize(run.candidate_model, given, shapes)
     if written is None:
@@ -1155,6 +1161,15 @@ def _generalize(run: _Run) -> None:
     run.candidate_model = written
 
 
+def _given(run: _Run) -> onnx.ModelProto:
+    """The model as given (`onnx_io.given_model`), read once: the reference of the checks at other shapes, and what a
+    run that returns the input writes."""
+    if run.given is None:
+        assert not isinstance(run.source, Graph)
+        run.given = onnx_io.given_model(run.source)
+    return run.given
+
+
 def _time_other_shape(
     run: _Run, given: onnx.ModelProto, written: onnx.ModelProto, shapes: dict[str, list[int]]
 ) -> None:
@@ -1184,8 +1199,7 @@ def _time_other_shape(
     if timed.interval[1] < 1.0:
         _reject(
             run,
-            f"the optimized graph was measurably slower end to end at {_shape_text(shapes)} ({timed.speedup:.3f}x at "
-            f"1 thread, 95% interval {timed.interval[0]:.3f}-{timed.interval[1]:.3f})",
+            f"the optimized graph was measurably slower end to end at {_shape_text(shapes)} ({_figures(timed, 1)})",
         )
 
 
@@ -1251,8 +1265,8 @@ def _result(run: _Run, output_path: str | os.PathLike[str] | None) -> OptimizeRe
         out_model = run.candidate_model
     elif run.model is None:
         out_model = onnx_io.export_model(read)
-    elif _symbolic(run) and not isinstance(run.source, Graph):  # as given: symbolic dims fixed only to read it
-        out_model = onnx_io.given_model(run.source)
+    elif _symbolic(run):  # as given: its symbolic dims were fixed only to read it
+        out_model = _given(run)
     else:
         out_model = run.model
     assert graph is not None and out_model is not None

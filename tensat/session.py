@@ -117,8 +117,7 @@ def make_session(
     extra: dict[str, Any] = {"disabled_optimizers": list(disabled_optimizers)} if disabled_optimizers else {}
     from tensat.onnx.external import external_dir, is_large, write_external  # lazy: tensat.onnx imports this module
 
-    proto = model.proto if isinstance(model, Serialized) else model if isinstance(model, ModelProto) else None
-    directory = external_dir(proto) if proto is not None else None
+    directory = external_dir(proto_of(model)) if isinstance(model, (ModelProto, Serialized)) else None
     if directory is not None:  # weights tensat left on disk are read from there, not passed as bytes
         options.add_session_config_entry(EXTERNAL_FOLDER, directory)
     if isinstance(model, (str, os.PathLike)):

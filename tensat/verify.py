@@ -58,11 +58,12 @@ def random_inputs(
         tt = vi.type.tensor_type
         if vi.type.WhichOneof("value") != "tensor_type" or not tt.HasField("shape"):
             raise ModelError(f"input '{vi.name}' has no tensor shape; cannot make random inputs for it")
-        shape = [int(d) for d in shapes[vi.name]] if shapes and vi.name in shapes else []
-        for d in tt.shape.dim if not shape else ():
-            if not d.HasField("dim_value") or d.dim_value < 1:
-                raise ModelError(f"input '{vi.name}' has a dynamic dimension; load the model with its input shapes")
-            shape.append(int(d.dim_value))
+        if shapes and vi.name in shapes:
+            shape = [int(d) for d in shapes[vi.name]]
+        elif all(d.HasField("dim_value") and d.dim_value >= 1 for d in tt.shape.dim):
+            shape = [int(d.dim_value) for d in tt.shape.dim]
+        else:
+            raise ModelError(f"input '{vi.name}' has a dynamic dimension; load the model with its input shapes")
         try:
             dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type))
         except (KeyError, TypeError, ValueError):

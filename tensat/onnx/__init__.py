@@ -17,9 +17,10 @@ from tensat.onnx.common import MAX_IR_VERSION, ir_version_for, run_node
 from tensat.onnx.exporter import EXPORTERS, export_model
 from tensat.onnx.external import PROTO_LIMIT, materialize, weight_bytes
 from tensat.onnx.importer import IMPORTERS, import_model
-from tensat.onnx.load import MIN_OPSET, given_model, load_model, symbolic_dims, symbolic_inputs
+from tensat.onnx.load import MIN_OPSET, given_model, load_model, symbolic_dims
 from tensat.onnx.prepass import pre_pass
 from tensat.onnx.save import save_model
+from tensat.onnx.symbolic import symbolic_inputs
 
 __all__ = [
     "EXPORTERS",

@@ -389,13 +389,12 @@ def load_model(
             raise ModelError(f"cannot inline the model's local functions: {one_line(e)}") from None
         del model.functions[:]
     dims = input_dims(model)
-    if any(isinstance(d, str) for shape in dims.values() for d in shape):  # optimized at one shape, written back
-        if input_shapes is None:
-            input_shapes = representative(model)
-        _fix_input_shapes(model, input_shapes)
+    symbolic = any(isinstance(d, str) for shape in dims.values() for d in shape)
+    if symbolic and input_shapes is None:
+        input_shapes = representative(model)
+    _fix_input_shapes(model, input_shapes)
+    if symbolic:  # optimized at one shape, written back with these (`tensat.onnx.symbolic.generalize`)
         model.metadata_props.add(key=SYMBOLIC_DIMS, value=json.dumps(dims))
-    else:
-        _fix_input_shapes(model, input_shapes)
     _infer(model)
     if external and keep_external:
         set_external_dir(model, base_dir)
@@ -421,20 +420,6 @@ def symbolic_dims(model: ModelProto) -> dict[str, list[int | str]] | None:
     """The input dims `model` was given with, where `load_model` fixed symbolic ones (None where it had none)."""
     text = next((p.value for p in model.metadata_props if p.key == SYMBOLIC_DIMS), None)
     return json.loads(text) if text is not None else None
-
-
-def symbolic_inputs(model: ModelProto) -> dict[str, list[str]]:
-    """The graph inputs of `model` with dims of no fixed size, each with those dims' names ("?" for an unnamed
-    one)."""
-    weights = {t.name for t in model.graph.initializer}
-    found: dict[str, list[str]] = {}
-    for vi in model.graph.input:
-        if vi.name in weights or not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
-            continue
-        names = [d.dim_param or "?" for d in vi.type.tensor_type.shape.dim if not d.dim_value > 0]
-        if names:
-            found[vi.name] = names
-    return found
 
 
 def _load_external(model: ModelProto, base_dir: str | None) -> None:

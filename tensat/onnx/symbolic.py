@@ -37,6 +37,13 @@ def input_dims(model: ModelProto) -> dict[str, Dims]:
     return found
 
 
+def symbolic_inputs(model: ModelProto) -> dict[str, list[str]]:
+    """The graph inputs of `model` with dims of no fixed size, each with those dims' names ("?" for an unnamed
+    one)."""
+    found = {name: [d for d in dims if isinstance(d, str)] for name, dims in input_dims(model).items()}
+    return {name: names for name, names in found.items() if names}
+
+
 def is_batch(name: str, axis: int) -> bool:
     """Whether the symbolic dim `name` (at `axis`) is read as a batch: named like one, or an unnamed first axis."""
     return bool(BATCH_NAMES.search(name)) or (axis == 0 and name == "?")
@@ -107,13 +114,16 @@ def generalize(candidate: ModelProto, given: ModelProto, shapes: Mapping[str, Se
             vi.type.CopyFrom(declared[vi.name].type)
     del out.graph.value_info[:]
     inits = {t.name: t for t in out.graph.initializer}
+    inferred: dict[str, Dims] | None = None  # every tensor's dims, inferred again after a target is rewritten
     for index, node in enumerate(out.graph.node):
         if node.op_type != "Reshape" or len(node.input) < 2:
             continue
         target = inits.get(node.input[1])
         if target is None:
             return None
-        source = _dims_of(out, node.input[0])
+        if inferred is None:
+            inferred = _inferred_dims(out)
+        source = inferred.get(node.input[0])
         if source is None or not any(isinstance(d, str) for d in source):
             continue
         new = _polymorphic(numpy_helper.to_array(target).tolist(), source, sizes)
@@ -122,18 +132,24 @@ def generalize(candidate: ModelProto, given: ModelProto, shapes: Mapping[str, Se
         name = f"{node.input[1]}__sym{index}"
         out.graph.initializer.append(numpy_helper.from_array(np.asarray(new, np.int64), name))
         node.input[1] = name
+        inferred = None
     return out
 
 
-def _dims_of(model: ModelProto, tensor: str) -> Dims | None:
-    """`tensor`'s dims in `model` by ONNX shape inference from its symbolic inputs (None where unknown)."""
+def _inferred_dims(model: ModelProto) -> dict[str, Dims]:
+    """Each tensor's dims in `model` by ONNX shape inference from its symbolic inputs (those it infers)."""
     inferred = onnx.shape_inference.infer_shapes(light_copy(model), strict_mode=False, data_prop=True)
-    for vi in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]:
-        if vi.name == tensor and vi.type.tensor_type.HasField("shape"):
-            return [
-                d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in vi.type.tensor_type.shape.dim
-            ]
-    return None
+    return {
+        vi.name: [
+            d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in vi.type.tensor_type.shape.dim
+        ]
+        for vi in [
+            *inferred.graph.output,
+            *inferred.graph.input,
+            *inferred.graph.value_info,
+        ]  # one listed twice: its value_info
+        if vi.type.tensor_type.HasField("shape")
+    }
 
 
 def _polymorphic(target: list[int], source: Dims, sizes: Mapping[str, int]) -> list[int] | None:
