@@ -39,7 +39,7 @@ from tensat.ir import Graph, Node
 from tensat.latency import RESOLUTION as LATENCY_RESOLUTION
 from tensat.latency import LatencyComparison, compare_latency
 from tensat.measure import MeasuredCost, default_clock, make_measured_cost, resolve_device
-from tensat.onnx.symbolic import fixed_shapes, generalize, other_shapes
+from tensat.onnx.symbolic import SIZES, declared, fixed_shapes, generalize, other_shapes, unsized
 from tensat.options import Options
 from tensat.progress import ProgressFn, report
 from tensat.session import ModelSource, Serialized, proto_of
@@ -88,6 +88,9 @@ class OptimizeResult:
     shapes_verified: list[dict[str, list[int]]] = field(default_factory=list)
     # the second of those shapes and the timing there against the input (None where not timed)
     latency_other_shape: tuple[dict[str, list[int]], LatencyComparison] | None = None
+    # for a model with symbolic input dims: the shapes it was optimized at, and its symbolic dims
+    shapes_optimized: dict[str, list[int]] | None = None
+    symbolic_dims: dict[str, list[int | str]] | None = None
 
     @property
     def modelled(self) -> float:
@@ -136,6 +139,11 @@ class OptimizeResult:
         if self.verification is not None:
             v = self.verification
             lines.append(f"verified  max abs error {v.max_abs_error:.2e}, max rel error {v.max_rel_error:.2e}")
+        if self.shapes_optimized is not None and self.symbolic_dims is not None:
+            names = sorted({d for dims in self.symbolic_dims.values() for d in dims if isinstance(d, str)})
+            lines.append(
+                f"shapes    symbolic dims {', '.join(names)}; optimized at {_shape_text(self.shapes_optimized)}"
+            )
         if self.shapes_verified:
             lines.append(
                 "shapes    symbolic dims kept; verified at " + "; ".join(_shape_text(s) for s in self.shapes_verified)
@@ -191,6 +199,8 @@ class OptimizeResult:
                 "max_rel_error": self.verification.max_rel_error,
             },
             "latency_check": None if self.latency is None else self.latency.to_dict(),
+            "shapes_optimized": self.shapes_optimized,
+            "symbolic_dims": self.symbolic_dims,
             "shapes_verified": [dict(s) for s in self.shapes_verified],
             "latency_other_shape": None
             if self.latency_other_shape is None
@@ -639,7 +649,7 @@ def _import(run: _Run) -> None:
         run.read = run.graph = run.source.compact()
         run.model = onnx_io.export_model(run.source) if run.opts.verify or run.opts.latency_check > 0 else None
         return
-    run.model = onnx_io.load_model(run.source, run.opts.input_shapes, keep_external=True)
+    run.model = _load_sized(run)
     run.nodes_read = len(run.model.graph.node)
     unread: ModelError | None = None
     try:
@@ -657,6 +667,35 @@ def _import(run: _Run) -> None:
         run.read = run.graph
 
 
+def _load_sized(run: _Run) -> onnx.ModelProto:
+    """The model with its inputs at the shapes given (`onnx_io.load_model`); a symbolic dim other than a batch that
+    they give no size takes the first of `SIZES` the model runs at, tried by running it once in onnxruntime (a
+    waveform too short for a conv stack, a size a weight fixes). Raises ModelError where it runs at none."""
+    assert not isinstance(run.source, Graph)
+    shapes = run.opts.input_shapes
+    model = onnx_io.load_model(run.source, shapes, keep_external=True)
+    dims = onnx_io.symbolic_dims(model)
+    missing = unsized(dims, shapes) if dims is not None else []
+    if not missing:
+        return model
+    failed = ""
+    for size in SIZES:
+        if size != SIZES[0]:
+            model = onnx_io.load_model(run.source, shapes, keep_external=True, size=size)
+        run.log.say("import", f"checking that the model runs with {', '.join(missing)} at {size}")
+        try:
+            verify_mod.run_model(model, verify_mod.random_inputs(model, run.opts.seed), keep=False)
+        except Exception as exc:  # noqa: BLE001 - onnxruntime's refusals have several types
+            raise_if_out_of_memory(exc)
+            failed = failed or one_line(exc)
+            continue
+        return model
+    raise ModelError(
+        f"the model does not run with its symbolic dim {', '.join(missing)} at any of {', '.join(map(str, SIZES))} "
+        f"({failed}); pass the shape to optimize it at, e.g. --input-shape NAME=D1,D2,..."
+    )
+
+
 def _read_pre_passed(run: _Run) -> Graph | None:
     """The input as tensat reads it after the pre-pass (`onnx_io.pre_pass`), timed as `pre_pass`; None, with a
     warning, where the pre-pass fails or tensat cannot import its output: the model as given is read instead. The
@@ -666,8 +705,14 @@ def _read_pre_passed(run: _Run) -> Graph | None:
     run.log.say("import", f"running the {name} pre-pass")
     t = time.perf_counter()
     try:
-        model = onnx_io.pre_pass(run.model, name)
-        graph = onnx_io.import_model(model, check=False, runtime_fusions=True)  # loads it: sorted, shape-inferred
+        given = onnx_io.symbolic_dims(run.model)
+        if given is None:
+            model = onnx_io.pre_pass(run.model, name)
+            shapes = None
+        else:  # at the symbolic dims, so that what it folds holds at every size of them
+            model = onnx_io.pre_pass(declared(run.model, given), name)
+            shapes = fixed_shapes(run.model)
+        graph = onnx_io.import_model(model, shapes, check=False, runtime_fusions=True)  # loads it: sorted, inferred
     except TensatError as exc:
         if isinstance(exc, ModelError):  # its output is not a model tensat reads; the input is
             run.log.warn(f"tensat cannot read the {name} pre-pass's output ({exc}); read the model as given")
@@ -1156,7 +1201,7 @@ def _generalize(run: _Run) -> None:
         run.shapes_verified.append({k: list(v) for k, v in instance.items()})
     if _will_time(run):
         _time_other_shape(run, given, written, run.shapes_verified[1])
-        if run.returned_input is not None:
+        if not _has_candidate(run):
             return
     run.candidate_model = written
 
@@ -1302,6 +1347,8 @@ def _result(run: _Run, output_path: str | os.PathLike[str] | None) -> OptimizeRe
         nodes_opaque=(run.graph or read).opaque_count(),
         pre_passed=run.pre_passed,
         returned_input=run.returned_input,
+        shapes_optimized=fixed_shapes(run.model) if _symbolic(run) and run.model is not None else None,
+        symbolic_dims=onnx_io.symbolic_dims(run.model) if _symbolic(run) and run.model is not None else None,
         rules=dict(run.candidate_rules),
         egraph=run.exported.egraph.without(run.exported.forbidden) if run.exported is not None else None,
         shapes_verified=run.shapes_verified if optimized else [],
@@ -1353,8 +1400,8 @@ def optimize(model: ModelLike, **options: Any) -> Any:
     device, cached; or "analytic"), device ("auto", "cpu" or "cuda": where costs are measured and the result timed),
     latency_check (seconds timing the optimized model against the input end to end at one thread and at every core;
     the input model is returned unless the optimized one is faster; 0 skips it), verify (compare against the input
-    in onnxruntime and raise VerificationError on a mismatch), seed, input_shapes ({"x": [1, 3, 224, 224]} for
-    dynamic dims).
+    in onnxruntime and raise VerificationError on a mismatch), seed, input_shapes ({"x": [1, 3, 224, 224]}: the
+    shape to optimize an input with symbolic dims at; by default 1 for a batch dim and 128 for any other).
     Use `optimize_with_details` for costs, e-graph growth and time per phase.
     """
     return optimize_with_details(model, **options).output

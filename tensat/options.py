@@ -177,7 +177,9 @@ class Options:
     seed: int = _option(0, "seed of the random verification inputs (default {default})", type=int)
     input_shapes: Mapping[str, Sequence[int]] | None = _option(
         None,
-        "concrete shape for an input with dynamic dims (repeat for several inputs)",
+        "the shape to optimize an input with symbolic dims at (repeat for several inputs; default: 1 for a batch "
+        "dim, the size another input gives a dim of the same name, else 128); the model written keeps the symbolic "
+        "dims",
         name="--input-shape",
         metavar="NAME=D1,D2,...",
         type=parse_input_shape,

@@ -37,7 +37,8 @@ from tensat.onnx.common import (
     sparse_to_array,
 )
 from tensat.onnx.external import external_dir, has_external, mapped_array, subgraphs
-from tensat.onnx.load import load_model
+from tensat.onnx.load import load_model, symbolic_dims
+from tensat.onnx.symbolic import Dims, tensor_dims
 
 
 class _Unsupported(Exception):
@@ -84,6 +85,11 @@ class _Importer:
     release: bool = False
     attrs: dict[str, Any] = field(default_factory=dict)
     fusions: runtime.Fusions = field(default_factory=runtime.Fusions)  # the kernels onnxruntime runs it as
+    # for a model read with symbolic input dims: each tensor's dims at those (`symbolic.tensor_dims`), the constants
+    # whose elements vary with the dims' sizes (a mask of those that do), and the node each was computed by
+    dims: dict[str, Dims] | None = None
+    varying: dict[str, np.ndarray] = field(default_factory=dict)
+    producers: dict[str, tuple[int, NodeProto]] = field(default_factory=dict)
     _temp: int = 0
     # the weight nodes made so far, by dtype and shape, each with its `_sample` once one was needed
     _constants: dict[tuple[str, tuple[int, ...]], list[tuple[int, np.ndarray, bytes | None]]] = field(
@@ -97,6 +103,9 @@ class _Importer:
         g = self.model.graph
         for vi in list(g.value_info) + list(g.output) + list(g.input):
             self.types[vi.name] = _value_type(vi)
+        given = symbolic_dims(self.model)
+        if given is not None:
+            self.dims = tensor_dims(self.model, given)
 
     # -- values -------------------------------------------------------------------------------------------------
 
@@ -126,8 +135,14 @@ class _Importer:
         return self.graph.compact()
 
     def value_of(self, name: str) -> int:
-        """IR id of tensor `name` (a weight node for a constant)."""
+        """IR id of tensor `name`: a weight node for a constant, the nodes that compute it for one that varies with
+        the sizes of symbolic dims (`_computed`)."""
         if name not in self.env:
+            if name in self.varying:  # while folding, its value at the sizes read, not kept for the graph
+                if self.folding:
+                    return self.constant(self.consts[name], name)
+                self._computed(name)
+                return self.env[name]
             if name not in self.consts:
                 raise ModelError(f"tensor '{name}' is read but never produced")
             self.env[name] = self.constant(self.consts[name], name)
@@ -172,11 +187,17 @@ class _Importer:
             raise _Unsupported(f"input {k} missing")
         return self.value(k)
 
-    def param(self, k: int) -> np.ndarray:
-        """Constant input `k` (shape, axes, split sizes...); a computed one makes the node opaque."""
-        if not self.present(k) or self.node.input[k] not in self.consts:
+    def param(self, k: int, varying: bool = False) -> np.ndarray:
+        """Constant input `k` (shape, axes, split sizes...); a computed one makes the node opaque, and so does one
+        that varies with the sizes of symbolic dims unless `varying` (a Reshape target: its value at the sizes read
+        is taken, and `symbolic.generalize` writes it for every size)."""
+        if not self.constant_input(k) and not (varying and self.present(k) and self.node.input[k] in self.consts):
             raise _Unsupported(f"input {k} is not a constant")
         return self.consts[self.node.input[k]]
+
+    def constant_input(self, k: int) -> bool:
+        """Whether input `k` is a constant at every size of the model's symbolic dims."""
+        return self.present(k) and self.node.input[k] in self.consts and self.node.input[k] not in self.varying
 
     def shape(self, v: int) -> tuple[int, ...]:
         return self.graph.nodes[v].shape
@@ -253,9 +274,14 @@ class _Importer:
         if not has_graph and node.op_type not in NONDETERMINISTIC and all(n in self.consts for n in inputs):
             arrays = self._fold(handler)
             if arrays is not None:
+                masks = self._varying_masks(arrays) if any(n in self.varying for n in inputs) else []
                 for name, array in zip(node.output, arrays):
                     if name and array is not None:
                         self.consts[name] = array
+                for name, mask in zip(node.output, masks):
+                    if name and mask is not None and mask.any():
+                        self.varying[name] = mask
+                        self.producers[name] = (index, node)
                 return
         outs: list[Any] | None = None
         if handler is not None:
@@ -271,6 +297,8 @@ class _Importer:
                 continue
             if isinstance(v, np.ndarray):
                 self.consts[name] = v
+                if name in self.varying:
+                    self.producers[name] = (index, node)
             else:
                 self.env[name] = v
 
@@ -311,6 +339,77 @@ class _Importer:
             return run_node(node, arrays_in, self.opsets)
         except Exception:  # noqa: BLE001 - whatever onnxruntime refuses stays a node
             return None
+
+    def dims_vary(self, name: str, rank: int) -> np.ndarray:
+        """Which dims of tensor `name` (of `rank` dims) vary with the sizes of the model's symbolic input dims: none
+        in a model without them, all where inference could not tell."""
+        if self.dims is None:
+            return np.zeros(rank, bool)
+        dims = self.dims.get(name)
+        if dims is None or len(dims) != rank:
+            return np.ones(rank, bool)
+        return np.asarray([not isinstance(d, int) for d in dims], bool)
+
+    def _varying_masks(self, outputs: Sequence[np.ndarray | None]) -> list[np.ndarray | None]:
+        """Which elements of the current node's constant outputs vary with the sizes of symbolic dims, from which
+        of its inputs' do: an element-wise op's from those at the same place, an op that moves elements (Gather,
+        Slice, Concat, Reshape...) by moving the masks alike; all of them for any other op, or where a varying
+        input decides the output's shape or positions."""
+        node = self.node
+        names = list(node.input)
+        every = [np.ones(np.shape(a), bool) if a is not None else None for a in outputs]
+        if norm_domain(node.domain) != "" or len(outputs) != 1 or outputs[0] is None:
+            return every
+        out = np.asarray(outputs[0])
+        if node.op_type in _ELEMENTWISE:
+            mask = np.zeros(out.shape, bool)
+            try:
+                for n in names:
+                    if n in self.varying:
+                        mask |= np.broadcast_to(self.varying[n], out.shape)
+            except ValueError:
+                return every
+            return [mask]
+        carried = _MOVING.get(node.op_type)
+        if carried is None:
+            return every
+        positions = range(len(names)) if carried == "all" else carried
+        if any(n in self.varying and k not in positions for k, n in enumerate(names)):
+            return every
+        arrays: list[np.ndarray | None] = []
+        for k, n in enumerate(names):
+            if not n:
+                arrays.append(None)
+            elif k in positions:
+                value = self.consts[n]
+                mask = self.varying.get(n, np.zeros(np.shape(value), bool))
+                arrays.append(np.asarray(mask).astype(np.asarray(value).dtype))
+            else:
+                arrays.append(self.consts[n])
+        try:
+            moved = run_node(node, arrays, self.opsets)
+        except Exception:  # noqa: BLE001 - the masks could not be moved: every element varies
+            return every
+        return [np.asarray(m) != 0 if m is not None else None for m in moved]
+
+    def _computed(self, name: str) -> None:
+        """Bring constant `name`, which varies with the sizes of symbolic dims, into the graph as the ONNX nodes
+        that compute it (kept verbatim, as opaque nodes over the tensors whose shapes they read): its value at the
+        sizes read must not be written into the model."""
+        index, node = self.producers[name]
+        saved = (self.node, self.index, self.attrs)
+        self.node, self.index = node, index
+        self.attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        for out in node.output:
+            if out in self.consts:
+                array = np.asarray(self.consts[out])
+                self.types[out] = (str(array.dtype), tuple(int(d) for d in array.shape))
+        try:
+            for out, v in zip(node.output, self._opaque(False)):
+                if out and v is not None:
+                    self.env[out] = v
+        finally:
+            self.node, self.index, self.attrs = saved
 
     def _check_shapes(self, outs: list[Any]) -> None:
         """A lowered node must agree with shape inference; disagreement means keep the ONNX node as is."""
@@ -429,6 +528,25 @@ def _value_type(vi: onnx.ValueInfoProto) -> tuple[str, tuple[int, ...] | None]:
     return dtype, tuple(dims)
 
 
+_ELEMENTWISE = frozenset(
+    "Add Sub Mul Div Mod Pow Neg Abs Sqrt Floor Ceil Max Min Equal Less LessOrEqual Greater GreaterOrEqual Not And "
+    "Or Xor Where Cast Sign Clip".split()
+)  # ops whose output element depends on the input elements at its own place only (broadcast)
+# ops that move elements without computing on them, with the inputs whose elements they move
+_MOVING: dict[str, tuple[int, ...] | str] = {
+    "Gather": (0,),
+    "Slice": (0,),
+    "Concat": "all",
+    "Unsqueeze": (0,),
+    "Squeeze": (0,),
+    "Reshape": (0,),
+    "Flatten": (0,),
+    "Identity": (0,),
+    "Transpose": (0,),
+    "Expand": (0,),
+}
+
+
 def _concrete(t: tuple[str, tuple[int, ...] | None] | None) -> bool:
     return t is not None and bool(t[0]) and t[1] is not None
 
@@ -476,7 +594,7 @@ def _plain(op: ops.OpDef) -> Lowering:
 @_lowering("Sub")
 def _sub(c: _Importer, node: NodeProto) -> list[Any]:
     """x - b as x + (-b) where b is a constant (the rules know add), else as sub."""
-    if not c.present(1) or node.input[1] not in c.consts:
+    if not c.constant_input(1):
         return [c.op("sub", [c.data(0), c.data(1)])]
     b = c.param(1)
     if b.dtype.kind not in "fi":
@@ -509,7 +627,7 @@ def _gemm(c: _Importer, node: NodeProto) -> list[Any]:
     if alpha != 1.0:
         y = c.op("mul", [y, c.weight(np.full((1, 1), alpha, dtype=np.float32))])
     if c.present(2) and beta != 0.0:
-        if node.input[2] in c.consts:
+        if c.constant_input(2):
             bias = c.param(2)
             if bias.dtype != np.float32:
                 raise _Unsupported("non-float Gemm bias")
@@ -821,7 +939,7 @@ def _gather(c: _Importer, node: NodeProto) -> list[Any]:
     x = c.data(0)
     shape = c.shape(x)
     axis = _axis(int(c.attrs.get("axis", 0)), len(shape))
-    if c.present(1) and (node.input[1] not in c.consts or np.asarray(c.param(1)).size != 1):
+    if c.present(1) and (not c.constant_input(1) or np.asarray(c.param(1)).size != 1):
         indices = c.data(1)
         out = shape[:axis] + c.shape(indices) + shape[axis + 1 :]
         return [c.op("gather", [x, indices], axis=axis, shape=out)]
@@ -1045,12 +1163,18 @@ def _shape(c: _Importer, node: NodeProto) -> list[Any]:
     end = int(c.attrs.get("end", rank))
     start = min(max(start + rank if start < 0 else start, 0), rank)
     end = min(max(end + rank if end < 0 else end, 0), rank)
+    mask = c.dims_vary(node.input[0], rank)[start:end]
+    if mask.any():
+        c.varying[node.output[0]] = mask
     return [np.asarray(shape[start:end], dtype=np.int64)]
 
 
 @_lowering("Size")
 def _size(c: _Importer, node: NodeProto) -> list[Any]:
-    return [np.asarray(math.prod(c.shape(c.value(0))), dtype=np.int64)]
+    shape = c.shape(c.value(0))
+    if c.dims_vary(node.input[0], len(shape)).any():
+        c.varying[node.output[0]] = np.ones((), bool)
+    return [np.asarray(math.prod(shape), dtype=np.int64)]
 
 
 def _importers() -> dict[str, Lowering]:

@@ -27,7 +27,7 @@ from tensat.onnx.external import (
     subgraphs,
     write_external,
 )
-from tensat.onnx.symbolic import input_dims, is_batch, representative
+from tensat.onnx.symbolic import SIZE, input_dims, representative
 
 MIN_OPSET = 7
 
@@ -325,17 +325,6 @@ def _fix_input_shapes(model: ModelProto, input_shapes: Mapping[str, Sequence[int
             raise ModelError(
                 f"input '{vi.name}' has an unknown rank; pass its shape, e.g. --input-shape {vi.name}=1,3,224,224"
             )
-        dynamic = [(axis, d) for axis, d in enumerate(dims) if not (d.HasField("dim_value") and d.dim_value > 0)]
-        if dynamic:  # named: the first that is not a batch (a batch alone is taken as 1, see `representative`)
-            first = next((d for axis, d in dynamic if not is_batch(d.dim_param or "?", axis)), dynamic[0][1])
-            what = first.dim_param if first.HasField("dim_param") and first.dim_param else "unknown size"
-            if first.HasField("dim_value") and first.dim_value == 0:
-                what = "size 0"
-            example = ",".join(str(d.dim_value) if d.HasField("dim_value") and d.dim_value > 0 else "1" for d in dims)
-            raise ModelError(
-                f"input '{vi.name}' has a dynamic dimension ({what}); "
-                f"pass its shape, e.g. --input-shape {vi.name}={example}"
-            )
 
 
 def _infer(model: ModelProto) -> None:
@@ -359,6 +348,7 @@ def load_model(
     *,
     check: bool = True,
     keep_external: bool = False,
+    size: int = SIZE,
 ) -> ModelProto:
     """Read (path or proto), validate, fix input shapes and shape-infer a model; errors are one-line ModelErrors.
 
@@ -390,10 +380,13 @@ def load_model(
         del model.functions[:]
     dims = input_dims(model)
     symbolic = any(isinstance(d, str) for shape in dims.values() for d in shape)
-    if symbolic and input_shapes is None:
-        input_shapes = representative(model)
+    if symbolic:  # the shapes given; the other symbolic dims at 1 (a batch) or `size` (`representative`)
+        input_shapes = representative(model, input_shapes, size)
     _fix_input_shapes(model, input_shapes)
     if symbolic:  # optimized at one shape, written back with these (`tensat.onnx.symbolic.generalize`)
+        kept = [p for p in model.metadata_props if p.key != SYMBOLIC_DIMS]
+        del model.metadata_props[:]
+        model.metadata_props.extend(kept)
         model.metadata_props.add(key=SYMBOLIC_DIMS, value=json.dumps(dims))
     _infer(model)
     if external and keep_external:

@@ -1,6 +1,7 @@
 """Symbolic input dims: the shape a model with them is optimized at, and the optimized model written back with them.
 
-tensat optimizes at one concrete shape (`representative`: the shapes given, else 1 for a batch dim). The model it
+tensat optimizes at one concrete shape (`representative`: the shapes given, else 1 for a batch dim and 128 for
+any other). The model it
 writes for that shape is then given back the input's symbolic dims (`generalize`): its inputs and outputs declare
 them, and each Reshape whose target copied a symbolic dim's size is written with 0 (copy the input's dim) and -1
 (the one dim that absorbs the rest), so that it holds at every size. Whether it does is not assumed: the run verifies
@@ -22,6 +23,8 @@ from tensat.onnx.external import light_copy
 Dims = list[int | str]  # a shape whose dims are sizes or the names of symbolic dims
 BATCH_NAMES = re.compile(r"(batch|^n$|^b$|^bs$|^N$|^B$)", re.IGNORECASE)  # a symbolic dim read as a batch
 BATCH = 1  # the size a batch dim is optimized at, when no shape is given
+SIZE = 128  # the size any other symbolic dim (a sequence, an image side) is optimized at, when no shape is given
+SIZES = (SIZE, 512, 2048, 16384)  # the sizes tried in turn, where the model does not run at the one before
 
 
 def input_dims(model: ModelProto) -> dict[str, Dims]:
@@ -54,25 +57,46 @@ def fixed_shapes(model: ModelProto) -> dict[str, list[int]]:
     return {name: [d if isinstance(d, int) else 0 for d in dims] for name, dims in input_dims(model).items()}
 
 
-def representative(model: ModelProto) -> dict[str, list[int]] | None:
-    """The shapes to optimize `model` at where its only symbolic dims are batch dims (named like one, or an unnamed
-    first axis): 1 for each. None where it has no symbolic dim, or one that is not a batch (its shape must then be
-    given)."""
+def representative(
+    model: ModelProto, given: Mapping[str, Sequence[int]] | None = None, size: int = SIZE
+) -> dict[str, list[int]] | None:
+    """The shapes to optimize `model` at: those `given`, and for every other input each symbolic dim at the size a
+    given input gives a dim of that name, else 1 for a batch dim (named like one, or an unnamed first axis) and
+    `size` for any other. None where `model` has no symbolic input dim."""
     dims = input_dims(model)
     if not any(isinstance(d, str) for shape in dims.values() for d in shape):
         return None
-    shapes: dict[str, list[int]] = {}
+    shapes = {name: list(shape) for name, shape in (given or {}).items()}  # checked by `load_model`
+    try:
+        known = sizes_of(model, shapes)
+    except (TypeError, ValueError):
+        known = {}
     for name, shape in dims.items():
+        if name in shapes:
+            continue
         sizes = []
         for axis, d in enumerate(shape):
             if isinstance(d, int):
                 sizes.append(d)
-            elif is_batch(d, axis):
-                sizes.append(BATCH)
+            elif d in known:
+                sizes.append(known[d])
             else:
-                return None
+                sizes.append(BATCH if is_batch(d, axis) else size)
         shapes[name] = sizes
     return shapes
+
+
+def unsized(dims: Mapping[str, Dims], given: Mapping[str, Sequence[int]] | None) -> list[str]:
+    """The symbolic dims among the input `dims`, other than batch dims, that the shapes `given` give no size: those
+    taken at a default size."""
+    given = given or {}
+    sized = {d for name, shape in dims.items() if name in given for d in shape if isinstance(d, str)}
+    found: list[str] = []
+    for name, shape in dims.items():
+        for axis, d in enumerate(shape):
+            if isinstance(d, str) and name not in given and not is_batch(d, axis) and d not in sized:
+                found += [d] if d not in found else []
+    return found
 
 
 def sizes_of(model: ModelProto, shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
@@ -103,8 +127,8 @@ def other_shapes(model: ModelProto, shapes: Mapping[str, Sequence[int]], count: 
 
 def generalize(candidate: ModelProto, given: ModelProto, shapes: Mapping[str, Sequence[int]]) -> ModelProto | None:
     """`candidate` (written at `shapes`) with `given`'s symbolic dims: its inputs and outputs declared as the given
-    model's, its Reshape targets that copied a symbolic size written with 0 and -1. None where a Reshape cannot be
-    written so (its target is computed, or no one dim absorbs the symbolic sizes it does not copy)."""
+    model's, its constant Reshape targets that copied a symbolic size written with 0 and -1. None where a Reshape
+    cannot be written so (no one dim absorbs the symbolic sizes it does not copy)."""
     sizes = sizes_of(given, shapes)
     out = ModelProto()
     out.CopyFrom(candidate)
@@ -119,8 +143,8 @@ def generalize(candidate: ModelProto, given: ModelProto, shapes: Mapping[str, Se
         if node.op_type != "Reshape" or len(node.input) < 2:
             continue
         target = inits.get(node.input[1])
-        if target is None:
-            return None
+        if target is None:  # computed in the graph (from Shape, as the model as given computes it)
+            continue
         if inferred is None:
             inferred = _inferred_dims(out)
         source = inferred.get(node.input[0])
@@ -134,6 +158,40 @@ def generalize(candidate: ModelProto, given: ModelProto, shapes: Mapping[str, Se
         node.input[1] = name
         inferred = None
     return out
+
+
+def declared(model: ModelProto, dims: Mapping[str, Dims]) -> ModelProto:
+    """A copy of `model` whose graph inputs named in `dims` declare those dims again: the symbolic ones by name
+    ("?": unnamed), the others by size; the types inferred at other sizes (value_info, output shapes) are dropped."""
+    out = ModelProto()
+    out.CopyFrom(model)
+    _declare(out, dims)
+    return out
+
+
+def _declare(model: ModelProto, dims: Mapping[str, Dims]) -> None:
+    del model.graph.value_info[:]
+    for vi in model.graph.output:
+        vi.type.tensor_type.ClearField("shape")
+    for vi in model.graph.input:
+        if vi.name not in dims:
+            continue
+        shape = vi.type.tensor_type.shape
+        del shape.dim[:]
+        for d in dims[vi.name]:
+            dim = shape.dim.add()
+            if isinstance(d, int):
+                dim.dim_value = d
+            elif d != "?":
+                dim.dim_param = d
+
+
+def tensor_dims(model: ModelProto, dims: Mapping[str, Dims]) -> dict[str, Dims]:
+    """Each tensor's dims in `model` where its graph inputs take `dims`, as ONNX shape inference tells them: a dim
+    it cannot tell is "?" (a tensor it cannot tell at all is left out)."""
+    light = light_copy(model)
+    _declare(light, dims)
+    return _inferred_dims(light)
 
 
 def _inferred_dims(model: ModelProto) -> dict[str, Dims]:
@@ -155,9 +213,9 @@ def _inferred_dims(model: ModelProto) -> dict[str, Dims]:
 def _polymorphic(target: list[int], source: Dims, sizes: Mapping[str, int]) -> list[int] | None:
     """A Reshape target equal to `target` where `source`'s symbolic dims take `sizes`, and right at their other sizes:
     0 where the target keeps a symbolic dim in place, -1 at the one dim that absorbs the symbolic sizes it does not
-    keep. None where that dim cannot be told."""
-    if any(isinstance(d, str) and d not in sizes for d in source):
-        return None
+    keep. None where that dim cannot be told. A dim inference could not name is taken as fixed: the result is
+    verified at other sizes, which a wrong guess fails."""
+    source = [d if isinstance(d, str) and d in sizes else 0 for d in source]
     new = list(target)
     kept = set()
     for k, t in enumerate(target):

@@ -1,5 +1,6 @@
-"""Models with symbolic input dims: optimized at one shape (the one given, else 1 for a batch dim), written back with
-their symbolic dims and verified at other sizes of them; the input, as given, where that fails."""
+"""Models with symbolic input dims: optimized at one shape (the one given, else 1 for a batch dim and 128 for any
+other), written back with their symbolic dims and verified at other sizes of them; the input, as given, where that
+fails."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from onnx import TensorProto, helper, numpy_helper
 
 import tensat
 import tensat.api as api
-from tensat.errors import ModelError
 from tensat.onnx.symbolic import _polymorphic, other_shapes, representative
 from tensat.onnx_io import symbolic_inputs
 from tensat.verify import run_model
@@ -108,7 +108,9 @@ def test_reshape_targets_are_written_for_every_size() -> None:
     assert _polymorphic([1, 64, 768], ["batch", "seq", 12, 64], sizes) == [0, 0, 768]
     assert _polymorphic([1, 2048], ["batch", 2048, 1, 1], {"batch": 1}) == [0, 2048]
     assert _polymorphic([3, 5], ["seq", 7], {"seq": 2}) is None  # no dim absorbs the sequence's size
-    assert _polymorphic([4, 16], ["?", 16], sizes) is None  # a size no name tells
+    # a dim inference could not name is taken as fixed (the run verifies it at other sizes)
+    assert _polymorphic([4, 16], ["?", 16], sizes) == [4, 16]
+    assert _polymorphic([1, 256], ["batch", "unk__3", 256], sizes) == [0, 256]
 
 
 def test_the_representative_shape_and_the_others() -> None:
@@ -119,22 +121,95 @@ def test_the_representative_shape_and_the_others() -> None:
         return helper.make_model(graph)
 
     assert representative(model("N", 3, 224, 224)) == {"x": [1, 3, 224, 224]}
-    assert representative(model(1, "seq")) is None  # a sequence's length must be given
-    assert representative(model("seq", 8)) is None  # on the first axis too
+    assert representative(model(1, "seq")) == {"x": [1, 128]}  # any other dim at 128
+    assert representative(model("seq", 8)) == {"x": [128, 8]}  # on the first axis too
+    assert representative(model("batch", "seq"), {"x": [2, 16]}) == {"x": [2, 16]}  # as given
     assert representative(model(2, 3)) is None  # nothing symbolic
     assert other_shapes(model("batch", 3), {"x": [1, 3]}) == [{"x": [2, 3]}, {"x": [3, 3]}]
 
 
-def test_a_symbolic_dim_that_is_not_a_batch_still_needs_its_shape(tmp_path: Path) -> None:
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "seq"])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "seq"])
+def test_a_symbolic_dim_that_is_not_a_batch_is_optimized_at_128(tmp_path: Path) -> None:
+    """With no shape given, a sequence dim takes 128; an input given no shape takes the sizes a given input gives
+    its dims of the same name."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq"])
+    mask = helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["batch", "seq"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq"])
     model = helper.make_model(
-        helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]),
+        helper.make_graph([helper.make_node("Mul", ["x", "mask"], ["y"])], "g", [x, mask], [y]),
         opset_imports=[helper.make_opsetid("", 17)],
         ir_version=8,
     )
-    with pytest.raises(ModelError, match="dynamic dimension \\(seq\\)"):
-        tensat.optimize_with_details(model, **FAST)
+    result = tensat.optimize_with_details(model, **FAST)
+    assert result.shapes_verified[:1] in ([], [{"x": [1, 128], "mask": [1, 128]}])
+    assert tensat.onnx_io.load_model(model, {"x": [2, 16]}).graph.input[1].type.tensor_type.shape.dim[1].dim_value == 16
+    assert symbolic_inputs(onnx.load_from_string(result.output.SerializeToString())) == {
+        "x": ["batch", "seq"],
+        "mask": ["batch", "seq"],
+    }
+
+
+def _shape_computed(tmp_path: Path) -> Path:
+    """y = (x, transposed twice) + ConstantOfShape(Shape(x)), for x[batch, seq]: at fixed sizes the second operand
+    is a constant, which written into the model would fix it to those sizes."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq"])
+    one = helper.make_tensor("one", TensorProto.FLOAT, [1], [1.5])
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0]),
+        helper.make_node("Transpose", ["t"], ["u"], perm=[1, 0]),
+        helper.make_node("Shape", ["x"], ["xs"]),
+        helper.make_node("ConstantOfShape", ["xs"], ["ones"], value=one),
+        helper.make_node("Add", ["u", "ones"], ["y"]),
+    ]
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)], ir_version=8
+    )
+    path = tmp_path / "shape_computed.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def test_a_value_computed_from_a_symbolic_shape_is_computed_in_the_model_written(tmp_path: Path) -> None:
+    """A constant at the sizes read that varies with the symbolic dims is read as the nodes that compute it (kept
+    verbatim), not folded: the model written still computes it from Shape, and holds at every size."""
+    src, out = _shape_computed(tmp_path), tmp_path / "out.onnx"
+    graph = tensat.onnx_io.import_model(str(src), {"x": [1, 8]})
+    opaque = sorted(spec.op_type for spec in graph.opaque.values())
+    assert opaque == ["ConstantOfShape", "Shape"]
+    result = tensat.optimize_with_details(str(src), output=str(out), pre_pass="none", **FAST)
+    assert result.returned_input is None, result.returned_input
+    assert len(result.shapes_verified) == 3
+    written = onnx.load(str(out))
+    assert [n.op_type for n in written.graph.node] == ["Shape", "ConstantOfShape", "Add"]
+    feeds = {"x": np.random.default_rng(2).standard_normal((5, 7)).astype(np.float32)}
+    np.testing.assert_allclose(run_model(written, feeds)["y"], feeds["x"] + 1.5)
+
+
+def test_the_elements_that_vary_are_told_from_those_that_do_not(tmp_path: Path) -> None:
+    """Shape(x)[1:] of x[batch, 16] is 16 at every batch: folded to a constant; Shape(x) concatenated with 4 varies
+    in its first element only, and an element-wise op on it keeps that mask."""
+    from tensat.onnx.importer import _Importer
+    from tensat.onnx_io import load_model
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])
+    four = numpy_helper.from_array(np.array([4], np.int64), "four")
+    nodes = [
+        helper.make_node("Shape", ["x"], ["tail"], start=1),
+        helper.make_node("Shape", ["x"], ["head"], start=0, end=1),
+        helper.make_node("Concat", ["head", "four"], ["cat"], axis=0),
+        helper.make_node("Mul", ["cat", "cat"], ["sq"]),
+        helper.make_node("Relu", ["x"], ["y"]),
+    ]
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", [x], [y], [four]), opset_imports=[helper.make_opsetid("", 17)], ir_version=8
+    )
+    importer = _Importer(load_model(model, {"x": [1, 16]}))
+    importer.run()
+    assert "tail" not in importer.varying and importer.consts["tail"].tolist() == [16]
+    assert importer.varying["head"].tolist() == [True]
+    assert importer.varying["cat"].tolist() == [True, False]
+    assert importer.varying["sq"].tolist() == [True, False]
 
 
 def test_a_result_kept_is_also_timed_at_another_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -149,5 +224,23 @@ def test_a_result_kept_is_also_timed_at_another_size(tmp_path: Path, monkeypatch
         assert shapes == {"x": [2, 16]} and timed.interval[1] >= 1.0 and timed.pairs >= 5
         assert "end to end at 1 thread at x=2,16" in result.summary()
         assert result.to_dict()["latency_other_shape"]["shapes"] == shapes
+        assert symbolic_inputs(onnx.load(str(out))) == {"x": ["batch"]}  # the model written back, not the one timed
     else:  # two models of one speed: rarely, measurably slower by chance
         assert "measurably slower end to end at x=2,16" in result.returned_input
+
+
+def test_a_sequence_too_short_for_the_model_is_sized_by_running_it(tmp_path: Path) -> None:
+    """A waveform of 128 samples is too short for a kernel of 300: the run takes the next default size the model
+    runs at (512), and says so."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 1, "samples"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2, "frames"])
+    w = numpy_helper.from_array(np.random.default_rng(3).standard_normal((2, 1, 300)).astype(np.float32), "w")
+    model = helper.make_model(
+        helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], strides=[50])], "g", [x], [y], [w]),
+        opset_imports=[helper.make_opsetid("", 17)],
+        ir_version=8,
+    )
+    result = tensat.optimize_with_details(model, **FAST)
+    assert result.shapes_optimized == {"x": [1, 1, 512]}
+    assert "symbolic dims batch, samples; optimized at x=1,1,512" in result.summary()
+    assert result.to_dict()["shapes_optimized"] == {"x": [1, 1, 512]}
