@@ -17,6 +17,19 @@ from tensat.models import build_model
 ROOT = Path(__file__).resolve().parents[1]  # the repository: README, notebooks/, bench/ and pyproject.toml
 
 
+# a machine as `bench.machine.machine_info` describes one, for the benchmarks' report tests
+TEST_MACHINE = {
+    "cpu": "test CPU",
+    "cores": 2,
+    "memory_gib": 23.5,
+    "gpus": [],
+    "python": "3.11",
+    "versions": {},
+    "highs": "1.0",
+    "date": "today",
+}
+
+
 def vi(name: str, shape, elem: int = TP.FLOAT) -> onnx.ValueInfoProto:
     """A tensor value info, float by default."""
     return helper.make_tensor_value_info(name, elem, shape)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench.large_models import RUNS, SIZES, render, slope
+from tests.helpers import TEST_MACHINE
 
 
 def test_the_slope_is_least_squares() -> None:
@@ -17,16 +18,7 @@ def test_the_slope_is_least_squares() -> None:
 def test_the_report_gives_each_run_its_ratio_outcome_and_check() -> None:
     gib = 2**30
     data = {
-        "machine": {
-            "cpu": "test CPU",
-            "cores": 2,
-            "memory_gib": 23.5,
-            "gpus": [],
-            "python": "3.11",
-            "versions": {},
-            "highs": "1.0",
-            "date": "today",
-        },
+        "machine": TEST_MACHINE,
         "models": {
             "large": {
                 "params": 477_000_000,
