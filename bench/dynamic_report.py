@@ -34,6 +34,7 @@ import onnx
 from bench.machine import header, machine_info
 from bench.real_models import DEFAULT_OUT as CORPUS
 from bench.real_report import RESULTS, _run_tensat, corpus_models, same_computation
+from tensat.errors import one_line
 from tensat.files import atomic_write_json, atomic_write_text
 from tensat.latency import compare_latency
 from tensat.measure import default_clock
@@ -82,9 +83,11 @@ def _timed(src: Path, out: Path, shapes: dict[str, list[int]] | None, seconds: f
     is `src` itself."""
     if same_computation(src, out):
         return {"speedup": 1.0, "interval": [1.0, 1.0], "same_model": True}
-    c = compare_latency(
-        src, out, threads=1, clock=default_clock("cpu", 1), max_seconds=seconds, pairs=PAIRS, copies=2, shapes=shapes
-    )
+    try:
+        clock = default_clock("cpu", 1)
+        c = compare_latency(src, out, threads=1, clock=clock, max_seconds=seconds, pairs=PAIRS, copies=2, shapes=shapes)
+    except Exception as exc:  # noqa: BLE001 - a shape the input does not run at either (a waveform too short)
+        return {"error": one_line(exc, typed=True)}
     return {
         "speedup": c.speedup,
         "interval": list(c.interval),
@@ -110,9 +113,7 @@ def run_model(name: str, src: Path, static: Path | None, work: Path, seconds: fl
     rec["dims_kept"] = rec["dims_in"] == rec["dims_out"]
     rec["returned_input"] = stats.get("returned_input")
     rec["shapes_verified"] = stats.get("shapes_verified") or []
-    representative = rec["shapes_verified"][0] if rec["shapes_verified"] else None
-    if representative is None:  # the input returned before the checks at other sizes: the shape it was read at
-        representative = {k: [d if isinstance(d, int) else 1 for d in v] for k, v in input_dims(given).items()}
+    representative = stats["shapes_optimized"]
     rec["per_shape"] = [
         {"shapes": shapes, **_timed(src, out, shapes, seconds)} for shapes in timing_shapes(given, representative)
     ]
@@ -127,6 +128,8 @@ def run_model(name: str, src: Path, static: Path | None, work: Path, seconds: fl
 def _ratio(timing: dict[str, Any] | None) -> str:
     if not timing:
         return "-"
+    if "error" in timing:
+        return "does not run"
     low, high = timing["interval"]
     if timing.get("same_model"):
         return "1.00 (input)"
@@ -204,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in names:
             rec = run_model(name, corpus[name], corpus.get(name.removesuffix(SUFFIX)), Path(tmp), args.seconds)
             records.append(rec)
-            shapes = ", ".join(f"{_shape(p['shapes'])} {p['speedup']:.3f}" for p in rec.get("per_shape", []))
+            shapes = ", ".join(f"{_shape(p['shapes'])} {_ratio(p)}" for p in rec.get("per_shape", []))
             print(f"{name}: kept dims {rec.get('dims_kept')}, {shapes}; static {_ratio(rec.get('static'))}", flush=True)
             atomic_write_json(json_path, {"machine": info, "models": records})
     atomic_write_text(md_path, markdown(records, info))

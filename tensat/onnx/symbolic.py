@@ -139,6 +139,7 @@ def generalize(candidate: ModelProto, given: ModelProto, shapes: Mapping[str, Se
     del out.graph.value_info[:]
     inits = {t.name: t for t in out.graph.initializer}
     inferred: dict[str, Dims] | None = None  # every tensor's dims, inferred again after a target is rewritten
+    fixed: dict[str, Dims] | None = None  # every tensor's sizes at `shapes`
     for index, node in enumerate(out.graph.node):
         if node.op_type != "Reshape" or len(node.input) < 2:
             continue
@@ -147,7 +148,9 @@ def generalize(candidate: ModelProto, given: ModelProto, shapes: Mapping[str, Se
             continue
         if inferred is None:
             inferred = _inferred_dims(out)
-        source = inferred.get(node.input[0])
+        if fixed is None:
+            fixed = _inferred_dims(candidate)
+        source = _named(inferred.get(node.input[0]), fixed.get(node.input[0]), sizes)
         if source is None or not any(isinstance(d, str) for d in source):
             continue
         new = _polymorphic(numpy_helper.to_array(target).tolist(), source, sizes)
@@ -157,6 +160,25 @@ def generalize(candidate: ModelProto, given: ModelProto, shapes: Mapping[str, Se
         out.graph.initializer.append(numpy_helper.from_array(np.asarray(new, np.int64), name))
         node.input[1] = name
         inferred = None
+    return out
+
+
+def _named(dims: Dims | None, at: Dims | None, sizes: Mapping[str, int]) -> Dims | None:
+    """A tensor's `dims` as inference names them, where it names a symbolic dim of `sizes`; a dim it could not name
+    is the symbolic dim of its size `at` the shapes optimized at (a size no symbolic dim takes: that size). A guess
+    the run verifies at other sizes."""
+    if at is None or any(not isinstance(d, int) for d in at) or (dims is not None and len(dims) != len(at)):
+        return dims
+    by_size: dict[int, str] = {}
+    for name, size in sizes.items():
+        by_size.setdefault(size, name)
+    out: Dims = []
+    for k, size in enumerate(at):
+        d = dims[k] if dims is not None else None
+        if isinstance(d, int) or (isinstance(d, str) and d in sizes):
+            out.append(d)
+        else:
+            out.append(by_size.get(int(size), int(size)))
     return out
 
 
@@ -194,9 +216,42 @@ def tensor_dims(model: ModelProto, dims: Mapping[str, Dims]) -> dict[str, Dims]:
     return _inferred_dims(light)
 
 
+CONTRIB = "com.microsoft"
+# onnxruntime's kernels whose first output has their first input's shape (ONNX shape inference knows none of them;
+# SimplifiedLayerNormalization is onnxruntime's in the default domain)
+_SHAPE_OF_FIRST = frozenset(
+    {"Gelu", "FastGelu", "BiasGelu", "QuickGelu", "SkipLayerNormalization", "SimplifiedLayerNormalization"}
+)
+
+
+def _shape_twin(model: ModelProto) -> ModelProto:
+    """`model` with the onnxruntime kernels the exporter writes replaced by standard ops of the same output shapes
+    (FusedMatMul by an Einsum, an element-wise kernel by Identity), for ONNX shape inference to infer
+    through them; the twin is for inference only."""
+    twin = light_copy(model)
+    nodes = []
+    for node in twin.graph.node:
+        if node.domain not in (CONTRIB, ""):
+            nodes.append(node)
+        elif node.op_type in _SHAPE_OF_FIRST:
+            nodes.append(onnx.helper.make_node("Identity", [node.input[0]], [node.output[0]]))
+        elif node.op_type == "FusedMatMul" and node.domain == CONTRIB:
+            flags = {a.name: a.i for a in node.attribute}
+            left = "ji" if flags.get("transA") else "ij"
+            right = "kj" if flags.get("transB") else "jk"
+            equation = f"...{left},...{right}->...ik"
+            nodes.append(onnx.helper.make_node("Einsum", list(node.input[:2]), [node.output[0]], equation=equation))
+        else:
+            nodes.append(node)
+    del twin.graph.node[:]
+    twin.graph.node.extend(nodes)
+    return twin
+
+
 def _inferred_dims(model: ModelProto) -> dict[str, Dims]:
-    """Each tensor's dims in `model` by ONNX shape inference from its symbolic inputs (those it infers)."""
-    inferred = onnx.shape_inference.infer_shapes(light_copy(model), strict_mode=False, data_prop=True)
+    """Each tensor's dims in `model` by ONNX shape inference from its symbolic inputs (those it infers), through
+    the onnxruntime kernels the exporter writes (`_shape_twin`)."""
+    inferred = onnx.shape_inference.infer_shapes(_shape_twin(model), strict_mode=False, data_prop=True)
     return {
         vi.name: [
             d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in vi.type.tensor_type.shape.dim

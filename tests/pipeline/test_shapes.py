@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import tensat
 import tensat.api as api
-from tensat.onnx.symbolic import _polymorphic, other_shapes, representative
+from tensat.onnx.symbolic import _polymorphic, generalize, other_shapes, representative
 from tensat.onnx_io import symbolic_inputs
 from tensat.verify import run_model
 
@@ -244,3 +244,30 @@ def test_a_sequence_too_short_for_the_model_is_sized_by_running_it(tmp_path: Pat
     assert result.shapes_optimized == {"x": [1, 1, 512]}
     assert "symbolic dims batch, samples; optimized at x=1,1,512" in result.summary()
     assert result.to_dict()["shapes_optimized"] == {"x": [1, 1, 512]}
+
+
+def test_a_reshape_after_an_onnxruntime_kernel_is_written_for_every_size() -> None:
+    """Shape inference reads through the kernels the exporter writes (here FusedMatMul, and SimplifiedLayerNorm in
+    the default domain), so a Reshape after them still gets its target written with 0 and -1."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 16])
+    w = numpy_helper.from_array(np.ones((1, 16, 16), np.float32), "w")  # of the same rank, as the exporter writes
+    scale = numpy_helper.from_array(np.ones(16, np.float32), "scale")
+    target = numpy_helper.from_array(np.array([8, 16], np.int64), "target")
+    nodes = [
+        helper.make_node("FusedMatMul", ["x", "w"], ["m"], domain="com.microsoft", transB=1, alpha=0.5),
+        helper.make_node("SimplifiedLayerNormalization", ["m", "scale"], ["n"], axis=-1, epsilon=1e-5),
+        helper.make_node("Reshape", ["n", "target"], ["y"]),
+    ]
+    candidate = helper.make_model(
+        helper.make_graph(nodes, "g", [x], [y], [w, scale, target]),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+    )
+    given = onnx.ModelProto()
+    given.CopyFrom(candidate)
+    for vi, dims in ((given.graph.input[0], ["batch", "seq", 16]), (given.graph.output[0], ["rows", 16])):
+        vi.CopyFrom(helper.make_tensor_value_info(vi.name, TensorProto.FLOAT, dims))
+    written = generalize(candidate, given, {"x": [1, 8, 16]})
+    assert written is not None
+    targets = {t.name: numpy_helper.to_array(t).tolist() for t in written.graph.initializer}
+    assert targets[written.graph.node[2].input[1]] == [-1, 16]
