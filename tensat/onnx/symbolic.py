@@ -173,12 +173,12 @@ def _named(dims: Dims | None, at: Dims | None, sizes: Mapping[str, int]) -> Dims
     for name, size in sizes.items():
         by_size.setdefault(size, name)
     out: Dims = []
-    for k, size in enumerate(at):
+    for k, fixed in enumerate(at):
         d = dims[k] if dims is not None else None
         if isinstance(d, int) or (isinstance(d, str) and d in sizes):
             out.append(d)
         else:
-            out.append(by_size.get(int(size), int(size)))
+            out.append(by_size.get(int(fixed), int(fixed)))
     return out
 
 
