@@ -12,9 +12,9 @@ and waveform inputs). For each:
   fresh process (`bench.real_report`'s runner); the summary's shapes are read from its `--stats`;
 - the model written must declare the same symbolic dims on its inputs and outputs as the input does;
 - the input and the result are timed end to end in onnxruntime at one thread, interleaved block by block, at three
-  shapes (`timing_shapes`): the one tensat optimized at, every batch dim at 4, and every other symbolic dim at half
-  its size (a batch of 2 for a model whose only symbolic dim is its batch). Each speedup is the median over pairs of
-  blocks of (input / result), with a 95% bootstrap interval;
+  shapes (`timing_shapes`): the one tensat optimized at, every batch dim at 4, and every other symbolic dim at
+  twice its size (a batch of 2 for a model whose only symbolic dim is its batch). Each speedup is the median over
+  pairs of blocks of (input / result), with a 95% bootstrap interval;
 - the static export of the same architecture (`<name>`) is optimized and timed the same way at its one shape: the
   speedups at the representative shape should be within noise of it.
 """
@@ -57,7 +57,7 @@ def symbolic_io(model: onnx.ModelProto) -> dict[str, list[int | str]]:
 
 def timing_shapes(model: onnx.ModelProto, representative: dict[str, list[int]]) -> list[dict[str, list[int]]]:
     """The shapes a dynamic model is timed at: `representative`, every batch dim at 4, and every other symbolic dim
-    at half its size there (where there is none, a batch of 2)."""
+    at twice its size there (where there is none, a batch of 2; twice, not half: a waveform may be too short)."""
     dims = input_dims(model)
     others = any(isinstance(d, str) and not is_batch(d, k) for shape in dims.values() for k, d in enumerate(shape))
 
@@ -71,11 +71,11 @@ def timing_shapes(model: onnx.ModelProto, representative: dict[str, list[int]]) 
                 if is_batch(d, axis) and batch is not None:
                     sizes[axis] = batch
                 elif not is_batch(d, axis) and scale is not None:
-                    sizes[axis] = max(2, int(sizes[axis] * scale))
+                    sizes[axis] = int(sizes[axis] * scale)
             out[name] = sizes
         return out
 
-    return [representative, instance(4, None), instance(None, 0.5) if others else instance(2, None)]
+    return [representative, instance(4, None), instance(None, 2.0) if others else instance(2, None)]
 
 
 def _timed(src: Path, out: Path, shapes: dict[str, list[int]] | None, seconds: float) -> dict[str, Any]:
@@ -151,8 +151,8 @@ def markdown(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
         "`python -m bench.dynamic_report`. Each model is optimized with `tensat optimize MODEL -o OUT` and no",
         "`--input-shape`; speedups are input / result at one thread, median over pairs of interleaved blocks, with a",
         "95% interval. The shapes are the first input's: the one optimized at, a batch of 4, and the other symbolic",
-        "dims at half size (a batch of 2 where the batch is the only one). *static* is the same architecture exported",
-        "at fixed shapes, optimized and timed at its one shape.",
+        "dims at twice the size (a batch of 2 where the batch is the only one). *static* is the same architecture",
+        "exported at fixed shapes, optimized and timed at its one shape (a waveform of 16000 samples for wav2vec2).",
         "",
         "| model | symbolic dims kept | verified at | at shape 1 | at shape 2 | at shape 3 | static | tensat (s) |",
         "|---|---|---|---|---|---|---|---|",
@@ -202,7 +202,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not names:
         parser.error("no dynamic models in the corpus: python -m bench.real_models export --only bert_dyn,...")
     info = machine_info()
-    records = []
+    records: list[dict[str, Any]] = []
+    if args.only and json_path.exists():  # a subset run replaces those rows of the last full one
+        records = [r for r in json.loads(json_path.read_text(encoding="utf-8"))["models"] if r["model"] not in names]
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             rec = run_model(name, corpus[name], corpus.get(name.removesuffix(SUFFIX)), Path(tmp), args.seconds)

@@ -7,7 +7,7 @@
 
 The models are built from transformers configs (plus a compact DenseNet written here) with seeded random weights,
 in eval mode, at batch 1 with static input shapes, and exported with the dynamo exporter (its default opset) and,
-for some, with the TorchScript exporter at opsets 13-17 too. Thirteen are exported again with symbolic dims
+for some, with the TorchScript exporter at opsets 13-17 too. Fifteen are exported again with symbolic dims
 (`<name>_dyn`: a symbolic batch, and for token and waveform inputs a symbolic sequence), as models are exported for
 serving; each of those is checked at batch 2 as well.  Unlike tensat/models.py, which writes the paper's
 graphs op by op, these graphs carry the exporters' own idioms: decomposed LayerNorm, attention-mask arithmetic,
@@ -608,8 +608,9 @@ _TORCHSCRIPT_OPSETS = {
 
 # Exported again with symbolic dims, as serving exports are: the transformers with a symbolic batch (and a symbolic
 # sequence for those that read tokens or a waveform), and three convolutional networks with a symbolic batch. Swin
-# and SegFormer are left out: torch.export fixes their batch to the example's 1 (onnxruntime then refuses batch 2),
-# and so is the DenseNet written here, whose list-of-features forward torch.export refuses with a symbolic batch.
+# and SegFormer are exported by TorchScript (opset 17) instead: torch.export fixes their batch to the example's 1
+# (onnxruntime then refuses batch 2). The DenseNet written here is left out: torch.export refuses its
+# list-of-features forward with a symbolic batch.
 _DYNAMIC = (
     "bert",
     "t5_encoder",
@@ -639,6 +640,10 @@ ENTRIES: dict[str, Entry] = {
         for key, opset in _TORCHSCRIPT_OPSETS.items()
     },
     **{f"{key}_dyn": Entry(f"{key}_dyn", ARCHITECTURES[key], "dynamo", None, dynamic=True) for key in _DYNAMIC},
+    **{
+        f"{key}_dyn": Entry(f"{key}_dyn", ARCHITECTURES[key], "torchscript", 17, dynamic=True)
+        for key in ("swin", "segformer")
+    },
 }
 
 
@@ -721,6 +726,7 @@ def export(entry: Entry, out_dir: Path) -> dict[str, Any]:
                 opset_version=entry.opset,
                 input_names=list(built.input_names),
                 output_names=list(built.output_names),
+                dynamic_axes={name: _axes(name) for name in built.input_names} if entry.dynamic else None,
             )
     seconds = time.perf_counter() - start
     model = onnx.load(str(path))

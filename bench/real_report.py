@@ -435,6 +435,8 @@ def corpus_main(
             print(f"error: not in the corpus: {', '.join(missing)}", file=sys.stderr)
             return 1
         models = {n: models[n] for n in wanted}
+    else:  # the exports with symbolic dims have their own report (`bench.dynamic_report`)
+        models = {n: path for n, path in models.items() if not n.endswith("_dyn")}
     info = machine_info()
     records = []
     with tempfile.TemporaryDirectory(prefix=f"tensat-{stem}-") as tmp:

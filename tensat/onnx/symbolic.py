@@ -150,10 +150,12 @@ def generalize(candidate: ModelProto, given: ModelProto, shapes: Mapping[str, Se
             inferred = _inferred_dims(out)
         if fixed is None:
             fixed = _inferred_dims(candidate)
-        source = _named(inferred.get(node.input[0]), fixed.get(node.input[0]), sizes)
+        values = numpy_helper.to_array(target).tolist()
+        count = math.prod(values) if values and min(values) > 0 else 0
+        source = _named(inferred.get(node.input[0]), fixed.get(node.input[0]), sizes, count)
         if source is None or not any(isinstance(d, str) for d in source):
             continue
-        new = _polymorphic(numpy_helper.to_array(target).tolist(), source, sizes)
+        new = _polymorphic(values, source, sizes)
         if new is None:
             return None
         name = f"{node.input[1]}__sym{index}"
@@ -163,23 +165,32 @@ def generalize(candidate: ModelProto, given: ModelProto, shapes: Mapping[str, Se
     return out
 
 
-def _named(dims: Dims | None, at: Dims | None, sizes: Mapping[str, int]) -> Dims | None:
-    """A tensor's `dims` as inference names them, where it names a symbolic dim of `sizes`; a dim it could not name
-    is the symbolic dim of its size `at` the shapes optimized at (a size no symbolic dim takes: that size). A guess
-    the run verifies at other sizes."""
-    if at is None or any(not isinstance(d, int) for d in at) or (dims is not None and len(dims) != len(at)):
+def _named(dims: Dims | None, at: Dims | None, sizes: Mapping[str, int], count: int) -> Dims | None:
+    """A Reshape source's `dims` as inference names them, where it names a symbolic dim of `sizes`; a dim it could
+    not name is the symbolic dim of its size `at` the shapes optimized at (a size no symbolic dim takes: that size),
+    and one dim of no known size there has the size that makes the source hold `count` elements (the target's). A
+    guess the run verifies at other sizes."""
+    rank = len(dims) if dims is not None else len(at) if at is not None else None
+    if rank is None or (at is not None and len(at) != rank):
         return dims
     by_size: dict[int, str] = {}
     for name, size in sizes.items():
         by_size.setdefault(size, name)
-    out: Dims = []
-    for k, fixed in enumerate(at):
+    out: list[int | str | None] = []
+    for k in range(rank):
         d = dims[k] if dims is not None else None
+        fixed = at[k] if at is not None else None
         if isinstance(d, int) or (isinstance(d, str) and d in sizes):
             out.append(d)
+        elif isinstance(fixed, int):
+            out.append(by_size.get(fixed, fixed))
         else:
-            out.append(by_size.get(int(fixed), int(fixed)))
-    return out
+            out.append(None)
+    if out.count(None) == 1:
+        known = math.prod(sizes[d] if isinstance(d, str) else d for d in out if d is not None)
+        if known and count % known == 0:
+            out[out.index(None)] = by_size.get(count // known, count // known)
+    return [d if d is not None else "?" for d in out]
 
 
 def declared(model: ModelProto, dims: Mapping[str, Dims]) -> ModelProto:

@@ -15,9 +15,9 @@ def _model(x_dims: list[int | str], out_dims: list[int | str]) -> object:
     return helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]))
 
 
-def test_a_sequence_model_is_timed_at_a_batch_of_4_and_at_half_its_length() -> None:
+def test_a_sequence_model_is_timed_at_a_batch_of_4_and_at_twice_its_length() -> None:
     model = _model(["batch", "sequence"], ["batch", "sequence"])
-    assert timing_shapes(model, {"x": [1, 128]}) == [{"x": [1, 128]}, {"x": [4, 128]}, {"x": [1, 64]}]
+    assert timing_shapes(model, {"x": [1, 128]}) == [{"x": [1, 128]}, {"x": [4, 128]}, {"x": [1, 256]}]
 
 
 def test_a_model_whose_only_symbolic_dim_is_its_batch_is_timed_at_batches_4_and_2() -> None:

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import tensat
 import tensat.api as api
-from tensat.onnx.symbolic import _polymorphic, generalize, other_shapes, representative
+from tensat.onnx.symbolic import _named, _polymorphic, generalize, other_shapes, representative
 from tensat.onnx_io import symbolic_inputs
 from tensat.verify import run_model
 
@@ -271,3 +271,13 @@ def test_a_reshape_after_an_onnxruntime_kernel_is_written_for_every_size() -> No
     assert written is not None
     targets = {t.name: numpy_helper.to_array(t).tolist() for t in written.graph.initializer}
     assert targets[written.graph.node[2].input[1]] == [-1, 16]
+
+
+def test_a_dim_inference_cannot_name_is_named_by_its_size() -> None:
+    """At batch 1 and sequence 128, an unnamed dim of size 128 is the sequence; one of no known size is what the
+    Reshape's element count leaves (here 1: the batch)."""
+    sizes = {"batch": 1, "sequence": 128}
+    unnamed = ["unk__9", "unk__7", "unk__10", 64]
+    assert _named(unnamed, ["?", 128, 4, 64], sizes, 128 * 256) == ["batch", "sequence", 4, 64]
+    assert _named(unnamed, None, sizes, 128 * 256) == ["?", "?", "?", 64]  # three unknowns: left unnamed
+    assert _named(["batch", "sequence", 256], [1, 128, 256], sizes, 0) == ["batch", "sequence", 256]
