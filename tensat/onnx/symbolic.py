@@ -110,8 +110,10 @@ def sizes_of(model: ModelProto, shapes: Mapping[str, Sequence[int]]) -> dict[str
 
 
 def other_shapes(model: ModelProto, shapes: Mapping[str, Sequence[int]], count: int = 2) -> list[dict[str, list[int]]]:
-    """`count` other instances of `model`'s input shapes: every symbolic dim 1, 2, ... larger than in `shapes`
-    (one dim named alike takes one size throughout)."""
+    """`count` other instances of `model`'s input shapes: every batch dim 1, 2, ... larger than in `shapes`, every
+    other symbolic dim 2, 3, ... times as large (one dim named alike takes one size throughout). A sequence only a
+    little longer may leave what a strided stack derives from it unchanged (wav2vec2's frames at 512, 513 and 514
+    samples), and a result that fixed that size would pass."""
     sizes = sizes_of(model, shapes)
     out = []
     for k in range(1, count + 1):
@@ -119,10 +121,16 @@ def other_shapes(model: ModelProto, shapes: Mapping[str, Sequence[int]], count: 
         for name, dims in input_dims(model).items():
             given = list(shapes.get(name, ()))
             instance[name] = [
-                (sizes.get(d, given[axis]) + k) if isinstance(d, str) else d for axis, d in enumerate(dims)
+                d if isinstance(d, int) else _scaled(sizes.get(d, given[axis]), k, is_batch(d, axis))
+                for axis, d in enumerate(dims)
             ]
         out.append(instance)
     return out
+
+
+def _scaled(size: int, k: int, batch: bool) -> int:
+    """The `k`-th other size of a symbolic dim of `size`: a batch `k` larger, any other `k + 1` times as large."""
+    return size + k if batch else size * (k + 1)
 
 
 def generalize(candidate: ModelProto, given: ModelProto, shapes: Mapping[str, Sequence[int]]) -> ModelProto | None:
@@ -152,10 +160,10 @@ def generalize(candidate: ModelProto, given: ModelProto, shapes: Mapping[str, Se
             fixed = _inferred_dims(candidate)
         values = numpy_helper.to_array(target).tolist()
         count = math.prod(values) if values and min(values) > 0 else 0
-        source = _named(inferred.get(node.input[0]), fixed.get(node.input[0]), sizes, count)
+        source, named = _named(inferred.get(node.input[0]), fixed.get(node.input[0]), sizes, count)
         if source is None or not any(isinstance(d, str) for d in source):
             continue
-        new = _polymorphic(values, source, sizes)
+        new = _polymorphic(values, source, named)
         if new is None:
             return None
         name = f"{node.input[1]}__sym{index}"
@@ -165,17 +173,28 @@ def generalize(candidate: ModelProto, given: ModelProto, shapes: Mapping[str, Se
     return out
 
 
-def _named(dims: Dims | None, at: Dims | None, sizes: Mapping[str, int], count: int) -> Dims | None:
-    """A Reshape source's `dims` as inference names them, where it names a symbolic dim of `sizes`; a dim it could
-    not name is the symbolic dim of its size `at` the shapes optimized at (a size no symbolic dim takes: that size),
-    and one dim of no known size there has the size that makes the source hold `count` elements (the target's). A
-    guess the run verifies at other sizes."""
+def _named(
+    dims: Dims | None, at: Dims | None, sizes: Mapping[str, int], count: int
+) -> tuple[Dims | None, dict[str, int]]:
+    """A Reshape source's `dims` as inference names them, where it names a symbolic dim of `sizes`, with `sizes` and
+    the dims it names anew. A dim it could not name is the symbolic dim of its size `at` the shapes optimized at;
+    of a size no symbolic dim takes (above 1), a dim derived from them, named anew (a conv stack's frames), so that
+    the target writes it as -1; one dim of no known size there has the size that makes the source hold `count`
+    elements (the target's). A guess the run verifies at other sizes."""
+    named = dict(sizes)
     rank = len(dims) if dims is not None else len(at) if at is not None else None
     if rank is None or (at is not None and len(at) != rank):
-        return dims
+        return dims, named
     by_size: dict[int, str] = {}
     for name, size in sizes.items():
         by_size.setdefault(size, name)
+
+    def name_of(k: int, size: int) -> int | str:
+        if size in by_size or size == 1:
+            return by_size.get(size, size)
+        named[f"?{k}"] = size
+        return f"?{k}"
+
     out: list[int | str | None] = []
     for k in range(rank):
         d = dims[k] if dims is not None else None
@@ -183,14 +202,15 @@ def _named(dims: Dims | None, at: Dims | None, sizes: Mapping[str, int], count: 
         if isinstance(d, int) or (isinstance(d, str) and d in sizes):
             out.append(d)
         elif isinstance(fixed, int):
-            out.append(by_size.get(fixed, fixed))
+            out.append(name_of(k, fixed))
         else:
             out.append(None)
     if out.count(None) == 1:
-        known = math.prod(sizes[d] if isinstance(d, str) else d for d in out if d is not None)
+        known = math.prod(named[d] if isinstance(d, str) else d for d in out if d is not None)
         if known and count % known == 0:
-            out[out.index(None)] = by_size.get(count // known, count // known)
-    return [d if d is not None else "?" for d in out]
+            k = out.index(None)
+            out[k] = name_of(k, count // known)
+    return [d if d is not None else "?" for d in out], named
 
 
 def declared(model: ModelProto, dims: Mapping[str, Dims]) -> ModelProto:

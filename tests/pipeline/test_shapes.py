@@ -126,6 +126,8 @@ def test_the_representative_shape_and_the_others() -> None:
     assert representative(model("batch", "seq"), {"x": [2, 16]}) == {"x": [2, 16]}  # as given
     assert representative(model(2, 3)) is None  # nothing symbolic
     assert other_shapes(model("batch", 3), {"x": [1, 3]}) == [{"x": [2, 3]}, {"x": [3, 3]}]
+    # a sequence twice and three times as long: a few samples more may leave a strided stack's frames unchanged
+    assert other_shapes(model("batch", "seq"), {"x": [1, 512]}) == [{"x": [2, 1024]}, {"x": [3, 1536]}]
 
 
 def test_a_symbolic_dim_that_is_not_a_batch_is_optimized_at_128(tmp_path: Path) -> None:
@@ -274,10 +276,13 @@ def test_a_reshape_after_an_onnxruntime_kernel_is_written_for_every_size() -> No
 
 
 def test_a_dim_inference_cannot_name_is_named_by_its_size() -> None:
-    """At batch 1 and sequence 128, an unnamed dim of size 128 is the sequence; one of no known size is what the
-    Reshape's element count leaves (here 1: the batch)."""
+    """At batch 1 and sequence 128, an unnamed dim of size 128 is the sequence, one of size 4 a dim derived from
+    them; one of no known size is what the Reshape's element count leaves (here 1: the batch)."""
     sizes = {"batch": 1, "sequence": 128}
     unnamed = ["unk__9", "unk__7", "unk__10", 64]
-    assert _named(unnamed, ["?", 128, 4, 64], sizes, 128 * 256) == ["batch", "sequence", 4, 64]
-    assert _named(unnamed, None, sizes, 128 * 256) == ["?", "?", "?", 64]  # three unknowns: left unnamed
-    assert _named(["batch", "sequence", 256], [1, 128, 256], sizes, 0) == ["batch", "sequence", 256]
+    assert _named(unnamed, ["?", 128, 4, 64], sizes, 128 * 256) == (["batch", "sequence", "?2", 64], {**sizes, "?2": 4})
+    assert _named(unnamed, None, sizes, 128 * 256)[0] == ["?", "?", "?", 64]  # three unknowns: left unnamed
+    assert _named(["batch", "sequence", 256], [1, 128, 256], sizes, 0)[0] == ["batch", "sequence", 256]
+    # frames a conv stack derives from the samples: named anew, so the target absorbs them with -1
+    source, named = _named(["batch", 128, 1, "unk__3"], [1, 128, 1, 6], {"batch": 1, "samples": 2048}, 128 * 6)
+    assert _polymorphic([1, 128, 6], source, named) == [0, 128, -1]
