@@ -705,12 +705,12 @@ def _read_pre_passed(run: _Run) -> Graph | None:
     run.log.say("import", f"running the {name} pre-pass")
     t = time.perf_counter()
     try:
-        given = onnx_io.symbolic_dims(run.model)
-        if given is None:
+        dims = onnx_io.symbolic_dims(run.model)
+        if dims is None:
             model = onnx_io.pre_pass(run.model, name)
             shapes = None
         else:  # at the symbolic dims, so that what it folds holds at every size of them
-            model = onnx_io.pre_pass(declared(run.model, given), name)
+            model = onnx_io.pre_pass(declared(run.model, dims), name)
             shapes = fixed_shapes(run.model)
         graph = onnx_io.import_model(model, shapes, check=False, runtime_fusions=True)  # loads it: sorted, inferred
     except TensatError as exc:
@@ -1306,11 +1306,12 @@ def _result(run: _Run, output_path: str | os.PathLike[str] | None) -> OptimizeRe
     assert read is not None
     optimized = run.returned_input is None
     graph = run.candidate if optimized else read
+    symbolic = onnx_io.symbolic_dims(run.model) if _symbolic(run) and run.model is not None else None
     if optimized:
         out_model = run.candidate_model
     elif run.model is None:
         out_model = onnx_io.export_model(read)
-    elif _symbolic(run):  # as given: its symbolic dims were fixed only to read it
+    elif symbolic is not None:  # as given: its symbolic dims were fixed only to read it
         out_model = _given(run)
     else:
         out_model = run.model
@@ -1347,8 +1348,8 @@ def _result(run: _Run, output_path: str | os.PathLike[str] | None) -> OptimizeRe
         nodes_opaque=(run.graph or read).opaque_count(),
         pre_passed=run.pre_passed,
         returned_input=run.returned_input,
-        shapes_optimized=fixed_shapes(run.model) if _symbolic(run) and run.model is not None else None,
-        symbolic_dims=onnx_io.symbolic_dims(run.model) if _symbolic(run) and run.model is not None else None,
+        shapes_optimized=fixed_shapes(run.model) if symbolic is not None and run.model is not None else None,
+        symbolic_dims=symbolic,
         rules=dict(run.candidate_rules),
         egraph=run.exported.egraph.without(run.exported.forbidden) if run.exported is not None else None,
         shapes_verified=run.shapes_verified if optimized else [],

@@ -187,11 +187,10 @@ class _Importer:
             raise _Unsupported(f"input {k} missing")
         return self.value(k)
 
-    def param(self, k: int, varying: bool = False) -> np.ndarray:
+    def param(self, k: int) -> np.ndarray:
         """Constant input `k` (shape, axes, split sizes...); a computed one makes the node opaque, and so does one
-        that varies with the sizes of symbolic dims unless `varying` (a Reshape target: its value at the sizes read
-        is taken, and `symbolic.generalize` writes it for every size)."""
-        if not self.constant_input(k) and not (varying and self.present(k) and self.node.input[k] in self.consts):
+        that varies with the sizes of symbolic dims (its value at the sizes read would be written into the model)."""
+        if not self.constant_input(k):
             raise _Unsupported(f"input {k} is not a constant")
         return self.consts[self.node.input[k]]
 
@@ -264,9 +263,13 @@ class _Importer:
                     return
         self._lower_node(index, node)
 
-    def _lower_node(self, index: int, node: NodeProto) -> None:
+    def _at(self, index: int, node: NodeProto) -> None:
+        """Make `node` (the model's `index`-th) the node being lowered."""
         self.node, self.index = node, index
         self.attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+    def _lower_node(self, index: int, node: NodeProto) -> None:
+        self._at(index, node)
         domain = norm_domain(node.domain)
         has_graph = any(subgraphs(a) for a in node.attribute)
         handler = IMPORTERS.get(node.op_type if domain == "" else f"{domain}:{node.op_type}")
@@ -398,8 +401,7 @@ class _Importer:
         sizes read must not be written into the model."""
         index, node = self.producers[name]
         saved = (self.node, self.index, self.attrs)
-        self.node, self.index = node, index
-        self.attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        self._at(index, node)
         for out in node.output:
             if out in self.consts:
                 array = np.asarray(self.consts[out])

@@ -1,11 +1,11 @@
 """Symbolic input dims: the shape a model with them is optimized at, and the optimized model written back with them.
 
 tensat optimizes at one concrete shape (`representative`: the shapes given, else 1 for a batch dim and 128 for
-any other). The model it
-writes for that shape is then given back the input's symbolic dims (`generalize`): its inputs and outputs declare
-them, and each Reshape whose target copied a symbolic dim's size is written with 0 (copy the input's dim) and -1
-(the one dim that absorbs the rest), so that it holds at every size. Whether it does is not assumed: the run verifies
-the result at other sizes of the symbolic dims (`other_shapes`), and returns the input where it does not match.
+any other). The model it writes for that shape is then given back the input's symbolic dims (`generalize`): its
+inputs and outputs declare them, and each Reshape whose target copied a symbolic dim's size is written with 0 (copy
+the input's dim) and -1 (the one dim that absorbs the rest), so that it holds at every size. Whether it does is not
+assumed: the run verifies the result at other sizes of the symbolic dims (`other_shapes`), and returns the input
+where it does not match.
 """
 
 from __future__ import annotations
@@ -242,9 +242,7 @@ def _declare(model: ModelProto, dims: Mapping[str, Dims]) -> None:
 def tensor_dims(model: ModelProto, dims: Mapping[str, Dims]) -> dict[str, Dims]:
     """Each tensor's dims in `model` where its graph inputs take `dims`, as ONNX shape inference tells them: a dim
     it cannot tell is "?" (a tensor it cannot tell at all is left out)."""
-    light = light_copy(model)
-    _declare(light, dims)
-    return _inferred_dims(light)
+    return _inferred_dims(model, dims)
 
 
 CONTRIB = "com.microsoft"
@@ -256,9 +254,9 @@ _SHAPE_OF_FIRST = frozenset(
 
 
 def _shape_twin(model: ModelProto) -> ModelProto:
-    """`model` with the onnxruntime kernels the exporter writes replaced by standard ops of the same output shapes
-    (FusedMatMul by an Einsum, an element-wise kernel by Identity), for ONNX shape inference to infer
-    through them; the twin is for inference only."""
+    """A copy of `model` without its large weights (`light_copy`), the onnxruntime kernels the exporter writes
+    replaced by standard ops of the same output shapes (FusedMatMul by an Einsum, an element-wise kernel by
+    Identity), for ONNX shape inference to infer through them; the twin is for inference only."""
     twin = light_copy(model)
     nodes = []
     for node in twin.graph.node:
@@ -279,10 +277,13 @@ def _shape_twin(model: ModelProto) -> ModelProto:
     return twin
 
 
-def _inferred_dims(model: ModelProto) -> dict[str, Dims]:
-    """Each tensor's dims in `model` by ONNX shape inference from its symbolic inputs (those it infers), through
-    the onnxruntime kernels the exporter writes (`_shape_twin`)."""
-    inferred = onnx.shape_inference.infer_shapes(_shape_twin(model), strict_mode=False, data_prop=True)
+def _inferred_dims(model: ModelProto, dims: Mapping[str, Dims] | None = None) -> dict[str, Dims]:
+    """Each tensor's dims in `model` (its graph inputs declaring `dims` where given) by ONNX shape inference from its
+    symbolic inputs (those it infers), through the onnxruntime kernels the exporter writes (`_shape_twin`)."""
+    twin = _shape_twin(model)
+    if dims is not None:
+        _declare(twin, dims)
+    inferred = onnx.shape_inference.infer_shapes(twin, strict_mode=False, data_prop=True)
     return {
         vi.name: [
             d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in vi.type.tensor_type.shape.dim

@@ -82,18 +82,6 @@ def egraphs(draw: st.DrawFn, max_classes: int = 6, max_nodes: int = 3) -> tuple[
     return EGraph(nodes, roots), forbidden
 
 
-def to_json(eg: EGraph) -> dict:
-    """egraph-serialize dict of an EGraph (children named by the first node of their class)."""
-    first = {c: ns[0] for c, ns in eg.classes.items()}
-    return {
-        "nodes": {
-            nid: {"op": n.op, "cost": n.cost, "eclass": n.eclass, "children": [first[k] for k in n.children]}
-            for nid, n in eg.nodes.items()
-        },
-        "root_eclasses": list(eg.roots),
-    }
-
-
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -152,7 +140,7 @@ def test_ilp_cbc_matches_brute_force(case: tuple[EGraph, frozenset[str]]) -> Non
 @given(egraphs())
 def test_json_round_trip(case: tuple[EGraph, frozenset[str]]) -> None:
     eg, _ = case
-    again = EGraph.from_json(json.loads(json.dumps(to_json(eg))))
+    again = EGraph.from_json(json.loads(json.dumps(eg.to_json())))
     assert again.nodes == eg.nodes and again.roots == eg.roots and again.classes == eg.classes
 
 
@@ -551,7 +539,7 @@ def _cli(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
 
 def test_cli_ok(tmp_path: Path) -> None:
     path = tmp_path / "g.json"
-    path.write_text(json.dumps(to_json(_small())))
+    path.write_text(json.dumps(_small().to_json()))
     for extra in ([], ["--extractor", "greedy"], ["--solver", "cbc", "--time-limit", "5"]):
         proc = _cli(tmp_path, str(path), *extra)
         assert proc.returncode == 0, proc.stderr
@@ -590,7 +578,7 @@ def test_cli_in_process(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     path = tmp_path / "g.json"
-    path.write_text(json.dumps(to_json(_small())))
+    path.write_text(json.dumps(_small().to_json()))
     assert run(parser.parse_args([str(path), "--forbid", "b1"])) == 0
     out = capsys.readouterr().out
     assert "cost     10" in out  # r0 + a1 once b1 is forbidden (a0 -> b0 -> a is a cycle)
