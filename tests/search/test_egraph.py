@@ -370,6 +370,23 @@ def test_a_reused_egraph_explores_like_a_fresh_one():
     assert run(reused) == expected
 
 
+def test_an_egglog_program_is_run_one_top_level_form_at_a_time():
+    """Each command is parsed from its own text (one parsed from a long program runs far slower); a comment or a
+    string holding parentheses does not split a form, and unbalanced text is refused."""
+    text = (
+        "(sort IVec (Vec i64)) ; a comment (with parens\n(function f (i64) IVec :no-merge)\n"
+        '(rule ((= v (f 1))) ((set (f 2) v)) :name "a (b")'
+    )
+    forms = egraph_mod.pool.top_level_forms(text)
+    assert forms == [
+        "(sort IVec (Vec i64))",
+        "(function f (i64) IVec :no-merge)",
+        '(rule ((= v (f 1))) ((set (f 2) v)) :name "a (b")',
+    ]
+    with pytest.raises(ValueError, match="unbalanced"):
+        egraph_mod.pool.top_level_forms("(sort IVec (Vec i64)")
+
+
 def test_rule_selection_by_present_ops():
     g = qkv_graph()
     names = {r.name for r in TensorEGraph(g).rules}
