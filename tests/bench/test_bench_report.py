@@ -30,6 +30,7 @@ def bench_run(tmp_path_factory):
     return rc, out
 
 
+@pytest.mark.slow  # a whole `python -m bench` run
 def test_bench_writes_report_plots_and_data(bench_run):
     rc, out = bench_run
     assert rc == 0
@@ -48,6 +49,7 @@ def test_bench_writes_report_plots_and_data(bench_run):
     assert not [p for p in out.iterdir() if p.name.startswith(".")], "temporary files left behind"
 
 
+@pytest.mark.slow  # a whole `python -m bench` run
 def test_report_names_machine_table_and_figures(bench_run):
     _, out = bench_run
     text = (out / "report.md").read_text()
@@ -65,6 +67,7 @@ def test_report_names_machine_table_and_figures(bench_run):
         assert (out / linked).is_file(), f"report.md links a missing {linked}"
 
 
+@pytest.mark.slow  # a whole `python -m bench` run
 def test_report_states_the_versions(bench_run):
     _, out = bench_run
     line = next(ln for ln in (out / "report.md").read_text().splitlines() if ln.startswith("Versions:"))
@@ -86,6 +89,7 @@ def _installed(package: str) -> bool:
     return True
 
 
+@pytest.mark.slow  # a whole `python -m bench` run
 @pytest.mark.parametrize("name", ["growth.png", "growth_resnet50.png"])
 def test_growth_plots_are_real_pngs(bench_run, name):
     _, out = bench_run
@@ -97,6 +101,7 @@ def test_growth_plots_are_real_pngs(bench_run, name):
     assert len(data) > 10_000, "a plot with lines on it is larger than this"
 
 
+@pytest.mark.slow  # a whole `python -m bench` run
 def test_report_json_holds_the_data(bench_run):
     _, out = bench_run
     doc = json.loads((out / "report.json").read_text())

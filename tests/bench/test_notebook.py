@@ -4,6 +4,7 @@ benchmark graph: its NasRNN default takes minutes)."""
 from __future__ import annotations
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 from tests.helpers import ROOT
@@ -11,6 +12,7 @@ from tests.helpers import ROOT
 NOTEBOOK = ROOT / "notebooks" / "egraph_growth.ipynb"
 
 
+@pytest.mark.slow  # runs every cell
 def test_egraph_growth_notebook_runs_headless():
     nb = nbformat.read(NOTEBOOK, as_version=4)
     setup = nb.cells[next(k for k, c in enumerate(nb.cells) if 'MODEL = "nasrnn"' in c.source)]

@@ -391,7 +391,7 @@ def test_optimize_preserves_outputs_and_never_raises_cost() -> None:
     seen: Counter[str] = Counter()
     analytic = AnalyticCost()
 
-    @_scaled(2.0, 200)
+    @_scaled(1.0, 100)
     @given(case=ir_cases())
     def check(case: tuple[Graph, dict[str, Any]]) -> None:
         graph, options = case
@@ -425,7 +425,7 @@ def test_optimize_preserves_outputs_and_never_raises_cost() -> None:
 
     check()
     n = seen["examples"]
-    assert n >= 2 * settings.default.max_examples
+    assert n >= settings.default.max_examples
     assert seen["fired"] >= n // 2, seen
     assert seen["changed"] >= n // 10 and seen["cheaper"] >= n // 20, seen
     assert seen["opaque"] >= n // 10, seen
