@@ -444,11 +444,26 @@ def _egg_shape(name: str) -> str:
     return f"sh-{name}"
 
 
+def _egg_symbolic_shape(name: str) -> str:
+    return f"sy-{name}"
+
+
 class _EggCompiler:
-    def __init__(self, rule: Rule) -> None:
+    def __init__(self, rule: Rule, symbolic: bool = False) -> None:
         self.rule = rule
         self.fresh = 0
         self.shapes: set[str] = set()
+        # with `symbolic`, guards read dims from `sym-shape-of` (each symbolic dim at a size of its own, see
+        # `ir.Graph.symbolic`), so that a rule applies only where its guard holds at every size of them; a tensor
+        # whose symbolic dims are not known matches no guard on its dims. Ranks, and the right side's attributes,
+        # are read from the shapes at the sizes optimized at, and a dim an attribute reads must be static (the
+        # size it writes would hold at one size only), but in a Reshape's target, which the exporter writes for
+        # every size (`tensat.onnx.symbolic.generalize`) and verification checks.
+        self.symbolic = symbolic
+        self.in_guard = False
+        self.in_attribute = False
+        self.symbolic_shapes: set[str] = set()
+        self.static: list[str] = []
         self.let_terms = {n: v for n, v in rule.lets if isinstance(v, Term)}
         # egglog looks up a function's table (`ones`) in a query, not in an action: a right side's lookup is bound
         # in the query to a variable of its own
@@ -480,19 +495,30 @@ class _EggCompiler:
     def shape_expr(self, fn: str, args: tuple[Expr, ...]) -> str:
         """A function of tensor shapes; the query binds the shapes of its tensor variables (`self.shapes`)."""
         sh = []
+        symbolic = self.in_guard and fn != "rank"
         for t in args[: 2 if fn.startswith("same") else 1]:
             if not isinstance(t, Var):
                 raise RuleError(f"rule {self.rule.name}: {fn} takes a tensor variable")
-            self.shapes.add(t.name)
-            sh.append(_egg_shape(t.name))
+            (self.symbolic_shapes if symbolic else self.shapes).add(t.name)
+            sh.append(_egg_symbolic_shape(t.name) if symbolic else _egg_shape(t.name))
+        static = self.in_attribute and fn in ("dim", "shape")
+        if static:  # read at the sizes optimized at: only where it is the same at every size
+            self.symbolic_shapes.add(args[0].name)  # type: ignore[union-attr]
         if fn == "dim":
             idx = args[1]
             if isinstance(idx, Lit) and isinstance(idx.value, int) and idx.value < 0:
-                return f"(vec-get {sh[0]} (+ (vec-length {sh[0]}) {idx.value}))"
-            return f"(vec-get {sh[0]} {self.expr(idx)})"
+                at = f"(+ (vec-length {sh[0]}) {idx.value})"
+            else:
+                at = self.expr(idx)
+            if static:
+                sy = _egg_symbolic_shape(args[0].name)  # type: ignore[union-attr]
+                self._require(f"(= (vec-get {sh[0]} {at}) (vec-get {sy} {at}))")
+            return f"(vec-get {sh[0]} {at})"
         if fn == "rank":
             return f"(vec-length {sh[0]})"
         if fn == "shape":
+            if static:
+                self._require(f"(= {sh[0]} {_egg_symbolic_shape(args[0].name)})")  # type: ignore[union-attr]
             return sh[0]
         a, b = sh
         if fn == "same-shape":
@@ -504,6 +530,10 @@ class _EggCompiler:
             ax = f"(+ (vec-length {a}) {args[2].value})"
         return f"(= (vec-set {a} {ax} 0) (vec-set {b} {ax} 0))"
 
+    def _require(self, condition: str) -> None:
+        if condition not in self.static:
+            self.static.append(condition)
+
     def pattern(self, p: Pattern, lhs: bool) -> str:
         if isinstance(p, Var):
             if not lhs and p.name in self.let_terms:
@@ -514,6 +544,10 @@ class _EggCompiler:
         parts = [self.pattern(a, lhs) for a in p.args]
         for name in d.attr_names:
             if name in given:
+                if self.symbolic and not lhs and (p.op, name) != ("reshape", "shape"):
+                    self.in_attribute = True  # the dims it reads, through :let too, must be static
+                    self.expr(inline_lets(given[name], self.rule.lets))
+                    self.in_attribute = False
                 parts.append(self.expr(given[name]))
             elif lhs:
                 self.fresh += 1
@@ -534,11 +568,14 @@ class _EggCompiler:
         if self.rule.symmetric:
             query.append("(= root0 (ordering-min root0 root1))")
         lets = [f"(= {_egg_var(n)} {self.expr(v)})" for n, v in self.rule.lets if not isinstance(v, Term)]
-        guards = [self.expr(g) for g in self.rule.guards]
+        self.in_guard = self.symbolic
+        guards = [self.expr(inline_lets(g, self.rule.lets) if self.symbolic else g) for g in self.rule.guards]
+        self.in_guard = False
         actions = [f"(union root{i} {self.pattern(p, False)})" for i, p in enumerate(self.rule.rhs)]
         shapes = [f"(= {_egg_shape(v)} (shape-of {_egg_var(v)}))" for v in sorted(self.shapes)]
+        shapes += [f"(= {_egg_symbolic_shape(v)} (sym-shape-of {_egg_var(v)}))" for v in sorted(self.symbolic_shapes)]
         lookups = [f"(= {name} {lookup})" for lookup, name in self.hoisted.items()]
-        body = " ".join(query + shapes + lets + lookups + guards)
+        body = " ".join(query + shapes + lets + lookups + guards + self.static)
         name = (name or self.rule.name).replace('"', "")
         return f'(rule ({body}) ({" ".join(actions)}) :ruleset {ruleset} :name "{name}")'
 
@@ -549,11 +586,13 @@ def to_egglog(
     guard: str | None = None,
     name: str | None = None,
     roots_in: Sequence[tuple[str, int]] = (),
+    symbolic: bool = False,
 ) -> str:
     """The egglog rule command for `rule` in `ruleset`. With `guard` (an egglog relation over tensors), the rule
     matches only where every left pattern's root is in the relation; each (relation, k) of `roots_in` also
-    requires the k-th root to be in that relation; `name` overrides the rule's name in egglog's reports."""
-    return _EggCompiler(rule).compile(ruleset, guard, name, roots_in)
+    requires the k-th root to be in that relation; `name` overrides the rule's name in egglog's reports. With
+    `symbolic`, its guards read the tensors' symbolic dims (`sym-shape-of`): for a graph with symbolic dims."""
+    return _EggCompiler(rule, symbolic).compile(ruleset, guard, name, roots_in)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from tensat.ir import Graph, Node
 from tensat.latency import RESOLUTION as LATENCY_RESOLUTION
 from tensat.latency import LatencyComparison, compare_latency
 from tensat.measure import MeasuredCost, default_clock, make_measured_cost, resolve_device
-from tensat.onnx.symbolic import SIZES, declared, fixed_shapes, generalize, other_shapes, unsized
+from tensat.onnx.symbolic import declared, fixed_shapes, generalize, other_shapes, sizes_to_try, unsized
 from tensat.options import Options
 from tensat.progress import ProgressFn, report
 from tensat.session import ModelSource, Serialized, proto_of
@@ -669,8 +669,9 @@ def _import(run: _Run) -> None:
 
 def _load_sized(run: _Run) -> onnx.ModelProto:
     """The model with its inputs at the shapes given (`onnx_io.load_model`); a symbolic dim other than a batch that
-    they give no size takes the first of `SIZES` the model runs at, tried by running it once in onnxruntime (a
-    waveform too short for a conv stack, a size a weight fixes). Raises ModelError where it runs at none."""
+    they give no size takes the first of `sizes_to_try` the model runs at, tried by running it once in onnxruntime
+    (a waveform too short for a conv stack, a sequence longer than its position table). Raises ModelError where it
+    runs at none."""
     assert not isinstance(run.source, Graph)
     shapes = run.opts.input_shapes
     model = onnx_io.load_model(run.source, shapes, keep_external=True)
@@ -679,8 +680,9 @@ def _load_sized(run: _Run) -> onnx.ModelProto:
     if not missing:
         return model
     failed = ""
-    for size in SIZES:
-        if size != SIZES[0]:
+    sizes = sizes_to_try(model)
+    for size in sizes:
+        if size != sizes[0]:
             model = onnx_io.load_model(run.source, shapes, keep_external=True, size=size)
         run.log.say("import", f"checking that the model runs with {', '.join(missing)} at {size}")
         try:
@@ -691,7 +693,7 @@ def _load_sized(run: _Run) -> onnx.ModelProto:
             continue
         return model
     raise ModelError(
-        f"the model does not run with its symbolic dim {', '.join(missing)} at any of {', '.join(map(str, SIZES))} "
+        f"the model does not run with its symbolic dim {', '.join(missing)} at any of {', '.join(map(str, sizes))} "
         f"({failed}); pass the shape to optimize it at, e.g. --input-shape NAME=D1,D2,..."
     )
 

@@ -74,6 +74,10 @@ class Graph:
     opaque: dict[str, OpaqueSpec] = field(default_factory=dict)
     opset_imports: dict[str, int] = field(default_factory=lambda: {"": 17})
     name: str = "tensat"
+    # for a model read with symbolic dims: the dims of the nodes whose sizes their attributes hold (a graph input,
+    # a Reshape, an opaque node...), each symbolic dim at its size in `tensat.onnx.symbolic.SYMBOL_SIZES`; the
+    # e-graph derives every other node's (`OpDef.symbolic_shape`), for rule guards that hold at every size
+    symbolic: dict[int, tuple[int, ...]] = field(default_factory=dict)
     _index: dict[Node, int] = field(default_factory=dict, repr=False)
 
     # -- construction -------------------------------------------------------------------------------------------
@@ -242,6 +246,7 @@ class Graph:
             node = Node(n.op, tuple(remap[j] for j in n.inputs), n.attrs, n.shape, n.dtype)
             remap[i] = out._intern(node)
         out.outputs = [(name, remap[n]) for name, n in self.outputs]
+        out.symbolic = {remap[i]: dims for i, dims in self.symbolic.items() if i in remap}
         return out
 
     def evaluate(self, feeds: Mapping[str, np.ndarray], nodes: Iterable[int] | None = None) -> dict[int, np.ndarray]:

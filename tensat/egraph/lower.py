@@ -28,6 +28,9 @@ class LoweredGraph:
         self.graph = graph
         present = {graph.nodes[i].op for i in graph.live()}
         self.rules = list(rules) if rules is not None else rewrites.select_rules(present)
+        symbolic = bool(graph.symbolic)  # guards hold at every size of the symbolic dims (`ir.Graph.symbolic`)
+        self.shape_schedule = "(saturate shapes symbolic-shapes)" if symbolic else "(saturate shapes)"
+        used = present.union(*(r.produced_ops() for r in self.rules))
         self._strings: list[str] = []
         self._string_ids: dict[str, int] = {}
         self._ruleset_of: dict[str, str] = {}
@@ -37,25 +40,35 @@ class LoweredGraph:
             "(relation fresh (T))\n(relation settled (T))\n(ruleset stale)\n"
             "(rule ((fresh x) (chosen x)) ((delete (fresh x))) :ruleset stale)\n"
             "(rule ((chosen x)) ((settled x)) :ruleset stale)",
-            "\n".join(ops.egg_shape_rules(present.union(*(r.produced_ops() for r in self.rules)))),
         ]
         for k, rule in enumerate(self.rules):
             name = f"rule-{k}"
             self._ruleset_of[rule.name] = name
-            program.append(f"(ruleset {name})\n{rewrites.to_egglog(rule, name)}")
+            program.append(f"(ruleset {name})\n{rewrites.to_egglog(rule, name, symbolic=symbolic)}")
             if rule.multi:  # the same rule, matching only pairs of chosen e-classes with a fresh one (see `guide`):
                 guided = f"guided-{k}"  # the first fresh, or the first chosen in an earlier round and the second fresh
                 self._ruleset_of[GUIDED + rule.name] = guided
                 program.append(f"(ruleset {guided})")
                 for name, roots_in in (("", [("fresh", 0)]), (f"{TWIN}1", [("settled", 0), ("fresh", 1)])):
-                    program.append(rewrites.to_egglog(rule, guided, "chosen", GUIDED + rule.name + name, roots_in))
+                    program.append(
+                        rewrites.to_egglog(rule, guided, "chosen", GUIDED + rule.name + name, roots_in, symbolic)
+                    )
+        # the shape rules last: registering a ruleset after the symbolic shape rules takes egglog far longer
+        program.append("\n".join(ops.egg_shape_rules(used) + (ops.egg_symbolic_shape_rules(used) if symbolic else [])))
         self._blank = blank_egraph(program, self)
         self.egraph = self._blank.egraph
         self.version = 0  # bumped whenever the e-graph's content may have changed: an export is reused until then
         self._chosen_base = 0
         self.live = graph.live()
         self._run_batched([f"(set (node-of {i}) {self._lower(graph.nodes[i])})" for i in self.live])
-        self._run("(run-schedule (saturate shapes))")
+        self._run_batched(
+            [
+                f"(set (sym-shape-of (node-of {i})) {self._attr('ints', dims)})"
+                for i, dims in graph.symbolic.items()
+                if i in set(self.live)
+            ]
+        )
+        self._run(f"(run-schedule {self.shape_schedule})")
         self._check_initial_shapes()
 
     # -- egglog plumbing ----------------------------------------------------------------------------------------
@@ -145,7 +158,7 @@ class LoweredGraph:
         commands = [f"(set (chosen-of {base + i}) {self._lower(graph.nodes[i], 'chosen-of', base)})" for i in live]
         commands += [f"(fresh (chosen-of {base + i}))" for i in live]
         self._run_batched(commands)
-        self._run("(run-schedule (saturate shapes) (run stale))")
+        self._run(f"(run-schedule {self.shape_schedule} (run stale))")
         self._run_batched([f"(chosen (chosen-of {base + i}))" for i in live])
         return base
 

@@ -38,7 +38,7 @@ from tensat.onnx.common import (
 )
 from tensat.onnx.external import external_dir, has_external, mapped_array, subgraphs
 from tensat.onnx.load import load_model, symbolic_dims
-from tensat.onnx.symbolic import Dims, tensor_dims
+from tensat.onnx.symbolic import Dims, SymbolSizes, tensor_dims
 
 
 class _Unsupported(Exception):
@@ -90,6 +90,10 @@ class _Importer:
     dims: dict[str, Dims] | None = None
     varying: dict[str, np.ndarray] = field(default_factory=dict)
     producers: dict[str, tuple[int, NodeProto]] = field(default_factory=dict)
+    # ... and the dims of the tensors whose sizes tensat may read from attributes, in the e-graph's rule guards
+    # (`ir.Graph.symbolic`): each symbolic dim at its size in `symbols`; `probed`: those told by running the model
+    symbols: SymbolSizes = field(default_factory=SymbolSizes)
+    probed: dict[str, tuple[int, ...]] = field(default_factory=dict)
     _temp: int = 0
     # the weight nodes made so far, by dtype and shape, each with its `_sample` once one was needed
     _constants: dict[tuple[str, tuple[int, ...]], list[tuple[int, np.ndarray, bytes | None]]] = field(
@@ -106,6 +110,28 @@ class _Importer:
         given = symbolic_dims(self.model)
         if given is not None:
             self.dims = tensor_dims(self.model, given)
+            self._probe_symbolic(given)
+
+    def _probe_symbolic(self, given: Mapping[str, Dims]) -> None:
+        """The dims shape inference could not name, of the tensors whose sizes the ops computing them read from
+        their inputs' values (a Reshape, a Range...) or that tensat may keep opaque: told by running the model at
+        other sizes (`SymbolSizes.probed`), while its weights are still in it (see `_record_symbolic`)."""
+        assert self.dims is not None
+        named = {d for dims in given.values() for d in dims if isinstance(d, str) and d != "?"}
+        untold = []
+        for node in self.model.graph.node:
+            for out in node.output:
+                dims = self.dims.get(out)
+                if not out or (dims is not None and all(isinstance(d, int) or d in named for d in dims)):
+                    continue
+                # a mask or an index (not a float) may be kept opaque where a float would be modelled
+                if (
+                    norm_domain(node.domain) != ""
+                    or node.op_type in _SIZED
+                    or self.types.get(out, ("",))[0] != "float32"
+                ):
+                    untold.append(out)
+        self.probed = self.symbols.probed(self.model, given, untold) if untold else {}
 
     # -- values -------------------------------------------------------------------------------------------------
 
@@ -132,7 +158,31 @@ class _Importer:
             if vi.type.WhichOneof("value") not in (None, "tensor_type"):
                 raise ModelError(f"graph output '{vi.name}' is a {vi.type.WhichOneof('value')}; tensat needs tensors")
             self.graph.output(vi.name, self.value_of(vi.name))
+        self._record_symbolic()
         return self.graph.compact()
+
+    def _record_symbolic(self) -> None:
+        """For a model read with symbolic dims: the dims the model tells for each node whose sizes its attributes
+        hold (`ir.Graph.symbolic`), by shape inference, else by running it (`SymbolSizes.probed`); the e-graph
+        derives the others'."""
+        given = symbolic_dims(self.model)
+        if self.dims is None or given is None:
+            return
+        named = {d for dims in given.values() for d in dims if isinstance(d, str) and d != "?"}
+        for name, v in self.env.items():
+            node = self.graph.nodes[v]
+            if ops.get(node.op).symbolic_shape is None:
+                continue
+            dims = self.dims.get(name)
+            probed = self.probed.get(name)
+            if (
+                dims is not None
+                and len(dims) == len(node.shape)
+                and all(d in named or d == s for d, s in zip(dims, node.shape))
+            ):
+                self.graph.symbolic[v] = self.symbols.of(dims)
+            elif probed is not None and len(probed) == len(node.shape):
+                self.graph.symbolic[v] = probed
 
     def value_of(self, name: str) -> int:
         """IR id of tensor `name`: a weight node for a constant, the nodes that compute it for one that varies with
@@ -511,6 +561,17 @@ class _Importer:
                 except Exception:  # noqa: BLE001
                     pass
         return out
+
+
+# ONNX ops whose output dims are read from their inputs' values, or from sizes they hold, not derived from their
+# inputs' dims: the ops tensat lowers to an op that holds sizes (`OpDef.symbolic_shape`), or keeps opaque
+_SIZED = frozenset(
+    {
+        "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Split", "Gather", "GatherND", "GatherElements",
+        "Expand", "Tile", "Range", "ConstantOfShape", "Shape", "Size", "NonZero", "TopK", "Resize", "Pad", "OneHot",
+        "Compress", "CumSum", "Einsum", "Trilu",
+    }
+)  # fmt: skip
 
 
 def _value_type(vi: onnx.ValueInfoProto) -> tuple[str, tuple[int, ...] | None]:

@@ -13,18 +13,101 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import ModelProto, numpy_helper
 
+from tensat.errors import raise_if_out_of_memory
 from tensat.onnx.external import light_copy
+from tensat.verify import random_inputs, run_model
 
 Dims = list[int | str]  # a shape whose dims are sizes or the names of symbolic dims
 BATCH_NAMES = re.compile(r"(batch|^n$|^b$|^bs$|^N$|^B$)", re.IGNORECASE)  # a symbolic dim read as a batch
 BATCH = 1  # the size a batch dim is optimized at, when no shape is given
 SIZE = 128  # the size any other symbolic dim (a sequence, an image side) is optimized at, when no shape is given
 SIZES = (SIZE, 512, 2048, 16384)  # the sizes tried in turn, where the model does not run at the one before
+# The sizes symbolic dims take in the e-graph's rule guards (`ir.Graph.symbolic`): the k-th is SYMBOL_BASE +
+# k * SYMBOL_STEP, a size no static dim takes, so that a guard holds there only where it holds at every size (a dim
+# equal to 1, or to another dim). Products of three of them stay far inside egglog's i64.
+SYMBOL_BASE = 65537
+SYMBOL_STEP = 4099
+
+
+class SymbolSizes:
+    """The sizes the symbolic dims of one model take in the e-graph's rule guards: one per named dim, and a fresh
+    one for each dim no name or size is known for ("?"), which equals no other."""
+
+    def __init__(self) -> None:
+        self._sizes: dict[Any, int] = {}
+        self._count = 0
+
+    def _fresh(self) -> int:
+        self._count += 1
+        return SYMBOL_BASE + (self._count - 1) * SYMBOL_STEP
+
+    def named(self, key: Any) -> int:
+        """The size of the symbolic dim `key` names (a dim's name, or what tells it from others)."""
+        if key not in self._sizes:
+            self._sizes[key] = self._fresh()
+        return self._sizes[key]
+
+    def of(self, dims: Sequence[int | str]) -> tuple[int, ...]:
+        """`dims` with each symbolic dim at its size."""
+        return tuple(d if isinstance(d, int) else self._fresh() if d == "?" else self.named(d) for d in dims)
+
+    def probed(
+        self, model: ModelProto, given: Mapping[str, Dims], names: Sequence[str], seed: int = 0
+    ) -> dict[str, tuple[int, ...]]:
+        """The dims of the tensors `names` of `model` (read at fixed shapes; `given`: its inputs' symbolic dims),
+        told by running the model at those shapes, and once for each named input dim at that dim alone larger. A
+        dim that moves with one of them only, as a * size + b for a whole a, is that; one that moves otherwise is
+        named by how it moved. Empty where the model does not run so."""
+        rep = fixed_shapes(model)
+        symbolic = declared(model, given)
+        sizes = sizes_of(symbolic, rep)
+        larger = {name: _scaled(size, 1, is_batch(name, 1)) for name, size in sizes.items()}
+        computed = {out for node in model.graph.node for out in node.output}
+        names = [name for name in names if name in computed]
+        if not names:
+            return {}
+        del symbolic.graph.output[:]
+        symbolic.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n) for n in names)
+        runs: list[dict[str, tuple[int, ...]]] = []
+        for name in ["", *sizes]:  # "": at the fixed shapes
+            feeds = {
+                tensor: [larger[d] if d == name else rep[tensor][axis] for axis, d in enumerate(dims)]
+                for tensor, dims in given.items()
+            }
+            try:
+                outputs = run_model(symbolic, random_inputs(symbolic, seed, feeds), keep=False)
+            except Exception as exc:  # noqa: BLE001 - a size the model does not run at: nothing is told
+                raise_if_out_of_memory(exc)
+                return {}
+            runs.append({tensor: tuple(np.shape(value)) for tensor, value in outputs.items()})
+        at_rep, moved = runs[0], dict(zip(sizes, runs[1:]))
+        out: dict[str, tuple[int, ...]] = {}
+        for tensor, shape in at_rep.items():
+            if any(len(run.get(tensor, ())) != len(shape) for run in moved.values()):
+                continue
+            out[tensor] = tuple(
+                self._fitted(v, {name: run[tensor][axis] for name, run in moved.items()}, sizes, larger)
+                for axis, v in enumerate(shape)
+            )
+        return out
+
+    def _fitted(self, v: int, moved: Mapping[str, int], sizes: Mapping[str, int], larger: Mapping[str, int]) -> int:
+        """The size of a dim of size `v` at the fixed shapes that is `moved[name]` where dim `name` alone is larger."""
+        changed = {name: u for name, u in moved.items() if u != v}
+        if not changed:
+            return v
+        if len(changed) == 1:
+            ((name, u),) = changed.items()
+            a, rest = divmod(u - v, larger[name] - sizes[name])
+            if rest == 0 and a >= 1:
+                return a * self.named(name) + v - a * sizes[name]
+        return self.named(("moved", v, tuple(sorted(changed.items()))))
 
 
 def input_dims(model: ModelProto) -> dict[str, Dims]:
@@ -84,6 +167,20 @@ def representative(
                 sizes.append(BATCH if is_batch(d, axis) else size)
         shapes[name] = sizes
     return shapes
+
+
+def sizes_to_try(model: ModelProto) -> list[int]:
+    """The sizes a symbolic dim the shapes given do not size is tried at, in turn: `SIZE`, then the row counts below
+    it of the tables the model looks rows up in (a position-embedding table bounds a sequence), longest first, then
+    the larger `SIZES`."""
+    tables = {t.name: t.dims[0] for t in model.graph.initializer if len(t.dims) == 2}
+    rows = {
+        tables[node.input[0]]
+        for node in model.graph.node
+        if node.op_type == "Gather" and node.input and node.input[0] in tables
+        and all(a.name != "axis" or a.i == 0 for a in node.attribute)
+    }  # fmt: skip
+    return [SIZE, *sorted((r for r in rows if 1 < r < SIZE), reverse=True), *SIZES[1:]]
 
 
 def unsized(dims: Mapping[str, Dims], given: Mapping[str, Sequence[int]] | None) -> list[str]:

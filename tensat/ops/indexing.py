@@ -28,6 +28,8 @@ from tensat.ops.registry import (
     numel,
     register,
     shape_from_attr,
+    symbolic_on_static_axis,
+    symbolic_where_static,
 )
 
 INDEX_TYPES = frozenset({"int64", "int32"})
@@ -80,6 +82,7 @@ GATHER = register(
         solved={"shape": lambda s, out: out},
         int_exact=True,
         breaks_layout=True,
+        symbolic_shape=symbolic_where_static,
     )
 )
 
@@ -130,6 +133,7 @@ GATHER_ND = register(
         solved={"shape": lambda s, out: out},
         int_exact=True,
         breaks_layout=True,
+        symbolic_shape=symbolic_where_static,
     )
 )
 
@@ -180,6 +184,7 @@ EXPAND = register(
         solved={"shape": lambda s, out: out},
         int_exact=True,
         breaks_layout=True,
+        symbolic_shape=symbolic_where_static,
     )
 )
 
@@ -237,5 +242,6 @@ STRIDE = register(
         solved={"start": lambda s, out: s.sym(0, 2), "size": lambda s, out: s.sym(1, 3)},
         int_exact=True,
         breaks_layout=True,
+        symbolic_shape=symbolic_on_static_axis,
     )
 )

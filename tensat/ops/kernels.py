@@ -33,6 +33,7 @@ from tensat.ops.registry import (
     egg_vec,
     numel,
     register,
+    symbolic_of_first,
 )
 
 CONTRIB = "com.microsoft"  # onnxruntime's contrib op domain
@@ -76,6 +77,9 @@ SKIP_LAYER_NORM = register(
         equations=_skip_equations,
         domains={"epsilon": [1e-5, 0.25]},
         breaks_layout=True,
+        # onnxruntime's kernel also adds a skip of batch 1 to any batch (a BERT's position embeddings), which it
+        # was read as at batch 1
+        symbolic_shape=symbolic_of_first,
     )
 )
 

@@ -20,11 +20,14 @@ from tensat.ops.registry import (
     any_data,
     check,
     egg_dim,
+    egg_match,
     egg_rule,
     egg_vec,
     no_flops,
     numel,
     register,
+    symbolic_on_static_axis,
+    symbolic_where_static,
 )
 
 
@@ -130,6 +133,7 @@ SLICE = register(
         int_exact=True,
         accepts=any_data,
         breaks_layout=True,
+        symbolic_shape=symbolic_on_static_axis,
     )
 )
 
@@ -203,6 +207,26 @@ def _reshape_rules(op: OpDef) -> list[str]:
     return out
 
 
+def _reshape_symbolic(op: OpDef) -> list[str]:
+    """A Reshape's symbolic dims: static where its input's are; else where it only adds or drops leading ones (the
+    rank a broadcast operand is brought to), its input's with those ones."""
+    rules = symbolic_where_static(op)
+    match = f"{egg_match(op)} (= s0 (shape-of x0)) (= y0 (sym-shape-of x0))"
+    for k in range(1, MAX_RANK):
+        rules.append(
+            f"(rule ({match} (= ones-k (ones {k})) (= shape (vec-append ones-k s0))) "
+            f"((set (sym-shape-of e) (vec-append ones-k y0))) :ruleset shapes)"
+        )
+        rest = "y0"
+        for _ in range(k):
+            rest = f"(vec-remove {rest} 0)"
+        rules.append(
+            f"(rule ({match} (= ones-k (ones {k})) (= s0 (vec-append ones-k shape)) (<= {k} (vec-length y0)) "
+            f"(= rest {rest}) (= y0 (vec-append ones-k rest))) ((set (sym-shape-of e) rest)) :ruleset shapes)"
+        )
+    return rules
+
+
 def _reshape_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[str, Any]) -> None:
     target = at["shape"]
     if not isinstance(target, tuple) or len(target) != len(out):
@@ -230,6 +254,7 @@ RESHAPE = register(
         accepts=any_data,
         view=True,
         breaks_layout=True,
+        symbolic_shape=_reshape_symbolic,
     )
 )
 

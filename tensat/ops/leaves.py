@@ -20,6 +20,7 @@ from tensat.ops.registry import (
     no_flops,
     register,
     shape_from_attr,
+    symbolic_from_model,
 )
 
 
@@ -27,7 +28,7 @@ def leaf_shape(_: Sequence[Shape], attrs: Attrs) -> Shape:
     return tuple(attrs["shape"])
 
 
-def _leaf(name: str, egg: str) -> OpDef:
+def _leaf(name: str, egg: str, **symbolic: Any) -> OpDef:
     return OpDef(
         name,
         egg,
@@ -39,10 +40,11 @@ def _leaf(name: str, egg: str) -> OpDef:
         no_flops,
         leaf=True,
         kind="leaf",
+        **symbolic,
     )
 
 
-INPUT = register(_leaf("input", "Input"))
+INPUT = register(_leaf("input", "Input", symbolic_shape=symbolic_from_model))
 WEIGHT = register(_leaf("weight", "Weight"))
 
 

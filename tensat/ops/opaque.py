@@ -4,7 +4,7 @@ which of its outputs this tensor is; `shape` and `dtype` come from ONNX shape in
 from __future__ import annotations
 
 from tensat.ops.leaves import leaf_shape
-from tensat.ops.registry import OpDef, numel, register, shape_from_attr
+from tensat.ops.registry import OpDef, numel, register, shape_from_attr, symbolic_from_model
 
 OPAQUE = register(
     OpDef(
@@ -17,5 +17,6 @@ OPAQUE = register(
         shape_from_attr,
         lambda s, o, a: float(numel(o)),
         breaks_layout=True,
+        symbolic_shape=symbolic_from_model,
     )
 )

@@ -119,6 +119,13 @@ class OpDef:
     breaks_layout: bool = False  # runs in, or forces reorders around, the blocked layout of a measured conv graph
     # (the others, element-wise ops and concat, run on whatever layout their inputs have)
 
+    # Symbolic dims. The egglog rules of `symbolic_shape` (`sym-shape-of`: a tensor's dims with each symbolic dim at
+    # a size no static dim takes, for rule guards to tell a dim that varies from one that happens to match): None
+    # for an op whose output dims derive from its inputs' alone (its shape rules, on `sym-shape-of`); an op whose
+    # attributes hold sizes (a Reshape's target, a graph input's shape) gives its own, or none, and the importer
+    # sets its symbolic dims where the model tells them.
+    symbolic_shape: Callable[[OpDef], list[str]] | None = None
+
     @property
     def attr_names(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self.attrs)
@@ -220,6 +227,11 @@ def egg_declarations() -> str:
     lines = ["(sort IVec (Vec i64))", "(sort T)", "(sort TVec (Vec T))"]
     lines += [op.egg_decl() for op in REGISTRY.values()]
     lines += ["(function shape-of (T) IVec :no-merge)", "(ruleset shapes)"]
+    # a tensor's dims as functions of the symbolic dims (`OpDef.symbolic_shape`); two e-nodes of one e-class may
+    # name a dim two ways (a size read from the model, and the same derived by the rules): either is kept
+    lines.append("(function sym-shape-of (T) IVec :merge old)")
+    # a ruleset of their own: egglog's registration time grows faster than a ruleset's size
+    lines.append("(ruleset symbolic-shapes)")
     # (ones r): the shape of r ones, for rules whose constants broadcast (`rewrites.dsl`'s `ones`)
     lines.append("(function ones (i64) IVec :no-merge)")
     lines += [f"(set (ones {r}) {egg_vec(['1'] * r)})" for r in range(MAX_RANK + 1)]
@@ -231,6 +243,52 @@ def egg_shape_rules(names: Iterable[str] | None = None) -> list[str]:
     wanted = None if names is None else set(names)
     return [
         rule for name, op in REGISTRY.items() if wanted is None or name in wanted for rule in op.egg_shape_rules(op)
+    ]
+
+
+def egg_symbolic_shape_rules(names: Iterable[str] | None = None) -> list[str]:
+    """The egglog rules of `sym-shape-of` for the ops called `names` (default: every op), in the `symbolic-shapes`
+    ruleset."""
+    wanted = None if names is None else set(names)
+    out = []
+    for name, op in REGISTRY.items():
+        if wanted is not None and name not in wanted:
+            continue
+        if op.symbolic_shape is not None:
+            out += op.symbolic_shape(op)
+        else:
+            out += [rule.replace("(shape-of ", "(sym-shape-of ") for rule in op.egg_shape_rules(op)]
+    return [rule.replace(":ruleset shapes", ":ruleset symbolic-shapes") for rule in out]
+
+
+def symbolic_from_model(_: OpDef) -> list[str]:
+    """`OpDef.symbolic_shape` of an op whose symbolic dims only the model tells (a graph input, an opaque node)."""
+    return []
+
+
+def symbolic_of_first(op: OpDef) -> list[str]:
+    """`OpDef.symbolic_shape` of an op whose output has its first input's dims, whatever the others' (a kernel
+    whose second input broadcasts)."""
+    return [f"(rule ({egg_match(op)} (= y0 (sym-shape-of x0))) ((set (sym-shape-of e) y0)) :ruleset shapes)"]
+
+
+def symbolic_where_static(op: OpDef) -> list[str]:
+    """`OpDef.symbolic_shape` of an op whose attributes hold sizes: its dims are static where its inputs' are."""
+    n = op.inputs or 0
+    binds = [f"(= s{i} (shape-of x{i})) (= (sym-shape-of x{i}) s{i})" for i in range(n)]
+    body = " ".join([egg_match(op), *binds, "(= out (shape-of e))"])
+    return [f"(rule ({body}) ((set (sym-shape-of e) out)) :ruleset shapes)"]
+
+
+def symbolic_on_static_axis(op: OpDef) -> list[str]:
+    """`OpDef.symbolic_shape` of an op that sizes one axis (`axis`) by its attributes and keeps the others (a
+    Slice): where that axis of its input is static, the input's symbolic dims with that axis as it sizes it."""
+    body = " ".join(
+        [egg_match(op), "(= s0 (shape-of x0)) (= y0 (sym-shape-of x0))", "(= (vec-get s0 axis) (vec-get y0 axis))"]
+    )
+    return [
+        f"(rule ({body} (= out (shape-of e))) ((set (sym-shape-of e) (vec-set y0 axis (vec-get out axis)))) "
+        ":ruleset shapes)"
     ]
 
 

@@ -13,7 +13,18 @@ from onnx import TensorProto, helper, numpy_helper
 
 import tensat
 import tensat.api as api
-from tensat.onnx.symbolic import _named, _polymorphic, generalize, other_shapes, representative
+from tensat import onnx_io
+from tensat.egraph.runner import Exploration
+from tensat.onnx.symbolic import (
+    SymbolSizes,
+    _named,
+    _polymorphic,
+    generalize,
+    other_shapes,
+    representative,
+    sizes_to_try,
+    tensor_dims,
+)
 from tensat.onnx_io import symbolic_inputs
 from tensat.verify import run_model
 
@@ -248,6 +259,42 @@ def test_a_sequence_too_short_for_the_model_is_sized_by_running_it(tmp_path: Pat
     assert result.to_dict()["shapes_optimized"] == {"x": [1, 1, 512]}
 
 
+def _positions(rows: int, width: int) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """pos = table[Range(0, Shape(x)[1])], the rows of a position table (`rows` x `width`) for x's sequence: the
+    nodes, and the table and constants they read (zero among them)."""
+    table = np.random.default_rng(rows).standard_normal((rows, width)).astype(np.float32)
+    consts = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in (("zero", 0), ("one", 1), ("axis1", [1]))]
+    nodes = [
+        helper.make_node("Shape", ["x"], ["xs"]),
+        helper.make_node("Gather", ["xs", "axis1"], ["seq1"]),
+        helper.make_node("Squeeze", ["seq1"], ["seq"]),
+        helper.make_node("Range", ["zero", "seq", "one"], ["positions"]),
+        helper.make_node("Gather", ["table", "positions"], ["pos"]),
+    ]
+    return nodes, [numpy_helper.from_array(table, "table"), *consts]
+
+
+def test_a_sequence_longer_than_the_position_table_is_sized_by_the_table(tmp_path: Path) -> None:
+    """Positions Range(0, seq) looked up in a table of 32 rows: the model does not run at a sequence of 128, nor
+    longer; it runs at the table's 32 rows, which the model tells."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 4])
+    nodes, inits = _positions(32, 4)
+    inits.append(numpy_helper.from_array(np.random.default_rng(5).standard_normal((5, 4)).astype(np.float32), "types"))
+    nodes += [
+        helper.make_node("Gather", ["types", "zero"], ["type0"]),
+        helper.make_node("Add", ["pos", "type0"], ["emb"]),
+        helper.make_node("Add", ["x", "emb"], ["y"]),
+    ]
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", [x], [y], inits), opset_imports=[helper.make_opsetid("", 17)], ir_version=8
+    )
+    assert sizes_to_try(model)[:3] == [128, 32, 5]
+    result = tensat.optimize_with_details(model, **FAST)
+    assert result.shapes_optimized == {"x": [1, 32, 4]}
+    assert result.verification.ok
+
+
 def test_a_reshape_after_an_onnxruntime_kernel_is_written_for_every_size() -> None:
     """Shape inference reads through the kernels the exporter writes (here FusedMatMul, and SimplifiedLayerNorm in
     the default domain), so a Reshape after them still gets its target written with 0 and -1."""
@@ -286,3 +333,135 @@ def test_a_dim_inference_cannot_name_is_named_by_its_size() -> None:
     # frames a conv stack derives from the samples: named anew, so the target absorbs them with -1
     source, named = _named(["batch", 128, 1, "unk__3"], [1, 128, 1, 6], {"batch": 1, "samples": 2048}, 128 * 6)
     assert _polymorphic([1, 128, 6], source, named) == [0, 128, -1]
+
+
+def _rules_fired(path: Path, symbolic: bool = True) -> dict[str, int]:
+    """The matches of each rule exploring the model at `path` (read at its representative shape); with `symbolic`
+    False, as if its dims were static."""
+    graph = onnx_io.import_model(onnx_io.load_model(str(path)), check=False)
+    assert graph.symbolic  # the graph inputs' dims at least
+    if not symbolic:
+        graph.symbolic = {}
+    stats = Exploration(graph).explore(iter_limit=4)
+    fired: dict[str, int] = {}
+    for it in stats.iterations:
+        for name, n in it.matches.items():
+            fired[name] = fired.get(name, 0) + n
+    return fired
+
+
+def _model(
+    tmp_path: Path, inputs: dict[str, list[int | str]], nodes: list[onnx.NodeProto], out: list[int | str]
+) -> Path:
+    """A float model of `nodes` over graph inputs `inputs` (name: dims), with the weight w (8x8) and output y."""
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, dims) for name, dims in inputs.items()],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)],
+        [w],
+    )
+    path = tmp_path / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("scale", "folds"), [(["batch", 8], False), ([1, 8], True)], ids=["rows-symbolic", "rows-static"]
+)
+def test_a_guard_on_a_symbolic_dim_holds_only_where_it_holds_at_every_size(
+    tmp_path: Path, scale: list[int | str], folds: bool
+) -> None:
+    """(x @ w) * c folds c into w where c's rows are 1 (`matmul-scale-mul-fold`). At the representative batch 1
+    a c of [batch, 8] has one row too, but not at batch 2: the rule must not apply. A c of [1, 8] folds at every
+    batch; the same model with static dims folds either way."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Mul", ["m", "c"], ["y"])]
+    path = _model(tmp_path, {"x": ["batch", 8], "c": scale}, nodes, ["batch", 8])
+    assert (_rules_fired(path).get("matmul-scale-mul-fold", 0) > 0) == folds
+    assert _rules_fired(path, symbolic=False).get("matmul-scale-mul-fold", 0) > 0
+    result = tensat.optimize_with_details(str(path), **FAST)
+    assert result.verification.ok
+    assert result.symbolic_dims
+
+
+@pytest.mark.parametrize(("other", "fuses"), [("seq", True), ("seq2", False)])
+def test_dims_are_equal_in_a_guard_only_where_they_are_the_same_symbolic_dim(
+    tmp_path: Path, other: str, fuses: bool
+) -> None:
+    """LayerNormalization(x + s) becomes SkipLayerNormalization where x and s have one shape (`same-shape`). Two
+    sequence dims both 128 at the representative shape are the same shape there, but not where they differ."""
+    nodes = [
+        helper.make_node("Add", ["x", "s"], ["a"]),
+        helper.make_node("LayerNormalization", ["a", "g", "b"], ["y"], axis=-1),
+    ]
+    path = _model(tmp_path, {"x": ["batch", "seq", 8], "s": ["batch", other, 8]}, nodes, ["batch", "seq", 8])
+    model = onnx.load(str(path))
+    model.graph.initializer.extend(
+        [numpy_helper.from_array(np.ones(8, np.float32), "g"), numpy_helper.from_array(np.zeros(8, np.float32), "b")]
+    )
+    onnx.save(model, str(path))
+    assert (_rules_fired(path).get("skip-layernorm-fuse", 0) > 0) == fuses
+    assert _rules_fired(path, symbolic=False).get("skip-layernorm-fuse", 0) > 0
+
+
+def test_dims_shape_inference_cannot_name_are_told_by_running_the_model(tmp_path: Path) -> None:
+    """Position embeddings read for positions Range(0, Shape(x)[1]): ONNX shape inference cannot name their rows,
+    the sequence; running the model at a longer sequence tells them, so that the residual sum y + pos has x's dims
+    and LayerNormalization(x + (y + pos)) fuses with x + (y + pos) as its skip."""
+    nodes, consts = _positions(512, 8)
+    nodes += [
+        helper.make_node("Add", ["y", "pos"], ["s"]),
+        helper.make_node("Add", ["x", "s"], ["a"]),
+        helper.make_node("LayerNormalization", ["a", "g", "b"], ["out"], axis=-1),
+        helper.make_node("MatMul", ["out", "w"], ["y_out"]),
+    ]
+    path = _model(tmp_path, {"x": ["batch", "seq", 8], "y": ["batch", "seq", 8]}, nodes, ["batch", "seq", 8])
+    model = onnx.load(str(path))
+    model.graph.output[0].name = "y_out"
+    model.graph.initializer.extend(
+        [*consts, numpy_helper.from_array(np.ones(8, np.float32), "g")]
+        + [numpy_helper.from_array(np.zeros(8, np.float32), "b")]
+    )
+    onnx.save(model, str(path))
+    graph = onnx_io.import_model(onnx_io.load_model(str(path)), check=False)
+    inferred = tensor_dims(onnx_io.load_model(str(path)), {"x": ["batch", "seq", 8], "y": ["batch", "seq", 8]})
+    assert not isinstance(inferred["pos"][0], int) and inferred["pos"][0] != "seq"  # inference does not name it
+    sized = [graph.symbolic[i] for i, n in enumerate(graph.nodes) if n.shape == (128, 8) and i in graph.symbolic]
+    assert sized and sized[0][0] == graph.symbolic[graph.input_ids[0]][1]  # the rows of pos are the sequence
+    assert _rules_fired(path).get("skip-layernorm-fuse", 0) > 0
+
+
+def test_a_dim_is_told_by_how_it_moves_with_the_symbolic_dims() -> None:
+    """One that moves one to one (or a whole times) with one symbolic dim is that dim times a plus b; any other
+    move (a strided conv's half, a product of two) names a dim of its own, the same for the same move."""
+    symbols = SymbolSizes()
+    sizes, larger = {"batch": 1, "seq": 128}, {"batch": 2, "seq": 256}
+    seq = symbols.named("seq")
+
+    def fitted(v: int, batch: int, seq: int) -> int:
+        return symbols._fitted(v, {"batch": batch, "seq": seq}, sizes, larger)
+
+    assert fitted(8, 8, 8) == 8
+    assert fitted(128, 128, 256) == seq
+    assert fitted(132, 132, 260) == seq + 4
+    assert fitted(256, 256, 512) == 2 * seq
+    assert fitted(1, 2, 1) == symbols.named("batch")
+    half, product = fitted(64, 64, 128), fitted(128, 256, 256)
+    assert len({half, product, seq, symbols.named("batch")}) == 4 and min(half, product) > 60000
+    assert fitted(128, 256, 256) == product
+
+
+@pytest.mark.parametrize(("rows", "merges"), [("seq", False), (16, True)], ids=["rows-symbolic", "rows-static"])
+def test_a_rewrite_that_would_write_a_symbolic_dims_size_is_refused(
+    tmp_path: Path, rows: int | str, merges: bool
+) -> None:
+    """x1 @ w and x2 @ w merge into (x1 |rows x2) @ w, sliced back at x1's row count (`matmul-merge-shared-weight`).
+    With a symbolic number of rows, that count would be the size optimized at, wrong at any other: refused."""
+    nodes = [helper.make_node("MatMul", ["x1", "w"], ["y"]), helper.make_node("MatMul", ["x2", "w"], ["y2"])]
+    path = _model(tmp_path, {"x1": ["batch", rows, 8], "x2": ["batch", rows, 8]}, nodes, ["batch", rows, 8])
+    model = onnx.load(str(path))
+    model.graph.output.append(helper.make_tensor_value_info("y2", TensorProto.FLOAT, ["batch", rows, 8]))
+    onnx.save(model, str(path))
+    assert (_rules_fired(path).get("matmul-merge-shared-weight", 0) > 0) == merges
+    assert _rules_fired(path, symbolic=False).get("matmul-merge-shared-weight", 0) > 0
