@@ -29,7 +29,6 @@ class LoweredGraph:
         present = {graph.nodes[i].op for i in graph.live()}
         self.rules = list(rules) if rules is not None else rewrites.select_rules(present)
         symbolic = bool(graph.symbolic)  # guards hold at every size of the symbolic dims (`ir.Graph.symbolic`)
-        self.shape_schedule = "(saturate shapes symbolic-shapes)" if symbolic else "(saturate shapes)"
         used = present.union(*(r.produced_ops() for r in self.rules))
         self._strings: list[str] = []
         self._string_ids: dict[str, int] = {}
@@ -53,7 +52,6 @@ class LoweredGraph:
                     program.append(
                         rewrites.to_egglog(rule, guided, "chosen", GUIDED + rule.name + name, roots_in, symbolic)
                     )
-        # the shape rules last: registering a ruleset after the symbolic shape rules takes egglog far longer
         program.append("\n".join(ops.egg_shape_rules(used) + (ops.egg_symbolic_shape_rules(used) if symbolic else [])))
         self._blank = blank_egraph(program, self)
         self.egraph = self._blank.egraph
@@ -61,14 +59,15 @@ class LoweredGraph:
         self._chosen_base = 0
         self.live = graph.live()
         self._run_batched([f"(set (node-of {i}) {self._lower(graph.nodes[i])})" for i in self.live])
+        live = set(self.live)
         self._run_batched(
             [
                 f"(set (sym-shape-of (node-of {i})) {self._attr('ints', dims)})"
                 for i, dims in graph.symbolic.items()
-                if i in set(self.live)
+                if i in live
             ]
         )
-        self._run(f"(run-schedule {self.shape_schedule})")
+        self._run("(run-schedule (saturate shapes))")
         self._check_initial_shapes()
 
     # -- egglog plumbing ----------------------------------------------------------------------------------------
@@ -158,7 +157,7 @@ class LoweredGraph:
         commands = [f"(set (chosen-of {base + i}) {self._lower(graph.nodes[i], 'chosen-of', base)})" for i in live]
         commands += [f"(fresh (chosen-of {base + i}))" for i in live]
         self._run_batched(commands)
-        self._run(f"(run-schedule {self.shape_schedule} (run stale))")
+        self._run("(run-schedule (saturate shapes) (run stale))")
         self._run_batched([f"(chosen (chosen-of {base + i}))" for i in live])
         return base
 

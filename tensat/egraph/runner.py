@@ -301,7 +301,7 @@ class Exploration(LoweredGraph):
                 lets.append(f"(let-scheduler b{k} (back-off :match-limit {limit}))")
                 runs.append(f"(run-with b{k} {ruleset})")
         version = self.version
-        reports = self._run(f"(run-schedule {' '.join(lets)} {' '.join(runs)} {self.shape_schedule})")
+        reports = self._run(f"(run-schedule {' '.join(lets)} {' '.join(runs)} (saturate shapes))")
         if not any(getattr(getattr(out, "report", None), "updated", True) for out in reports):
             self.version = version  # egglog reports that no rule changed anything
         return reports

@@ -230,8 +230,6 @@ def egg_declarations() -> str:
     # a tensor's dims as functions of the symbolic dims (`OpDef.symbolic_shape`); two e-nodes of one e-class may
     # name a dim two ways (a size read from the model, and the same derived by the rules): either is kept
     lines.append("(function sym-shape-of (T) IVec :merge old)")
-    # a ruleset of their own: egglog's registration time grows faster than a ruleset's size
-    lines.append("(ruleset symbolic-shapes)")
     # (ones r): the shape of r ones, for rules whose constants broadcast (`rewrites.dsl`'s `ones`)
     lines.append("(function ones (i64) IVec :no-merge)")
     lines += [f"(set (ones {r}) {egg_vec(['1'] * r)})" for r in range(MAX_RANK + 1)]
@@ -247,8 +245,7 @@ def egg_shape_rules(names: Iterable[str] | None = None) -> list[str]:
 
 
 def egg_symbolic_shape_rules(names: Iterable[str] | None = None) -> list[str]:
-    """The egglog rules of `sym-shape-of` for the ops called `names` (default: every op), in the `symbolic-shapes`
-    ruleset."""
+    """The egglog rules of `sym-shape-of` for the ops called `names` (default: every op), in the `shapes` ruleset."""
     wanted = None if names is None else set(names)
     out = []
     for name, op in REGISTRY.items():
@@ -258,7 +255,7 @@ def egg_symbolic_shape_rules(names: Iterable[str] | None = None) -> list[str]:
             out += op.symbolic_shape(op)
         else:
             out += [rule.replace("(shape-of ", "(sym-shape-of ") for rule in op.egg_shape_rules(op)]
-    return [rule.replace(":ruleset shapes", ":ruleset symbolic-shapes") for rule in out]
+    return out
 
 
 def symbolic_from_model(_: OpDef) -> list[str]:
