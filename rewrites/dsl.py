@@ -456,9 +456,8 @@ class _EggCompiler:
         # with `symbolic`, guards read dims from `sym-shape-of` (each symbolic dim at a size of its own, see
         # `ir.Graph.symbolic`), so that a rule applies only where its guard holds at every size of them; a tensor
         # whose symbolic dims are not known matches no guard on its dims. Ranks, and the right side's attributes,
-        # are read from the shapes at the sizes optimized at, and a dim an attribute reads must be static (the
-        # size it writes would hold at one size only), but in a Reshape's target, which the exporter writes for
-        # every size (`tensat.onnx.symbolic.generalize`) and verification checks.
+        # are read from the shapes at the sizes optimized at, and a dim an attribute reads must be static: the size
+        # it writes would hold at one size only.
         self.symbolic = symbolic
         self.in_guard = False
         self.in_attribute = False
@@ -544,7 +543,7 @@ class _EggCompiler:
         parts = [self.pattern(a, lhs) for a in p.args]
         for name in d.attr_names:
             if name in given:
-                if self.symbolic and not lhs and (p.op, name) != ("reshape", "shape"):
+                if self.symbolic and not lhs:
                     self.in_attribute = True  # the dims it reads, through :let too, must be static
                     self.expr(inline_lets(given[name], self.rule.lets))
                     self.in_attribute = False

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 
 from tensat import extraction, onnx_io, ops, rewrites
@@ -670,8 +671,10 @@ def _import(run: _Run) -> None:
 def _load_sized(run: _Run) -> onnx.ModelProto:
     """The model with its inputs at the shapes given (`onnx_io.load_model`); a symbolic dim other than a batch that
     they give no size takes the first of `sizes_to_try` the model runs at, tried by running it once in onnxruntime
-    (a waveform too short for a conv stack, a sequence longer than its position table). Raises ModelError where it
-    runs at none."""
+    (a waveform too short for a conv stack, a sequence longer than its position table). A size at which an output
+    dim past the first is 1 where the next larger size makes it longer is passed over: a dim derived from the
+    symbolic one (wav2vec2's frames from its samples) that is 1 there cannot be told from the batch when the result
+    is written for every size. Raises ModelError where it runs at none."""
     assert not isinstance(run.source, Graph)
     shapes = run.opts.input_shapes
     model = onnx_io.load_model(run.source, shapes, keep_external=True)
@@ -681,17 +684,28 @@ def _load_sized(run: _Run) -> onnx.ModelProto:
         return model
     failed = ""
     sizes = sizes_to_try(model)
+    ones: tuple[int, onnx.ModelProto, set[tuple[str, int]]] | None = None  # ran, with output dims of 1
     for size in sizes:
+        if ones is not None and size < ones[0]:
+            continue
         if size != sizes[0]:
             model = onnx_io.load_model(run.source, shapes, keep_external=True, size=size)
         run.log.say("import", f"checking that the model runs with {', '.join(missing)} at {size}")
         try:
-            verify_mod.run_model(model, verify_mod.random_inputs(model, run.opts.seed), keep=False)
+            outputs = verify_mod.run_model(model, verify_mod.random_inputs(model, run.opts.seed), keep=False)
         except Exception as exc:  # noqa: BLE001 - onnxruntime's refusals have several types
             raise_if_out_of_memory(exc)
             failed = failed or one_line(exc)
             continue
-        return model
+        at = {(name, axis): d for name, value in outputs.items() for axis, d in enumerate(np.shape(value))}
+        if ones is not None and all(at.get(key, 1) == 1 for key in ones[2]):
+            return ones[1]  # the dims of 1 stay 1 at this larger size: they are not derived from the symbolic dim
+        unit = {key for key, d in at.items() if d == 1 and key[1] > 0}
+        if not unit:
+            return model
+        ones = (size, model, unit)
+    if ones is not None:
+        return ones[1]
     raise ModelError(
         f"the model does not run with its symbolic dim {', '.join(missing)} at any of {', '.join(map(str, sizes))} "
         f"({failed}); pass the shape to optimize it at, e.g. --input-shape NAME=D1,D2,..."

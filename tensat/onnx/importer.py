@@ -845,6 +845,9 @@ def _split(c: _Importer, node: NodeProto) -> list[Any]:
     return outs
 
 
+_TO_THE_END = 2**31 - 1  # a Slice end at least this large means the axis's end, whatever its size
+
+
 @_lowering("Slice")
 def _slice(c: _Importer, node: NodeProto) -> list[Any]:
     x = c.data(0)
@@ -860,9 +863,12 @@ def _slice(c: _Importer, node: NodeProto) -> list[Any]:
     if not len(starts) == len(ends) == len(axes) == len(steps) or any(s < 1 for s in steps):
         raise _Unsupported("reversed slice")
     y = x
+    varying = c.dims_vary(node.input[0], len(shape))
     for axis, start, end, step in zip(axes, starts, ends, steps):
         axis = _axis(axis, len(shape))
         dim = shape[axis]
+        if varying[axis] and not (0 <= start < dim and (0 <= end < dim or (start == 0 and end >= _TO_THE_END))):
+            raise _Unsupported("a slice whose bounds count from a symbolic dim's end")  # its size varies with it
         start = min(max(start + dim if start < 0 else start, 0), dim)
         end = min(max(end + dim if end < 0 else end, 0), dim)
         if end <= start:

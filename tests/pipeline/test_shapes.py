@@ -465,3 +465,38 @@ def test_a_rewrite_that_would_write_a_symbolic_dims_size_is_refused(
     onnx.save(model, str(path))
     assert (_rules_fired(path).get("matmul-merge-shared-weight", 0) > 0) == merges
     assert _rules_fired(path, symbolic=False).get("matmul-merge-shared-weight", 0) > 0
+
+
+def test_a_size_at_which_a_derived_dim_is_one_is_passed_over(tmp_path: Path) -> None:
+    """A conv of kernel 400 and stride 200 runs at 512 samples with one frame, which could not be told from the
+    batch: the next size (2048, nine frames) is taken."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 1, "samples"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2, "frames"])
+    w = numpy_helper.from_array(np.random.default_rng(3).standard_normal((2, 1, 400)).astype(np.float32), "w")
+    conv = helper.make_node("Conv", ["x", "w"], ["y"], strides=[200])
+    model = helper.make_model(
+        helper.make_graph([conv], "g", [x], [y], [w]), opset_imports=[helper.make_opsetid("", 17)], ir_version=8
+    )
+    result = tensat.optimize_with_details(model, **FAST)
+    assert result.shapes_optimized == {"x": [1, 1, 2048]}
+
+
+def test_a_slice_counted_from_the_end_of_a_symbolic_dim_is_kept_as_written(tmp_path: Path) -> None:
+    """x[:, :-1] @ w: the slice's length is the sequence's less one, at every size. It is kept as the model writes
+    it (not as the 127 rows it takes at the size optimized at), and the model written runs at any sequence."""
+    nodes = [
+        helper.make_node("Slice", ["x", "zero", "minus_one", "one"], ["s"]),
+        helper.make_node("MatMul", ["s", "w"], ["m"]),
+        helper.make_node("Relu", ["m"], ["y"]),
+    ]
+    path = _model(tmp_path, {"x": ["batch", "seq", 8]}, nodes, ["batch", "cut", 8])
+    model = onnx.load(str(path))
+    model.graph.initializer.extend(
+        numpy_helper.from_array(np.array([v], np.int64), n) for n, v in (("zero", 0), ("minus_one", -1), ("one", 1))
+    )
+    graph = onnx_io.import_model(onnx_io.load_model(model), check=False)
+    assert not any(n.op == "slice" for n in graph.nodes) and any(n.op == "opaque" for n in graph.nodes)
+    result = tensat.optimize_with_details(model, **FAST)
+    assert result.verification.ok
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 50, 8)).astype(np.float32)}
+    np.testing.assert_allclose(run_model(result.output, feeds)["y"], run_model(model, feeds)["y"], rtol=1e-5, atol=1e-5)
