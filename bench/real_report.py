@@ -294,6 +294,27 @@ def _cell(rec: dict[str, Any], who: str, threads: str) -> str:
     return f"{lat['speedup']:.3f} ({low:.3f}-{high:.3f})"
 
 
+def readme_table(records: Sequence[dict[str, Any]]) -> str:
+    """The README's results table, from the report's records: each tool's end-to-end speedup at one thread (the
+    median; its interval is in the report), tensat's at two, and tensat's time."""
+    names = {"tensat": "tensat", "onnxsim": "onnxsim", "onnxslim": "onnxslim", "ort_transformers": "ort transformers"}
+    head = ["model", *(names[who] for who in ("tensat", *PEERS)), "tensat 2 threads", "tensat first / warm (s)"]
+    lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
+
+    def speedup(r: dict[str, Any], who: str, threads: str) -> str:
+        cell = _cell(r, who, threads)
+        if cell == "—":
+            return "n/a" if who == "tensat" or r[who].get("unsupported") or r[who]["ok"] else "failed"
+        return cell if cell.startswith("1 (input)") else cell.split(" (")[0]
+
+    for r in records:
+        first, warm = r["tensat_first"], r["tensat_warm"]
+        row = [r["model"], *(speedup(r, who, "threads=1") for who in ("tensat", *PEERS))]
+        row += [speedup(r, "tensat", "threads=2"), f"{first['seconds']:.1f} / {warm['seconds']:.1f}"]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
 def summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The targets' figures over the corpus."""
     out: dict[str, Any] = {"models": len(records), "optimized": sum(1 for r in records if r["tensat_first"]["ok"])}
@@ -371,6 +392,8 @@ def markdown(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
         row.append(peers)
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", "## What tensat changed", "", *(f"- {changes(r)}" for r in records)]
+    lines += ["", "## The README's table", "", "The speedups at one thread, as the README shows them:", ""]
+    lines += [readme_table(records)]
     s = summary(records)
     lines += [
         "",

@@ -203,13 +203,16 @@ def _table(text: str) -> list[str]:
     return lines[start:end]
 
 
-def test_readme_links_notebook_and_report_and_shows_the_latest_table():
-    readme = (ROOT / "README.md").read_text()
-    assert "(notebooks/egraph_growth.ipynb)" in readme
-    assert "(bench/results/report.md)" in readme
+def test_the_results_page_links_notebook_and_report_and_shows_the_latest_table():
+    assert "(notebooks/egraph_growth.ipynb)" in (ROOT / "README.md").read_text()
+    results = (ROOT / "docs" / "results.md").read_text()
+    assert "(../notebooks/egraph_growth.ipynb)" in results
+    assert "(../bench/results/report.md)" in results
     assert (ROOT / "notebooks" / "egraph_growth.ipynb").is_file()
     report = ROOT / "bench" / "results" / "report.md"
     assert report.is_file(), "run `python -m bench` to write bench/results/report.md"
-    assert _table(readme) == _table(report.read_text()), "paste the table of bench/results/report.md into README.md"
-    for png in re.findall(r"\((bench/results/[^)]+\.png)\)", readme):
+    assert _table(results) == _table(report.read_text()), (
+        "paste the table of bench/results/report.md into docs/results.md"
+    )
+    for png in re.findall(r"\(\.\./(bench/results/[^)]+\.png)\)", results):
         assert (ROOT / png).is_file()
