@@ -66,7 +66,11 @@ def _uniform(array: np.ndarray) -> float | None:
     if not np.all(np.frombuffer(_sample(array), array.dtype) == first) or not np.all(flat == first):
         return None
     value = float(first)
-    return value if array.dtype.type(value) == first else None
+    try:
+        exact = array.dtype.type(value) == first
+    except OverflowError:  # an int64 near its maximum (a Slice's "to the end"), rounded up by the float
+        return None
+    return value if exact else None
 
 
 @dataclass

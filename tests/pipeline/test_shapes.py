@@ -15,6 +15,7 @@ import tensat
 import tensat.api as api
 from tensat import onnx_io
 from tensat.egraph.runner import Exploration
+from tensat.onnx.importer import _uniform
 from tensat.onnx.symbolic import (
     SymbolSizes,
     _named,
@@ -500,3 +501,10 @@ def test_a_slice_counted_from_the_end_of_a_symbolic_dim_is_kept_as_written(tmp_p
     assert result.verification.ok
     feeds = {"x": np.random.default_rng(0).standard_normal((2, 50, 8)).astype(np.float32)}
     np.testing.assert_allclose(run_model(result.output, feeds)["y"], run_model(model, feeds)["y"], rtol=1e-5, atol=1e-5)
+
+
+def test_a_slice_to_the_end_written_as_the_largest_int64_is_read() -> None:
+    """Swin's exporter writes "to the end" as 2**63 - 1, which a float rounds past int64: the constant is read as it
+    is, not as a fill of one value."""
+    assert _uniform(np.array([2**63 - 1], np.int64)) is None
+    assert _uniform(np.array([2, 2], np.int64)) == 2.0
