@@ -23,7 +23,9 @@ def test_small_configs_cover_every_benchmark():
     assert sorted(SMALL) == sorted(model_names())
 
 
-@pytest.mark.parametrize("name", sorted(SMALL))
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n == "inception_v3" else n for n in sorted(SMALL)]
+)  # Inception-v3, the longest, runs with the slow tests
 def test_benchmark_graph_optimizes_end_to_end(name):
     model = build_model(name, **SMALL[name])
     result = tensat.optimize_with_details(model, **FAST)

@@ -26,6 +26,7 @@ def _bert(**size: int) -> tensat.Graph:
     return onnx_io.import_model(build_model("bert", **size)).compact()
 
 
+@pytest.mark.slow  # a sequential search of the full-size BERT
 def test_on_bert_the_budget_goes_to_graphs_that_tie_with_the_input() -> None:
     graph = _bert()
     found = sequential_search(graph, COST, alpha=1.05, budget=100)
