@@ -34,8 +34,8 @@ class Blank:
 
 def run_program(egraph: bindings.EGraph, text: str) -> list[Any]:
     """Run an egglog program, command by command; the outputs of all commands. Each command is parsed from its own
-    text: a command parsed from a long program is far slower to run (the registration of a few hundred rules went
-    from about 0.4 s to several seconds)."""
+    text: a command parsed out of a long program runs far slower (registering the shape rules of a model with
+    symbolic dims took many times longer)."""
     out: list[Any] = []
     for form in top_level_forms(text):
         for command in egraph.parse_program(form):
