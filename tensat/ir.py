@@ -75,7 +75,7 @@ class Graph:
     opset_imports: dict[str, int] = field(default_factory=lambda: {"": 17})
     name: str = "tensat"
     # for a model read with symbolic dims: the dims of the nodes whose sizes their attributes hold (a graph input,
-    # a Reshape, an opaque node...), each symbolic dim at its size in `tensat.onnx.symbolic.SYMBOL_SIZES`; the
+    # a Reshape, an opaque node...), each symbolic dim at its size in `tensat.onnx.symbolic.SymbolSizes`; the
     # e-graph derives every other node's (`OpDef.symbolic_shape`), for rule guards that hold at every size
     symbolic: dict[int, tuple[int, ...]] = field(default_factory=dict)
     _index: dict[Node, int] = field(default_factory=dict, repr=False)

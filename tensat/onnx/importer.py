@@ -98,6 +98,7 @@ class _Importer:
     # (`ir.Graph.symbolic`): each symbolic dim at its size in `symbols`; `probed`: those told by running the model
     symbols: SymbolSizes = field(default_factory=SymbolSizes)
     probed: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    named: frozenset[str] = frozenset()  # the input dims' names
     _temp: int = 0
     # the weight nodes made so far, by dtype and shape, each with its `_sample` once one was needed
     _constants: dict[tuple[str, tuple[int, ...]], list[tuple[int, np.ndarray, bytes | None]]] = field(
@@ -114,6 +115,7 @@ class _Importer:
         given = symbolic_dims(self.model)
         if given is not None:
             self.dims = tensor_dims(self.model, given)
+            self.named = frozenset(d for dims in given.values() for d in dims if isinstance(d, str) and d != "?")
             self._probe_symbolic(given)
 
     def _probe_symbolic(self, given: Mapping[str, Dims]) -> None:
@@ -121,12 +123,11 @@ class _Importer:
         their inputs' values (a Reshape, a Range...) or that tensat may keep opaque: told by running the model at
         other sizes (`SymbolSizes.probed`), while its weights are still in it (see `_record_symbolic`)."""
         assert self.dims is not None
-        named = {d for dims in given.values() for d in dims if isinstance(d, str) and d != "?"}
         untold = []
         for node in self.model.graph.node:
             for out in node.output:
                 dims = self.dims.get(out)
-                if not out or (dims is not None and all(isinstance(d, int) or d in named for d in dims)):
+                if not out or (dims is not None and all(isinstance(d, int) or d in self.named for d in dims)):
                     continue
                 # a mask or an index (not a float) may be kept opaque where a float would be modelled
                 if (
@@ -169,10 +170,8 @@ class _Importer:
         """For a model read with symbolic dims: the dims the model tells for each node whose sizes its attributes
         hold (`ir.Graph.symbolic`), by shape inference, else by running it (`SymbolSizes.probed`); the e-graph
         derives the others'."""
-        given = symbolic_dims(self.model)
-        if self.dims is None or given is None:
+        if self.dims is None:
             return
-        named = {d for dims in given.values() for d in dims if isinstance(d, str) and d != "?"}
         for name, v in self.env.items():
             node = self.graph.nodes[v]
             if ops.get(node.op).symbolic_shape is None:
@@ -182,7 +181,7 @@ class _Importer:
             if (
                 dims is not None
                 and len(dims) == len(node.shape)
-                and all(d in named or d == s for d, s in zip(dims, node.shape))
+                and all(d in self.named or d == s for d, s in zip(dims, node.shape))
             ):
                 self.graph.symbolic[v] = self.symbols.of(dims)
             elif probed is not None and len(probed) == len(node.shape):

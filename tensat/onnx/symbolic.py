@@ -60,18 +60,14 @@ class SymbolSizes:
     def probed(
         self, model: ModelProto, given: Mapping[str, Dims], names: Sequence[str], seed: int = 0
     ) -> dict[str, tuple[int, ...]]:
-        """The dims of the tensors `names` of `model` (read at fixed shapes; `given`: its inputs' symbolic dims),
-        told by running the model at those shapes, and once for each named input dim at that dim alone larger. A
-        dim that moves with one of them only, as a * size + b for a whole a, is that; one that moves otherwise is
-        named by how it moved. Empty where the model does not run so."""
+        """The dims of the tensors `names` computed by `model`'s nodes (`model` read at fixed shapes; `given`: its
+        inputs' symbolic dims), told by running the model at those shapes, and once for each named input dim at that
+        dim alone larger. A dim that moves with one of them only, as a * size + b for a whole a, is that; one that
+        moves otherwise is named by how it moved. Empty where the model does not run so."""
         rep = fixed_shapes(model)
         symbolic = declared(model, given)
         sizes = sizes_of(symbolic, rep)
         larger = {name: _scaled(size, 1, is_batch(name, 1)) for name, size in sizes.items()}
-        computed = {out for node in model.graph.node for out in node.output}
-        names = [name for name in names if name in computed]
-        if not names:
-            return {}
         del symbolic.graph.output[:]
         symbolic.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n) for n in names)
         runs: list[dict[str, tuple[int, ...]]] = []
