@@ -42,6 +42,7 @@ from . import all_rules
 from .dsl import Call, Lit, Pattern, Rule, Term, Var, attr_value, eval_expr, inline_lets, instantiate
 
 MAX_RANK = 4
+FLOAT_SCALES = (1.0, 4.0)  # the spreads of the random tensors a binding draws, one per binding
 
 
 class Reject(Exception):
@@ -808,7 +809,16 @@ def _check_binding(
         raise _Failure(f"right side ill-typed where the guards hold: {exc}") from None
     if rhs_shapes != lhs_shapes:
         raise _Failure(f"right side shape {rhs_shapes} differs from left side {lhs_shapes}")
-    floats = {v: np_rng.standard_normal(shapes[v]) for v in plan.tensor_vars}
+    # each binding at one of the spreads, drawn: at the larger, a bound such as Clip's 6 is crossed (a clip to [0, 6] is
+    # not a relu); small whole numbers hold zeros and ties (a sign to the power of a sign is not the sign at zero)
+    spread = int(np_rng.integers(len(FLOAT_SCALES) + 1))
+    scale = FLOAT_SCALES[spread] if spread < len(FLOAT_SCALES) else 1.0
+    floats = {
+        v: scale * np_rng.standard_normal(shapes[v])
+        if spread < len(FLOAT_SCALES)
+        else np_rng.integers(-2, 3, size=shapes[v]).astype(np.float64)
+        for v in plan.tensor_vars
+    }
     for v in plan.positive_slots & set(floats):
         floats[v] = np.abs(floats[v]) + 0.5
     _compare(rule, floats, env, lets, exact=False)
@@ -816,7 +826,7 @@ def _check_binding(
         attr_value(eval_expr(e, env, shapes)) in allowed for e, allowed in plan.int_conditions
     )
     if use_int:
-        ints = {v: np_rng.integers(-3, 4, size=shapes[v]).astype(np.int64) for v in plan.tensor_vars}
+        ints = {v: np_rng.integers(-3, 4, size=shapes[v]).astype(np.int64) * int(scale) for v in plan.tensor_vars}
         _compare(rule, ints, env, lets, exact=True)
     return True, use_int
 
@@ -832,11 +842,17 @@ def _compare(
             right = instantiate(rhs, tensors, env, lets)
             if left.shape != right.shape:
                 raise _Failure(f"output {k}: shapes {left.shape} vs {right.shape}")
-            if exact:
+            if (left.dtype == bool) != (right.dtype == bool):
+                raise _Failure(f"output {k}: element types {left.dtype} vs {right.dtype}")
+            if left.dtype == bool:  # a comparison's or a logical op's output: equal, element by element
+                if not np.array_equal(left, right):
+                    raise _Failure(f"output {k} differs in {int(np.sum(left != right))} elements")
+            elif exact:
                 if not np.array_equal(left, right):
                     raise _Failure(f"output {k} differs on integer tensors (max |diff| {np.abs(left - right).max()})")
             else:
-                scale = max(1.0, float(np.max(np.abs(left))) if left.size else 1.0)
+                finite = np.abs(left[np.isfinite(left)])  # an infinity on the left must not make every error small
+                scale = max(1.0, float(np.max(finite)) if finite.size else 1.0)
                 tol = max(1e-9, rule.tolerance)
                 if not np.allclose(left, right, rtol=tol, atol=tol * scale, equal_nan=False):
                     diff = float(np.max(np.abs(left - right)))
@@ -847,6 +863,16 @@ def _compare(
 # Entry points
 
 MIN_CASES = 3
+
+
+def _sample(
+    plan: _Plan, ranks: dict[str, int], env: dict[str, Any], rng: random.Random
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One binding (tensor shapes, attribute values) of a rank/attribute combination; Reject where none is found."""
+    b = _Builder(plan, ranks, dict(env), rng)
+    b.guards()
+    b.structure()
+    return b.sample()
 
 
 def _run_job(
@@ -863,10 +889,7 @@ def _run_job(
     got = 0
     for _ in range(attempts):
         try:
-            b = _Builder(plan, ranks, dict(env), rng)
-            b.guards()
-            b.structure()
-            shapes, attrs = b.sample()
+            shapes, attrs = _sample(plan, ranks, env, rng)
         except Reject:
             continue
         try:
@@ -939,6 +962,46 @@ def verify_rule(rule: Rule, trials: int = 3, seed: int = 0, attempts: int = 30, 
         return result
     result.ok = True
     return result
+
+
+def bindings(
+    rule: Rule, count: int = 1, seed: int = 0, attempts: int = 30
+) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Up to `count` bindings (tensor shapes, attribute values) under which the rule's left side is well typed, its
+    guards hold and both sides agree: the rule instantiated at concrete shapes, as the verifier samples them (for
+    checking that other rules derive it). Bindings of one rank for every tensor come first."""
+    rng = random.Random(f"{seed}:{rule.name}")
+    np_rng = np.random.default_rng(rng.getrandbits(32))
+    out: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    try:
+        plan = _Plan(rule)
+        assignments = plan.rank_assignments(rng)
+    except Reject:
+        return out
+    assignments.sort(key=lambda ranks: len(set(ranks.values())))
+    for ranks in assignments:
+        try:
+            combos = plan.attr_combos(ranks)
+        except Reject:
+            return out
+        for env in combos:
+            try:
+                plan.derive_rank_defs(env, ranks)
+            except Reject:
+                continue
+            if not plan.prefilter(env, ranks):
+                continue
+            for _ in range(attempts):
+                try:
+                    shapes, attrs = _sample(plan, ranks, env, rng)
+                    _check_binding(plan, shapes, attrs, np_rng)
+                except (Reject, _Failure):
+                    continue
+                out.append((shapes, attrs))
+                break
+            if len(out) >= count:
+                return out
+    return out
 
 
 def verify_all(rules: Sequence[Rule] | None = None, trials: int = 3, seed: int = 0) -> list[VerifyResult]:

@@ -109,7 +109,7 @@ def unary(name: str, egg: str, fn: Callable[[np.ndarray], np.ndarray] | None, **
         egg,
         1,
         fields.pop("attrs", ()),
-        _same_shape,
+        fields.pop("shape", _same_shape),
         evaluate,
         _same_rules,
         elementwise_flops,
@@ -183,6 +183,7 @@ EXP = register(unary("exp", "Exp", np.exp, onnx="Exp"))
 LOG = register(unary("log", "Log", np.log, onnx="Log", positive=(0,)))
 ERF = register(unary("erf", "Erf", erf, onnx="Erf"))
 NEG = register(unary("neg", "Neg", operator.neg, onnx="Neg", int_exact=True))
+SIGN = register(unary("sign", "Sign", np.sign, onnx="Sign", int_exact=True))
 
 
 def _clip_eval(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:
@@ -245,6 +246,12 @@ def _axis_domain(rank: int) -> list[int]:
     return list(range(rank))
 
 
+def _along_axis_shape(shapes: Sequence[Shape], a: Attrs) -> Shape:
+    """The shape of an op along axis `axis` of its input (Softmax): the input's, for an axis the input has."""
+    check(0 <= a["axis"] < len(shapes[0]), f"axis {a['axis']} invalid for {shapes[0]}")
+    return tuple(shapes[0])
+
+
 SOFTMAX = register(
     unary(
         "softmax",
@@ -253,6 +260,7 @@ SOFTMAX = register(
         evaluate=lambda xs, a: _softmax(xs[0], a["axis"]),
         attrs=(("axis", "int"),),
         kind="custom",
+        shape=_along_axis_shape,
         onnx="Softmax",
         domains={"axis": _axis_domain},
     )
@@ -265,6 +273,7 @@ LOG_SOFTMAX = register(
         evaluate=lambda xs, a: _log_softmax(xs[0], a["axis"]),
         attrs=(("axis", "int"),),
         kind="custom",
+        shape=_along_axis_shape,
         onnx="LogSoftmax",
         domains={"axis": _axis_domain},
     )

@@ -43,6 +43,7 @@ SAMPLES: dict[str, tuple[list[tuple[np.ndarray, bool]], dict[str, Any], int]] = 
     "sigmoid": ([(real(3, 5), False)], {}, 17),
     "tanh": ([(real(3, 5), False)], {}, 17),
     "abs": ([(real(3, 5), False)], {}, 17),
+    "sign": ([(real(3, 5), False)], {}, 17),
     "sub": ([(real(2, 3), False), (real(2, 3), False)], {}, 17),
     "div": ([(real(2, 3), False), (real(2, 3, positive=True), False)], {}, 17),
     "pow": ([(real(2, 3, positive=True), False), (real(1, 3), False)], {}, 17),
