@@ -9,9 +9,12 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
+from tensat.options import RULE_SETS
+
 from .dsl import Rule, RuleError, canonical_form, instantiate, load_rule_files, parse_rules, to_egglog
 
 RULES_DIR = Path(__file__).parent / "rules"
+GENERATED_DIR = RULES_DIR / "generated"  # what `tensat rules generate` writes (`rewrites.generate`)
 
 # The rule counts of Tensat (MLSys 2021): 120 generated + 4 hand-written single-pattern rules, 13 + 2 multi-pattern.
 TENSAT_SINGLE, TENSAT_MULTI = 124, 15
@@ -27,6 +30,9 @@ __all__ = [
     "distinct",
     "rule_counts",
     "RULES_DIR",
+    "GENERATED_DIR",
+    "generated_rules",
+    "rule_set",
     "TENSAT_SINGLE",
     "TENSAT_MULTI",
 ]
@@ -36,6 +42,23 @@ __all__ = [
 def all_rules() -> tuple[Rule, ...]:
     """Every rule in the library, in file and definition order."""
     return tuple(load_rule_files(sorted(str(p) for p in RULES_DIR.glob("*.rules"))))
+
+
+@lru_cache(maxsize=1)
+def generated_rules() -> tuple[Rule, ...]:
+    """The generated rules (`tensat rules generate`), in file and definition order."""
+    return tuple(load_rule_files(sorted(str(p) for p in GENERATED_DIR.glob("*.rules"))))
+
+
+def rule_set(name: str) -> tuple[Rule, ...]:
+    """The rules of set `name` (one of `RULE_SETS`): the hand-written library, the generated one, or both;
+    RuleError for an empty generated set."""
+    if name not in RULE_SETS:
+        raise RuleError(f"unknown rule set {name!r}: one of {', '.join(RULE_SETS)}")
+    generated = generated_rules() if name != "hand" else ()
+    if name != "hand" and not generated:
+        raise RuleError(f"no generated rules in {GENERATED_DIR.name}/: run `tensat rules generate`")
+    return all_rules() if name == "hand" else generated if name == "generated" else all_rules() + generated
 
 
 def select_rules(present_ops: set[str], rules: tuple[Rule, ...] | None = None) -> list[Rule]:

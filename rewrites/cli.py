@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from . import TENSAT_MULTI, TENSAT_SINGLE, all_rules, rule_counts
+from tensat.options import RULE_SETS
+
+from . import TENSAT_MULTI, TENSAT_SINGLE, rule_counts, rule_set
 from .dsl import Rule, RuleError, load_rule_files
 from .verify import verify_rule
 
@@ -20,6 +22,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--trials", type=int, default=3, help="random bindings per attribute combination (default 3)")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the verifier (default 0)")
+    parser.add_argument(
+        "--rules",
+        choices=RULE_SETS,
+        default="hand",
+        help="the rule set: the hand-written library, the generated one (`tensat rules generate`), or all of both "
+        "(default hand)",
+    )
     parser.add_argument("--only", action="append", default=[], metavar="NAME", help="only the rule NAME (repeatable)")
     parser.add_argument(
         "--file",
@@ -52,7 +61,7 @@ def _from_files(paths: list[str]) -> list[Rule]:
 
 
 def _selected(args: argparse.Namespace) -> list[Rule]:
-    rules = list(all_rules())
+    rules = list(rule_set(args.rules))
     if args.file:
         rules += _from_files(args.file)
     if args.only:

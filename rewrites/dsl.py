@@ -433,6 +433,60 @@ def _vars_of(x: Any) -> Iterator[str]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Writing rules back as text (the rule generator's output)
+
+
+def literal(value: Any) -> Expr:
+    """An attribute value as the parser reads it written: a vector as `(vec ...)`, a number as itself."""
+    if isinstance(value, (tuple, list)):
+        return Call("vec", tuple(Lit(v) for v in value))
+    return Lit(value)
+
+
+def format_expr(e: Any) -> str:
+    """An expression, guard or attribute value as the rule language writes it."""
+    if isinstance(e, Var):
+        return f"?{e.name}"
+    if isinstance(e, Lit):
+        return format_expr(e.value)
+    if isinstance(e, Call):
+        return f"({' '.join([e.fn, *(format_expr(a) for a in e.args)])})"
+    if isinstance(e, Term):
+        return format_pattern(e)
+    if isinstance(e, tuple):
+        return f"(vec {' '.join(format_expr(v) for v in e)})" if e else "(vec)"
+    if isinstance(e, bool) or not isinstance(e, (int, float)):
+        raise RuleError(f"cannot write {e!r} in a rule")
+    return repr(e)
+
+
+def format_pattern(p: Pattern) -> str:
+    """A pattern as the rule language writes it: `(op args... :attr value ...)`."""
+    if isinstance(p, Var):
+        return f"?{p.name}"
+    parts = [p.op, *(format_pattern(a) for a in p.args)]
+    parts += [f":{name} {format_expr(value)}" for name, value in p.attrs]
+    return f"({' '.join(parts)})"
+
+
+def format_rule(rule: Rule) -> str:
+    """`rule` in the rule language; `parse_rules` reads it back as the same rule."""
+    if rule.multi:
+        lhs = f"({' '.join(format_pattern(p) for p in rule.lhs)})"
+        rhs = f"({' '.join(format_pattern(p) for p in rule.rhs)})"
+    else:
+        lhs, rhs = format_pattern(rule.lhs[0]), format_pattern(rule.rhs[0])
+    lines = [f"({'multi' if rule.multi else 'rule'} {rule.name}", f"  {lhs}", f"  {rhs}"]
+    if rule.lets:
+        lines.append(f"  :let ({' '.join(f'(?{name} {format_expr(value)})' for name, value in rule.lets)})")
+    if rule.guards:
+        lines.append(f"  :when ({' '.join(format_expr(g) for g in rule.guards)})")
+    if rule.tolerance:
+        lines.append(f"  :tolerance {rule.tolerance!r}")
+    return "\n".join(lines) + ")"
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # egglog compilation
 
 

@@ -776,7 +776,8 @@ LIMITS = ("node_limit", "iter_limit", "time_limit", "time_budget")
 def _lower(run: _Run) -> None:
     assert run.graph is not None
     run.log.say("explore", f"lowering {run.graph.op_count()} ops into egglog")
-    run.te = TensorEGraph(run.graph)
+    present = {run.graph.nodes[i].op for i in run.graph.live()}
+    run.te = TensorEGraph(run.graph, rewrites.select_rules(present, rewrites.rule_set(run.opts.rules)))
 
 
 def _explore(run: _Run) -> None:

@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from tensat import api, compare_cli, measure_cli, onnx_io
+from tensat import api, compare_cli, generate_cli, measure_cli, onnx_io
 from tensat._version import __version__
 from tensat.cli_args import Parser
 from tensat.errors import TensatError, one_line
@@ -120,9 +120,20 @@ def _add_rules(sub: Any) -> None:
         description="List every rule of the library: single- and multi-pattern, with counts.",
     )
     rules_cli.add_arguments(p)
+    actions = p.add_subparsers(dest="rules_action", metavar="ACTION")
+    g = actions.add_parser(
+        "generate",
+        help="generate rules: enumerate terms over the operator registry, pair equal fingerprints, prune, "
+        "minimize by equality saturation, verify, and write a rule file",
+        description="Generate rewrite rules as TASO does (enumerated terms, fingerprints, pruning), minimized with "
+        "an e-graph as Ruler does, every rule verified.",
+    )
+    generate_cli.add_arguments(g)
 
 
 def _run_rules(args: argparse.Namespace) -> int:
+    if args.rules_action == "generate":
+        return generate_cli.run(args)
     return rules_cli.run(args)
 
 

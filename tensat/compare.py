@@ -32,6 +32,7 @@ from tensat.errors import VerificationError
 from tensat.ir import Graph
 from tensat.latency import time_models
 from tensat.measure import cpu_name
+from tensat.options import Options
 from tensat.sequential import SequentialResult, sequential_search
 from tensat.verify import verify
 
@@ -184,7 +185,7 @@ def compare_model(
     graph = onnx_io.import_model(original).compact()
     cost = api.make_cost_model(settings.cost, settings.device, progress=progress is not None)
     present = {graph.nodes[i].op for i in graph.live()}
-    rules = rewrites.select_rules(present)
+    rules = rewrites.select_rules(present, rewrites.rule_set(settings.tensat.get("rules", Options.rules)))
     cost_original = runtime_cost(graph, cost)
     errors: list[str] = []
 

@@ -20,6 +20,7 @@ SOLVERS = ("highs", "cbc")
 COSTS = ("analytic", "measured")
 DEVICES = ("auto", "cpu", "cuda")
 PRE_PASSES = ("none", "onnxslim")
+RULE_SETS = ("hand", "generated", "all")  # the rule library's sets (`tensat.rewrites.rule_set`)
 
 
 def parse_input_shape(text: str) -> tuple[str, list[int]]:
@@ -126,6 +127,12 @@ class Options:
         "rounds after exploration that run the multi-pattern rules on pairs of the "
         "extracted graph's e-classes, extending its merges (default {default}; 0 disables)",
         type=int,
+    )
+    rules: str = _option(
+        "hand",
+        "rule set: the hand-written library, the generated one (`tensat rules generate`), or all of both "
+        "(default {default})",
+        choices=RULE_SETS,
     )
     extractor: str = _option(
         "ilp", "extraction method: optimal ILP or greedy DAG (default {default})", choices=EXTRACTORS

@@ -61,12 +61,22 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("costs", ("tensat.cost", "tensat.costcache", "tensat.measure", "tensat.cost_report")),
     ("search", ("tensat.egraph", "tensat.sequential")),
     ("pipeline", ("tensat", "tensat.api", "tensat.compare")),
-    ("cli", ("tensat.cli_args", "tensat.cli", "tensat.compare_cli", "tensat.measure_cli", "tensat.__main__")),
+    (
+        "cli",
+        (
+            "tensat.cli_args",
+            "tensat.cli",
+            "tensat.compare_cli",
+            "tensat.generate_cli",
+            "tensat.measure_cli",
+            "tensat.__main__",
+        ),
+    ),
     ("bench", ("bench",)),
 ]
 
 # What the rule library may use of the rest of tensat.
-REWRITES_MAY_IMPORT = {"tensat.ops", "tensat.ir", "tensat.errors"}
+REWRITES_MAY_IMPORT = {"tensat.ops", "tensat.ir", "tensat.errors", "tensat.options"}  # options: the rule sets' names
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,28 @@ def rule_of_report(name: str) -> str:
     return name.split(TWIN, 1)[0]
 
 
+def enode_count(egraph: Any) -> int:
+    """E-nodes of tensor constructors in an egglog e-graph, from its table sizes (cheap: no freeze)."""
+    out = run_program(egraph, "(print-size)")
+    total = 0
+    for line in str(out[-1]).replace("(", " ").replace(")", " ").split("\n"):
+        parts = line.split()
+        if len(parts) == 2 and parts[0] in ops.BY_EGG:
+            total += int(parts[1])
+    return total
+
+
+def egg_value(kind: str, value: Any) -> str:
+    """An attribute value of kind `kind` (`ops.EGG_SORT`) as an egglog literal."""
+    if kind == "int":
+        return str(int(value))
+    if kind == "ints":
+        return f"(vec-of {' '.join(str(int(v)) for v in value)})" if value else "(vec-empty)"
+    if kind == "float":
+        return repr(float(value))
+    return '"' + str(value).replace('"', "") + '"'
+
+
 class LoweredGraph:
     """An IR graph lowered into an egglog e-graph with the rules that rewrite it registered; its shapes are computed
     in egglog and checked against ops.py."""
@@ -94,13 +116,7 @@ class LoweredGraph:
 
     def enode_count(self) -> int:
         """E-nodes of tensor constructors, from egglog's table sizes (cheap: no freeze)."""
-        out = run_program(self.egraph, "(print-size)")  # a read: the version stays
-        total = 0
-        for line in str(out[-1]).replace("(", " ").replace(")", " ").split("\n"):
-            parts = line.split()
-            if len(parts) == 2 and parts[0] in ops.BY_EGG:
-                total += int(parts[1])
-        return total
+        return enode_count(self.egraph)  # a read: the version stays
 
     def size(self) -> tuple[int, int]:
         """(e-nodes, e-classes) of tensor constructors, not counting shape rows."""
@@ -123,13 +139,7 @@ class LoweredGraph:
         return f'"s{self._string_ids[s]}"'
 
     def _attr(self, kind: str, value: Any) -> str:
-        if kind == "int":
-            return str(int(value))
-        if kind == "ints":
-            return f"(vec-of {' '.join(str(int(v)) for v in value)})" if value else "(vec-empty)"
-        if kind == "float":
-            return repr(float(value))
-        return self._string(str(value))
+        return self._string(str(value)) if kind == "str" else egg_value(kind, value)
 
     def _lower(self, node: Node, table: str = "node-of", base: int = 0) -> str:
         d = ops.get(node.op)
@@ -165,9 +175,14 @@ class LoweredGraph:
         for k in range(0, len(commands), batch):
             self._run("\n".join(commands[k : k + batch]))
 
+    def node_classes(self, frozen: Any = None) -> dict[int, Any]:
+        """Each lowered node's id -> its e-class (egglog's value; equal values are one e-class)."""
+        frozen = frozen if frozen is not None else self.egraph.freeze()
+        return {self.egraph.value_to_i64(r.inputs[0]): r.output for r in frozen.functions["node-of"].rows}
+
     def _check_initial_shapes(self) -> None:
         frozen = self.egraph.freeze()
-        node_of = {self.egraph.value_to_i64(r.inputs[0]): r.output for r in frozen.functions["node-of"].rows}
+        node_of = self.node_classes(frozen)
         shapes = {r.inputs[0]: r.output for r in frozen.functions["shape-of"].rows}
         for i in self.live:
             shape = shapes.get(node_of[i])

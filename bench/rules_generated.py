@@ -1,0 +1,174 @@
+"""Generated rules: what `tensat rules generate` finds and keeps, how long each step takes, how much of the
+hand-written library the generated set derives, and what the search makes of each rule set.
+
+    python -m bench.rules_generated                          # -> bench/results/rules_generated.md and .json
+    python -m bench.rules_generated --runs 3:OPS 4:OPS ...   # which generations to run (max ops : op list)
+    python -m bench.rules_generated --render                 # rewrite the markdown from the JSON
+
+For each generation (`--runs`; by default the library's own settings, then a run at 4 operators over a smaller op
+set) it records the terms enumerated per size, the candidates, and what each pruning step dropped, with the time of
+each step. For the library's generated set (`tensat.rewrites.generated_rules`), it then reports:
+
+- coverage: each hand-written single-pattern rule instantiated at a binding the verifier samples, and whether the
+  generated set proves its two sides equal by equality saturation (`tensat.egraph.derive.derived`);
+- use: the built-in benchmark graphs (`tensat.models`, small sizes) optimized with each rule set (`--rules hand`,
+  `generated`, `all`) under the analytic cost model with no end-to-end check, the cost reached and the search time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench import RESULTS_DIR
+from bench.machine import header, machine_info
+from tensat import rewrites
+from tensat.api import optimize_with_details
+from tensat.egraph.derive import Prover, derived
+from tensat.files import atomic_write_json, atomic_write_text
+from tensat.models import SMALL_SIZES, build_model, model_names
+from tensat.options import RULE_SETS
+from tensat.rewrites.generate import Settings, enumerable, generate
+
+DEFAULT_RUNS = ("3:default", "4:add,mul,sub,neg,relu,matmul,transpose")
+
+
+def _settings(run: str) -> Settings:
+    max_ops, _, names = run.partition(":")
+    return Settings(max_ops=int(max_ops), ops=None if names in ("", "default") else tuple(names.split(",")))
+
+
+def generation(run: str) -> dict[str, Any]:
+    """One generation's counts and times."""
+    settings = _settings(run)
+    result = generate(settings, Prover(), lambda m: print(f"  {m}", file=sys.stderr, flush=True))
+    return {
+        "run": run,
+        "max_ops": settings.max_ops,
+        "ops": list(settings.ops) if settings.ops is not None else ["default", *enumerable(settings.rank)],
+        "terms": result.terms,
+        "classes": result.classes,
+        "candidates": result.candidates,
+        "renamings": result.renamings,
+        "common_subterms": result.common_subterms,
+        "derived": result.derived,
+        "rejected": result.rejected,
+        "unsound": result.unsound,
+        "not_rewrites": result.not_rewrites,
+        "equations": result.equations,
+        "rules": len(result.rules),
+        "guarded": result.guarded,
+        "seconds": result.seconds,
+    }
+
+
+def coverage() -> dict[str, Any]:
+    """Which hand-written single-pattern rules the library's generated set derives."""
+    hand = [r for r in rewrites.all_rules() if not r.multi]
+    start = time.perf_counter()
+    verdicts = derived(rewrites.generated_rules(), hand)
+    return {"verdicts": verdicts, "seconds": time.perf_counter() - start}
+
+
+def use() -> list[dict[str, Any]]:
+    """The benchmark graphs optimized with each rule set (analytic costs, no end-to-end check)."""
+    rows = []
+    for name in model_names():
+        model = build_model(name, **SMALL_SIZES.get(name, {}))
+        row: dict[str, Any] = {"model": name}
+        for rule_set in RULE_SETS:
+            t = time.perf_counter()
+            result = optimize_with_details(model, rules=rule_set, cost="analytic", latency_check=0.0)
+            row[rule_set] = {
+                "cost_before": result.cost_before,
+                "cost_after": result.cost_after,
+                "seconds": time.perf_counter() - t,
+            }
+        print(f"  {name}: " + ", ".join(f"{k} {row[k]['cost_after']:.4g}" for k in RULE_SETS), file=sys.stderr)
+        rows.append(row)
+    return rows
+
+
+def markdown(data: dict[str, Any]) -> str:
+    """The report."""
+    lines = ["# Generated rules", "", header(data["machine"]), ""]
+    lines += [
+        "## Generation",
+        "",
+        "| run | ops | terms by size | candidates | renamings | shared subterm | derived | rejected | not rewrites "
+        "| kept (equations / rules) | enumerate / prune / minimize (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for g in data["generations"]:
+        ops = "default" if g["ops"][0] == "default" else ", ".join(g["ops"])
+        s = g["seconds"]
+        lines.append(
+            f"| {g['max_ops']} ops | {ops} | {', '.join(map(str, g['terms']))} | {g['candidates']} | {g['renamings']} "
+            f"| {g['common_subterms']} | {g['derived']} | {g['rejected']} | {g['not_rewrites']} | {g['equations']} / "
+            f"{g['rules']} | {s['enumerate']:.1f} / {s['prune']:.1f} / {s['minimize']:.1f} |"
+        )
+    cov = data.get("coverage")
+    if cov:
+        counts = collections.Counter(cov["verdicts"].values())
+        total = len(cov["verdicts"])
+        lines += [
+            "",
+            "## Coverage of the hand-written single-pattern rules",
+            "",
+            f"{counts['derived']} of {total} derived by the generated set ({100 * counts['derived'] / total:.0f}%); "
+            f"{counts['not derived']} not derived; {counts['not instantiated']} not instantiated by the verifier "
+            f"({cov['seconds']:.0f} s).",
+            "",
+            "Not derived: " + ", ".join(sorted(n for n, v in cov["verdicts"].items() if v != "derived")) + ".",
+        ]
+    rows = data.get("use")
+    if rows:
+        lines += [
+            "",
+            "## Use: the benchmark graphs (analytic cost, ms)",
+            "",
+            "| model | before | " + " | ".join(f"{k} (cost / s)" for k in RULE_SETS) + " |",
+            "|---|---|" + "---|" * len(RULE_SETS),
+        ]
+        for r in rows:
+            cells = [f"{r[k]['cost_after']:.4g} / {r[k]['seconds']:.1f}" for k in RULE_SETS]
+            lines.append(f"| {r['model']} | {r['hand']['cost_before']:.4g} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.rules_generated", description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument(
+        "--runs", nargs="*", default=list(DEFAULT_RUNS), help="generations as MAX_OPS:OPS (default: %(default)s)"
+    )
+    p.add_argument("--no-use", action="store_true", help="skip the benchmark graphs")
+    p.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    p.add_argument("--render", action="store_true", help="rewrite the markdown from the JSON only")
+    args = p.parse_args(argv)
+    json_path, md_path = args.out_dir / "rules_generated.json", args.out_dir / "rules_generated.md"
+    if args.render:
+        atomic_write_text(md_path, markdown(json.loads(json_path.read_text(encoding="utf-8"))))
+        return 0
+    data: dict[str, Any] = {"machine": machine_info(), "generations": []}
+    for run in args.runs:
+        print(f"[generate {run}]", file=sys.stderr, flush=True)
+        data["generations"].append(generation(run))
+    if rewrites.generated_rules():
+        print("[coverage]", file=sys.stderr, flush=True)
+        data["coverage"] = coverage()
+        if not args.no_use:
+            print("[use]", file=sys.stderr, flush=True)
+            data["use"] = use()
+    atomic_write_json(json_path, data)
+    atomic_write_text(md_path, markdown(data))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,557 @@
+"""Generated rules: TASO's substitution generator over the operator registry, minimized with an e-graph as Ruler
+does, and verified.
+
+1. **Enumeration.** Every term of up to `max_ops` operators over the leaf tensors `?x ?y ?z` (all of rank `rank`,
+   every dim the same size) and the registry's ops, each attribute drawn from the domain its `OpDef` declares for
+   the verifier. As in Ruler, terms are built from one representative per class of equal fingerprints: a term equal
+   to a smaller one is a candidate rule, not a building block, since the rule that equates them derives every
+   larger term built from it. A term whose value is one number whatever the leaves (x - x) is left out.
+2. **Fingerprints.** Each term is evaluated with numpy (float64) on random leaves (small integers, as TASO's) at
+   every size of `sizes`, so that an equality holding at one shape only (a transpose of a 1x1 tensor) is not taken
+   for a rule. Values are compared rounded to float32: an equality that float64 rounding blurs is still a
+   candidate, and the verifier decides.
+3. **Candidate pairs**, from equal fingerprints, each pruned as TASO prunes: the same up to variable renaming, or an
+   instance of a smaller candidate with a subterm both sides share made a variable.
+4. **Minimization.** Smallest first, candidates are checked against the rules kept so far by equality saturation
+   (a `Prover`, run by the caller: the e-graph lives above the rule library); one the kept rules derive is dropped.
+5. **Verification.** A candidate not derived becomes the rules of its valid orientations (a left side that is an op,
+   a right side whose variables the left binds), each checked by `rewrites.verify`. One that fails is retried with
+   the leaves' equal shapes as guards (`same-shape`), the one assumption the enumeration made; one that fails again
+   is rejected.
+
+The result is written as a rule file (`write_rules`) whose header says how to make it again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from tensat import ops
+
+from .dsl import Call, Pattern, Rule, Term, Var, canonical_form, format_rule, literal
+from .verify import verify_rule
+
+LEAVES = ("x", "y", "z")
+WINDOW_BATCHES, MIN_WINDOW = 4, 256  # the candidates each minimization round's e-graph holds (see `minimize`)
+MAX_BATCH = 32  # candidates verified and kept in one minimization round, at most
+VERIFY_TRIALS, VERIFY_CASES = 8, 8  # bindings per combination, and in all, a generated rule is verified on
+# the leaves' elements, as TASO draws its fingerprints' inputs: small nonzero integers, so that comparisons tie and
+# polynomial ops are exact (a division by zero, a root of a negative leave a term out where it occurs)
+LEAF_VALUES = np.array([-3.0, -2.0, -1.0, 1.0, 2.0, 3.0])
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What to enumerate: the ops (None: every op `enumerable` in the world), the leaves and their shapes."""
+
+    max_ops: int = 3
+    ops: tuple[str, ...] | None = None
+    rank: int = 2
+    leaves: int = 3
+    sizes: tuple[int, ...] = (2, 3)  # every dim of every leaf, one fingerprint per size
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_ops < 1:
+            raise ValueError(f"max_ops must be at least 1, got {self.max_ops}")
+        if not 1 <= self.leaves <= len(LEAVES):
+            raise ValueError(f"leaves must be 1 to {len(LEAVES)}, got {self.leaves}")
+        if not 1 <= self.rank <= ops.MAX_RANK:
+            raise ValueError(f"rank must be 1 to {ops.MAX_RANK}, got {self.rank}")
+        if not self.sizes or min(self.sizes) < 1:
+            raise ValueError(f"sizes must be positive, got {self.sizes}")
+
+    def leaf_shape(self, size: int) -> tuple[int, ...]:
+        return (size,) * self.rank
+
+
+@dataclass(frozen=True)
+class OpChoice:
+    """An op with its attributes fixed: one constructor of the enumeration."""
+
+    op: str
+    attrs: tuple[tuple[str, Any], ...]
+    arity: int
+    commutative: bool
+
+    def term(self, args: Sequence[Pattern]) -> Term:
+        return Term(self.op, tuple(args), tuple((k, literal(v)) for k, v in self.attrs))
+
+
+def why_not_enumerable(name: str, rank: int) -> str | None:
+    """Why op `name` cannot be enumerated over float leaves of rank `rank`, or None when it can."""
+    d = ops.get(name)
+    if d.leaf or d.inputs is None or d.inputs == 0:
+        return "it has no tensor inputs"
+    if d.evaluate is None:
+        return "it has no numpy semantics"
+    if d.solved:
+        return f"its attributes {', '.join(sorted(d.solved))} are sized by the shapes"
+    if not d.accepts(["float32"] * d.inputs):
+        return "it does not take float tensors"
+    if d.ranks is not None and any(r not in (ops.SAME, None, rank) for r in d.ranks):
+        return f"it takes tensors of other ranks than {rank}"
+    missing = [a for a in d.attr_names if a not in d.domains]
+    if missing:
+        return f"its attributes {', '.join(missing)} have no domain"
+    return None
+
+
+def enumerable(rank: int) -> list[str]:
+    """Every registry op that can be enumerated over float leaves of rank `rank`."""
+    return [name for name in ops.registry.REGISTRY if why_not_enumerable(name, rank) is None]
+
+
+def default_ops(rank: int) -> list[str]:
+    """The ops a generation enumerates unless told (`--ops`): those of `enumerable` that are ONNX standard ops of at
+    most two tensor inputs with a float output. An onnxruntime kernel or a normalization (three inputs or more) is
+    introduced from the ops it computes by the hand-written kernel rules, and its extra inputs multiply the terms of
+    a size by the number of classes of the smaller ones; a comparison's boolean output pairs with almost anything on
+    a few elements."""
+    out = []
+    for name in enumerable(rank):
+        d = ops.get(name)
+        attrs = dict(op_choices([name], rank)[0].attrs)
+        boolean = ops.dtype_of(name, ["float32"] * (d.inputs or 0), attrs) == "bool"
+        if d.standard_since is not None and (d.inputs or 0) <= 2 and not boolean:
+            out.append(name)
+    return out
+
+
+def op_choices(names: Sequence[str], rank: int) -> list[OpChoice]:
+    """Every op of `names` with every combination of its attribute domains at `rank`; ValueError (one line) for an
+    op that cannot be enumerated."""
+    out = []
+    for name in names:
+        why = why_not_enumerable(name, rank)
+        if why is not None:
+            raise ValueError(f"cannot enumerate {name}: {why}")
+        d = ops.get(name)
+        domains = []
+        for attr in d.attr_names:
+            dom = d.domains[attr]
+            domains.append(list(dom(rank) if callable(dom) else dom))
+        for combo in itertools.product(*domains):
+            attrs = tuple((a, tuple(v) if isinstance(v, list) else v) for a, v in zip(d.attr_names, combo))
+            out.append(OpChoice(name, attrs, d.inputs or 0, d.commutative))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Enumeration and fingerprints
+
+
+@dataclass
+class _Class:
+    """A class of terms with equal fingerprints: its first (smallest) term and that term's values per size."""
+
+    term: Pattern
+    size: int
+    index: int  # enumeration order, for the canonical order of a commutative op's operands
+    values: tuple[np.ndarray, ...]
+    dtype: str = ops.registry.FLOAT32  # the element type tensat gives the term (a comparison's is bool)
+
+
+def term_size(p: Pattern) -> int:
+    """Operators in a pattern."""
+    return 0 if isinstance(p, Var) else 1 + sum(term_size(a) for a in p.args)
+
+
+def _fingerprint(values: Sequence[np.ndarray]) -> bytes | None:
+    """The key of a term's values at every size, or None where one is not finite (the term is left out)."""
+    h = hashlib.blake2b(digest_size=16)
+    for v in values:
+        if not np.all(np.isfinite(v)):
+            return None
+        h.update(f"{v.shape} {v.dtype == bool}".encode())  # a comparison's False is not a float's 0
+        h.update((np.asarray(v, dtype=np.float32) + np.float32(0.0)).tobytes())  # -0.0 and 0.0 alike
+    return h.digest()
+
+
+def _compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:
+    """Every tuple of `parts` sizes >= 0 summing to `total`."""
+    if parts == 1:
+        yield (total,)
+        return
+    for first in range(total + 1):
+        for rest in _compositions(total - first, parts - 1):
+            yield (first, *rest)
+
+
+@dataclass
+class Enumeration:
+    """What the enumeration found: candidate pairs (a term, the smaller term of its class) and its counts."""
+
+    candidates: list[tuple[Pattern, Pattern]] = field(default_factory=list)
+    terms: list[int] = field(default_factory=list)  # well-typed, finite terms per size (1..max_ops)
+    classes: list[int] = field(default_factory=list)  # new classes per size
+    constants: int = 0  # terms left out: their value is one number whatever the leaves (x - x)
+    seconds: float = 0.0
+
+
+Progress = Callable[[str], None]
+
+
+def enumerate_terms(settings: Settings, progress: Progress | None = None) -> Enumeration:
+    """Enumerate, fingerprint and pair every term of up to `settings.max_ops` ops (see the module docstring)."""
+    start = time.perf_counter()
+    choices = op_choices(settings.ops if settings.ops is not None else default_ops(settings.rank), settings.rank)
+    rng = np.random.default_rng(settings.seed)
+    leaves = [Var(name) for name in LEAVES[: settings.leaves]]
+    by_key: dict[bytes, _Class] = {}
+    by_size: list[list[_Class]] = [[]]
+    for leaf in leaves:
+        values = tuple(rng.choice(LEAF_VALUES, settings.leaf_shape(n)) for n in settings.sizes)
+        cls = _Class(leaf, 0, len(by_key), values)
+        by_key[_fingerprint(values) or b""] = cls
+        by_size[0].append(cls)
+    found = Enumeration()
+    with np.errstate(all="ignore"):
+        for size in range(1, settings.max_ops + 1):
+            last = size == settings.max_ops  # the largest terms build nothing: their values are not kept
+            level: list[_Class] = []
+            terms = 0
+            for choice in choices:
+                for sizes in _compositions(size - 1, choice.arity):
+                    for children in itertools.product(*(by_size[s] for s in sizes)):
+                        if choice.commutative and size > 1 and children[0].index > children[1].index:
+                            continue  # one order of a commutative op's operands (commutativity is a size-1 rule)
+                        applied = _apply(choice, children, len(settings.sizes))
+                        key = None if applied is None else _fingerprint(applied)
+                        if applied is None or key is None:
+                            continue
+                        if _constant(applied):
+                            found.constants += 1
+                            continue
+                        terms += 1
+                        term = choice.term([c.term for c in children])
+                        same = by_key.get(key)
+                        if same is not None:
+                            found.candidates.append((term, same.term))
+                            continue
+                        dtype = ops.dtype_of(choice.op, [c.dtype for c in children], dict(choice.attrs))
+                        cls = _Class(term, size, len(by_key), () if last else applied, dtype)
+                        by_key[key] = cls
+                        level.append(cls)
+            by_size.append(level)
+            found.terms.append(terms)
+            found.classes.append(len(level))
+            if progress is not None:
+                progress(f"size {size}: {terms} terms, {len(level)} new classes, {len(found.candidates)} candidates")
+    found.seconds = time.perf_counter() - start
+    return found
+
+
+def _constant(values: Sequence[np.ndarray]) -> bool:
+    """Whether a term's value is one number at every size: x - x, x / x, a softmax over one element. Without
+    constants among the leaves, its equations (x * (y - y) = z - z) only say how to make a zero."""
+    first = values[0].flat[0] if values[0].size else None
+    return any(v.size > 1 for v in values) and all(v.size and bool(np.all(v == first)) for v in values)
+
+
+def _apply(choice: OpChoice, children: Sequence[_Class], sizes: int) -> tuple[np.ndarray, ...] | None:
+    """`choice` applied to the children's values at every size, or None where it does not type-check (its shapes,
+    or element types the op is not modelled on: a relu of a comparison)."""
+    if not ops.get(choice.op).accepts([c.dtype for c in children]):
+        return None
+    attrs = dict(choice.attrs)
+    out = []
+    for k in range(sizes):
+        args = [c.values[k] for c in children]
+        try:
+            ops.shape_of(choice.op, [a.shape for a in args], attrs)
+            value = np.asarray(ops.evaluate(choice.op, args, attrs))
+            out.append(value if value.dtype == bool else value.astype(np.float64, copy=False))
+        except (ops.ShapeError, ValueError, IndexError, TypeError):
+            return None
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Pruning
+
+
+def _renamed(p: Pattern, order: dict[str, str]) -> Pattern:
+    if isinstance(p, Var):
+        return Var(order.setdefault(p.name, f"v{len(order)}"))
+    return Term(p.op, tuple(_renamed(a, order) for a in p.args), p.attrs)
+
+
+def equation_key(a: Pattern, b: Pattern) -> tuple[Pattern, Pattern]:
+    """The equation a = b up to variable renaming and the order of its sides."""
+    keys = []
+    for first, second in ((a, b), (b, a)):
+        order: dict[str, str] = {}
+        keys.append((_renamed(first, order), _renamed(second, order)))
+    return min(keys, key=repr)
+
+
+def _subterms(p: Pattern) -> Iterator[Term]:
+    if isinstance(p, Term):
+        yield p
+        for a in p.args:
+            yield from _subterms(a)
+
+
+def _replaced(p: Pattern, old: Term, new: Var) -> Pattern:
+    if p == old:
+        return new
+    if isinstance(p, Var):
+        return p
+    return Term(p.op, tuple(_replaced(a, old, new) for a in p.args), p.attrs)
+
+
+def _vars(p: Pattern) -> set[str]:
+    if isinstance(p, Var):
+        return {p.name}
+    return set().union(*(_vars(a) for a in p.args)) if p.args else set()
+
+
+def prune(candidates: Sequence[tuple[Pattern, Pattern]]) -> tuple[list[tuple[Pattern, Pattern]], int, int]:
+    """TASO's pruning: (kept, dropped as renamings, dropped as instances of a smaller candidate whose shared
+    subterm is a variable). Candidates are kept smallest first."""
+    ordered = sorted(candidates, key=_order)
+    seen: set[tuple[Pattern, Pattern]] = set()
+    unique = []
+    for a, b in ordered:
+        key = equation_key(a, b)
+        if key not in seen:
+            seen.add(key)
+            unique.append((a, b))
+    kept, common = [], 0
+    for a, b in unique:
+        shared = {t for t in _subterms(a) if t != a and t != b} & {t for t in _subterms(b) if t != a and t != b}
+        fresh = Var(next(n for n in ("s", "t", "u", "w") if n not in _vars(a) | _vars(b)))
+        if any(equation_key(_replaced(a, t, fresh), _replaced(b, t, fresh)) in seen for t in shared):
+            common += 1
+            continue
+        kept.append((a, b))
+    return kept, len(candidates) - len(unique), common
+
+
+def _order(pair: tuple[Pattern, Pattern]) -> tuple[Any, ...]:
+    """Smaller equations first, then those with more variables (more general), then by text (deterministic)."""
+    a, b = pair
+    return (max(term_size(a), term_size(b)), term_size(a) + term_size(b), -len(_vars(a) | _vars(b)), repr(pair))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rules of a candidate, verification and minimization
+
+
+def orientations(a: Pattern, b: Pattern, name: str) -> list[Rule]:
+    """The rules of equation a = b: each direction whose left side is an op and binds the right side's variables,
+    but not one that only wraps its left side (`(relu ?x)` into `(relu (relu ?x))`: it grows the e-graph without
+    end and the other direction proves the same), nor the second of two directions that are one rule up to renaming
+    (commutativity)."""
+    out: list[Rule] = []
+    for lhs, rhs, suffix in ((a, b, ""), (b, a, "-rev")):
+        if not isinstance(lhs, Term) or not _vars(rhs) <= _vars(lhs) or lhs in set(_subterms(rhs)):
+            continue
+        rule = Rule(name + suffix, (lhs,), (rhs,))
+        if not any(canonical_form(r) == canonical_form(rule) for r in out):
+            out.append(rule)
+    return out
+
+
+def _match(pattern: Pattern, term: Pattern, binding: dict[str, Pattern]) -> bool:
+    """Whether `term` is an instance of `pattern` (extending `binding` of the pattern's variables)."""
+    if isinstance(pattern, Var):
+        return binding.setdefault(pattern.name, term) == term
+    return (
+        isinstance(term, Term)
+        and (pattern.op, pattern.attrs, len(pattern.args)) == (term.op, term.attrs, len(term.args))
+        and all(_match(p, t, binding) for p, t in zip(pattern.args, term.args))
+    )
+
+
+def _substituted(p: Pattern, binding: dict[str, Pattern]) -> Pattern:
+    if isinstance(p, Var):
+        return binding.get(p.name, p)
+    return Term(p.op, tuple(_substituted(a, binding) for a in p.args), p.attrs)
+
+
+def instance_of(pair: tuple[Pattern, Pattern], rules: Sequence[Rule]) -> bool:
+    """Whether one unguarded rule of `rules`, applied once at the root, rewrites one side of `pair` into the other:
+    the pair is then derived without an e-graph (two candidates of one batch, one an instance of the other)."""
+    a, b = pair
+    for rule in rules:
+        if rule.guards or rule.multi:
+            continue
+        for src, dst in ((a, b), (b, a)):
+            binding: dict[str, Pattern] = {}
+            if _match(rule.lhs[0], src, binding) and _substituted(rule.rhs[0], binding) == dst:
+                return True
+    return False
+
+
+def _same_shape_guards(rule: Rule) -> Rule:
+    """`rule` guarded by its left side's tensor variables having equal shapes (as the enumeration's leaves had)."""
+    names = rule.tensor_vars()
+    guards = tuple(Call("same-shape", (Var(a), Var(b))) for a, b in itertools.combinations(names, 2))
+    return Rule(rule.name, rule.lhs, rule.rhs, rule.lets, rule.guards + guards, rule.source, rule.tolerance)
+
+
+def _passes(rule: Rule, seed: int) -> bool:
+    """The verifier passes `rule` on VERIFY_TRIALS bindings per combination, VERIFY_CASES at least: a generated rule
+    was found by a coincidence of values, and is checked harder than one written by hand."""
+    result = verify_rule(rule, trials=VERIFY_TRIALS, seed=seed)
+    return result.ok and result.cases >= VERIFY_CASES
+
+
+def verified(rule: Rule, seed: int) -> Rule | None:
+    """`rule` if the verifier passes it, else the rule with `same-shape` guards if that passes, else None."""
+    if _passes(rule, seed):
+        return rule
+    if len(rule.tensor_vars()) > 1:
+        guarded = _same_shape_guards(rule)
+        if _passes(guarded, seed):
+            return guarded
+    return None
+
+
+class Prover(Protocol):
+    """Equality saturation for the minimization (`tensat.egraph.derive`): which of `pairs` the `rules` prove equal,
+    both sides built on leaves of `shape`."""
+
+    def __call__(
+        self, rules: Sequence[Rule], pairs: Sequence[tuple[Pattern, Pattern]], shape: tuple[int, ...]
+    ) -> list[bool]: ...
+
+
+@dataclass
+class Generated:
+    """A generation run: the rules kept and what each step found and took."""
+
+    settings: Settings
+    rules: list[Rule]
+    terms: list[int]
+    classes: list[int]
+    candidates: int
+    renamings: int
+    common_subterms: int
+    derived: int  # candidates the kept rules derive
+    not_rewrites: int  # equations with no valid orientation (each side has variables the other lacks)
+    rejected: int  # equations the verifier rejected in every orientation, guarded or not
+    guarded: int  # rules kept with same-shape guards
+    unsound: int  # equations the verifier passed that the e-graph caught merging terms of different shapes
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def equations(self) -> int:
+        return len({r.name.removesuffix("-rev") for r in self.rules})
+
+
+def minimize(
+    pairs: Sequence[tuple[Pattern, Pattern]],
+    prove: Prover,
+    shape: tuple[int, ...],
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> tuple[list[Rule], dict[str, int]]:
+    """Keep, smallest first, the candidates the kept rules do not derive, verified; (rules, counts).
+
+    Rounds alternate: the prover drops the candidates of a window at the front that the kept rules derive, then the
+    next batch of those left is verified and kept. Batches double from one at each size of candidate (the larger
+    side's ops), so the smallest candidates of a size are kept one at a time (a rule kept can only drop those after
+    it), and the window is a few batches long, so that each round's e-graph holds a few batches' candidates however
+    many there are; within a batch, a candidate that one rule kept before it rewrites at the root is dropped."""
+    remaining = list(pairs)
+    rules: list[Rule] = []
+    counts = {"derived": 0, "not_rewrites": 0, "rejected": 0, "guarded": 0, "unsound": 0}
+    batch, level = 1, 0
+    number = 0
+    while remaining:
+        size = max(term_size(remaining[0][0]), term_size(remaining[0][1]))
+        if size != level:
+            batch, level = 1, size
+        window = [p for p in remaining[: max(WINDOW_BATCHES * batch, MIN_WINDOW)] if _size(p) == level]
+        remaining = remaining[len(window) :]
+        if rules:
+            try:
+                proved = prove(rules, window, shape)
+            except Exception as exc:  # noqa: BLE001 - the prover's `UnsoundRules` (it lives above this layer)
+                wrong = set(getattr(exc, "names", ()))
+                if not wrong:
+                    raise
+                rules = [r for r in rules if r.name not in wrong]
+                counts["unsound"] += len({n.removesuffix("-rev") for n in wrong})
+                proved = prove(rules, window, shape)
+            counts["derived"] += sum(proved)
+            window = [p for p, done in zip(window, proved) if not done]
+        chosen, remaining = window[:batch], window[batch:] + remaining
+        for a, b in chosen:
+            if instance_of((a, b), rules):
+                counts["derived"] += 1
+                continue
+            oriented = orientations(a, b, f"gen-{number}")
+            if not oriented:
+                counts["not_rewrites"] += 1
+                continue
+            kept = [r for r in (verified(r, seed) for r in oriented) if r is not None]
+            if not kept:
+                counts["rejected"] += 1
+                continue
+            counts["guarded"] += any(r.guards for r in kept)
+            rules += kept
+            number += 1
+        batch = min(2 * batch, MAX_BATCH)
+        if progress is not None:
+            progress(f"minimize: {number} kept, {len(remaining)} to check, {counts['derived']} derived")
+    return rules, counts
+
+
+def _size(pair: tuple[Pattern, Pattern]) -> int:
+    """A candidate's size: its larger side's ops."""
+    return max(term_size(pair[0]), term_size(pair[1]))
+
+
+def generate(settings: Settings, prove: Prover, progress: Progress | None = None) -> Generated:
+    """The whole generation (see the module docstring)."""
+    found = enumerate_terms(settings, progress)
+    t = time.perf_counter()
+    pairs, renamings, common = prune(found.candidates)
+    pruned = time.perf_counter() - t
+    if progress is not None:
+        progress(f"pruned: {len(pairs)} candidates ({renamings} renamings, {common} with a shared subterm)")
+    t = time.perf_counter()
+    rules, counts = minimize(pairs, prove, settings.leaf_shape(max(settings.sizes)), settings.seed, progress)
+    return Generated(
+        settings,
+        rules,
+        found.terms,
+        found.classes,
+        len(found.candidates),
+        renamings,
+        common,
+        counts["derived"],
+        counts["not_rewrites"],
+        counts["rejected"],
+        counts["guarded"],
+        counts["unsound"],
+        {"enumerate": found.seconds, "prune": pruned, "minimize": time.perf_counter() - t},
+    )
+
+
+def rules_text(result: Generated, command: str, version: str) -> str:
+    """The generated rules as a rule file, with a header that says how it was made."""
+    s = result.settings
+    names = ", ".join(s.ops) if s.ops is not None else f"the default ops ({', '.join(default_ops(s.rank))})"
+    header = [
+        f"; Generated by `{command}` (tensat {version}); do not edit: run the command again.",
+        f"; Terms of up to {s.max_ops} ops over {s.leaves} leaves of rank {s.rank}, fingerprinted at sizes "
+        f"{', '.join(map(str, s.sizes))}, seed {s.seed}.",
+        f"; Ops: {names}.",
+        f"; {sum(result.terms)} terms, {result.candidates} candidates; {result.renamings} renamings and "
+        f"{result.common_subterms} with a shared subterm pruned; {result.derived} derived by the rules kept; "
+        f"{result.rejected} rejected by the verifier, {result.unsound} by the e-graph; {result.equations} equations "
+        f"kept ({len(result.rules)} rules).",
+    ]
+    return "\n".join(header) + "\n\n" + "\n\n".join(format_rule(r) for r in result.rules) + "\n"

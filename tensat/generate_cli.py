@@ -1,0 +1,118 @@
+"""`tensat rules generate`: generate rules over the operator registry (`tensat.rewrites.generate`), minimized by
+equality saturation (`tensat.egraph.derive`), verified, and written as a rule file."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from tensat import ops
+from tensat._version import __version__
+from tensat.egraph.derive import Prover
+from tensat.errors import TensatError
+from tensat.files import atomic_write_text
+from tensat.options import positive_int
+from tensat.rewrites import GENERATED_DIR
+from tensat.rewrites.dsl import parse_rules
+from tensat.rewrites.generate import Settings, enumerable, generate, rules_text, why_not_enumerable
+
+DEFAULT_OUT = GENERATED_DIR / "generated.rules"
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(s) for s in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated sizes, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"sizes must be positive, got {text!r}")
+    return sizes
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `tensat rules generate`."""
+    parser.add_argument(
+        "--max-ops", type=positive_int, default=3, help="operators per term, at most (default 3; 4 is a longer run)"
+    )
+    parser.add_argument(
+        "--ops",
+        metavar="OP,OP...",
+        help="the ops to enumerate, or `all` for every op that enumerates over the leaves (default: the ONNX "
+        "standard ops of at most two inputs with a float output)",
+    )
+    parser.add_argument("--rank", type=positive_int, default=2, help="rank of the leaf tensors (default 2)")
+    parser.add_argument(
+        "--sizes",
+        type=_sizes,
+        default=(2, 3),
+        metavar="N,N...",
+        help="every dim of the leaves, one fingerprint per size (default 2,3)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="random seed of the fingerprints and the verifier")
+    parser.add_argument(
+        "-o", "--output", type=Path, default=DEFAULT_OUT, help="the rule file to write (default: the library's)"
+    )
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+
+
+def settings_of(args: argparse.Namespace) -> Settings:
+    """The generation's settings from the flags; TensatError (one line) for an op that is unknown or cannot be
+    enumerated."""
+    names: tuple[str, ...] | None = None
+    if args.ops == "all":
+        names = tuple(enumerable(args.rank))
+    elif args.ops is not None:
+        names = tuple(n.strip() for n in args.ops.split(",") if n.strip())
+        unknown = [n for n in names if n not in ops.registry.REGISTRY]
+        if unknown or not names:
+            raise TensatError(f"unknown op {', '.join(unknown) or repr(args.ops)} in --ops")
+        for name in names:
+            why = why_not_enumerable(name, args.rank)
+            if why is not None:
+                raise TensatError(f"--ops: cannot enumerate {name}: {why}")
+    elif not enumerable(args.rank):
+        raise TensatError(f"no op enumerates over leaves of rank {args.rank}")
+    try:
+        return Settings(max_ops=args.max_ops, ops=names, rank=args.rank, sizes=args.sizes, seed=args.seed)
+    except ValueError as exc:
+        raise TensatError(str(exc)) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Generate, write the rule file, and print what each step found and took."""
+    settings = settings_of(args)
+    start = time.perf_counter()
+
+    def progress(message: str) -> None:
+        if not args.quiet:
+            print(f"[{time.perf_counter() - start:6.1f} s] {message}", file=sys.stderr, flush=True)
+
+    result = generate(settings, Prover(), progress)
+    command = "tensat rules generate" + "".join(
+        f" {flag} {shlex.quote(str(value))}"
+        for flag, value in (
+            ("--max-ops", settings.max_ops),
+            ("--ops", ",".join(settings.ops) if settings.ops is not None else None),
+            ("--rank", settings.rank),
+            ("--sizes", ",".join(map(str, settings.sizes))),
+            ("--seed", settings.seed),
+        )
+        if value is not None
+    )
+    text = rules_text(result, command, __version__)
+    parse_rules(text)  # what is written must read back
+    atomic_write_text(args.output, text)
+    seconds = ", ".join(f"{step} {s:.1f} s" for step, s in result.seconds.items())
+    print(
+        f"terms {sum(result.terms)} ({', '.join(map(str, result.terms))} by size); candidates {result.candidates}; "
+        f"pruned {result.renamings} renamings and {result.common_subterms} with a shared subterm; "
+        f"{result.derived} derived by the rules kept; {result.rejected} rejected by the verifier; "
+        f"{result.not_rewrites} not rewrites; {result.unsound} caught by the e-graph merging terms of different shapes"
+    )
+    print(f"kept {result.equations} equations as {len(result.rules)} rules ({result.guarded} guarded)")
+    print(f"time {seconds}")
+    print(f"wrote {args.output}")
+    return 0
