@@ -90,13 +90,20 @@ def corpus_models(corpus: Path) -> dict[str, Path]:
     return models
 
 
-def _run_tensat(src: Path, out: Path, cache_dir: Path, flags: Sequence[str] = ()) -> dict[str, Any]:
-    """`tensat optimize SRC -o OUT --stats` (and `flags`) in a fresh process with `cache_dir` as the cost cache."""
+def _run_tensat(
+    src: Path,
+    out: Path,
+    cache_dir: Path,
+    flags: Sequence[str] = (),
+    tensat: Sequence[str] = (sys.executable, "-m", "tensat"),
+) -> dict[str, Any]:
+    """`tensat optimize SRC -o OUT --stats` (and `flags`) in a fresh process with `cache_dir` as the cost cache;
+    `tensat` is the command that runs tensat (default: the installed package)."""
     stats = out.with_suffix(".stats.json")
     env = dict(os.environ, TENSAT_CACHE_DIR=str(cache_dir))
     t = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "tensat", "optimize", str(src), "-o", str(out), "--stats", str(stats), "-q", *flags],
+        [*tensat, "optimize", str(src), "-o", str(out), "--stats", str(stats), "-q", *flags],
         capture_output=True,
         text=True,
         env=env,
