@@ -39,8 +39,7 @@ from .dsl import Call, Pattern, Rule, Term, Var, canonical_form, format_rule, li
 from .verify import verify_rule
 
 LEAVES = ("x", "y", "z")
-WINDOW_BATCHES, MIN_WINDOW = 4, 256  # the candidates each minimization round's e-graph holds (see `minimize`)
-MAX_BATCH = 32  # candidates verified and kept in one minimization round, at most
+MAX_BATCH = 64  # candidates checked, verified and kept in one minimization round, at most
 VERIFY_TRIALS, VERIFY_CASES = 8, 8  # bindings per combination, and in all, a generated rule is verified on
 # the leaves' elements, as TASO draws its fingerprints' inputs: small nonzero integers, so that comparisons tie and
 # polynomial ops are exact (a division by zero, a root of a negative leave a term out where it occurs)
@@ -284,8 +283,19 @@ def _renamed(p: Pattern, order: dict[str, str]) -> Pattern:
     return Term(p.op, tuple(_renamed(a, order) for a in p.args), p.attrs)
 
 
+def _sorted_operands(p: Pattern) -> Pattern:
+    """`p` with a commutative op's two operands in one order (by their text): add(relu(y), x) as add(x, relu(y))."""
+    if isinstance(p, Var):
+        return p
+    args = tuple(_sorted_operands(a) for a in p.args)
+    if ops.get(p.op).commutative:
+        args = tuple(sorted(args, key=repr))
+    return Term(p.op, args, p.attrs)
+
+
 def equation_key(a: Pattern, b: Pattern) -> tuple[Pattern, Pattern]:
-    """The equation a = b up to variable renaming and the order of its sides."""
+    """The equation a = b up to variable renaming, the order of its sides and of a commutative op's operands."""
+    a, b = _sorted_operands(a), _sorted_operands(b)
     keys = []
     for first, second in ((a, b), (b, a)):
         order: dict[str, str] = {}
@@ -458,35 +468,34 @@ def minimize(
 ) -> tuple[list[Rule], dict[str, int]]:
     """Keep, smallest first, the candidates the kept rules do not derive, verified; (rules, counts).
 
-    Rounds alternate: the prover drops the candidates of a window at the front that the kept rules derive, then the
-    next batch of those left is verified and kept. Batches double from one at each size of candidate (the larger
-    side's ops), so the smallest candidates of a size are kept one at a time (a rule kept can only drop those after
-    it), and the window is a few batches long, so that each round's e-graph holds a few batches' candidates however
-    many there are; within a batch, a candidate that one rule kept before it rewrites at the root is dropped."""
+    Each round takes the next batch of candidates: the prover (a `Prover` keeps its e-graph from round to round)
+    drops those the rules kept so far derive, and the others are verified and kept, but for one that a rule kept in
+    the same batch rewrites at the root. Batches double from one at each size of candidate (the larger side's ops)
+    up to MAX_BATCH: the smallest candidates of a size are kept one at a time (a rule kept can only drop those after
+    it), and the larger ones in batches, each candidate checked once."""
     remaining = list(pairs)
     rules: list[Rule] = []
     counts = {"derived": 0, "not_rewrites": 0, "rejected": 0, "guarded": 0, "unsound": 0}
     batch, level = 1, 0
     number = 0
     while remaining:
-        size = max(term_size(remaining[0][0]), term_size(remaining[0][1]))
+        size = _size(remaining[0])
         if size != level:
             batch, level = 1, size
-        window = [p for p in remaining[: max(WINDOW_BATCHES * batch, MIN_WINDOW)] if _size(p) == level]
-        remaining = remaining[len(window) :]
+        chosen = [p for p in remaining[:batch] if _size(p) == level]
+        remaining = remaining[len(chosen) :]
         if rules:
             try:
-                proved = prove(rules, window, shape)
+                proved = prove(rules, chosen, shape)
             except Exception as exc:  # noqa: BLE001 - the prover's `UnsoundRules` (it lives above this layer)
                 wrong = set(getattr(exc, "names", ()))
                 if not wrong:
                     raise
                 rules = [r for r in rules if r.name not in wrong]
                 counts["unsound"] += len({n.removesuffix("-rev") for n in wrong})
-                proved = prove(rules, window, shape)
+                proved = prove(rules, chosen, shape)
             counts["derived"] += sum(proved)
-            window = [p for p, done in zip(window, proved) if not done]
-        chosen, remaining = window[:batch], window[batch:] + remaining
+            chosen = [p for p, done in zip(chosen, proved) if not done]
         for a, b in chosen:
             if instance_of((a, b), rules):
                 counts["derived"] += 1
