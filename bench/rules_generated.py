@@ -34,7 +34,7 @@ from tensat.egraph.derive import Prover, derived
 from tensat.files import atomic_write_json, atomic_write_text
 from tensat.models import SMALL_SIZES, build_model, model_names
 from tensat.options import RULE_SETS
-from tensat.rewrites.generate import Settings, enumerable, generate
+from tensat.rewrites.generate import Settings, default_ops, generate
 
 DEFAULT_RUNS = ("3:default", "4:add,mul,sub,neg,relu,matmul,transpose")
 
@@ -51,10 +51,11 @@ def generation(run: str) -> dict[str, Any]:
     return {
         "run": run,
         "max_ops": settings.max_ops,
-        "ops": list(settings.ops) if settings.ops is not None else ["default", *enumerable(settings.rank)],
+        "ops": list(settings.ops) if settings.ops is not None else ["default", *default_ops(settings.rank)],
         "terms": result.terms,
         "classes": result.classes,
         "candidates": result.candidates,
+        "constants": result.constants,
         "renamings": result.renamings,
         "common_subterms": result.common_subterms,
         "derived": result.derived,
@@ -101,15 +102,17 @@ def markdown(data: dict[str, Any]) -> str:
     lines += [
         "## Generation",
         "",
-        "| run | ops | terms by size | candidates | renamings | shared subterm | derived | rejected | not rewrites "
+        "| run | ops | terms by size | constants left out | candidates | renamings | shared subterm | derived "
+        "| rejected | not rewrites "
         "| kept (equations / rules) | enumerate / prune / minimize (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for g in data["generations"]:
         ops = "default" if g["ops"][0] == "default" else ", ".join(g["ops"])
         s = g["seconds"]
         lines.append(
-            f"| {g['max_ops']} ops | {ops} | {', '.join(map(str, g['terms']))} | {g['candidates']} | {g['renamings']} "
+            f"| {g['max_ops']} ops | {ops} | {', '.join(map(str, g['terms']))} | {g['constants']} | {g['candidates']} "
+            f"| {g['renamings']} "
             f"| {g['common_subterms']} | {g['derived']} | {g['rejected']} | {g['not_rewrites']} | {g['equations']} / "
             f"{g['rules']} | {s['enumerate']:.1f} / {s['prune']:.1f} / {s['minimize']:.1f} |"
         )

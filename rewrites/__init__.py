@@ -55,10 +55,12 @@ def rule_set(name: str) -> tuple[Rule, ...]:
     RuleError for an empty generated set."""
     if name not in RULE_SETS:
         raise RuleError(f"unknown rule set {name!r}: one of {', '.join(RULE_SETS)}")
-    generated = generated_rules() if name != "hand" else ()
-    if name != "hand" and not generated:
+    if name == "hand":
+        return all_rules()
+    generated = generated_rules()
+    if not generated:
         raise RuleError(f"no generated rules in {GENERATED_DIR.name}/: run `tensat rules generate`")
-    return all_rules() if name == "hand" else generated if name == "generated" else all_rules() + generated
+    return generated if name == "generated" else all_rules() + generated
 
 
 def select_rules(present_ops: set[str], rules: tuple[Rule, ...] | None = None) -> list[Rule]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from tensat.options import RULE_SETS
+from tensat.options import RULE_SETS, Options
 
 from . import TENSAT_MULTI, TENSAT_SINGLE, rule_counts, rule_set
 from .dsl import Rule, RuleError, load_rule_files
@@ -25,9 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rules",
         choices=RULE_SETS,
-        default="hand",
+        default=Options.rules,
         help="the rule set: the hand-written library, the generated one (`tensat rules generate`), or all of both "
-        "(default hand)",
+        f"(default {Options.rules})",
     )
     parser.add_argument("--only", action="append", default=[], metavar="NAME", help="only the rule NAME (repeatable)")
     parser.add_argument(

@@ -756,6 +756,21 @@ def load_rule_files(paths: Sequence[str]) -> list[Rule]:
     return rules
 
 
+def bind_lets(
+    rule: Rule, attrs: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The rule's `:let`s at a binding: (the attribute values with each let expression's value, the let terms by
+    name). An expression that cannot be evaluated raises as `eval_expr` does."""
+    env: dict[str, Any] = dict(attrs)
+    lets: dict[str, Any] = {}
+    for name, value in rule.lets:
+        if isinstance(value, Term):
+            lets[name] = value
+        else:
+            env[name] = eval_expr(value, env, shapes)
+    return env, lets
+
+
 def evaluate_sides(
     rule: Rule, tensors: Mapping[str, np.ndarray], attrs: Mapping[str, Any]
 ) -> list[tuple[np.ndarray, np.ndarray]] | None:
@@ -765,14 +780,8 @@ def evaluate_sides(
     evaluated (an index out of range, a division by zero) rejects the bindings, as the compiled egglog rule does.
     """
     shapes = {k: tuple(v.shape) for k, v in tensors.items()}
-    env: dict[str, Any] = dict(attrs)
-    lets: dict[str, Any] = {}
     try:
-        for name, value in rule.lets:
-            if isinstance(value, Term):
-                lets[name] = value
-            else:
-                env[name] = eval_expr(value, env, shapes)
+        env, lets = bind_lets(rule, attrs, shapes)
         if not all(eval_expr(g, env, shapes) for g in rule.guards):
             return None
     except (IndexError, ZeroDivisionError, ValueError, TypeError):

@@ -19,7 +19,7 @@ does, and verified.
    the leaves' equal shapes as guards (`same-shape`), the one assumption the enumeration made; one that fails again
    is rejected.
 
-The result is written as a rule file (`write_rules`) whose header says how to make it again.
+The result is written as a rule file (`rules_text`) whose header says how to make it again.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import numpy as np
 
 from tensat import ops
 
-from .dsl import Call, Pattern, Rule, Term, Var, canonical_form, format_rule, literal
+from .dsl import Call, Pattern, Rule, Term, Var, _rename, _vars_of, canonical_form, format_rule, literal
 from .verify import verify_rule
 
 LEAVES = ("x", "y", "z")
@@ -48,7 +48,7 @@ LEAF_VALUES = np.array([-3.0, -2.0, -1.0, 1.0, 2.0, 3.0])
 
 @dataclass(frozen=True)
 class Settings:
-    """What to enumerate: the ops (None: every op `enumerable` in the world), the leaves and their shapes."""
+    """What to enumerate: the ops (None: `default_ops`), the leaves and their shapes."""
 
     max_ops: int = 3
     ops: tuple[str, ...] | None = None
@@ -277,12 +277,6 @@ def _apply(choice: OpChoice, children: Sequence[_Class], sizes: int) -> tuple[np
 # Pruning
 
 
-def _renamed(p: Pattern, order: dict[str, str]) -> Pattern:
-    if isinstance(p, Var):
-        return Var(order.setdefault(p.name, f"v{len(order)}"))
-    return Term(p.op, tuple(_renamed(a, order) for a in p.args), p.attrs)
-
-
 def _sorted_operands(p: Pattern) -> Pattern:
     """`p` with a commutative op's two operands in one order (by their text): add(relu(y), x) as add(x, relu(y))."""
     if isinstance(p, Var):
@@ -299,7 +293,9 @@ def equation_key(a: Pattern, b: Pattern) -> tuple[Pattern, Pattern]:
     keys = []
     for first, second in ((a, b), (b, a)):
         order: dict[str, str] = {}
-        keys.append((_renamed(first, order), _renamed(second, order)))
+        for name in itertools.chain(_vars_of(first), _vars_of(second)):
+            order.setdefault(name, f"v{len(order)}")
+        keys.append((_rename(first, order), _rename(second, order)))
     return min(keys, key=repr)
 
 
@@ -319,9 +315,7 @@ def _replaced(p: Pattern, old: Term, new: Var) -> Pattern:
 
 
 def _vars(p: Pattern) -> set[str]:
-    if isinstance(p, Var):
-        return {p.name}
-    return set().union(*(_vars(a) for a in p.args)) if p.args else set()
+    return set(_vars_of(p))
 
 
 def prune(candidates: Sequence[tuple[Pattern, Pattern]]) -> tuple[list[tuple[Pattern, Pattern]], int, int]:
@@ -445,6 +439,7 @@ class Generated:
     terms: list[int]
     classes: list[int]
     candidates: int
+    constants: int  # terms left out: their value is one number whatever the leaves
     renamings: int
     common_subterms: int
     derived: int  # candidates the kept rules derive
@@ -538,6 +533,7 @@ def generate(settings: Settings, prove: Prover, progress: Progress | None = None
         found.terms,
         found.classes,
         len(found.candidates),
+        found.constants,
         renamings,
         common,
         counts["derived"],
@@ -558,7 +554,8 @@ def rules_text(result: Generated, command: str, version: str) -> str:
         f"; Terms of up to {s.max_ops} ops over {s.leaves} leaves of rank {s.rank}, fingerprinted at sizes "
         f"{', '.join(map(str, s.sizes))}, seed {s.seed}.",
         f"; Ops: {names}.",
-        f"; {sum(result.terms)} terms, {result.candidates} candidates; {result.renamings} renamings and "
+        f"; {sum(result.terms)} terms ({result.constants} constant ones left out), {result.candidates} candidates; "
+        f"{result.renamings} renamings and "
         f"{result.common_subterms} with a shared subterm pruned; {result.derived} derived by the rules kept; "
         f"{result.rejected} rejected by the verifier, {result.unsound} by the e-graph; {result.equations} equations "
         f"kept ({len(result.rules)} rules).",

@@ -39,7 +39,7 @@ import numpy as np
 from tensat import ops
 
 from . import all_rules
-from .dsl import Call, Lit, Pattern, Rule, Term, Var, attr_value, eval_expr, inline_lets, instantiate
+from .dsl import Call, Lit, Pattern, Rule, Term, Var, attr_value, bind_lets, eval_expr, inline_lets, instantiate
 
 MAX_RANK = 4
 FLOAT_SCALES = (1.0, 4.0)  # the spreads of the random tensors a binding draws, one per binding
@@ -791,14 +791,8 @@ def _check_binding(
         lhs_shapes = [_shape(t, shapes, attrs, {}) for t in rule.lhs]
     except (ops.ShapeError, IndexError, KeyError, ValueError, TypeError, ZeroDivisionError) as exc:
         raise Reject(f"left side ill-typed: {exc}") from None
-    env = dict(attrs)
-    lets: dict[str, Any] = {}
     try:
-        for name, value in rule.lets:
-            if isinstance(value, Term):
-                lets[name] = value
-            else:
-                env[name] = eval_expr(value, env, shapes)
+        env, lets = bind_lets(rule, attrs, shapes)
         if not all(eval_expr(g, env, shapes) for g in rule.guards):
             raise Reject("guards do not hold")
     except (IndexError, ZeroDivisionError, ValueError, TypeError) as exc:

@@ -17,7 +17,7 @@ from tensat.files import atomic_write_text
 from tensat.options import positive_int
 from tensat.rewrites import GENERATED_DIR
 from tensat.rewrites.dsl import parse_rules
-from tensat.rewrites.generate import Settings, enumerable, generate, rules_text, why_not_enumerable
+from tensat.rewrites.generate import Settings, default_ops, enumerable, generate, rules_text, why_not_enumerable
 
 DEFAULT_OUT = GENERATED_DIR / "generated.rules"
 
@@ -73,8 +73,8 @@ def settings_of(args: argparse.Namespace) -> Settings:
             why = why_not_enumerable(name, args.rank)
             if why is not None:
                 raise TensatError(f"--ops: cannot enumerate {name}: {why}")
-    elif not enumerable(args.rank):
-        raise TensatError(f"no op enumerates over leaves of rank {args.rank}")
+    elif not default_ops(args.rank):
+        raise TensatError(f"no op enumerates over leaves of rank {args.rank} by default: give --ops")
     try:
         return Settings(max_ops=args.max_ops, ops=names, rank=args.rank, sizes=args.sizes, seed=args.seed)
     except ValueError as exc:
@@ -107,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
     atomic_write_text(args.output, text)
     seconds = ", ".join(f"{step} {s:.1f} s" for step, s in result.seconds.items())
     print(
-        f"terms {sum(result.terms)} ({', '.join(map(str, result.terms))} by size); candidates {result.candidates}; "
+        f"terms {sum(result.terms)} ({', '.join(map(str, result.terms))} by size; {result.constants} constant ones "
+        f"left out); candidates {result.candidates}; "
         f"pruned {result.renamings} renamings and {result.common_subterms} with a shared subterm; "
         f"{result.derived} derived by the rules kept; {result.rejected} rejected by the verifier; "
         f"{result.not_rewrites} not rewrites; {result.unsound} caught by the e-graph merging terms of different shapes"

@@ -17,7 +17,7 @@ from egglog import bindings
 from tensat import ops
 from tensat.egraph.lower import egg_value, enode_count
 from tensat.egraph.pool import run_program
-from tensat.rewrites.dsl import Pattern, Rule, Term, Var, attr_value, eval_expr, literal, to_egglog
+from tensat.rewrites.dsl import Pattern, Rule, Term, Var, attr_value, bind_lets, eval_expr, literal, to_egglog
 from tensat.rewrites.verify import bindings as rule_bindings
 
 NODE_LIMIT = 50_000  # e-nodes: no iteration starts beyond it, and an e-graph beyond it starts afresh
@@ -169,13 +169,7 @@ def derived(rules: Sequence[Rule], targets: Sequence[Rule], seed: int = 0, **lim
             out[rule.name] = "not instantiated"
             continue
         shapes, attrs = found[0]
-        env = dict(attrs)
-        lets = {}
-        for name, value in rule.lets:
-            if isinstance(value, Term):
-                lets[name] = value
-            else:
-                env[name] = eval_expr(value, env, shapes)
+        env, lets = bind_lets(rule, attrs, shapes)
         prefix = f"r{k}_"
         leaves.update({prefix + v: tuple(shape) for v, shape in shapes.items()})
         lhs = _concrete(rule.lhs[0], prefix, env, shapes, lets)

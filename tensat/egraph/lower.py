@@ -175,14 +175,9 @@ class LoweredGraph:
         for k in range(0, len(commands), batch):
             self._run("\n".join(commands[k : k + batch]))
 
-    def node_classes(self, frozen: Any = None) -> dict[int, Any]:
-        """Each lowered node's id -> its e-class (egglog's value; equal values are one e-class)."""
-        frozen = frozen if frozen is not None else self.egraph.freeze()
-        return {self.egraph.value_to_i64(r.inputs[0]): r.output for r in frozen.functions["node-of"].rows}
-
     def _check_initial_shapes(self) -> None:
         frozen = self.egraph.freeze()
-        node_of = self.node_classes(frozen)
+        node_of = {self.egraph.value_to_i64(r.inputs[0]): r.output for r in frozen.functions["node-of"].rows}
         shapes = {r.inputs[0]: r.output for r in frozen.functions["shape-of"].rows}
         for i in self.live:
             shape = shapes.get(node_of[i])
