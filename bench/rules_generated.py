@@ -5,9 +5,10 @@ hand-written library the generated set derives, and what the search makes of eac
     python -m bench.rules_generated --runs 3:OPS 4:OPS ...   # which generations to run (max ops : op list)
     python -m bench.rules_generated --render                 # rewrite the markdown from the JSON
 
-For each generation (`--runs`; by default the library's own settings, then a run at 4 operators over a smaller op
-set) it records the terms enumerated per size, the candidates, and what each pruning step dropped, with the time of
-each step. For the library's generated set (`tensat.rewrites.generated_rules`), it then reports:
+For each generation (`--runs`; by default the default ops at 3 operators, then a run at 4 operators over a smaller
+op set) it records the terms enumerated per size, the candidates, and what each pruning step dropped, with the time of
+each step, and how many of the hand-written single-pattern rules the run's rules derive. For the library's
+generated set (`tensat.rewrites.generated_rules`), it then reports:
 
 - coverage: each hand-written single-pattern rule instantiated at a binding the verifier samples, and whether the
   generated set proves its two sides equal by equality saturation (`tensat.egraph.derive.derived`);
@@ -48,6 +49,9 @@ def generation(run: str) -> dict[str, Any]:
     """One generation's counts and times."""
     settings = _settings(run)
     result = generate(settings, Prover(), lambda m: print(f"  {m}", file=sys.stderr, flush=True))
+    start = time.perf_counter()
+    verdicts = derived(result.rules, [r for r in rewrites.all_rules() if not r.multi])
+    covered = time.perf_counter() - start
     return {
         "run": run,
         "max_ops": settings.max_ops,
@@ -58,6 +62,7 @@ def generation(run: str) -> dict[str, Any]:
         "constants": result.constants,
         "renamings": result.renamings,
         "common_subterms": result.common_subterms,
+        "refuted": result.refuted,
         "derived": result.derived,
         "rejected": result.rejected,
         "unsound": result.unsound,
@@ -65,7 +70,9 @@ def generation(run: str) -> dict[str, Any]:
         "equations": result.equations,
         "rules": len(result.rules),
         "guarded": result.guarded,
-        "seconds": result.seconds,
+        "seconds": {**result.seconds, "coverage": covered},
+        "hand_derived": sum(v == "derived" for v in verdicts.values()),
+        "hand_rules": len(verdicts),
     }
 
 
@@ -102,10 +109,10 @@ def markdown(data: dict[str, Any]) -> str:
     lines += [
         "## Generation",
         "",
-        "| run | ops | terms by size | constants left out | candidates | renamings | shared subterm | derived "
-        "| rejected | not rewrites "
-        "| kept (equations / rules) | enumerate / prune / minimize (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| run | ops | terms by size | constants left out | candidates | renamings | shared subterm | refuted "
+        "| derived | rejected | not rewrites "
+        "| kept (equations / rules) | enumerate / prune / refute / minimize (s) | hand rules derived |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for g in data["generations"]:
         ops = "default" if g["ops"][0] == "default" else ", ".join(g["ops"])
@@ -113,8 +120,10 @@ def markdown(data: dict[str, Any]) -> str:
         lines.append(
             f"| {g['max_ops']} ops | {ops} | {', '.join(map(str, g['terms']))} | {g['constants']} | {g['candidates']} "
             f"| {g['renamings']} "
-            f"| {g['common_subterms']} | {g['derived']} | {g['rejected']} | {g['not_rewrites']} | {g['equations']} / "
-            f"{g['rules']} | {s['enumerate']:.1f} / {s['prune']:.1f} / {s['minimize']:.1f} |"
+            f"| {g['common_subterms']} | {g['refuted']} | {g['derived']} | {g['rejected']} | {g['not_rewrites']} "
+            f"| {g['equations']} / {g['rules']} "
+            f"| {s['enumerate']:.1f} / {s['prune']:.1f} / {s['refute']:.1f} / {s['minimize']:.1f} "
+            f"| {g['hand_derived']} of {g['hand_rules']} |"
         )
     cov = data.get("coverage")
     if cov:

@@ -172,10 +172,7 @@ class Rule:
 
     def ops(self) -> set[str]:
         """Operators the left side needs (for rule selection)."""
-        found: set[str] = set()
-        for t in self.lhs:
-            _collect_ops(t, found)
-        return found
+        return pattern_ops(*self.lhs)
 
     def tensor_vars(self) -> list[str]:
         """Tensor variables of the left side, in order of first appearance."""
@@ -183,6 +180,14 @@ class Rule:
         for t in self.lhs:
             _collect_tensor_vars(t, out)
         return out
+
+
+def pattern_ops(*patterns: Pattern) -> set[str]:
+    """Operators the patterns use."""
+    found: set[str] = set()
+    for p in patterns:
+        _collect_ops(p, found)
+    return found
 
 
 def _collect_ops(p: Pattern, found: set[str]) -> None:

@@ -12,12 +12,16 @@ does, and verified.
    candidate, and the verifier decides.
 3. **Candidate pairs**, from equal fingerprints, each pruned as TASO prunes: the same up to variable renaming, or an
    instance of a smaller candidate with a subterm both sides share made a variable.
-4. **Minimization.** Smallest first, candidates are checked against the rules kept so far by equality saturation
-   (a `Prover`, run by the caller: the e-graph lives above the rule library); one the kept rules derive is dropped.
-5. **Verification.** A candidate not derived becomes the rules of its valid orientations (a left side that is an op,
-   a right side whose variables the left binds), each checked by `rewrites.verify`. One that fails is retried with
-   the leaves' equal shapes as guards (`same-shape`), the one assumption the enumeration made; one that fails again
-   is rejected.
+4. **Refutation.** A pair whose sides differ on random float leaves is an integer coincidence, dropped before the
+   e-graph and the verifier spend time on it.
+5. **Minimization.** Smallest first, and those over one set of ops together, candidates are checked against the
+   rules kept so far by equality saturation (a `Prover`, run by the caller: the e-graph lives above the rule
+   library); one the kept rules derive is dropped.
+6. **Verification.** A candidate not derived becomes the rules of its valid orientations (a left side that is an op,
+   a right side whose variables the left binds). Each must keep its shape at every leaf shape of a small set
+   (`shape_sound`: broadcasts are where the verifier's samples miss most) and pass `rewrites.verify`. One that
+   fails is retried with the leaves' equal shapes as guards (`same-shape`), the one assumption the enumeration
+   made; one that fails again is rejected.
 
 The result is written as a rule file (`rules_text`) whose header says how to make it again.
 """
@@ -35,8 +39,24 @@ import numpy as np
 
 from tensat import ops
 
-from .dsl import Call, Pattern, Rule, Term, Var, _rename, _vars_of, canonical_form, format_rule, literal
-from .verify import verify_rule
+from .dsl import (
+    Call,
+    Pattern,
+    Rule,
+    Term,
+    Var,
+    _rename,
+    _vars_of,
+    attr_value,
+    bind_lets,
+    canonical_form,
+    eval_expr,
+    format_rule,
+    instantiate,
+    literal,
+    pattern_ops,
+)
+from .verify import FLOAT_SCALES, verify_rule
 
 LEAVES = ("x", "y", "z")
 MAX_BATCH = 64  # candidates checked, verified and kept in one minimization round, at most
@@ -44,6 +64,8 @@ VERIFY_TRIALS, VERIFY_CASES = 8, 8  # bindings per combination, and in all, a ge
 # the leaves' elements, as TASO draws its fingerprints' inputs: small nonzero integers, so that comparisons tie and
 # polynomial ops are exact (a division by zero, a root of a negative leave a term out where it occurs)
 LEAF_VALUES = np.array([-3.0, -2.0, -1.0, 1.0, 2.0, 3.0])
+CONSTANT_TOLERANCE = 1e-12  # relative: a term's value is one number where its elements agree this closely
+REFUTE_TOLERANCE = 1e-6  # relative: float64 evaluations of two equal sides agree far closer
 
 
 @dataclass(frozen=True)
@@ -211,6 +233,7 @@ def enumerate_terms(settings: Settings, progress: Progress | None = None) -> Enu
         cls = _Class(leaf, 0, len(by_key), values)
         by_key[_fingerprint(values) or b""] = cls
         by_size[0].append(cls)
+    probe = {v.name: rng.standard_normal(settings.leaf_shape(max(settings.sizes) + 1)) for v in leaves}
     found = Enumeration()
     with np.errstate(all="ignore"):
         for size in range(1, settings.max_ops + 1):
@@ -226,11 +249,11 @@ def enumerate_terms(settings: Settings, progress: Progress | None = None) -> Enu
                         key = None if applied is None else _fingerprint(applied)
                         if applied is None or key is None:
                             continue
-                        if _constant(applied):
+                        term = choice.term([c.term for c in children])
+                        if _constant(term, applied, probe):
                             found.constants += 1
                             continue
                         terms += 1
-                        term = choice.term([c.term for c in children])
                         same = by_key.get(key)
                         if same is not None:
                             found.candidates.append((term, same.term))
@@ -248,11 +271,35 @@ def enumerate_terms(settings: Settings, progress: Progress | None = None) -> Enu
     return found
 
 
-def _constant(values: Sequence[np.ndarray]) -> bool:
-    """Whether a term's value is one number at every size: x - x, x / x, a softmax over one element. Without
-    constants among the leaves, its equations (x * (y - y) = z - z) only say how to make a zero."""
+def _one_number(values: Sequence[np.ndarray]) -> bool:
+    """Whether every value holds one number, the same at every size (to float64 rounding: a softmax's sum)."""
     first = values[0].flat[0] if values[0].size else None
-    return any(v.size > 1 for v in values) and all(v.size and bool(np.all(v == first)) for v in values)
+    if first is None:
+        return False
+    tol = CONSTANT_TOLERANCE * max(1.0, abs(float(first)))
+    for v in values:
+        if not v.size:
+            return False
+        if v.dtype == bool:
+            if not np.all(v == first):
+                return False
+        elif abs(v.flat[-1] - first) > tol or abs(v.max() - first) > tol or abs(v.min() - first) > tol:
+            return False
+    return True
+
+
+def _constant(term: Pattern, values: Sequence[np.ndarray], probe: dict[str, np.ndarray]) -> bool:
+    """Whether a term's value is one number whatever the leaves: x - x, x / x, a softmax over one element, the sum
+    of a softmax. Without constants among the leaves, its equations (x * (y - y) = z - z) only say how to make a
+    zero. A term whose value is a single element at every size (a sum of every element) is constant only if it
+    is the same number on `probe`'s float leaves too: two sums of integers are often equal."""
+    if not _one_number(values):
+        return False
+    if any(v.size > 1 for v in values):
+        return True
+    with np.errstate(all="ignore"):
+        value = np.asarray(instantiate(term, probe, {}, {}))
+    return _one_number([*values, value])
 
 
 def _apply(choice: OpChoice, children: Sequence[_Class], sizes: int) -> tuple[np.ndarray, ...] | None:
@@ -347,6 +394,43 @@ def _order(pair: tuple[Pattern, Pattern]) -> tuple[Any, ...]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Refutation
+
+
+def _positive_vars(p: Pattern) -> set[str]:
+    """Variables that are, as themselves, an input an op takes positive (`OpDef.positive`): the verifier draws them
+    positive, and so does the refutation."""
+    if isinstance(p, Var):
+        return set()
+    found = {a.name for a in (p.args[k] for k in ops.get(p.op).positive) if isinstance(a, Var)}
+    return found.union(*(_positive_vars(a) for a in p.args))
+
+
+def refuted(pair: tuple[Pattern, Pattern], shape: tuple[int, ...], rng: np.random.Generator) -> bool:
+    """Whether the two sides differ on random float leaves of `shape` (one draw at each of the verifier's spreads):
+    an integer coincidence of the fingerprints (`sign(x + sigmoid(y)) = sign(x)` holds wherever x is a nonzero
+    integer), dropped before the e-graph and the verifier spend time on it. Positions where a side is not finite
+    decide nothing."""
+    a, b = pair
+    positive = _positive_vars(a) | _positive_vars(b)
+    for scale in FLOAT_SCALES:
+        leaves = {}
+        for v in sorted(_vars(a) | _vars(b)):
+            drawn = scale * rng.standard_normal(shape)
+            leaves[v] = np.abs(drawn) + 0.5 if v in positive else drawn
+        with np.errstate(all="ignore"):
+            left = np.asarray(instantiate(a, leaves, {}, {}), dtype=np.float64)
+            right = np.asarray(instantiate(b, leaves, {}, {}), dtype=np.float64)
+        if left.shape != right.shape:
+            return True
+        finite = np.isfinite(left) & np.isfinite(right)
+        magnitude = max(1.0, float(np.max(np.abs(left[finite]), initial=0.0)))
+        if not np.allclose(left[finite], right[finite], rtol=REFUTE_TOLERANCE, atol=REFUTE_TOLERANCE * magnitude):
+            return True
+    return False
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Rules of a candidate, verification and minimization
 
 
@@ -410,13 +494,54 @@ def _passes(rule: Rule, seed: int) -> bool:
     return result.ok and result.cases >= VERIFY_CASES
 
 
-def verified(rule: Rule, seed: int) -> Rule | None:
-    """`rule` if the verifier passes it, else the rule with `same-shape` guards if that passes, else None."""
-    if _passes(rule, seed):
+def _probe_shapes(rank: int) -> list[tuple[int, ...]]:
+    """Leaf shapes a generated rule's shapes are checked at: the enumeration's (every dim 3), one dim 2 (not
+    square), each dim broadcast (1), all broadcast, and one rank less."""
+    full = (3,) * rank
+    probes = [full, (2, *full[1:]), (*full[:-1], 2), (1,) * rank, full[1:]]
+    probes += [tuple(1 if i == k else 3 for i in range(rank)) for k in range(rank)]
+    return list(dict.fromkeys(p for p in probes if p))
+
+
+def _pattern_shape(p: Pattern, shapes: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
+    """The shape of a generated rule's side (its attributes are literals) with its variables of `shapes`."""
+    if isinstance(p, Var):
+        return shapes[p.name]
+    attrs = {name: attr_value(eval_expr(value, {}, {})) for name, value in p.attrs}
+    return ops.shape_of(p.op, [_pattern_shape(a, shapes) for a in p.args], attrs)
+
+
+def shape_sound(rule: Rule, rank: int) -> bool:
+    """Whether, wherever its left side is well-typed and its guards hold, `rule`'s right side is well-typed and of
+    the left side's shape, with every leaf at each of the probe shapes. Deterministic, where the verifier samples
+    broadcasts: `x / y / x = 1 / y` fails only where y broadcasts against x, and an e-graph that applied it would
+    merge terms of different shapes."""
+    names = rule.tensor_vars()
+    for combo in itertools.product(_probe_shapes(rank), repeat=len(names)):
+        shapes = dict(zip(names, combo))
+        try:
+            left = _pattern_shape(rule.lhs[0], shapes)
+            env, _ = bind_lets(rule, {}, shapes)
+            if not all(eval_expr(g, env, shapes) for g in rule.guards):
+                continue
+        except (ops.ShapeError, ValueError, IndexError, KeyError, TypeError):
+            continue
+        try:
+            if _pattern_shape(rule.rhs[0], shapes) != left:
+                return False
+        except (ops.ShapeError, ValueError, IndexError, KeyError, TypeError):
+            return False
+    return True
+
+
+def verified(rule: Rule, seed: int, rank: int) -> Rule | None:
+    """`rule` if its shapes agree (`shape_sound`) and the verifier passes it, else the rule with `same-shape` guards
+    if that does, else None."""
+    if shape_sound(rule, rank) and _passes(rule, seed):
         return rule
     if len(rule.tensor_vars()) > 1:
         guarded = _same_shape_guards(rule)
-        if _passes(guarded, seed):
+        if shape_sound(guarded, rank) and _passes(guarded, seed):
             return guarded
     return None
 
@@ -442,11 +567,12 @@ class Generated:
     constants: int  # terms left out: their value is one number whatever the leaves
     renamings: int
     common_subterms: int
+    refuted: int  # candidates whose sides differ on random float leaves
     derived: int  # candidates the kept rules derive
     not_rewrites: int  # equations with no valid orientation (each side has variables the other lacks)
     rejected: int  # equations the verifier rejected in every orientation, guarded or not
     guarded: int  # rules kept with same-shape guards
-    unsound: int  # equations the verifier passed that the e-graph caught merging terms of different shapes
+    unsound: int  # rules the verifier passed that the e-graph caught merging terms of different shapes
     seconds: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -463,12 +589,13 @@ def minimize(
 ) -> tuple[list[Rule], dict[str, int]]:
     """Keep, smallest first, the candidates the kept rules do not derive, verified; (rules, counts).
 
-    Each round takes the next batch of candidates: the prover (a `Prover` keeps its e-graph from round to round)
-    drops those the rules kept so far derive, and the others are verified and kept, but for one that a rule kept in
-    the same batch rewrites at the root. Batches double from one at each size of candidate (the larger side's ops)
+    Each round takes the next batch of candidates (in `_by_ops` order): the prover drops those the rules kept so far
+    derive, and the others are verified and kept, but for one that a rule kept in the same batch rewrites at the
+    root. A rule the prover finds unsound (egglog merged terms of different shapes) is dropped, and the batch
+    checked again. Batches double from one at each size of candidate (the larger side's ops)
     up to MAX_BATCH: the smallest candidates of a size are kept one at a time (a rule kept can only drop those after
     it), and the larger ones in batches, each candidate checked once."""
-    remaining = list(pairs)
+    remaining = sorted(pairs, key=_by_ops)
     rules: list[Rule] = []
     counts = {"derived": 0, "not_rewrites": 0, "rejected": 0, "guarded": 0, "unsound": 0}
     batch, level = 1, 0
@@ -480,15 +607,16 @@ def minimize(
         chosen = [p for p in remaining[:batch] if _size(p) == level]
         remaining = remaining[len(chosen) :]
         if rules:
-            try:
-                proved = prove(rules, chosen, shape)
-            except Exception as exc:  # noqa: BLE001 - the prover's `UnsoundRules` (it lives above this layer)
-                wrong = set(getattr(exc, "names", ()))
-                if not wrong:
-                    raise
-                rules = [r for r in rules if r.name not in wrong]
-                counts["unsound"] += len({n.removesuffix("-rev") for n in wrong})
-                proved = prove(rules, chosen, shape)
+            while True:
+                try:
+                    proved = prove(rules, chosen, shape)
+                    break
+                except Exception as exc:  # noqa: BLE001 - the prover's `UnsoundRules` (it lives above this layer)
+                    wrong = set(getattr(exc, "names", ()))
+                    if not wrong:
+                        raise
+                    rules = [r for r in rules if r.name not in wrong]
+                    counts["unsound"] += len(wrong)
             counts["derived"] += sum(proved)
             chosen = [p for p, done in zip(chosen, proved) if not done]
         for a, b in chosen:
@@ -499,7 +627,7 @@ def minimize(
             if not oriented:
                 counts["not_rewrites"] += 1
                 continue
-            kept = [r for r in (verified(r, seed) for r in oriented) if r is not None]
+            kept = [r for r in (verified(r, seed, len(shape)) for r in oriented) if r is not None]
             if not kept:
                 counts["rejected"] += 1
                 continue
@@ -510,6 +638,13 @@ def minimize(
         if progress is not None:
             progress(f"minimize: {number} kept, {len(remaining)} to check, {counts['derived']} derived")
     return rules, counts
+
+
+def _by_ops(pair: tuple[Pattern, Pattern]) -> tuple[Any, ...]:
+    """The minimization's order: by size, then candidates over fewer ops first, those over one set of ops together
+    (a `Prover` runs the rules over a batch's ops alone), and within a set in `prune`'s order."""
+    used = pattern_ops(*pair)
+    return (_size(pair), len(used), sorted(used), _order(pair))
 
 
 def _size(pair: tuple[Pattern, Pattern]) -> int:
@@ -526,7 +661,14 @@ def generate(settings: Settings, prove: Prover, progress: Progress | None = None
     if progress is not None:
         progress(f"pruned: {len(pairs)} candidates ({renamings} renamings, {common} with a shared subterm)")
     t = time.perf_counter()
-    rules, counts = minimize(pairs, prove, settings.leaf_shape(max(settings.sizes)), settings.seed, progress)
+    rng = np.random.default_rng(settings.seed)
+    shape = settings.leaf_shape(max(settings.sizes) + 1)  # a size the fingerprints did not see
+    survivors = [p for p in pairs if not refuted(p, shape, rng)]
+    refuting = time.perf_counter() - t
+    if progress is not None:
+        progress(f"refuted: {len(pairs) - len(survivors)} candidates differ on float leaves")
+    t = time.perf_counter()
+    rules, counts = minimize(survivors, prove, settings.leaf_shape(max(settings.sizes)), settings.seed, progress)
     return Generated(
         settings,
         rules,
@@ -536,12 +678,13 @@ def generate(settings: Settings, prove: Prover, progress: Progress | None = None
         found.constants,
         renamings,
         common,
+        len(pairs) - len(survivors),
         counts["derived"],
         counts["not_rewrites"],
         counts["rejected"],
         counts["guarded"],
         counts["unsound"],
-        {"enumerate": found.seconds, "prune": pruned, "minimize": time.perf_counter() - t},
+        {"enumerate": found.seconds, "prune": pruned, "refute": refuting, "minimize": time.perf_counter() - t},
     )
 
 
@@ -556,7 +699,8 @@ def rules_text(result: Generated, command: str, version: str) -> str:
         f"; Ops: {names}.",
         f"; {sum(result.terms)} terms ({result.constants} constant ones left out), {result.candidates} candidates; "
         f"{result.renamings} renamings and "
-        f"{result.common_subterms} with a shared subterm pruned; {result.derived} derived by the rules kept; "
+        f"{result.common_subterms} with a shared subterm pruned; {result.refuted} refuted on float leaves; "
+        f"{result.derived} derived by the rules kept; "
         f"{result.rejected} rejected by the verifier, {result.unsound} by the e-graph; {result.equations} equations "
         f"kept ({len(result.rules)} rules).",
     ]

@@ -110,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
         f"terms {sum(result.terms)} ({', '.join(map(str, result.terms))} by size; {result.constants} constant ones "
         f"left out); candidates {result.candidates}; "
         f"pruned {result.renamings} renamings and {result.common_subterms} with a shared subterm; "
-        f"{result.derived} derived by the rules kept; {result.rejected} rejected by the verifier; "
+        f"{result.refuted} refuted on float leaves; {result.derived} derived by the rules kept; "
+        f"{result.rejected} rejected by the verifier; "
         f"{result.not_rewrites} not rewrites; {result.unsound} caught by the e-graph merging terms of different shapes"
     )
     print(f"kept {result.equations} equations as {len(result.rules)} rules ({result.guarded} guarded)")

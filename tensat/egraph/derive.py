@@ -1,13 +1,14 @@
 """Which equations a rule set proves by equality saturation: the e-graph side of the rule generator's minimization
 (`rewrites.generate`), and of the check that a generated set derives the hand-written rules.
 
-A `Prover` keeps one egglog e-graph across calls, as Ruler keeps its e-graph: the rules it was given stay, each
-call adds only the new ones and the new pairs' terms, and what earlier calls proved stays proved (every rule is
-verified, so an equality once derived holds). It starts afresh when the e-graph outgrows its node limit.
+A `Prover` keeps one egglog e-graph across calls: the rules it was given stay compiled, and each call adds only the
+new ones. A call's terms live in an egglog scope (`push` ... `pop`), so the e-graph that the rules run over holds
+that call's pairs alone: it stays small, and a rule that matches every term of it is still applied.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -17,42 +18,72 @@ from egglog import bindings
 from tensat import ops
 from tensat.egraph.lower import egg_value, enode_count
 from tensat.egraph.pool import run_program
-from tensat.rewrites.dsl import Pattern, Rule, Term, Var, attr_value, bind_lets, eval_expr, literal, to_egglog
+from tensat.rewrites.dsl import (
+    Pattern,
+    Rule,
+    Term,
+    Var,
+    attr_value,
+    bind_lets,
+    eval_expr,
+    literal,
+    pattern_ops,
+    to_egglog,
+)
 from tensat.rewrites.verify import bindings as rule_bindings
 
-NODE_LIMIT = 50_000  # e-nodes: no iteration starts beyond it, and an e-graph beyond it starts afresh
+NODE_LIMIT = 10_000  # e-nodes of a call's e-graph: no iteration starts beyond it
 MATCH_LIMIT = 200  # matches of a rule in one iteration beyond which it is not applied
 ITER_LIMIT = 6  # rule iterations per call
-TIME_LIMIT = 20.0  # seconds of rule iterations per call
+TIME_LIMIT = 2.0  # seconds of rule iterations per call
+COVERAGE_LIMITS = {"node_limit": 50_000, "time_limit": 20.0}  # `derived`'s, for one e-graph of every target
 BATCH = 256  # commands per egglog call
+SAME = re.compile(r"\(same (\d+)\)")
 
 Shape = tuple[int, ...]
 
 
 class UnsoundRules(RuntimeError):
-    """Equality saturation merged two terms of different shapes: one of `names`, the rules new to the e-graph, is
-    wrong where the verifier did not look. The e-graph has started afresh without them."""
+    """Equality saturation merged two terms of different shapes: rule `names[0]` is wrong where the verifier did
+    not look. The e-graph has started afresh: a call without it carries on."""
 
     def __init__(self, names: list[str], message: str) -> None:
         super().__init__(f"rules {', '.join(names)} merged terms of different shapes ({message})")
         self.names = names
 
 
+class _Panic(Exception):
+    """egglog panicked (a rule merged terms of different shapes); the e-graph has started afresh."""
+
+
 class Prover:
     """Equality saturation over rule sets and pairs of terms, in one e-graph kept across calls."""
 
     def __init__(
-        self, node_limit: int = NODE_LIMIT, iter_limit: int = ITER_LIMIT, time_limit: float = TIME_LIMIT
+        self,
+        node_limit: int = NODE_LIMIT,
+        iter_limit: int = ITER_LIMIT,
+        time_limit: float = TIME_LIMIT,
+        closure: bool = False,
     ) -> None:
         self.node_limit, self.iter_limit, self.time_limit = node_limit, iter_limit, time_limit
+        self.closure = closure
         self._reset()
 
     def _reset(self) -> None:
         self.egraph = bindings.EGraph()
-        program = [ops.egg_declarations(), "(function side (i64) T :no-merge)", "(ruleset gen)"]
+        program = [
+            ops.egg_declarations(),
+            "(function left (i64) T :no-merge)",
+            "(function right (i64) T :no-merge)",
+            "(relation same (i64))",
+            "(ruleset check)",
+            "(rule ((= (left k) (right k))) ((same k)) :ruleset check)",
+        ]
         run_program(self.egraph, "\n".join(program + ops.egg_shape_rules()))
         self._rules: set[str] = set()
-        self._sides = 0
+        self._rulesets: dict[frozenset[str], str] = {}  # the ops a rule's left side uses -> its ruleset
+        self._produced: dict[frozenset[str], set[str]] = {}  # and -> the ops those rules' right sides build
 
     def __call__(
         self,
@@ -61,34 +92,89 @@ class Prover:
         shape: Shape,
         shapes: Mapping[str, Shape] | None = None,
     ) -> list[bool]:
-        """For each pair, whether `rules` (with those of earlier calls since the last fresh start) make its two
+        """For each pair, whether `rules` (with those of earlier calls, since the last that raised) make its two
         sides one e-class, every variable an input of `shape` (or of its shape in `shapes`). A pair not typed at
         those shapes is not proved."""
-        if enode_count(self.egraph) > self.node_limit:
-            self._reset()
+        try:
+            return self._prove(rules, pairs, shape, shapes)
+        except _Panic as exc:
+            culprit = self._culprit(rules, pairs, shape, shapes)
+            raise UnsoundRules([culprit], str(exc)) from None
+
+    def _prove(
+        self,
+        rules: Sequence[Rule],
+        pairs: Sequence[tuple[Pattern, Pattern]],
+        shape: Shape,
+        shapes: Mapping[str, Shape] | None,
+    ) -> list[bool]:
+        """`__call__`'s work; _Panic (the e-graph started afresh) where egglog panicked."""
         new = [r for r in rules if r.name not in self._rules]
-        self._commands([to_egglog(r, "gen") for r in new])
+        self._commands([to_egglog(r, self._ruleset(r)) for r in new])
         self._rules.update(r.name for r in new)
+        present = pattern_ops(*(p for pair in pairs for p in pair))
+        if self.closure:
+            grown = True
+            while grown:
+                more = set().union(*(made for used, made in self._produced.items() if used <= present))
+                grown = not more <= present
+                present |= more
+        relevant = [name for used, name in self._rulesets.items() if used <= present]
         commands: list[str] = []
-        sides: list[int | None] = []
-        for a, b in pairs:
+        typed: list[bool] = []
+        for k, (a, b) in enumerate(pairs):
             try:
                 left, right = self._expr(a, shape, shapes), self._expr(b, shape, shapes)
             except (ops.ShapeError, ValueError, IndexError, KeyError):
-                sides.append(None)
+                typed.append(False)
                 continue
-            k = self._sides
-            self._sides += 2
-            commands += [f"(set (side {k}) {left[0]})", f"(set (side {k + 1}) {right[0]})"]
-            sides.append(k)
-        self._commands(commands)
+            commands += [f"(set (left {k}) {left[0]})", f"(set (right {k}) {right[0]})"]
+            typed.append(True)
+        run_program(self.egraph, "(push)")
         try:
+            self._commands(commands)
             run_program(self.egraph, "(run-schedule (saturate shapes))")
-            self._saturate()
-        except Exception as exc:  # egglog's panic on a union of two shapes: one of the new rules is wrong
+            if relevant:
+                run_program(self.egraph, f"(unstable-combined-ruleset relevant {' '.join(relevant)})")
+                self._saturate()
+            out = run_program(self.egraph, f"(run-schedule (saturate check))\n(print-function same {len(pairs) + 1})")
+        except Exception as exc:  # egglog's panic on a union of two shapes: a rule is wrong
             self._reset()
-            raise UnsoundRules([r.name for r in new], str(exc)) from None
-        return [k is not None and self._equal(k) for k in sides]
+            raise _Panic(str(exc)) from None
+        run_program(self.egraph, "(pop)")
+        same = {int(k) for k in SAME.findall(str(out[-1]))}
+        return [ok and k in same for k, ok in enumerate(typed)]
+
+    def _culprit(
+        self,
+        rules: Sequence[Rule],
+        pairs: Sequence[tuple[Pattern, Pattern]],
+        shape: Shape,
+        shapes: Mapping[str, Shape] | None,
+    ) -> str:
+        """The rule whose addition makes egglog panic on `pairs`: the last of the shortest prefix of `rules` that
+        does, found by bisection, each prefix in a fresh e-graph. The e-graph is fresh afterwards."""
+        lo, hi = 0, len(rules)
+        while lo + 1 < hi:
+            mid = (lo + hi) // 2
+            self._reset()
+            try:
+                self._prove(rules[:mid], pairs, shape, shapes)
+                lo = mid
+            except _Panic:
+                hi = mid
+        self._reset()
+        return rules[hi - 1].name
+
+    def _ruleset(self, rule: Rule) -> str:
+        """The ruleset of the rules whose left sides use `rule`'s ops, declared where new."""
+        used = frozenset(rule.ops())
+        if used not in self._rulesets:
+            self._rulesets[used] = f"gen{len(self._rulesets)}"
+            self._produced[used] = set()
+            run_program(self.egraph, f"(ruleset {self._rulesets[used]})")
+        self._produced[used] |= rule.produced_ops()
+        return self._rulesets[used]
 
     def _commands(self, commands: Sequence[str]) -> None:
         for k in range(0, len(commands), BATCH):
@@ -103,20 +189,13 @@ class Prover:
         for _ in range(self.iter_limit):
             run_program(
                 self.egraph,
-                f"(run-schedule (let-scheduler bo (back-off :match-limit {MATCH_LIMIT})) (run-with bo gen) "
+                f"(run-schedule (let-scheduler bo (back-off :match-limit {MATCH_LIMIT})) (run-with bo relevant) "
                 "(saturate shapes))",
             )
             grown = enode_count(self.egraph)
             if grown == size or grown > self.node_limit or time.perf_counter() - start > self.time_limit:
                 return
             size = grown
-
-    def _equal(self, k: int) -> bool:
-        try:
-            run_program(self.egraph, f"(check (= (side {k}) (side {k + 1})))")
-        except Exception:  # noqa: BLE001 - egglog's failed check is its only answer
-            return False
-        return True
 
     def _expr(self, p: Pattern, shape: Shape, shapes: Mapping[str, Shape] | None) -> tuple[str, Shape]:
         """The egglog term of pattern `p` and its shape (ops.ShapeError where ill-typed)."""
@@ -175,6 +254,6 @@ def derived(rules: Sequence[Rule], targets: Sequence[Rule], seed: int = 0, **lim
         lhs = _concrete(rule.lhs[0], prefix, env, shapes, lets)
         pairs.append((lhs, _concrete(rule.rhs[0], prefix, env, shapes, lets)))
         names.append(rule.name)
-    results = proved(rules, pairs, (), shapes=leaves, **limits) if pairs else []
+    results = proved(rules, pairs, (), shapes=leaves, **{**COVERAGE_LIMITS, **limits}) if pairs else []
     out.update({name: "derived" if ok else "not derived" for name, ok in zip(names, results)})
     return {t.name: out[t.name] for t in targets if t.name in out}

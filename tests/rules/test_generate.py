@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tensat import cli
 from tensat.egraph.derive import derived, proved
 from tensat.rewrites import GENERATED_DIR, RuleError, all_rules, generated_rules, rule_set
-from tensat.rewrites.dsl import Rule, Term, Var, canonical_form, format_rule, literal, parse_rules
+from tensat.rewrites.dsl import Pattern, Rule, Term, Var, canonical_form, format_rule, literal, parse_rules
 from tensat.rewrites.generate import (
     Settings,
     enumerate_terms,
@@ -19,7 +20,9 @@ from tensat.rewrites.generate import (
     instance_of,
     orientations,
     prune,
+    refuted,
     rules_text,
+    verified,
 )
 from tensat.rewrites.verify import verify_rule
 
@@ -99,16 +102,43 @@ def test_every_generated_rule_verifies_with_another_seed(small: object) -> None:
 
 
 def test_an_equality_at_one_shape_only_is_a_candidate_and_is_rejected() -> None:
-    """Fingerprinted at 1x1 leaves alone, a transpose equals its input: the enumeration pairs them, and the verifier
-    (at shapes of its own) rejects the candidate. At sizes 2 and 3 it is not even a candidate."""
+    """Fingerprinted at 1x1 leaves alone, a transpose equals its input: the enumeration pairs them, the float draw at
+    another size refutes the candidate, and the verifier (at shapes of its own) rejects it too. At sizes 2 and 3 it
+    is not even a candidate."""
     one = Settings(max_ops=1, ops=("transpose",), sizes=(1,))
     wrong = (_t(_x("x")), _x("x"))
     assert equation_key(*wrong) in {equation_key(a, b) for a, b in enumerate_terms(one).candidates}
     result = generate(one, proved)
-    assert result.rejected >= 1
+    assert result.refuted >= 1
     assert canonical_form(Rule("w", (wrong[0],), (wrong[1],))) not in _keys(result.rules)
+    assert verified(Rule("w", (wrong[0],), (wrong[1],)), seed=0, rank=2) is None
     two = Settings(max_ops=1, ops=("transpose",))
     assert equation_key(*wrong) not in {equation_key(a, b) for a, b in enumerate_terms(two).candidates}
+
+
+def test_a_coincidence_on_integer_leaves_is_refuted_on_float_leaves() -> None:
+    """sign(x + sigmoid(y)) = sign(x) wherever x is a nonzero integer, as the fingerprints draw it; floats refute it.
+    True equations are not refuted, a logarithm's argument is drawn positive, and a position where a side is not
+    finite decides nothing."""
+    rng = np.random.default_rng(0)
+
+    def pair(text: str) -> tuple[Pattern, Pattern]:
+        rule = _rule(f"(rule a {text})")
+        return rule.lhs[0], rule.rhs[0]
+
+    assert refuted(pair("(sign (add ?x (sigmoid ?y))) (sign ?x)"), (4, 4), rng)
+    assert refuted(pair("(sqrt (mul ?x ?x)) ?x"), (4, 4), rng)
+    for true in (
+        "(mul ?x ?y) (mul ?y ?x)",
+        "(exp (log ?x)) ?x",
+        "(sqrt (mul ?x ?x)) (abs ?x)",
+        "(div ?x (sqrt ?y)) (mul ?x (rsqrt ?y :epsilon 0.0))",
+    ):
+        assert not refuted(pair(true), (4, 4), rng), true
+    nowhere_finite = Term("log", (Term("neg", (Term("abs", (_x("x"),), ()),), ()),), ())
+    assert not refuted(
+        (nowhere_finite, Term("log", (Term("neg", (Term("abs", (_x("y"),), ()),), ()),), ())), (4, 4), rng
+    )
 
 
 def test_generation_is_deterministic_for_a_seed() -> None:
