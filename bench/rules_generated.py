@@ -35,7 +35,9 @@ from tensat.egraph.derive import Prover, derived
 from tensat.files import atomic_write_json, atomic_write_text
 from tensat.models import SMALL_SIZES, build_model, model_names
 from tensat.options import RULE_SETS
-from tensat.rewrites.generate import Settings, default_ops, generate
+from tensat.rewrites.dsl import Rule
+from tensat.rewrites.generate import Settings, default_ops, generate, term_size
+from tensat.rewrites.verify import bindings
 
 DEFAULT_RUNS = ("3:default", "4:add,mul,sub,neg,relu,matmul,transpose")
 
@@ -49,9 +51,11 @@ def generation(run: str) -> dict[str, Any]:
     """One generation's counts and times."""
     settings = _settings(run)
     result = generate(settings, Prover(), lambda m: print(f"  {m}", file=sys.stderr, flush=True))
+    hand = [r for r in rewrites.all_rules() if not r.multi]
     start = time.perf_counter()
-    verdicts = derived(result.rules, [r for r in rewrites.all_rules() if not r.multi])
+    verdicts = derived(result.rules, hand, rank=settings.rank)
     covered = time.perf_counter() - start
+    not_derived = {r.name: why_not(r, settings) for r in hand if verdicts.get(r.name) != "derived"}
     return {
         "run": run,
         "max_ops": settings.max_ops,
@@ -73,14 +77,31 @@ def generation(run: str) -> dict[str, Any]:
         "seconds": {**result.seconds, "coverage": covered},
         "hand_derived": sum(v == "derived" for v in verdicts.values()),
         "hand_rules": len(verdicts),
+        "not_derived": not_derived,
     }
+
+
+def why_not(rule: Rule, settings: Settings) -> str:
+    """Why a generation run does not derive a hand-written rule: an op it does not enumerate, no instance at its
+    rank, a side larger than its terms; else the prover's limits (or an attribute outside the domains)."""
+    enumerated = set(settings.ops) if settings.ops is not None else set(default_ops(settings.rank))
+    missing = (rule.ops() | rule.produced_ops()) - enumerated
+    if missing:
+        return "ops not enumerated: " + ", ".join(sorted(missing))
+    found = bindings(rule, seed=settings.seed, rank=settings.rank)
+    if not found or {len(shape) for shape in found[0][0].values()} != {settings.rank}:
+        return f"no instance at rank {settings.rank}"
+    largest = max(term_size(rule.lhs[0]), term_size(rule.rhs[0]))
+    if largest > settings.max_ops:
+        return f"{largest} ops on a side"
+    return "not derived within the prover's limits"
 
 
 def coverage() -> dict[str, Any]:
     """Which hand-written single-pattern rules the library's generated set derives."""
     hand = [r for r in rewrites.all_rules() if not r.multi]
     start = time.perf_counter()
-    verdicts = derived(rewrites.generated_rules(), hand)
+    verdicts = derived(rewrites.generated_rules(), hand, rank=Settings().rank)
     return {"verdicts": verdicts, "seconds": time.perf_counter() - start}
 
 
@@ -125,6 +146,14 @@ def markdown(data: dict[str, Any]) -> str:
             f"| {s['enumerate']:.1f} / {s['prune']:.1f} / {s['refute']:.1f} / {s['minimize']:.1f} "
             f"| {g['hand_derived']} of {g['hand_rules']} |"
         )
+    for g in data["generations"]:
+        reasons = collections.defaultdict(list)
+        for name, why in g["not_derived"].items():
+            reasons[why.split(":")[0]].append(name)
+        lines += ["", f"Not derived by the {g['max_ops']}-op run ({g['run']}), by reason:", ""]
+        for why, names in sorted(reasons.items(), key=lambda kv: -len(kv[1])):
+            shown = ", ".join(sorted(names)) if why != "ops not enumerated" else _ops_missing(g["not_derived"], names)
+            lines.append(f"- {why}: {len(names)} ({shown})")
     cov = data.get("coverage")
     if cov:
         counts = collections.Counter(cov["verdicts"].values())
@@ -152,6 +181,12 @@ def markdown(data: dict[str, Any]) -> str:
             cells = [f"{r[k]['cost_after']:.4g} / {r[k]['seconds']:.1f}" for k in RULE_SETS]
             lines.append(f"| {r['model']} | {r['hand']['cost_before']:.4g} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _ops_missing(reasons: dict[str, str], names: list[str]) -> str:
+    """The ops that keep `names` out of a run, each with how many rules it keeps out."""
+    counts = collections.Counter(op for n in names for op in reasons[n].split(": ")[1].split(", "))
+    return ", ".join(f"{op} {k}" for op, k in counts.most_common())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

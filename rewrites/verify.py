@@ -959,11 +959,12 @@ def verify_rule(rule: Rule, trials: int = 3, seed: int = 0, attempts: int = 30, 
 
 
 def bindings(
-    rule: Rule, count: int = 1, seed: int = 0, attempts: int = 30
+    rule: Rule, count: int = 1, seed: int = 0, attempts: int = 30, rank: int | None = None
 ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """Up to `count` bindings (tensor shapes, attribute values) under which the rule's left side is well typed, its
     guards hold and both sides agree: the rule instantiated at concrete shapes, as the verifier samples them (for
-    checking that other rules derive it). Bindings of one rank for every tensor come first."""
+    checking that other rules derive it). Bindings of one rank for every tensor come first, of rank `rank` first
+    among those."""
     rng = random.Random(f"{seed}:{rule.name}")
     np_rng = np.random.default_rng(rng.getrandbits(32))
     out: list[tuple[dict[str, Any], dict[str, Any]]] = []
@@ -972,7 +973,7 @@ def bindings(
         assignments = plan.rank_assignments(rng)
     except Reject:
         return out
-    assignments.sort(key=lambda ranks: len(set(ranks.values())))
+    assignments.sort(key=lambda ranks: (len(set(ranks.values())), set(ranks.values()) != {rank}))
     for ranks in assignments:
         try:
             combos = plan.attr_combos(ranks)
