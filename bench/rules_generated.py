@@ -74,6 +74,8 @@ def generation(run: str) -> dict[str, Any]:
         "equations": result.equations,
         "rules": len(result.rules),
         "guarded": result.guarded,
+        "multi_candidates": result.multi_candidates,
+        "multi": result.multi,
         "seconds": {**result.seconds, "coverage": covered},
         "hand_derived": sum(v == "derived" for v in verdicts.values()),
         "hand_rules": len(verdicts),
@@ -132,8 +134,9 @@ def markdown(data: dict[str, Any]) -> str:
         "",
         "| run | ops | terms by size | constants left out | candidates | renamings | shared subterm | refuted "
         "| derived | rejected | not rewrites "
-        "| kept (equations / rules) | enumerate / prune / refute / minimize (s) | hand rules derived |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| kept (equations / rules) | multi-pattern (kept / candidates) "
+        "| enumerate / prune / refute / minimize / multi (s) | hand rules derived |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for g in data["generations"]:
         ops = "default" if g["ops"][0] == "default" else ", ".join(g["ops"])
@@ -142,8 +145,8 @@ def markdown(data: dict[str, Any]) -> str:
             f"| {g['max_ops']} ops | {ops} | {', '.join(map(str, g['terms']))} | {g['constants']} | {g['candidates']} "
             f"| {g['renamings']} "
             f"| {g['common_subterms']} | {g['refuted']} | {g['derived']} | {g['rejected']} | {g['not_rewrites']} "
-            f"| {g['equations']} / {g['rules']} "
-            f"| {s['enumerate']:.1f} / {s['prune']:.1f} / {s['refute']:.1f} / {s['minimize']:.1f} "
+            f"| {g['equations']} / {g['rules'] - g['multi']} | {g['multi']} / {g['multi_candidates']} "
+            f"| {s['enumerate']:.1f} / {s['prune']:.1f} / {s['refute']:.1f} / {s['minimize']:.1f} / {s['multi']:.1f} "
             f"| {g['hand_derived']} of {g['hand_rules']} |"
         )
     for g in data["generations"]:

@@ -22,6 +22,10 @@ does, and verified.
    (`shape_sound`: broadcasts are where the verifier's samples miss most) and pass `rewrites.verify`. One that
    fails is retried with the leaves' equal shapes as guards (`same-shape`), the one assumption the enumeration
    made; one that fails again is rejected.
+7. **Multi-pattern rules**, over pairs of terms: a candidate `concat(a, b) = m` whose halves are terms that share
+   an input becomes the rule that rewrites the pair (a, b) into the two slices of m, as Tensat merges two matmuls
+   through concat and split. It is verified like the others, and one whose patterns are an instance of a kept
+   one's is dropped.
 
 The result is written as a rule file (`rules_text`) whose header says how to make it again.
 """
@@ -504,30 +508,33 @@ def _probe_shapes(rank: int) -> list[tuple[int, ...]]:
 
 
 def _pattern_shape(p: Pattern, shapes: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
-    """The shape of a generated rule's side (its attributes are literals) with its variables of `shapes`."""
+    """The shape of a generated rule's side with its variables of `shapes` (its attributes are literals, or dims
+    of those variables)."""
     if isinstance(p, Var):
         return shapes[p.name]
-    attrs = {name: attr_value(eval_expr(value, {}, {})) for name, value in p.attrs}
+    attrs = {name: attr_value(eval_expr(value, {}, shapes)) for name, value in p.attrs}
     return ops.shape_of(p.op, [_pattern_shape(a, shapes) for a in p.args], attrs)
 
 
 def shape_sound(rule: Rule, rank: int) -> bool:
     """Whether, wherever its left side is well-typed and its guards hold, `rule`'s right side is well-typed and of
-    the left side's shape, with every leaf at each of the probe shapes. Deterministic, where the verifier samples
-    broadcasts: `x / y / x = 1 / y` fails only where y broadcasts against x, and an e-graph that applied it would
-    merge terms of different shapes."""
+    the left side's shape (each pattern of a multi-pattern rule), with every leaf at each of the probe shapes.
+    Deterministic, where the verifier samples broadcasts: `x / y / x = 1 / y` fails only where y broadcasts against
+    x, and an e-graph that applied it would merge terms of different shapes."""
     names = rule.tensor_vars()
+    lets = {name: value for name, value in rule.lets if isinstance(value, (Term, Var))}
+    rhs = [_substituted(t, lets) for t in rule.rhs]
     for combo in itertools.product(_probe_shapes(rank), repeat=len(names)):
         shapes = dict(zip(names, combo))
         try:
-            left = _pattern_shape(rule.lhs[0], shapes)
+            left = [_pattern_shape(t, shapes) for t in rule.lhs]
             env, _ = bind_lets(rule, {}, shapes)
             if not all(eval_expr(g, env, shapes) for g in rule.guards):
                 continue
         except (ops.ShapeError, ValueError, IndexError, KeyError, TypeError):
             continue
         try:
-            if _pattern_shape(rule.rhs[0], shapes) != left:
+            if [_pattern_shape(t, shapes) for t in rhs] != left:
                 return False
         except (ops.ShapeError, ValueError, IndexError, KeyError, TypeError):
             return False
@@ -544,6 +551,99 @@ def verified(rule: Rule, seed: int, rank: int) -> Rule | None:
         if shape_sound(guarded, rank) and _passes(guarded, seed):
             return guarded
     return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Multi-pattern rules
+
+
+def _dim_of(p: Pattern, axis: int, rank: int, same_shape: bool) -> Call | None:
+    """`(dim ?v k)`, a dim of one of `p`'s variables equal to `p`'s dim `axis` at every probe shape of rank `rank`
+    where `p` is well-typed (all its variables of one shape, where `same_shape`), or None if there is none."""
+    names = sorted(_vars(p))
+    probes = [shape for shape in _probe_shapes(rank) if len(shape) == rank]
+    if same_shape:
+        combos = [dict.fromkeys(names, shape) for shape in probes]
+    else:
+        combos = [dict(zip(names, c)) for c in itertools.product(probes, repeat=len(names))]
+    typed = []
+    for shapes in combos:
+        try:
+            typed.append((shapes, _pattern_shape(p, shapes)[axis]))
+        except (ops.ShapeError, ValueError, IndexError, KeyError, TypeError):
+            continue
+    for v in names:
+        for k in range(rank):
+            if typed and all(shapes[v][k] == dim for shapes, dim in typed):
+                return Call("dim", (Var(v), literal(k)))
+    return None
+
+
+def multi_rule(left: Term, right: Term, axis: int, merged: Term, name: str, rank: int, seed: int) -> Rule | None:
+    """The multi-pattern rule from `concat(left, right, axis) = merged`: two terms that share an input become the
+    two halves of one merged term, as TASO's and Tensat's merges of two matmuls or convs into one. Its attributes
+    are for rank `rank` (as every generated rule's), so the variables it reads dims of are guarded to that rank.
+    Verified as any generated rule, with its leaves' shapes made equal where it needs them; None if it fails."""
+    m = Var("m")
+    for same_shape in (False, True):
+        sizes = [_dim_of(side, axis, rank, same_shape) for side in (left, right)]
+        if sizes[0] is None or sizes[1] is None:
+            continue
+        at = ("axis", literal(axis))
+        halves = (
+            Term("slice", (m,), (at, ("start", literal(0)), ("size", sizes[0]))),
+            Term("slice", (m,), (at, ("start", sizes[0]), ("size", sizes[1]))),
+        )
+        ranked = {size.args[0] for size in sizes if size is not None}
+        guards = tuple(Call("=", (Call("rank", (v,)), literal(rank))) for v in sorted(ranked, key=repr))
+        rule = Rule(name, (left, right), halves, (("m", merged),), guards)
+        if same_shape:
+            rule = _same_shape_guards(rule)
+        if shape_sound(rule, rank) and _passes(rule, seed):
+            return rule
+    return None
+
+
+def multi_candidates(pairs: Sequence[tuple[Pattern, Pattern]]) -> list[tuple[Term, Term, int, Term]]:
+    """(left, right, axis, merged) for each candidate `concat(left, right, axis) = merged` whose two halves are
+    different ops' terms (not leaves, not concats: those are concat's own algebra) that share an input, and whose
+    merged term is not a concat. A shared input bounds the matches of the rule's two patterns by its fan-out, where
+    two unrelated terms would pair every match of one with every match of the other."""
+    out = []
+    for a, b in pairs:
+        for joined, merged in ((a, b), (b, a)):
+            if not (isinstance(joined, Term) and joined.op == "concat" and isinstance(merged, Term)):
+                continue
+            left, right = joined.args
+            if not (isinstance(left, Term) and isinstance(right, Term)) or left == right:
+                continue
+            if "concat" in (left.op, right.op, merged.op) or not _vars(left) & _vars(right):
+                continue
+            axis = int(attr_value(eval_expr(dict(joined.attrs)["axis"], {}, {})))
+            out.append((left, right, axis, merged))
+    return out
+
+
+def _instance_pair(rule: Rule, left: Pattern, right: Pattern) -> bool:
+    """Whether (left, right) is an instance of the multi-pattern `rule`'s two patterns, under one binding."""
+    binding: dict[str, Pattern] = {}
+    return _match(rule.lhs[0], left, binding) and _match(rule.lhs[1], right, binding)
+
+
+def multi_rules(pairs: Sequence[tuple[Pattern, Pattern]], rank: int, seed: int) -> tuple[list[Rule], int]:
+    """The verified multi-pattern rules of `multi_candidates(pairs)`, the most general first: one whose two patterns
+    are an instance of a kept rule's (`matmul(x, x)`, `matmul(x, y)` of `matmul(x, y)`, `matmul(x, z)`) is dropped,
+    since that rule merges them too; (rules, how many candidates)."""
+    found = multi_candidates(pairs)
+    found.sort(key=lambda c: (-len(_vars(c[0]) | _vars(c[1])), term_size(c[0]) + term_size(c[1]), repr(c)))
+    rules: list[Rule] = []
+    for left, right, axis, merged in found:
+        if any(_instance_pair(r, left, right) for r in rules):
+            continue
+        rule = multi_rule(left, right, axis, merged, f"gen-multi-{len(rules)}", rank, seed)
+        if rule is not None:
+            rules.append(rule)
+    return rules, len(found)
 
 
 class Prover(Protocol):
@@ -573,11 +673,14 @@ class Generated:
     rejected: int  # equations the verifier rejected in every orientation, guarded or not
     guarded: int  # rules kept with same-shape guards
     unsound: int  # rules the verifier passed that the e-graph caught merging terms of different shapes
+    multi_candidates: int = 0  # candidates concat(a, b) = m whose halves share an input
+    multi: int = 0  # multi-pattern rules kept (among `rules`)
     seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def equations(self) -> int:
-        return len({r.name.removesuffix("-rev") for r in self.rules})
+        """Single-pattern equations kept (an equation is one rule, or two with its reverse)."""
+        return len({r.name.removesuffix("-rev") for r in self.rules if not r.multi})
 
 
 def minimize(
@@ -669,9 +772,14 @@ def generate(settings: Settings, prove: Prover, progress: Progress | None = None
         progress(f"refuted: {len(pairs) - len(survivors)} candidates differ on float leaves")
     t = time.perf_counter()
     rules, counts = minimize(survivors, prove, settings.leaf_shape(max(settings.sizes)), settings.seed, progress)
+    minimized = time.perf_counter() - t
+    t = time.perf_counter()
+    multi, multi_found = multi_rules(survivors, settings.rank, settings.seed)
+    if progress is not None:
+        progress(f"multi-pattern: {len(multi)} kept of {multi_found} candidates")
     return Generated(
         settings,
-        rules,
+        rules + multi,
         found.terms,
         found.classes,
         len(found.candidates),
@@ -684,7 +792,15 @@ def generate(settings: Settings, prove: Prover, progress: Progress | None = None
         counts["rejected"],
         counts["guarded"],
         counts["unsound"],
-        {"enumerate": found.seconds, "prune": pruned, "refute": refuting, "minimize": time.perf_counter() - t},
+        multi_found,
+        len(multi),
+        {
+            "enumerate": found.seconds,
+            "prune": pruned,
+            "refute": refuting,
+            "minimize": minimized,
+            "multi": time.perf_counter() - t,
+        },
     )
 
 
@@ -702,6 +818,7 @@ def rules_text(result: Generated, command: str, version: str) -> str:
         f"{result.common_subterms} with a shared subterm pruned; {result.refuted} refuted on float leaves; "
         f"{result.derived} derived by the rules kept; "
         f"{result.rejected} rejected by the verifier, {result.unsound} by the e-graph; {result.equations} equations "
-        f"kept ({len(result.rules)} rules).",
+        f"kept ({len(result.rules) - result.multi} rules); {result.multi} multi-pattern rules of "
+        f"{result.multi_candidates} candidates.",
     ]
     return "\n".join(header) + "\n\n" + "\n\n".join(format_rule(r) for r in result.rules) + "\n"

@@ -114,7 +114,10 @@ def run(args: argparse.Namespace) -> int:
         f"{result.rejected} rejected by the verifier; "
         f"{result.not_rewrites} not rewrites; {result.unsound} caught by the e-graph merging terms of different shapes"
     )
-    print(f"kept {result.equations} equations as {len(result.rules)} rules ({result.guarded} guarded)")
+    print(
+        f"kept {result.equations} equations as {len(result.rules) - result.multi} rules ({result.guarded} guarded), "
+        f"and {result.multi} multi-pattern rules of {result.multi_candidates} candidates"
+    )
     print(f"time {seconds}")
     print(f"wrote {args.output}")
     return 0

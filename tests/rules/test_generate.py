@@ -141,6 +141,31 @@ def test_a_coincidence_on_integer_leaves_is_refuted_on_float_leaves() -> None:
     )
 
 
+def test_multi_pattern_rules_are_tensat_s_matmul_merges() -> None:
+    """Over matmul and concat at 3 ops, the pairs of terms that share an input and concatenate to one term give
+    Tensat's two merges of matmuls (a shared input, a shared weight), verified; their instances with a repeated
+    variable are not kept, and the file reads back."""
+    result = generate(Settings(max_ops=3, ops=("matmul", "concat")), proved)
+    multi = [r for r in result.rules if r.multi]
+    assert result.multi == len(multi) >= 2 and result.multi_candidates >= len(multi)
+    shared_input = (
+        "(multi a ((matmul ?x ?y) (matmul ?x ?z))"
+        " ((slice ?m :axis 1 :start 0 :size (dim ?y 1)) (slice ?m :axis 1 :start (dim ?y 1) :size (dim ?z 1)))"
+        " :let ((?m (matmul ?x (concat ?y ?z :axis 1)))) :when ((= (rank ?y) 2) (= (rank ?z) 2)))"
+    )
+    shared_weight = (
+        "(multi a ((matmul ?x ?y) (matmul ?z ?y))"
+        " ((slice ?m :axis 0 :start 0 :size (dim ?x 0)) (slice ?m :axis 0 :start (dim ?x 0) :size (dim ?z 0)))"
+        " :let ((?m (matmul (concat ?x ?z :axis 0) ?y))) :when ((= (rank ?x) 2) (= (rank ?z) 2)))"
+    )
+    kept = _keys(multi)
+    assert canonical_form(_rule(shared_input)) in kept and canonical_form(_rule(shared_weight)) in kept
+    assert not any(r.lhs[0] == Term("matmul", (_x("x"), _x("x")), ()) for r in multi)
+    for rule in multi:
+        assert verify_rule(rule, seed=5).ok, format_rule(rule)
+    assert len(parse_rules(rules_text(result, "cmd", "v"))) == len(result.rules)
+
+
 def test_generation_is_deterministic_for_a_seed() -> None:
     settings = Settings(max_ops=2, ops=("relu", "add", "neg"))
     a, b = generate(settings, proved), generate(settings, proved)
