@@ -237,7 +237,7 @@ def enumerate_terms(settings: Settings, progress: Progress | None = None) -> Enu
         cls = _Class(leaf, 0, len(by_key), values)
         by_key[_fingerprint(values) or b""] = cls
         by_size[0].append(cls)
-    probe = {v.name: rng.standard_normal(settings.leaf_shape(max(settings.sizes) + 1)) for v in leaves}
+    probe = {v.name: rng.standard_normal(settings.leaf_shape(settings.sizes[-1])) for v in leaves}
     found = Enumeration()
     with np.errstate(all="ignore"):
         for size in range(1, settings.max_ops + 1):
@@ -293,17 +293,15 @@ def _one_number(values: Sequence[np.ndarray]) -> bool:
 
 
 def _constant(term: Pattern, values: Sequence[np.ndarray], probe: dict[str, np.ndarray]) -> bool:
-    """Whether a term's value is one number whatever the leaves: x - x, x / x, a softmax over one element, the sum
-    of a softmax. Without constants among the leaves, its equations (x * (y - y) = z - z) only say how to make a
-    zero. A term whose value is a single element at every size (a sum of every element) is constant only if it
-    is the same number on `probe`'s float leaves too: two sums of integers are often equal."""
-    if not _one_number(values):
+    """Whether a term's value depends on no leaf: one number at each size, and the same number on `probe`'s float
+    leaves at the largest size (x - x, x / x, a softmax over one element, a softmax's sum, a mean of a softmax,
+    which is 1/n). Without constants among the leaves, its equations (x * (y - y) = z - z) only say how to make a
+    constant. A sum of every element is one number at each size too, but not the same on other leaves."""
+    if not all(_one_number([v]) for v in values):
         return False
-    if any(v.size > 1 for v in values):
-        return True
     with np.errstate(all="ignore"):
         value = np.asarray(instantiate(term, probe, {}, {}))
-    return _one_number([*values, value])
+    return _one_number([values[-1], value])
 
 
 def _apply(choice: OpChoice, children: Sequence[_Class], sizes: int) -> tuple[np.ndarray, ...] | None:
