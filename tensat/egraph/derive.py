@@ -63,10 +63,8 @@ class Prover:
         node_limit: int = NODE_LIMIT,
         iter_limit: int = ITER_LIMIT,
         time_limit: float = TIME_LIMIT,
-        closure: bool = False,
     ) -> None:
         self.node_limit, self.iter_limit, self.time_limit = node_limit, iter_limit, time_limit
-        self.closure = closure
         self._reset()
 
     def _reset(self) -> None:
@@ -82,7 +80,6 @@ class Prover:
         run_program(self.egraph, "\n".join(program + ops.egg_shape_rules()))
         self._rules: set[str] = set()
         self._rulesets: dict[frozenset[str], str] = {}  # the ops a rule's left side uses -> its ruleset
-        self._produced: dict[frozenset[str], set[str]] = {}  # and -> the ops those rules' right sides build
 
     def __call__(
         self,
@@ -92,8 +89,9 @@ class Prover:
         shapes: Mapping[str, Shape] | None = None,
     ) -> list[bool]:
         """For each pair, whether `rules` (with those of earlier calls, since the last that raised) make its two
-        sides one e-class, every variable an input of `shape` (or of its shape in `shapes`). A pair not typed at
-        those shapes is not proved."""
+        sides one e-class, every variable an input of `shape` (or of its shape in `shapes`). Only the rules whose
+        left sides use no op outside the pairs' run: a batch of pairs over a few ops does not pay for every rule
+        in every iteration. A pair not typed at those shapes is not proved."""
         try:
             return self._prove(rules, pairs, shape, shapes)
         except _Panic as exc:
@@ -112,12 +110,6 @@ class Prover:
         self._commands([to_egglog(r, self._ruleset(r)) for r in new])
         self._rules.update(r.name for r in new)
         present = pattern_ops(*(p for pair in pairs for p in pair))
-        if self.closure:
-            grown = True
-            while grown:
-                more = set().union(*(made for used, made in self._produced.items() if used <= present))
-                grown = not more <= present
-                present |= more
         relevant = [name for used, name in self._rulesets.items() if used <= present]
         commands: list[str] = []
         typed: list[bool] = []
@@ -170,9 +162,7 @@ class Prover:
         used = frozenset(rule.ops())
         if used not in self._rulesets:
             self._rulesets[used] = f"gen{len(self._rulesets)}"
-            self._produced[used] = set()
             run_program(self.egraph, f"(ruleset {self._rulesets[used]})")
-        self._produced[used] |= rule.produced_ops()
         return self._rulesets[used]
 
     def _commands(self, commands: Sequence[str]) -> None:

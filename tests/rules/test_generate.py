@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tensat import cli
-from tensat.egraph.derive import derived, proved
+from tensat.egraph.derive import UnsoundRules, derived, proved
 from tensat.rewrites import GENERATED_DIR, RuleError, all_rules, generated_rules, rule_set
 from tensat.rewrites.dsl import Pattern, Rule, Term, Var, canonical_form, format_rule, literal, parse_rules
 from tensat.rewrites.generate import (
@@ -22,6 +22,7 @@ from tensat.rewrites.generate import (
     prune,
     refuted,
     rules_text,
+    shape_sound,
     verified,
 )
 from tensat.rewrites.verify import verify_rule
@@ -164,6 +165,20 @@ def test_multi_pattern_rules_are_tensat_s_matmul_merges() -> None:
     for rule in multi:
         assert verify_rule(rule, seed=5).ok, format_rule(rule)
     assert len(parse_rules(rules_text(result, "cmd", "v"))) == len(result.rules)
+
+
+def test_a_rule_wrong_under_broadcasting_is_caught_by_its_shapes_and_named_by_the_prover() -> None:
+    """x / y / x = 1 / y holds wherever x and y have one shape, and the verifier's sampled broadcasts can miss where
+    it does not. The shape check at the probe shapes rejects it (and passes it guarded); the e-graph, which merges
+    two terms of different shapes with it, names it among sound rules by bisection."""
+    wrong = _rule("(rule wrong (div (div ?x ?y) ?x) (reciprocal ?y))")
+    assert not shape_sound(wrong, 2)
+    assert shape_sound(_rule("(rule w (div (div ?x ?y) ?x) (reciprocal ?y) :when ((same-shape ?x ?y)))"), 2)
+    sound = [r for r in generated_rules() if not r.multi][:40]
+    pair = (wrong.lhs[0], wrong.rhs[0])
+    with pytest.raises(UnsoundRules) as caught:
+        proved([*sound[:20], wrong, *sound[20:]], [pair], (), shapes={"x": (3, 3), "y": (1, 3)})
+    assert caught.value.names == ["wrong"]
 
 
 def test_generation_is_deterministic_for_a_seed() -> None:
