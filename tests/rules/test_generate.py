@@ -174,10 +174,10 @@ def test_a_rule_wrong_under_broadcasting_is_caught_by_its_shapes_and_named_by_th
     wrong = _rule("(rule wrong (div (div ?x ?y) ?x) (reciprocal ?y))")
     assert not shape_sound(wrong, 2)
     assert shape_sound(_rule("(rule w (div (div ?x ?y) ?x) (reciprocal ?y) :when ((same-shape ?x ?y)))"), 2)
-    sound = [r for r in generated_rules() if not r.multi][:40]
+    sound = [r for r in generated_rules() if not r.multi][:8]
     pair = (wrong.lhs[0], wrong.rhs[0])
     with pytest.raises(UnsoundRules) as caught:
-        proved([*sound[:20], wrong, *sound[20:]], [pair], (), shapes={"x": (3, 3), "y": (1, 3)})
+        proved([*sound[:4], wrong, *sound[4:]], [pair], (), shapes={"x": (3, 3), "y": (1, 3)})
     assert caught.value.names == ["wrong"]
 
 
