@@ -60,7 +60,7 @@ from .dsl import (
     literal,
     pattern_ops,
 )
-from .verify import FLOAT_SCALES, verify_rule
+from .verify import FLOAT_SCALES, pattern_shape, verify_rule
 
 LEAVES = ("x", "y", "z")
 MAX_BATCH = 64  # candidates checked, verified and kept in one minimization round, at most
@@ -294,7 +294,7 @@ def _one_number(values: Sequence[np.ndarray]) -> bool:
 
 def _constant(term: Pattern, values: Sequence[np.ndarray], probe: dict[str, np.ndarray]) -> bool:
     """Whether a term's value depends on no leaf: one number at each size, and the same number on `probe`'s float
-    leaves at the largest size (x - x, x / x, a softmax over one element, a softmax's sum, a mean of a softmax,
+    leaves at the last size (x - x, x / x, a softmax over one element, a softmax's sum, a mean of a softmax,
     which is 1/n). Without constants among the leaves, its equations (x * (y - y) = z - z) only say how to make a
     constant. A sum of every element is one number at each size too, but not the same on other leaves."""
     if not all(_one_number([v]) for v in values):
@@ -505,48 +505,41 @@ def _probe_shapes(rank: int) -> list[tuple[int, ...]]:
     return list(dict.fromkeys(p for p in probes if p))
 
 
-def _pattern_shape(p: Pattern, shapes: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
-    """The shape of a generated rule's side with its variables of `shapes` (its attributes are literals, or dims
-    of those variables)."""
-    if isinstance(p, Var):
-        return shapes[p.name]
-    attrs = {name: attr_value(eval_expr(value, {}, shapes)) for name, value in p.attrs}
-    return ops.shape_of(p.op, [_pattern_shape(a, shapes) for a in p.args], attrs)
-
-
 def shape_sound(rule: Rule, rank: int) -> bool:
     """Whether, wherever its left side is well-typed and its guards hold, `rule`'s right side is well-typed and of
     the left side's shape (each pattern of a multi-pattern rule), with every leaf at each of the probe shapes.
     Deterministic, where the verifier samples broadcasts: `x / y / x = 1 / y` fails only where y broadcasts against
     x, and an e-graph that applied it would merge terms of different shapes."""
     names = rule.tensor_vars()
-    lets = {name: value for name, value in rule.lets if isinstance(value, (Term, Var))}
-    rhs = [_substituted(t, lets) for t in rule.rhs]
     for combo in itertools.product(_probe_shapes(rank), repeat=len(names)):
         shapes = dict(zip(names, combo))
         try:
-            left = [_pattern_shape(t, shapes) for t in rule.lhs]
-            env, _ = bind_lets(rule, {}, shapes)
+            left = [pattern_shape(t, shapes, {}, {}) for t in rule.lhs]
+            env, lets = bind_lets(rule, {}, shapes)
             if not all(eval_expr(g, env, shapes) for g in rule.guards):
                 continue
         except (ops.ShapeError, ValueError, IndexError, KeyError, TypeError):
             continue
         try:
-            if [_pattern_shape(t, shapes) for t in rhs] != left:
+            if [pattern_shape(t, shapes, env, lets) for t in rule.rhs] != left:
                 return False
         except (ops.ShapeError, ValueError, IndexError, KeyError, TypeError):
             return False
     return True
 
 
+def _holds(rule: Rule, seed: int, rank: int) -> bool:
+    """A generated rule's check: its shapes agree (`shape_sound`) and the verifier passes it (`_passes`)."""
+    return shape_sound(rule, rank) and _passes(rule, seed)
+
+
 def verified(rule: Rule, seed: int, rank: int) -> Rule | None:
-    """`rule` if its shapes agree (`shape_sound`) and the verifier passes it, else the rule with `same-shape` guards
-    if that does, else None."""
-    if shape_sound(rule, rank) and _passes(rule, seed):
+    """`rule` if it holds (`_holds`), else the rule with `same-shape` guards if that does, else None."""
+    if _holds(rule, seed, rank):
         return rule
     if len(rule.tensor_vars()) > 1:
         guarded = _same_shape_guards(rule)
-        if shape_sound(guarded, rank) and _passes(guarded, seed):
+        if _holds(guarded, seed, rank):
             return guarded
     return None
 
@@ -567,7 +560,7 @@ def _dim_of(p: Pattern, axis: int, rank: int, same_shape: bool) -> Call | None:
     typed = []
     for shapes in combos:
         try:
-            typed.append((shapes, _pattern_shape(p, shapes)[axis]))
+            typed.append((shapes, pattern_shape(p, shapes, {}, {})[axis]))
         except (ops.ShapeError, ValueError, IndexError, KeyError, TypeError):
             continue
     for v in names:
@@ -584,20 +577,20 @@ def multi_rule(left: Term, right: Term, axis: int, merged: Term, name: str, rank
     Verified as any generated rule, with its leaves' shapes made equal where it needs them; None if it fails."""
     m = Var("m")
     for same_shape in (False, True):
-        sizes = [_dim_of(side, axis, rank, same_shape) for side in (left, right)]
-        if sizes[0] is None or sizes[1] is None:
+        first, second = _dim_of(left, axis, rank, same_shape), _dim_of(right, axis, rank, same_shape)
+        if first is None or second is None:
             continue
         at = ("axis", literal(axis))
         halves = (
-            Term("slice", (m,), (at, ("start", literal(0)), ("size", sizes[0]))),
-            Term("slice", (m,), (at, ("start", sizes[0]), ("size", sizes[1]))),
+            Term("slice", (m,), (at, ("start", literal(0)), ("size", first))),
+            Term("slice", (m,), (at, ("start", first), ("size", second))),
         )
-        ranked = {size.args[0] for size in sizes if size is not None}
-        guards = tuple(Call("=", (Call("rank", (v,)), literal(rank))) for v in sorted(ranked, key=repr))
+        ranked = sorted({first.args[0], second.args[0]}, key=repr)
+        guards = tuple(Call("=", (Call("rank", (v,)), literal(rank))) for v in ranked)
         rule = Rule(name, (left, right), halves, (("m", merged),), guards)
         if same_shape:
             rule = _same_shape_guards(rule)
-        if shape_sound(rule, rank) and _passes(rule, seed):
+        if _holds(rule, seed, rank):
             return rule
     return None
 

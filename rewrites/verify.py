@@ -763,15 +763,16 @@ def _exact_quotient(a: int, b: int) -> int:
 # Checking one binding
 
 
-def _shape(
+def pattern_shape(
     p: Pattern, shapes: dict[str, tuple[int, ...]], env: dict[str, Any], lets: dict[str, Any]
 ) -> tuple[int, ...]:
-    """Shape of a pattern under bindings (ops.ShapeError if ill-typed)."""
+    """Shape of a pattern under bindings: tensor shapes, attribute values, `:let` terms (ops.ShapeError if
+    ill-typed)."""
     if isinstance(p, Var):
         if p.name in shapes:
             return shapes[p.name]
-        return _shape(lets[p.name], shapes, env, lets)
-    ins = [_shape(a, shapes, env, lets) for a in p.args]
+        return pattern_shape(lets[p.name], shapes, env, lets)
+    ins = [pattern_shape(a, shapes, env, lets) for a in p.args]
     attrs = {k: attr_value(eval_expr(e, env, shapes)) for k, e in p.attrs}
     return ops.shape_of(p.op, ins, attrs)
 
@@ -788,7 +789,7 @@ def _check_binding(
     """Compare both sides on one binding. Returns (compared, compared-as-int); raises Reject or _Failure."""
     rule = plan.rule
     try:
-        lhs_shapes = [_shape(t, shapes, attrs, {}) for t in rule.lhs]
+        lhs_shapes = [pattern_shape(t, shapes, attrs, {}) for t in rule.lhs]
     except (ops.ShapeError, IndexError, KeyError, ValueError, TypeError, ZeroDivisionError) as exc:
         raise Reject(f"left side ill-typed: {exc}") from None
     try:
@@ -798,7 +799,7 @@ def _check_binding(
     except (IndexError, ZeroDivisionError, ValueError, TypeError) as exc:
         raise Reject(f"guard not evaluable: {exc}") from None
     try:
-        rhs_shapes = [_shape(t, shapes, env, lets) for t in rule.rhs]
+        rhs_shapes = [pattern_shape(t, shapes, env, lets) for t in rule.rhs]
     except (ops.ShapeError, IndexError, KeyError, ValueError, TypeError, ZeroDivisionError) as exc:
         raise _Failure(f"right side ill-typed where the guards hold: {exc}") from None
     if rhs_shapes != lhs_shapes:
