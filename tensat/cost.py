@@ -14,6 +14,7 @@ from typing import Any, NamedTuple, Protocol
 
 from tensat import ops
 from tensat.ir import Graph, Node
+from tensat.onnx.fusions import ACTIVATIONS, as_run
 
 Shape = tuple[int, ...]
 
@@ -46,9 +47,9 @@ EXACT = Resolution(0.0, 0.0)  # an estimate that computes: equal prices are equa
 
 # Activations onnxruntime fuses into the Conv before them (FusedConv), as conv2d's fused activation code. A
 # convolution with one is priced as the plain convolution by every cost model: onnxruntime applies the activation
-# in the convolution's output loop, at no cost worth a measurement, so a Conv and the Relu it fuses price as the
-# Conv alone (`runtime_fusions`), and writing the fusion into the graph (`conv-relu-fuse`) gains nothing.
-FUSED_ACTIVATIONS = {name: code for name, code in ops.ACT_CODES.items() if code != ops.ACT_NONE}
+# in the convolution's output loop, at no cost worth a measurement, and the input is read with each such pair as
+# one conv2d (`tensat.onnx.fusions.as_run`), so a Relu the rules take apart from its Conv pays for itself.
+FUSED_ACTIVATIONS = ACTIVATIONS
 
 
 def _bytes(shape: Sequence[int], itemsize: int = 4) -> float:
@@ -110,8 +111,8 @@ def gemm_bias(product: Sequence[int], weight: Sequence[int], bias: Sequence[int]
 
 
 Operand = tuple[Shape, bool]  # an operand's shape, and whether it is computable from weights alone
-FUSION_PRODUCERS = frozenset({"conv2d", "matmul"})  # the ops `fuses_into` fuses a reader into
-FUSION_READERS = frozenset({*FUSED_ACTIVATIONS, "batchnorm", "add"})  # the ops it may fuse into their producer
+FUSION_PRODUCERS = frozenset({"matmul"})  # the ops `fuses_into` fuses a reader into
+FUSION_READERS = frozenset({"add"})  # the ops it may fuse into their producer
 
 
 def fuses_into(
@@ -126,16 +127,10 @@ def fuses_into(
 ) -> bool:
     """Whether onnxruntime on `device` runs a node (`op`, of output `shape`, over `operands`) fused into the node
     computing its operand `k` (`producer_op` with `producer_attrs`, over `producer_operands`), where it is that
-    operand's only reader: a BatchNormalization with constant parameters, or a Relu, Sigmoid or Tanh, into a
-    convolution without an activation; on the CPU, the Add of a constant bias into a MatMul of a computed operand by
-    a constant matrix (a Gemm, see `gemm_bias`). Every pricing of a graph as onnxruntime runs it decides by this: the
-    graph's own (`runtime_fusions`), the extraction's and the sequential search's."""
-    if producer_op == "conv2d":
-        return (
-            k == 0
-            and producer_attrs.get("act") == ops.ACT_NONE
-            and (op in FUSED_ACTIVATIONS or (op == "batchnorm" and all(c for _, c in operands[1:])))
-        )
+    operand's only reader: on the CPU, the Add of a constant bias into a MatMul of a computed operand by a constant
+    matrix (a Gemm, see `gemm_bias`). Every pricing of a graph as onnxruntime runs it decides by this: the graph's
+    own (`runtime_fusions`), the extraction's and the sequential search's. (A convolution's fusions are read as the
+    conv2d they make, `tensat.onnx.fusions.as_run`.)"""
     if producer_op == "matmul" and op == "add" and device == "cpu" and len(operands) == 2:
         (_, a_const), (weight, w_const) = producer_operands
         product, (bias, b_const) = operands[k][0], operands[1 - k]
@@ -143,10 +138,9 @@ def fuses_into(
     return False
 
 
-def runtime_fusions(graph: Graph, device: str = "cpu") -> tuple[dict[int, int], dict[int, int]]:
-    """What onnxruntime fuses in `graph` on its own on `device` (`fuses_into`): each node folded or fused into the
-    node before it, its only reader -> that node (a BatchNormalization, then an activation, into a convolution; on
-    the CPU a bias Add into a MatMul), and each convolution -> the activation code fused into it."""
+def runtime_fusions(graph: Graph, device: str = "cpu") -> set[int]:
+    """What onnxruntime fuses in `graph` on its own on `device` (`fuses_into`): each bias Add fused into the MatMul
+    it reads, its only reader (on the CPU)."""
     const = graph.weight_only()
     live = [i for i in graph.live() if not graph.nodes[i].is_leaf and i not in const]
     outputs = {n for _, n in graph.outputs}
@@ -155,42 +149,33 @@ def runtime_fusions(graph: Graph, device: str = "cpu") -> tuple[dict[int, int], 
     def operands(n: Node) -> list[Operand]:
         return [(graph.nodes[j].shape, j in const) for j in n.inputs]
 
-    owner: dict[int, int] = {}  # a folded or fused node -> the conv2d or matmul that absorbs it
-    act: dict[int, int] = {}  # a conv2d -> the activation fused into it
+    fused: set[int] = set()
     for i in live:
         n = graph.nodes[i]
         for k, x in enumerate(n.inputs):
             if x in const or x in outputs or len(readers.get(x, ())) != 1:
                 continue
-            p = owner.get(x, x)  # through a BatchNormalization folded into its convolution
-            producer = graph.nodes[p]
-            if p in act or (p != x and n.op not in FUSED_ACTIVATIONS):
-                continue
+            producer = graph.nodes[x]
             if fuses_into(n.op, n.shape, operands(n), k, producer.op, producer.attr, operands(producer), device):
-                owner[i] = p
-                if n.op in FUSED_ACTIVATIONS:
-                    act[p] = FUSED_ACTIVATIONS[n.op]
+                fused.add(i)
                 break
-    return owner, act
+    return fused
 
 
 def runtime_items(graph: Graph, device: str = "cpu") -> list[Item]:
-    """The graph's runtime nodes as onnxruntime runs them on `device`, for pricing (`runtime_fusions`): a Conv's
-    only reader, if a BatchNormalization with constant parameters, is folded into it, and then its only reader, if
-    a Relu, Sigmoid or Tanh, is fused into it; on the CPU, a MatMul's bias Add is fused into it (a Gemm). onnxruntime
-    does these on its own whatever graph it is given, so a cost that counted them apart would credit an optimization
-    with gains the runtime gets for free, and would not see a rewrite that leaves the runtime unable to fuse."""
+    """The graph's runtime nodes as onnxruntime runs them on `device`, for pricing: read with a convolution's
+    fusions as the conv2d they make (`tensat.onnx.fusions.as_run`), and without the bias Adds it fuses into their
+    MatMuls (`runtime_fusions`). onnxruntime does these on its own whatever graph it is given, so a cost that
+    counted them apart would credit an optimization with gains the runtime gets for free, and would not see a
+    rewrite that leaves the runtime unable to fuse."""
+    graph = as_run(graph)
     const = graph.weight_only()
-    owner, act = runtime_fusions(graph, device)
-    items: list[Item] = []
-    for i in graph.live():
-        n = graph.nodes[i]
-        if n.is_leaf or i in const or i in owner:
-            continue
-        if i in act:
-            n = Node(n.op, n.inputs, tuple((k, act[i] if k == "act" else v) for k, v in n.attrs), n.shape, n.dtype)
-        items.append((n, [graph.nodes[j].shape for j in n.inputs], [j in const for j in n.inputs]))
-    return items
+    fused = runtime_fusions(graph, device)
+    return [
+        (n, [graph.nodes[j].shape for j in n.inputs], [j in const for j in n.inputs])
+        for i in graph.live()
+        if not (n := graph.nodes[i]).is_leaf and i not in const and i not in fused
+    ]
 
 
 def device_of(cost: object) -> str:

@@ -38,7 +38,6 @@ from typing import Any
 
 from tensat import ops, rewrites
 from tensat.cost import (
-    FUSED_ACTIVATIONS,
     FUSION_PRODUCERS,
     FUSION_READERS,
     CostModel,
@@ -48,6 +47,7 @@ from tensat.cost import (
     runtime_cost,
 )
 from tensat.ir import Graph, Node
+from tensat.onnx.fusions import as_run
 from tensat.rewrites.match import (
     Context,
     Match,
@@ -130,7 +130,6 @@ class _Rhs:
 
 # a node as pricing sees it: op, attributes, shape, whether it is weight-only, inputs
 _NodeView = tuple[str, tuple[tuple[str, Any], ...], tuple[int, ...], bool, tuple[int, ...]]
-FUSED_INTO = FUSION_PRODUCERS | {"batchnorm"}  # ops a reader may be fused into (an activation through a batchnorm)
 
 
 @dataclass(eq=False)
@@ -226,8 +225,7 @@ class SequentialSearch:
 
     def _fused(self, i: int, view: Callable[[int], _NodeView] | None = None) -> bool:
         """Whether onnxruntime runs node `i` (a store node, or any `view` describes) fused into the node computing
-        one of its operands (`tensat.cost.fuses_into`; an activation also through a BatchNormalization folded into
-        its convolution), so it costs nothing, as in tensat's extraction."""
+        one of its operands (`tensat.cost.fuses_into`), so it costs nothing, as in tensat's extraction."""
         look = view or self._store_node
         op, _, _, _, ins = look(i)
         if op not in FUSION_READERS:
@@ -241,26 +239,16 @@ class SequentialSearch:
             p_op, p_attrs, _, _, _ = look(p)
             return fuses_into(op, shape, operands(n), k, p_op, dict(p_attrs), operands(p), self.device)
 
-        for k, j in enumerate(ins):
-            j_op, _, _, j_const, j_ins = look(j)
-            if j_const:
-                continue
-            if fuses(i, k, j):
-                return True
-            if j_op == "batchnorm" and op in FUSED_ACTIVATIONS and fuses(j, 0, j_ins[0]):
-                return fuses(i, k, j_ins[0])
-        return False
+        return any(not look(j)[3] and fuses(i, k, j) for k, j in enumerate(ins))
 
     def _refused(self, ctx: Context, roots: tuple[int, ...], new_roots: tuple[int, ...]) -> float:
         """How much the readers of `roots` cost more once they read `new_roots` instead (the same shapes and
-        weight-only flags): only whether each is fused into the node it reads can change (`_fused`; a Relu also
-        through the BatchNormalization between it and a convolution)."""
+        weight-only flags): only whether each is fused into the node it reads can change (`_fused`)."""
         s = self.store
-        if not any(s.op[x] in FUSED_INTO for x in (*roots, *new_roots)):
+        if not any(s.op[x] in FUSION_PRODUCERS for x in (*roots, *new_roots)):
             return 0.0
         sub = dict(zip(roots, new_roots))
         readers = [c for x in roots for c in ctx.consumers.get(x, ()) if s.op[c] in FUSION_READERS and c not in sub]
-        readers += [d for c in readers if s.op[c] == "batchnorm" for d in ctx.consumers.get(c, ())]
 
         def view(i: int) -> _NodeView:
             op, attrs, shape, const, ins = self._store_node(i)
@@ -657,8 +645,9 @@ def sequential_search(
     """TASO-style best-first search on `graph` under `cost`, with `rules` (default: `select_rules` for its ops).
 
     `alpha` (1.05) relaxes the pruning bound, `budget` (100) caps the expansions, `time_limit` (seconds, none by
-    default) stops between expansions; `progress` is called with a dict after every expansion.
+    default) stops between expansions; `progress` is called with a dict after every expansion. The graph is
+    searched as onnxruntime runs it (`tensat.onnx.fusions.as_run`), as the extraction's input is.
     """
     return SequentialSearch(
-        graph, cost, rules, alpha=alpha, budget=budget, time_limit=time_limit, progress=progress
+        as_run(graph.compact()), cost, rules, alpha=alpha, budget=budget, time_limit=time_limit, progress=progress
     ).run()
