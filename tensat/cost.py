@@ -8,13 +8,13 @@ per-op launch overhead). It is deterministic, so tests and `--cost analytic` can
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 from tensat import ops
 from tensat.ir import Graph, Node
-from tensat.onnx.fusions import ACTIVATIONS, as_run
+from tensat.onnx.fusions import as_run
 
 Shape = tuple[int, ...]
 
@@ -43,13 +43,6 @@ class Resolution(NamedTuple):
 
 
 EXACT = Resolution(0.0, 0.0)  # an estimate that computes: equal prices are equal work
-
-
-# Activations onnxruntime fuses into the Conv before them (FusedConv), as conv2d's fused activation code. A
-# convolution with one is priced as the plain convolution by every cost model: onnxruntime applies the activation
-# in the convolution's output loop, at no cost worth a measurement, and the input is read with each such pair as
-# one conv2d (`tensat.onnx.fusions.as_run`), so a Relu the rules take apart from its Conv pays for itself.
-FUSED_ACTIVATIONS = ACTIVATIONS
 
 
 def _bytes(shape: Sequence[int], itemsize: int = 4) -> float:
@@ -96,94 +89,13 @@ def graph_cost(graph: Graph, cost: CostModel) -> float:
     return _priced(items, cost)
 
 
-def _leading_ones(shape: Sequence[int], keep: int) -> bool:
-    """Whether `shape` has at least `keep` dims and only 1s before its last `keep`."""
-    return len(shape) >= keep and all(d == 1 for d in shape[: len(shape) - keep])
-
-
-def gemm_bias(product: Sequence[int], weight: Sequence[int], bias: Sequence[int]) -> bool:
-    """Whether adding a constant of shape `bias` to the output (of shape `product`) of a MatMul by a constant of
-    shape `weight` is a bias onnxruntime's CPU session fuses with the MatMul into a Gemm: the weight a matrix (after
-    leading 1s, which tensat's export drops) and the bias a vector of the product's last dim (or, for a 2-D product,
-    a row). The Add must not broadcast the product, and be the MatMul's only reader (see onnxruntime's
-    MatMulAddFusion)."""
-    return len(product) >= 2 and _leading_ones(weight, 2) and _leading_ones(bias, 1) and bias[-1] == product[-1]
-
-
-Operand = tuple[Shape, bool]  # an operand's shape, and whether it is computable from weights alone
-FUSION_PRODUCERS = frozenset({"matmul"})  # the ops `fuses_into` fuses a reader into
-FUSION_READERS = frozenset({"add"})  # the ops it may fuse into their producer
-
-
-def fuses_into(
-    op: str,
-    shape: Shape,
-    operands: Sequence[Operand],
-    k: int,
-    producer_op: str,
-    producer_attrs: Mapping[str, Any],
-    producer_operands: Sequence[Operand],
-    device: str,
-) -> bool:
-    """Whether onnxruntime on `device` runs a node (`op`, of output `shape`, over `operands`) fused into the node
-    computing its operand `k` (`producer_op` with `producer_attrs`, over `producer_operands`), where it is that
-    operand's only reader: on the CPU, the Add of a constant bias into a MatMul of a computed operand by a constant
-    matrix (a Gemm, see `gemm_bias`). Every pricing of a graph as onnxruntime runs it decides by this: the graph's
-    own (`runtime_fusions`), the extraction's and the sequential search's. (A convolution's fusions are read as the
-    conv2d they make, `tensat.onnx.fusions.as_run`.)"""
-    if producer_op == "matmul" and op == "add" and device == "cpu" and len(operands) == 2:
-        (_, a_const), (weight, w_const) = producer_operands
-        product, (bias, b_const) = operands[k][0], operands[1 - k]
-        return not a_const and w_const and b_const and shape == product and gemm_bias(product, weight, bias)
-    return False
-
-
-def runtime_fusions(graph: Graph, device: str = "cpu") -> set[int]:
-    """What onnxruntime fuses in `graph` on its own on `device` (`fuses_into`): each bias Add fused into the MatMul
-    it reads, its only reader (on the CPU)."""
-    const = graph.weight_only()
-    live = [i for i in graph.live() if not graph.nodes[i].is_leaf and i not in const]
-    outputs = {n for _, n in graph.outputs}
-    readers = graph.readers(live)
-
-    def operands(n: Node) -> list[Operand]:
-        return [(graph.nodes[j].shape, j in const) for j in n.inputs]
-
-    fused: set[int] = set()
-    for i in live:
-        n = graph.nodes[i]
-        for k, x in enumerate(n.inputs):
-            if x in const or x in outputs or len(readers.get(x, ())) != 1:
-                continue
-            producer = graph.nodes[x]
-            if fuses_into(n.op, n.shape, operands(n), k, producer.op, producer.attr, operands(producer), device):
-                fused.add(i)
-                break
-    return fused
-
-
-def runtime_items(graph: Graph, device: str = "cpu") -> list[Item]:
-    """The graph's runtime nodes as onnxruntime runs them on `device`, for pricing: read with a convolution's
-    fusions as the conv2d they make (`tensat.onnx.fusions.as_run`), and without the bias Adds it fuses into their
-    MatMuls (`runtime_fusions`). onnxruntime does these on its own whatever graph it is given, so a cost that
-    counted them apart would credit an optimization with gains the runtime gets for free, and would not see a
-    rewrite that leaves the runtime unable to fuse."""
-    graph = as_run(graph)
-    const = graph.weight_only()
-    fused = runtime_fusions(graph, device)
-    return [
-        (n, [graph.nodes[j].shape for j in n.inputs], [j in const for j in n.inputs])
-        for i in graph.live()
-        if not (n := graph.nodes[i]).is_leaf and i not in const and i not in fused
-    ]
-
-
 def device_of(cost: object) -> str:
     """The device `cost` prices for ("cpu" for a model that names none, as the analytic one)."""
     return str(getattr(cost, "device", "cpu"))
 
 
 def runtime_cost(graph: Graph, cost: CostModel) -> float:
-    """Summed cost of the graph as onnxruntime runs it (`runtime_items`): the cost a run reports before and after,
-    so that no gain the runtime already gets for free is claimed."""
-    return _priced(runtime_items(graph, device_of(cost)), cost)
+    """Summed cost of the graph as onnxruntime runs it: read with the fusions it makes of any graph as the ops they
+    are (`tensat.onnx.fusions.as_run`: a convolution with its activation, a `gemm`), each priced as one kernel, so
+    that no gain the runtime already gets for free is claimed."""
+    return graph_cost(as_run(graph), cost)

@@ -12,13 +12,12 @@ Each is read as what it is: the importer lowers the fused node in place of the s
 (onnxruntime's BiasGelu, say) is kept verbatim, an opaque node of its domain, as any op of a custom domain is. A
 fused node over tensors onnxruntime made itself (weights it folded) is not read: its subgraph is read as written.
 
-A convolution's fusions are read from the graph itself (`as_run`): a Conv, the BatchNormalization it folds and the
-activation it runs in its output loop as one conv2d with that activation, which rules take apart where a rewrite
-needs the parts (`conv-relu-unfuse`), each form priced by what it costs to run. A MatMul's with its bias Add (a
-Gemm; N-D ones between two Reshapes onnxruntime inserts) is left free: tensat's merges of MatMuls that share an
-input (Tensat's own gains) rewrite exactly these nodes, and the cost models price the pair as onnxruntime runs it
-(`tensat.cost.runtime_fusions`; in the extraction, `tensat.egraph.export`). onnxruntime's own nodes for either
-(FusedConv, Gemm) are not read.
+A convolution's fusions and a MatMul's with its bias Add are read from the graph itself (`as_run`), as ops tensat
+has: a Conv, the BatchNormalization it folds and the activation it runs in its output loop as one conv2d with that
+activation; a MatMul by a matrix and its bias Add as one `gemm` (onnxruntime's Gemm, between two Reshapes it adds
+for an N-D product). Rules take each apart where a rewrite needs the parts (`conv-relu-unfuse`, `gemm-unfuse`) and
+merge them as Tensat merges convolutions and MatMuls, and the extraction prices each form by what it costs to run.
+onnxruntime's own nodes for them (FusedConv, Gemm) are not read.
 """
 
 from __future__ import annotations
@@ -39,8 +38,8 @@ from tensat.session import runtime_graph
 # Op types whose presence lets onnxruntime fuse a normalization, an activation or an attention: a model with none of
 # them is not optimized in onnxruntime here (a CNN whose only fusions are its convolutions' and its classifier's).
 TRIGGERS = frozenset({"ReduceMean", "Pow", "Sqrt", "Erf", "Tanh", "Sigmoid", "LayerNormalization"})
-# fused kinds not read from onnxruntime's graph (see above; a Split is what onnxruntime makes of Slices that
-# partition a tensor, as tensat's exporter writes them too)
+# fused kinds not read from onnxruntime's graph: `as_run` reads them from the input's own (a Split is what
+# onnxruntime makes of Slices that partition a tensor, as tensat's exporter writes them too)
 NOT_READ = frozenset({"Conv", "FusedConv", "NhwcFusedConv", "Gemm", "FusedGemm", "Split"})
 MAX_REGION = 64  # ONNX nodes in one fused subgraph; a walk that goes further has left the fusion
 MAX_GLUE = 4  # nodes onnxruntime adds around a fused node (the Reshapes of an N-D MatMul+Add made a Gemm)
@@ -205,14 +204,19 @@ def check_kernels(model: ModelProto, provider: str = "cpu") -> KernelCheck:
 
 
 ACTIVATIONS = {name: code for name, code in ops.ACT_CODES.items() if code != ops.ACT_NONE}
-"""The activations onnxruntime runs in the output loop of the Conv before them (its FusedConv), by conv2d's code."""
+"""The activations onnxruntime runs in the output loop of the Conv before them (its FusedConv), by conv2d's code. A
+convolution with one is priced as the plain convolution by every cost model, at no cost worth a measurement."""
 
 
 def as_run(graph: Graph) -> Graph:
-    """`graph` with the fusions onnxruntime's sessions make of a convolution read as the conv2d they are:
+    """`graph` with the fusions onnxruntime's sessions make of any graph read as the ops they are:
     - a BatchNormalization with constant parameters that is the only reader of a conv2d without an activation, as
       that conv2d with its weights and bias scaled (onnxruntime folds it so);
-    - a Relu, Sigmoid or Tanh that is the only reader of a conv2d without an activation, as that conv2d with it.
+    - a Relu, Sigmoid or Tanh that is the only reader of a conv2d without an activation, as that conv2d with it;
+    - an Add of a bias weight to a MatMul of a computed operand by a constant matrix, its only reader, as a `gemm`,
+      where no other MatMul reads that matrix: the products of a weight shared across a recurrent cell's steps stay
+      MatMuls, for the rules that merge them across the steps (`matmul-merge-shared-weight`), where one step's read
+      as a Gemm would hide its product from the guided rounds that extend those merges.
 
     A graph output is not fused into its reader, since it must stay a tensor of its own."""
     const = graph.weight_only()
@@ -236,6 +240,13 @@ def as_run(graph: Graph) -> Graph:
                 if folded is None:
                     continue
                 out.nodes[i] = folded
+            elif (
+                n.op == "add"
+                and producer.op == "matmul"
+                and readers.get(producer.inputs[1]) == [p]
+                and _bias(graph, const, producer, n.inputs[1 - k], n)
+            ):
+                out.nodes[i] = Node("gemm", (*producer.inputs, n.inputs[1 - k]), (), n.shape, n.dtype)
             else:
                 continue
             fused = True
@@ -253,3 +264,18 @@ def _folded(graph: Graph, const: set[int], conv: Node, bn: Node) -> Node | None:
     weight = graph.weight((w * inv.reshape(-1, 1, 1, 1)).astype(w.dtype), "bn_folded_weight")
     bias = graph.weight(((b - mean) * inv + shift).astype(b.dtype), "bn_folded_bias")
     return Node("conv2d", (conv.inputs[0], weight, bias), conv.attrs, bn.shape, bn.dtype)
+
+
+def _bias(graph: Graph, const: set[int], product: Node, bias: int, add: Node) -> bool:
+    """Whether `add` adds the weight `bias` to `product`, a MatMul of a computed operand by a constant matrix, as
+    one `gemm` (its shape rule: the matrix's and the bias's leading dims 1). A bias computed from weights (a
+    recurrent cell's first step, whose state is a constant) stays an Add of its own, as the other steps' sums of
+    two products are: the rules that merge the products across steps see them all alike."""
+    a, w = product.inputs
+    if a in const or w not in const or graph.nodes[bias].op != "weight":
+        return False
+    try:
+        shape = ops.shape_of("gemm", [graph.nodes[j].shape for j in (a, w, bias)], {})
+    except ops.ShapeError:
+        return False
+    return shape == add.shape
