@@ -22,13 +22,13 @@ from typing import Any
 from onnx import ModelProto
 
 from tensat import onnx_io
+from tensat.cost import FUSED_ACTIVATIONS
 from tensat.ir import Graph
 from tensat.latency import Interleaved, time_models
 from tensat.measure import MeasuredCost, Unit, UnitNode
-from tensat.onnx import fusions
 from tensat.onnx_io import export_model
 
-ACTIVATIONS = tuple(fusions.ACTIVATIONS)  # the ops onnxruntime fuses into a Conv before them
+ACTIVATIONS = tuple(FUSED_ACTIVATIONS)  # the ops onnxruntime fuses into a Conv before them
 
 
 def runtime_nodes(graph: Graph) -> list[int]:

@@ -233,14 +233,10 @@ class Graph:
         return sum(1 for i in self.live() if not self.nodes[i].is_leaf and i not in const)
 
     def compact(self) -> Graph:
-        """A copy holding only live nodes and the weights they use, ids renumbered in topological order (leaves
-        first where a node reads a leaf appended after it, as a weight folded into a node that existed)."""
+        """A copy holding only live nodes and the weights they use, ids renumbered in topological order."""
         out = Graph(opset_imports=dict(self.opset_imports), name=self.name)
         remap: dict[int, int] = {}
-        live = self.live()
-        if any(j > i for i in live for j in self.nodes[i].inputs):
-            live.sort(key=lambda i: (not self.nodes[i].is_leaf, i))
-        for i in live:
+        for i in self.live():
             n = self.nodes[i]
             if n.op == "weight":
                 remap[i] = out.weight(self.weights[n.attr["name"]], n.attr["name"])

@@ -14,10 +14,10 @@ What makes it fast (and what is incremental):
 - A candidate is priced without being built: its cost is the parent's cost minus the nodes it removes (the matched
   roots, their ancestors, and nodes left without users) plus the nodes it adds (the right side, and the ancestors
   rebuilt over it; an ancestor that collapses onto an existing node is not added). Per-node costs are cached by
-  store id and by signature, so each distinct operator is priced once; weight-only nodes cost 0. As in tensat's
-  extraction, the graph searched is read as onnxruntime runs it (`tensat.onnx.fusions.as_run`: a convolution with
-  its activation, a `gemm`), every node priced as the kernel it is, and its cost is what the result reports
-  (`runtime_cost`). The Merkle hashes of the rebuilt ancestors are computed on the fly; only a popped candidate is
+  store id and by signature, so each distinct operator is priced once; weight-only nodes cost 0, and so does a
+  node onnxruntime fuses into the node computing its operand (`tensat.cost.fuses_into`), as in tensat's
+  extraction: the search's costs are the graph's as onnxruntime runs it (`runtime_cost`, which the result
+  reports). The Merkle hashes of the rebuilt ancestors are computed on the fly; only a popped candidate is
   materialized in the store.
 - Matching is incremental: since terms never change, a parent's match is still valid in the child exactly when its
   roots are still live; a match at an ancestor rebuilt farther above the change than the deepest pattern is carried
@@ -37,9 +37,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tensat import ops, rewrites
-from tensat.cost import CostModel, runtime_cost
+from tensat.cost import (
+    FUSED_ACTIVATIONS,
+    FUSION_PRODUCERS,
+    FUSION_READERS,
+    CostModel,
+    Operand,
+    device_of,
+    fuses_into,
+    runtime_cost,
+)
 from tensat.ir import Graph, Node
-from tensat.onnx.fusions import as_run
 from tensat.rewrites.match import (
     Context,
     Match,
@@ -120,6 +128,11 @@ class _Rhs:
     built: tuple[int, ...]
 
 
+# a node as pricing sees it: op, attributes, shape, whether it is weight-only, inputs
+_NodeView = tuple[str, tuple[tuple[str, Any], ...], tuple[int, ...], bool, tuple[int, ...]]
+FUSED_INTO = FUSION_PRODUCERS | {"batchnorm"}  # ops a reader may be fused into (an activation through a batchnorm)
+
+
 @dataclass(eq=False)
 class _State:
     """A search node: a candidate graph, priced; materialized (outputs, context, matches) once popped."""
@@ -155,6 +168,7 @@ class SequentialSearch:
             raise ValueError(f"budget must be >= 0, got {budget}")
         self.graph = graph.compact()
         self.cost_model = cost
+        self.device = device_of(cost)
         self.store = TermGraph(self.graph)
         root_ctx = Context(self.store, tuple(self.graph.outputs))
         present = {self.store.op[i] for i in root_ctx.order}
@@ -195,7 +209,7 @@ class SequentialSearch:
                 self._cost.append(0.0)
                 self._isop.append(False)
                 continue
-            self._cost.append(self._price_alone(i))
+            self._cost.append(0.0 if self._fused(i) else self._price_alone(i))
             self._isop.append(True)
 
     def _price_alone(self, i: int) -> float:
@@ -205,6 +219,61 @@ class SequentialSearch:
         return self._price(
             s.op[i], s.attrs[i], s.shape[i], s.dtype[i], tuple(s.shape[j] for j in ins), tuple(s.const[j] for j in ins)
         )
+
+    def _store_node(self, i: int) -> _NodeView:
+        s = self.store
+        return s.op[i], s.attrs[i], s.shape[i], s.const[i], s.inputs[i]
+
+    def _fused(self, i: int, view: Callable[[int], _NodeView] | None = None) -> bool:
+        """Whether onnxruntime runs node `i` (a store node, or any `view` describes) fused into the node computing
+        one of its operands (`tensat.cost.fuses_into`; an activation also through a BatchNormalization folded into
+        its convolution), so it costs nothing, as in tensat's extraction."""
+        look = view or self._store_node
+        op, _, _, _, ins = look(i)
+        if op not in FUSION_READERS:
+            return False
+
+        def operands(n: int) -> list[Operand]:
+            return [(look(j)[2], look(j)[3]) for j in look(n)[4]]
+
+        def fuses(n: int, k: int, p: int) -> bool:
+            op, _, shape, _, _ = look(n)
+            p_op, p_attrs, _, _, _ = look(p)
+            return fuses_into(op, shape, operands(n), k, p_op, dict(p_attrs), operands(p), self.device)
+
+        for k, j in enumerate(ins):
+            j_op, _, _, j_const, j_ins = look(j)
+            if j_const:
+                continue
+            if fuses(i, k, j):
+                return True
+            if j_op == "batchnorm" and op in FUSED_ACTIVATIONS and fuses(j, 0, j_ins[0]):
+                return fuses(i, k, j_ins[0])
+        return False
+
+    def _refused(self, ctx: Context, roots: tuple[int, ...], new_roots: tuple[int, ...]) -> float:
+        """How much the readers of `roots` cost more once they read `new_roots` instead (the same shapes and
+        weight-only flags): only whether each is fused into the node it reads can change (`_fused`; a Relu also
+        through the BatchNormalization between it and a convolution)."""
+        s = self.store
+        if not any(s.op[x] in FUSED_INTO for x in (*roots, *new_roots)):
+            return 0.0
+        sub = dict(zip(roots, new_roots))
+        readers = [c for x in roots for c in ctx.consumers.get(x, ()) if s.op[c] in FUSION_READERS and c not in sub]
+        readers += [d for c in readers if s.op[c] == "batchnorm" for d in ctx.consumers.get(c, ())]
+
+        def view(i: int) -> _NodeView:
+            op, attrs, shape, const, ins = self._store_node(i)
+            return op, attrs, shape, const, tuple(sub.get(j, j) for j in ins)
+
+        more = 0.0
+        for c in dict.fromkeys(readers):
+            was, now = self._cost[c], self._fused(c, view)
+            if now:
+                more -= was
+            elif was == 0.0 and self._fused(c):
+                more += self._price_alone(c)
+        return more
 
     def _materialize(self, st: _State) -> None:
         """Build a popped candidate in the store and find its matches (incrementally from its parent's)."""
@@ -304,9 +373,10 @@ class SequentialSearch:
         if any(r in live for r in new_roots) or any(const[a] != const[b] for a, b in zip(roots, new_roots)):
             return self._candidate_general(st, roots, new_roots, bound, max_ops)
         # Fast path: no rebuilt ancestor can coincide with a node of the graph (the new roots have no users yet)
-        # and no ancestor changes cost (same weight-only flags), so the ancestors cancel out of cost and use counts.
+        # and no ancestor changes cost (same weight-only flags) but the readers fused into a replaced root or its
+        # replacement (`_refused`), so the other ancestors cancel out of cost and use counts.
         costs, isop, uses = self._cost, self._isop, ctx.uses
-        cost, nops = st.cost, st.ops
+        cost, nops = st.cost + self._refused(ctx, roots, new_roots), st.ops
         delta: dict[int, int] = {}
         for x in set(roots):
             cost -= costs[x]
@@ -397,7 +467,14 @@ class SequentialSearch:
         sub = dict(zip(roots, new_roots))
         tmp_mh: dict[int, int] = {}
         tmp_const: dict[int, bool] = {}
+        tmp_node: dict[int, tuple[int, tuple[int, ...]]] = {}  # a temporary id -> the node it rebuilds, its inputs
         fresh = itertools.count(-1, -1)
+
+        def view(i: int) -> _NodeView:
+            if i >= 0:
+                return self._store_node(i)
+            a, ins = tmp_node[i]
+            return s.op[a], s.attrs[a], s.shape[a], tmp_const[i], ins
 
         for a in sorted(replaced):
             if a in sub:
@@ -415,9 +492,13 @@ class SequentialSearch:
                 is_const = s.op[a] != "opaque" and all(in_const)
                 tmp_const[new_id] = is_const
                 tmp_mh[new_id] = hash((sig[a], tuple([tmp_mh[i] if i < 0 else mh[i] for i in ins])))
+                tmp_node[new_id] = (a, ins)
+                fused = not is_const and self._fused(new_id, view)
                 if is_const:
                     c, k = 0.0, False
-                elif in_const == tuple(const[i] for i in inputs[a]):
+                elif fused:
+                    c, k = 0.0, True
+                elif in_const == tuple(const[i] for i in inputs[a]) and not self._fused(a):
                     c, k = costs[a], isop[a]
                 else:
                     c = self._price(
@@ -576,9 +657,8 @@ def sequential_search(
     """TASO-style best-first search on `graph` under `cost`, with `rules` (default: `select_rules` for its ops).
 
     `alpha` (1.05) relaxes the pruning bound, `budget` (100) caps the expansions, `time_limit` (seconds, none by
-    default) stops between expansions; `progress` is called with a dict after every expansion. The graph is
-    searched as onnxruntime runs it (`tensat.onnx.fusions.as_run`), as the extraction's input is.
+    default) stops between expansions; `progress` is called with a dict after every expansion.
     """
     return SequentialSearch(
-        as_run(graph.compact()), cost, rules, alpha=alpha, budget=budget, time_limit=time_limit, progress=progress
+        graph, cost, rules, alpha=alpha, budget=budget, time_limit=time_limit, progress=progress
     ).run()

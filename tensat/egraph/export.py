@@ -13,7 +13,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tensat import ops
-from tensat.cost import EXACT, AnalyticCost, Resolution
+from tensat.cost import (
+    EXACT,
+    FUSION_PRODUCERS,
+    FUSION_READERS,
+    AnalyticCost,
+    Operand,
+    Resolution,
+    device_of,
+    fuses_into,
+)
 from tensat.egraph import provenance
 from tensat.egraph.lower import LoweredGraph
 from tensat.egraph.provenance import DecodedNode
@@ -92,10 +101,14 @@ class Export(LoweredGraph):
         change is chosen only where it gains more than two measurements can tell apart, not where two equal
         computations (a Mul before or after a Reshape) measured a hair apart. An e-node priced like an input node
         shares that node's measurement, so a graph that drops an Add and keeps its MatMuls' prices still wins.
-        Every e-node is priced as the kernel it runs as: a convolution with its fused activation, a `gemm` (a
-        MatMul and its bias Add), onnxruntime's kernels, each timed as one (`tensat.onnx.fusions.as_run` reads
-        the input so); a rewrite that takes one apart (a Relu moved past a MaxPool, a Transpose moved between a
-        MatMul and its bias) pays for the nodes it leaves on their own.
+        An e-node onnxruntime fuses into the e-node below it costs nothing (`_runtime_fused`), as the runtime runs it:
+        a BatchNormalization or an activation over an e-class that holds a convolution, and on the CPU the Add of a
+        constant bias over one that holds a MatMul by a constant matrix (a Gemm). So writing a fusion the runtime
+        makes anyway gains nothing (a convolution's fused activation is priced as the plain convolution, see
+        `tensat.cost.FUSED_ACTIVATIONS`), and a rewrite that takes one apart (a Relu moved past a MaxPool, a
+        Transpose moved between a MatMul and its bias) pays for the node it leaves on its own. The price assumes
+        the convolution or MatMul is chosen, and read by that node alone; where the extracted graph differs, its
+        price as written (`tensat.cost.runtime_cost`) tells.
 
         With `competitive` (for a cost model that measures, where every price takes time), only e-nodes that can
         appear in a competitive selection are priced by `node_cost`: those whose cheapest tree under the analytic
@@ -236,6 +249,8 @@ class Export(LoweredGraph):
                     scale = max(scale, price / estimate[nid])
         for nid in dominated:
             costs[nid] = estimate[nid] * scale
+        for nid in _runtime_fused(decoded, const, memo.class_shapes, device_of(node_cost)):
+            costs[nid] = 0.0
         egg = {op: d.egg for op, d in defs.items()}
         resolution: Resolution = getattr(node_cost, "resolution", EXACT)
         relative, margin = 1.0 + resolution.relative, resolution.ms + UNCHOSEN_MS
@@ -548,3 +563,39 @@ def _chosen_post_order(
                 continue
             stack.pop()
             yield c, dn
+
+
+def _runtime_fused(
+    decoded: dict[str, DecodedNode], const: set[int], shapes: dict[int, tuple[int, ...]], device: str
+) -> Iterator[str]:
+    """The e-nodes onnxruntime on `device` fuses into an e-node of an e-class they read (`tensat.cost.fuses_into`,
+    with the e-classes' shapes `shapes`): a BatchNormalization or an activation over an e-class holding a
+    convolution, a bias Add over one holding a MatMul by a constant matrix."""
+    producers: dict[int, list[DecodedNode]] = {}  # e-class -> its convolutions and MatMuls
+    for dn in decoded.values():
+        if dn.op in FUSION_PRODUCERS and dn.eclass not in const:
+            producers.setdefault(dn.eclass, []).append(dn)
+
+    def operands(dn: DecodedNode) -> list[Operand] | None:
+        found: list[Operand] = []
+        for c in dn.children:
+            shape = shapes.get(c)
+            if shape is None:
+                return None
+            found.append((shape, c in const))
+        return found
+
+    for nid, dn in decoded.items():
+        if dn.op not in FUSION_READERS or dn.eclass not in shapes:
+            continue
+        mine = operands(dn)
+        if mine is None:
+            continue
+        if any(
+            fuses_into(dn.op, shapes[dn.eclass], mine, k, p.op, p.attrs, theirs, device)
+            for k, c in enumerate(dn.children)
+            if c not in const
+            for p in producers.get(c, ())
+            if (theirs := operands(p)) is not None
+        ):
+            yield nid

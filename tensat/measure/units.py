@@ -99,7 +99,7 @@ def pricing_unit(node: Node, in_shapes: Sequence[Sequence[int]], const: Sequence
     when each was taken), and the extractor would prefer the cheaper-looking form, which can undo what onnxruntime
     fuses (its GELU and LayerNorm fusions match operands in the order exporters write them). So:
     - a convolution with a fused activation is timed as the plain convolution: onnxruntime applies the activation in
-      its output loop (see `tensat.onnx.fusions.ACTIVATIONS`), so the fused and the unfused pair price the same;
+      its output loop (see `tensat.cost.FUSED_ACTIVATIONS`), so the fused and the unfused pair price the same;
     - an element-wise op is timed without the leading dimensions of size 1 its output has (a Mul on 1x64x1024 and
       on 64x1024 run the same loop);
     - a commutative op is timed with its operands in one order (variables before weights, then by shape)."""

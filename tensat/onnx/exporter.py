@@ -130,7 +130,7 @@ class _Exporter:
             n = g.nodes[i]
             if n.op == "opaque":
                 self.opaque_groups.setdefault((n.attr["key"], n.inputs), {})[n.attr["index"]] = i
-        fused = {m for k, (m, _) in self.gemms.items() if m != k}  # the MatMuls written in their Add's Gemm
+        fused = set(self.gemms.values())
         for i in emitted:
             n = g.nodes[i]
             if i in self.absorbed or i in fused or (n.op == "slice" and i in self.splits and self.splits[i] is None):
@@ -235,9 +235,8 @@ class _Exporter:
         return readers
 
     def _find_squeezable(self, emitted: Sequence[int]) -> set[int]:
-        """Constants that are a vector behind leading 1s read only as broadcast operands of Add/Mul or as gemms'
-        biases, or a matrix behind leading 1s read only as the right operand of MatMuls and gemms, whose other
-        operand has the output's rank.
+        """Constants that are a vector behind leading 1s read only as broadcast operands of Add/Mul, or a matrix
+        behind leading 1s read only as the right operand of MatMuls, whose other operand has the output's rank.
 
         The importer gives a low-rank constant operand (a bias of shape (N,), a (K, N) weight of a batched product)
         the rank of the other operand, so the e-graph's shape rules stay simple; broadcasting makes the leading
@@ -252,7 +251,7 @@ class _Exporter:
             if j not in self.consts or j in self.output_ids or not users:
                 continue
             shape = self.consts[j].shape
-            keep = 2 if any(g.nodes[i].op in ("matmul", "gemm") and g.nodes[i].inputs[1] == j for i in users) else 1
+            keep = 2 if any(g.nodes[i].op == "matmul" for i in users) else 1
             stripped = _without_leading_ones(shape, keep)
             if len(stripped) == len(shape) or len(stripped) != keep:
                 continue
@@ -261,9 +260,8 @@ class _Exporter:
                 n = g.nodes[i]
                 others = [k for k in n.inputs if k != j]
                 if (
-                    not (ops.get(n.op).kind == "broadcast" or n.op in ("matmul", "gemm"))
-                    or (n.op in ("matmul", "gemm") and n.inputs[0] == j)
-                    or (n.op == "gemm" and keep != (2 if n.inputs[1] == j else 1))
+                    not (ops.get(n.op).kind == "broadcast" or n.op == "matmul")
+                    or (n.op == "matmul" and n.inputs[0] == j)
                     or not others
                     or any(len(g.nodes[k].shape) != len(n.shape) for k in others)
                 ):
@@ -273,24 +271,18 @@ class _Exporter:
                 out.add(j)
         return out
 
-    def _find_gemms(self, emitted: Sequence[int]) -> dict[int, tuple[int, int]]:
-        """Nodes written as one Gemm: node id -> (the node holding the product's operands, the bias).
+    def _find_gemms(self, emitted: Sequence[int]) -> dict[int, int]:
+        """Add nodes that export with the MatMul they read as one Gemm: add id -> matmul id.
 
-        A `gemm` of a 2-D product (the kernel the extraction chose), and an Add that reads a 2-D MatMul of a
-        computed operand by a constant, as its only reader, with a constant bias that broadcasts to the product's
-        shape: the importer lowers a Gemm to exactly this, and the Gemm is what onnxruntime runs fastest (it fuses
-        MatMul+Add into Gemm itself where it can; exporting the Gemm keeps that fusion whatever shape the bias took
-        in the e-graph)."""
+        A 2-D MatMul of a computed operand by a constant, read only by an Add of a constant bias that broadcasts
+        to the product's shape: the importer lowers a Gemm to exactly this, and the Gemm is what onnxruntime runs
+        fastest (it fuses MatMul+Add into Gemm itself where it can; exporting the Gemm keeps that fusion whatever
+        shape the bias took in the e-graph)."""
         g = self.graph
-        out: dict[int, tuple[int, int]] = {}
+        out: dict[int, int] = {}
         for i in emitted:
             n = g.nodes[i]
-            if len(n.shape) != 2 or n.dtype != FLOAT:
-                continue
-            if n.op == "gemm":
-                out[i] = (i, n.inputs[2])
-                continue
-            if n.op != "add":
+            if n.op != "add" or len(n.shape) != 2 or n.dtype != FLOAT:
                 continue
             for m, bias in ((n.inputs[0], n.inputs[1]), (n.inputs[1], n.inputs[0])):
                 mm = g.nodes[m]
@@ -306,7 +298,7 @@ class _Exporter:
                     and len(self.consts[mm.inputs[1]].shape) == 2
                     and _broadcasts_to(self.consts[bias].shape, n.shape)
                 ):
-                    out[i] = (m, bias)
+                    out[i] = m
                     break
         return out
 
@@ -316,19 +308,18 @@ class _Exporter:
         as a transposed copy: a layout the extraction did not choose, and a strided copy of what may be hundreds
         of megabytes."""
         g = self.graph
-        products = {m for m, _ in self.gemms.values()}
+        fused = set(self.gemms.values())
         aliased = {i for _, i in self.aliases} | self.output_ids
         out: set[int] = set()
-        for m in products:
+        for m in fused:
             b = g.nodes[m].inputs[1]
-            array = self.consts.get(b)
+            array = self.consts[b]
             if (
-                array is not None
-                and array.ndim == 2
+                array.ndim == 2
                 and not array.flags.c_contiguous
                 and array.T.flags.c_contiguous
                 and b not in aliased
-                and all(r in products and g.nodes[r].inputs[0] != b for r in self.readers[b])
+                and all(r in fused and g.nodes[r].inputs[0] != b for r in self.readers[b])
             ):
                 out.add(b)
         return out
@@ -673,21 +664,14 @@ def _broadcasts_to(shape: Sequence[int], target: Sequence[int]) -> bool:
 
 
 def _ex_gemm(e: _Exporter, i: int) -> None:
-    """A 2-D product by a matrix and the Add of a bias as one Gemm (see `_Exporter._find_gemms`)."""
-    m, bias = e.gemms[i]
-    a, b = e.graph.nodes[m].inputs[:2]
+    """A MatMul by a constant and the Add of a constant bias (see `_Exporter._find_gemms`) as one Gemm."""
+    g = e.graph
+    n = g.nodes[i]
+    m = e.gemms[i]
+    bias = n.inputs[1] if n.inputs[0] == m else n.inputs[0]
+    a, b = g.nodes[m].inputs
     transposed: dict[str, Any] = {"transB": 1} if b in e.transposed_b else {}
     e.emit("Gemm", [e.tensor(a), e.tensor(b), e.tensor(bias)], [e.tensor(i)], f"gemm_{i}", **transposed)
-
-
-@_emitter("gemm")
-def _ex_matmul_add(e: _Exporter, i: int) -> None:
-    """A `gemm` of a product of more than 2 dims: the MatMul and the Add of its bias, which onnxruntime's CPU
-    session fuses into one Gemm between two Reshapes (a 2-D one is written as the Gemm, `_ex_gemm`)."""
-    a, w, bias = e.graph.nodes[i].inputs
-    product = e.namer(f"gemm_{i}_product")
-    e.emit("MatMul", [e.tensor(a), e.tensor(w)], [product], f"gemm_{i}_matmul")
-    e.emit("Add", [product, e.tensor(bias)], [e.tensor(i)], f"gemm_{i}")
 
 
 def _ex_const(e: _Exporter, array: np.ndarray, base: str) -> str:

@@ -12,35 +12,31 @@ Each is read as what it is: the importer lowers the fused node in place of the s
 (onnxruntime's BiasGelu, say) is kept verbatim, an opaque node of its domain, as any op of a custom domain is. A
 fused node over tensors onnxruntime made itself (weights it folded) is not read: its subgraph is read as written.
 
-A convolution's fusions and a MatMul's with its bias Add are read from the graph itself (`as_run`), as ops tensat
-has: a Conv, the BatchNormalization it folds and the activation it runs in its output loop as one conv2d with that
-activation; a MatMul by a matrix and its bias Add as one `gemm` (onnxruntime's Gemm, between two Reshapes it adds
-for an N-D product). Rules take each apart where a rewrite needs the parts (`conv-relu-unfuse`, `gemm-unfuse`) and
-merge them as Tensat merges convolutions and MatMuls, and the extraction prices each form by what it costs to run.
-onnxruntime's own nodes for them (FusedConv, Gemm) are not read.
+A convolution's fusions (an activation, a residual Add) and a MatMul's with its bias Add (a Gemm; N-D ones between
+two Reshapes onnxruntime inserts) are left free: tensat's merges of convolutions and of MatMuls that share an input
+(Tensat's own gains) rewrite exactly these nodes, and the cost models price them as onnxruntime runs them
+(`tensat.cost.runtime_fusions`; in the extraction, `tensat.egraph.export`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 from onnx import ModelProto, NodeProto
 
 from tensat import ops
 from tensat.errors import raise_if_out_of_memory
-from tensat.ir import Graph, Node
 from tensat.session import runtime_graph
 
 # Op types whose presence lets onnxruntime fuse a normalization, an activation or an attention: a model with none of
 # them is not optimized in onnxruntime here (a CNN whose only fusions are its convolutions' and its classifier's).
 TRIGGERS = frozenset({"ReduceMean", "Pow", "Sqrt", "Erf", "Tanh", "Sigmoid", "LayerNormalization"})
-# fused kinds not read from onnxruntime's graph: `as_run` reads them from the input's own (a Split is what
-# onnxruntime makes of Slices that partition a tensor, as tensat's exporter writes them too)
-NOT_READ = frozenset({"Conv", "FusedConv", "NhwcFusedConv", "Gemm", "FusedGemm", "Split"})
+# fused kinds left free (see above; a Split is what onnxruntime makes of Slices that partition a tensor, as tensat's
+# exporter writes them too)
+FREE = frozenset({"Conv", "FusedConv", "NhwcFusedConv", "Gemm", "FusedGemm", "Split"})
 MAX_REGION = 64  # ONNX nodes in one fused subgraph; a walk that goes further has left the fusion
 MAX_GLUE = 4  # nodes onnxruntime adds around a fused node (the Reshapes of an N-D MatMul+Add made a Gemm)
 
@@ -72,7 +68,7 @@ def runtime_fusions(model: ModelProto) -> Fusions:
 def _absorbed(
     original: Iterable[NodeProto], optimized: Sequence[NodeProto], weights: set[str], inputs: set[str]
 ) -> Fusions:
-    """The fused nodes of a new kind, not `NOT_READ`, that replaced two or more original nodes, to be read in place of
+    """The fused nodes of a new kind, not `FREE`, that replaced two or more original nodes, to be read in place of
     them (`_as_kernel`). The original nodes a fused node replaced are those between its outputs and its inputs
     (read through the nodes onnxruntime added around it), walking the original graph back from the outputs; a
     fused node whose walk reaches a graph input it does not read, or goes on too long, is skipped: its inputs are
@@ -92,7 +88,7 @@ def _absorbed(
     kernels: dict[str, NodeProto] = {}
     known = producer.keys() | weights | inputs
     for fused in optimized:
-        if fused.op_type in NOT_READ or (fused.domain or "ai.onnx", fused.op_type) in kinds:
+        if fused.op_type in FREE or (fused.domain or "ai.onnx", fused.op_type) in kinds:
             continue
         outs = {o for name in fused.output for o in _original_after(name, producer, readers)}
         stops = {i for name in fused.input for i in _original_before(name, producer, weights, made)}
@@ -201,81 +197,3 @@ def check_kernels(model: ModelProto, provider: str = "cpu") -> KernelCheck:
     """Count the catalogued kernels `model` writes and those onnxruntime runs it with on `provider`, in the graph
     its optimizer writes (`tensat.session.runtime_graph`)."""
     return KernelCheck(_catalogued(model.graph.node), _catalogued(runtime_graph(model, provider).graph.node))
-
-
-ACTIVATIONS = {name: code for name, code in ops.ACT_CODES.items() if code != ops.ACT_NONE}
-"""The activations onnxruntime runs in the output loop of the Conv before them (its FusedConv), by conv2d's code. A
-convolution with one is priced as the plain convolution by every cost model, at no cost worth a measurement."""
-
-
-def as_run(graph: Graph) -> Graph:
-    """`graph` with the fusions onnxruntime's sessions make of any graph read as the ops they are:
-    - a BatchNormalization with constant parameters that is the only reader of a conv2d without an activation, as
-      that conv2d with its weights and bias scaled (onnxruntime folds it so);
-    - a Relu, Sigmoid or Tanh that is the only reader of a conv2d without an activation, as that conv2d with it;
-    - an Add of a bias weight to a MatMul of a computed operand by a constant matrix, its only reader, as a `gemm`,
-      where no other MatMul reads that matrix: the products of a weight shared across a recurrent cell's steps stay
-      MatMuls, for the rules that merge them across the steps (`matmul-merge-shared-weight`), where one step's read
-      as a Gemm would hide its product from the guided rounds that extend those merges.
-
-    A graph output is not fused into its reader, since it must stay a tensor of its own."""
-    const = graph.weight_only()
-    outputs = {n for _, n in graph.outputs}
-    readers = graph.readers()
-    out = replace(graph, nodes=list(graph.nodes), weights=dict(graph.weights), _index=dict(graph._index))
-    fused = False
-    for i in graph.live():
-        n = graph.nodes[i]
-        if i in const or not n.inputs:
-            continue
-        for k, p in enumerate(n.inputs):
-            producer = out.nodes[p]
-            if p in const or p in outputs or readers.get(p) != [i]:
-                continue
-            if producer.op == "conv2d" and producer.attr["act"] == ops.ACT_NONE and n.op in ACTIVATIONS:
-                attrs = tuple((key, ACTIVATIONS[n.op] if key == "act" else v) for key, v in producer.attrs)
-                out.nodes[i] = Node("conv2d", producer.inputs, attrs, n.shape, n.dtype)
-            elif producer.op == "conv2d" and producer.attr["act"] == ops.ACT_NONE and n.op == "batchnorm" and k == 0:
-                folded = _folded(out, const, producer, n)
-                if folded is None:
-                    continue
-                out.nodes[i] = folded
-            elif (
-                n.op == "add"
-                and producer.op == "matmul"
-                and readers.get(producer.inputs[1]) == [p]
-                and _bias(graph, const, producer, n.inputs[1 - k], n)
-            ):
-                out.nodes[i] = Node("gemm", (*producer.inputs, n.inputs[1 - k]), (), n.shape, n.dtype)
-            else:
-                continue
-            fused = True
-            break
-    return out.compact() if fused else graph
-
-
-def _folded(graph: Graph, const: set[int], conv: Node, bn: Node) -> Node | None:
-    """The conv2d `conv` with the BatchNormalization `bn` over it folded into its weights and bias (new weights of
-    `graph`), where the convolution's weights and the normalization's parameters are constants; else None."""
-    if not all(j in const for j in (*conv.inputs[1:], *bn.inputs[1:])):
-        return None
-    w, b, scale, shift, mean, var = (graph.evaluate({}, [j])[j] for j in (*conv.inputs[1:], *bn.inputs[1:]))
-    inv = scale / np.sqrt(var + np.asarray(bn.attr["epsilon"], var.dtype))
-    weight = graph.weight((w * inv.reshape(-1, 1, 1, 1)).astype(w.dtype), "bn_folded_weight")
-    bias = graph.weight(((b - mean) * inv + shift).astype(b.dtype), "bn_folded_bias")
-    return Node("conv2d", (conv.inputs[0], weight, bias), conv.attrs, bn.shape, bn.dtype)
-
-
-def _bias(graph: Graph, const: set[int], product: Node, bias: int, add: Node) -> bool:
-    """Whether `add` adds the weight `bias` to `product`, a MatMul of a computed operand by a constant matrix, as
-    one `gemm` (its shape rule: the matrix's and the bias's leading dims 1). A bias computed from weights (a
-    recurrent cell's first step, whose state is a constant) stays an Add of its own, as the other steps' sums of
-    two products are: the rules that merge the products across steps see them all alike."""
-    a, w = product.inputs
-    if a in const or w not in const or graph.nodes[bias].op != "weight":
-        return False
-    try:
-        shape = ops.shape_of("gemm", [graph.nodes[j].shape for j in (a, w, bias)], {})
-    except ops.ShapeError:
-        return False
-    return shape == add.shape

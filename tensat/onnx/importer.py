@@ -1281,10 +1281,8 @@ def import_model(
     """Load `source` (path or proto) and lower it to a tensat Graph (see `load_model` for validation and `check`).
     With `runtime_fusions`, the input is read as the kernels onnxruntime runs it as (`fusions.runtime_fusions`): a
     subgraph it fuses into a kernel is read as that kernel, an op where tensat models it, else the kernel's node
-    kept verbatim, and a Conv's activation and a MatMul's bias Add as the ops they run as (`fusions.as_run`).
-    External data stays on disk: its weights are arrays mapped from their file
+    kept verbatim. External data stays on disk: its weights are arrays mapped from their file
     (`tensat.onnx.external.mapped_array`), read only where touched, and shared by every graph read from it."""
     model = load_model(source, input_shapes, check=check, keep_external=True)
-    if not runtime_fusions:
-        return _Importer(model, release=True).run()
-    return runtime.as_run(_Importer(model, release=True, fusions=runtime.runtime_fusions(model)).run())
+    fusions = runtime.runtime_fusions(model) if runtime_fusions else runtime.Fusions()
+    return _Importer(model, release=True, fusions=fusions).run()

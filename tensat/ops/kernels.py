@@ -232,60 +232,6 @@ FUSED_MATMUL = register(
     )
 )
 
-
-def gemm_shape(shapes: Sequence[Shape], _: Attrs) -> Shape:
-    """The product's shape, where the right operand is a matrix (its leading dims 1) and the bias a vector of the
-    product's last dim (its leading dims 1): the operands onnxruntime's CPU session fuses into one Gemm."""
-    a, w, bias = (tuple(s) for s in shapes)
-    out = matmul_shape((a, w), {})
-    check(all(d == 1 for d in w[:-2]), f"gemm weight {w} is not a matrix")
-    check(len(bias) == len(out) and all(d == 1 for d in bias[:-1]) and bias[-1] == out[-1], f"gemm bias {bias}")
-    return out
-
-
-def _gemm_rules(op: OpDef) -> list[str]:
-    out = []
-    for r in range(2, MAX_RANK + 1):
-        query = [f"(= (vec-length s{k}) {r})" for k in range(3)]
-        query.append(f"(= {egg_dim('s0', r - 1)} {egg_dim('s1', r - 2)})")
-        query += [f"(= {egg_dim('s1', i)} 1)" for i in range(r - 2)]
-        query += [f"(= {egg_dim('s2', i)} 1)" for i in range(r - 1)]
-        query.append(f"(= {egg_dim('s2', r - 1)} {egg_dim('s1', r - 1)})")
-        dims = [egg_dim("s0", i) for i in range(r - 1)] + [egg_dim("s1", r - 1)]
-        out.append(egg_rule(op, query, egg_vec(dims)))
-    return out
-
-
-def _gemm_equations(s: Equations, out: Dims, ins: Sequence[Dims], _: Mapping[str, Any]) -> None:
-    a, w, bias = ins
-    r = len(out)
-    s.eq(a[r - 1], w[r - 2])
-    s.eq(tuple(w[: r - 2]), (1,) * (r - 2))
-    s.eq(tuple(out[: r - 1]), tuple(a[: r - 1]))
-    s.eq(out[r - 1], w[r - 1])
-    s.eq(tuple(bias), (1,) * (r - 1) + (out[r - 1],))
-
-
-# A MatMul by a matrix and the Add of a bias vector, which onnxruntime's CPU session runs as one Gemm: written as
-# the Gemm where the product is 2-D, else as the MatMul and the Add it fuses (`tensat.onnx.exporter`)
-GEMM = register(
-    OpDef(
-        "gemm",
-        "Gemm",
-        3,
-        (),
-        gemm_shape,
-        lambda xs, a: np.matmul(xs[0], xs[1]) + xs[2],
-        _gemm_rules,
-        lambda s, o, a: 2.0 * numel(o) * s[0][-1] + numel(o),
-        ranks=(SAME, SAME, SAME, SAME),
-        min_rank=2,
-        equations=_gemm_equations,
-        int_exact=True,
-        breaks_layout=True,
-    )
-)
-
 KERNELS: dict[str, tuple[str, ...]] = {
     CONTRIB: ("SkipLayerNormalization", "Gelu", "FastGelu", "QuickGelu", "FusedMatMul"),
     "": ("SimplifiedLayerNormalization", "LayerNormalization", "Gelu"),
