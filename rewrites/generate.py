@@ -35,7 +35,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -642,8 +642,33 @@ class Prover(Protocol):
     both sides built on leaves of `shape`."""
 
     def __call__(
-        self, rules: Sequence[Rule], pairs: Sequence[tuple[Pattern, Pattern]], shape: tuple[int, ...]
+        self,
+        rules: Sequence[Rule],
+        pairs: Sequence[tuple[Pattern, Pattern]],
+        shape: tuple[int, ...],
+        shapes: Mapping[str, tuple[int, ...]] | None = None,
     ) -> list[bool]: ...
+
+
+def proved_by_sound(
+    prove: Prover,
+    rules: Sequence[Rule],
+    pairs: Sequence[tuple[Pattern, Pattern]],
+    shape: tuple[int, ...],
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+) -> tuple[list[bool], list[Rule]]:
+    """`prove`'s answer for `pairs` (leaves of `shape`, or of their shape in `shapes`), asked again without each rule
+    it names unsound (its `UnsoundRules`, raised from the layer above) until it answers: (which pairs `rules`
+    prove equal, the rules left)."""
+    usable = list(rules)
+    while True:
+        try:
+            return prove(usable, pairs, shape, shapes), usable
+        except Exception as exc:  # noqa: BLE001 - the prover's `UnsoundRules` (it lives above this layer)
+            wrong = set(getattr(exc, "names", ()))
+            if not wrong:
+                raise
+            usable = [r for r in usable if r.name not in wrong]
 
 
 @dataclass
@@ -701,16 +726,9 @@ def minimize(
         chosen = [p for p in remaining[:batch] if _size(p) == level]
         remaining = remaining[len(chosen) :]
         if rules:
-            while True:
-                try:
-                    proved = prove(rules, chosen, shape)
-                    break
-                except Exception as exc:  # noqa: BLE001 - the prover's `UnsoundRules` (it lives above this layer)
-                    wrong = set(getattr(exc, "names", ()))
-                    if not wrong:
-                        raise
-                    rules = [r for r in rules if r.name not in wrong]
-                    counts["unsound"] += len(wrong)
+            proved, sound = proved_by_sound(prove, rules, chosen, shape)
+            counts["unsound"] += len(rules) - len(sound)
+            rules = sound
             counts["derived"] += sum(proved)
             chosen = [p for p, done in zip(chosen, proved) if not done]
         for a, b in chosen:

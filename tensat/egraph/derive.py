@@ -30,6 +30,7 @@ from tensat.rewrites.dsl import (
     pattern_ops,
     to_egglog,
 )
+from tensat.rewrites.generate import proved_by_sound
 from tensat.rewrites.verify import bindings as rule_bindings
 
 NODE_LIMIT = 10_000  # e-nodes of a call's e-graph: no iteration starts beyond it
@@ -205,7 +206,6 @@ def proved(
     rules: Sequence[Rule],
     pairs: Sequence[tuple[Pattern, Pattern]],
     shape: Shape,
-    *,
     shapes: Mapping[str, Shape] | None = None,
     **limits: Any,
 ) -> list[bool]:
@@ -241,11 +241,6 @@ def derived(
         env, lets = bind_lets(rule, attrs, shapes)
         pair = (_concrete(rule.lhs[0], env, shapes, lets), _concrete(rule.rhs[0], env, shapes, lets))
         leaves = {v: tuple(shape) for v, shape in shapes.items()}
-        while True:
-            try:
-                [ok] = prover(usable, [pair], (), leaves)
-                break
-            except UnsoundRules as exc:
-                usable = [r for r in usable if r.name not in exc.names]
+        [ok], usable = proved_by_sound(prover, usable, [pair], (), leaves)
         out[rule.name] = "derived" if ok else "not derived"
     return {t.name: out[t.name] for t in targets if t.name in out}
