@@ -33,6 +33,8 @@ from tensat.ir import Graph, Node
 UNCHOSEN_MS = 1e-9  # added to the cost of e-nodes the input graph does not use: a tie-break, not a price
 COMPETITIVE_SLACK_MS = 0.005  # an estimate this close to its e-class's cheapest is competitive whatever the ratio
 AVOIDED_MS = 1e6  # added to the cost of an e-node of an op to avoid (see `Export.export`)
+PROMISING_ROUNDS = 8  # rounds of pricing the alternatives that could win against the e-nodes priced so far
+PROMISING_SHARE = 0.5  # ... each round those whose gain is at least this share of the round's largest (`_promising`)
 
 CostFn = Callable[[Node, Sequence[tuple[int, ...]], Sequence[bool]], float]
 
@@ -226,11 +228,26 @@ class Export(LoweredGraph):
                 own_items = [nid for nid in to_price if nid in original]
                 left = set(self._prefetch(prefetch, own_items, to_price, deadline))
                 measured = {nid: float(node_cost(*to_price[nid])) for nid in own_items if nid not in left}
-            estimate, dominated, order = self._dominated(
+            estimate, dominated, order, cost, tree, scale = self._dominated(
                 decoded, to_price, keys, costs, forbidden, competitive, original, names, measured
             )
             if prefetch is not None:
-                rest = [nid for nid in order if nid not in measured]
+                known = set(measured)
+                wanted = {nid for nid in order if nid not in known}
+                for _ in range(PROMISING_ROUNDS):  # what could win against what is priced, then against that
+                    first = _promising(decoded, cost, tree, known, wanted, PROMISING_SHARE)
+                    if not first:
+                        break
+                    left = set(self._prefetch(prefetch, first, to_price, deadline))
+                    for nid in first:
+                        if nid not in left:
+                            cost[nid] = float(node_cost(*to_price[nid])) / scale
+                            known.add(nid)
+                            wanted.discard(nid)
+                    if left:
+                        break
+                first = _promising(decoded, cost, tree, known, wanted)
+                rest = first + [nid for nid in order if nid in wanted and nid not in set(first)]
                 dominated.update(self._prefetch(prefetch, rest, to_price, deadline))
         elif prefetch is not None:
             prefetch(list(to_price.values()))
@@ -339,14 +356,15 @@ class Export(LoweredGraph):
         original: set[str],
         names: Sequence[str],
         measured: dict[str, float],
-    ) -> tuple[dict[str, float], set[str], list[str]]:
+    ) -> tuple[dict[str, float], set[str], list[str], dict[str, float], dict[str, float], float]:
         """The analytic estimate of every e-node of `to_price`; those whose cheapest tree under it (the e-node with
         the work it needs below it) exceeds `ratio` times the cheapest tree of their e-class (never one of
         `original`, the input graph's own); and the others in pricing order (see `export`). The trees count the
         input's e-nodes priced already (`measured`) at their price, in the estimate's units (divided by the median
         ratio of price to estimate over them): a kernel the estimate puts far below what it takes (onnxruntime's
         LRN) does not make the alternatives to it look dominated. Estimates are kept in the export memo under the
-        e-node's key in `keys`; `names` are the e-class ids as strings."""
+        e-node's key in `keys`; `names` are the e-class ids as strings. Also every e-node's cost in the estimate's
+        units, the trees, and the scale (for `_promising`)."""
         analytic = AnalyticCost()
         known = self._memo().estimates
         estimate: dict[str, float] = {}
@@ -359,11 +377,12 @@ class Export(LoweredGraph):
         ratios = [measured[nid] / estimate[nid] for nid in measured if estimate.get(nid, 0.0) > 0 and measured[nid] > 0]
         scale = statistics.median(ratios) if ratios else 1.0
         in_units = {nid: price / scale for nid, price in measured.items()}
+        cost = {nid: in_units.get(nid, estimate.get(nid, costs.get(nid, 0.0))) for nid in decoded}
         estimated = XGraph(
             {
                 nid: ENode(
                     ops.get(dn.op).egg,
-                    in_units.get(nid, estimate.get(nid, costs.get(nid, 0.0))),
+                    cost[nid],
                     names[dn.eclass],
                     tuple([names[c] for c in dn.children]),
                 )
@@ -383,7 +402,7 @@ class Export(LoweredGraph):
         order = sorted(
             (nid for nid in to_price if nid not in dominated), key=lambda nid: (nid not in original, -estimate[nid])
         )
-        return estimate, dominated, order
+        return estimate, dominated, order, cost, tree, scale
 
     @staticmethod
     def _prefetch(
@@ -537,6 +556,65 @@ class Export(LoweredGraph):
         if dn.op == "opaque":
             out.opaque[dn.attrs["key"]] = src.opaque[dn.attrs["key"]]
         return out.add(dn.op, inputs, **dn.attrs)
+
+
+def _promising(
+    decoded: dict[str, DecodedNode],
+    cost: dict[str, float],
+    tree: dict[str, float],
+    known: set[str],
+    wanted: set[str],
+    share: float = 0.0,
+) -> list[str]:
+    """The e-nodes of `wanted` (not yet priced) that could change the extraction's choice, most promising first
+    (only those of alternatives whose gain is at least `share` of the largest).
+
+    An alternative to an e-node priced already (`known`, at its price in `cost`) could win where the e-nodes it
+    adds cost less than that e-node does: the e-nodes of its cheapest tree (by `tree`) down to the e-classes the
+    priced e-nodes compute, each counted once. The alternatives are taken largest such gain first, each with the
+    e-nodes it adds. Pricing them before the rest means a deadline ends the pricing among alternatives that could
+    not have won, not before the timing of a kernel the estimate got wrong (onnxruntime's LRN) has been answered by
+    its alternatives'."""
+    best: dict[int, str] = {}
+    by_class: dict[int, list[str]] = {}
+    for nid, dn in decoded.items():
+        by_class.setdefault(dn.eclass, []).append(nid)
+        b = best.get(dn.eclass)
+        if b is None or tree[nid] < tree[b]:
+            best[dn.eclass] = nid
+    computed = {decoded[nid].eclass for nid in known}
+
+    def added(alt: str) -> list[str]:
+        """The e-nodes `alt` adds: its cheapest tree's, down to the e-classes computed already."""
+        out, stack, seen = [], [alt], set(computed)
+        while stack:
+            nid = stack.pop()
+            out.append(nid)
+            for k in decoded[nid].children:
+                if k not in seen:
+                    seen.add(k)
+                    stack.append(best[k])
+        return out
+
+    gains: list[tuple[float, list[str]]] = []
+    for nid in known:
+        for alt in by_class[decoded[nid].eclass]:
+            if alt in wanted and tree[alt] < float("inf"):
+                new = added(alt)
+                gain = cost[nid] - sum(cost[n] for n in new)
+                if gain > 0:
+                    gains.append((gain, new))
+    first: list[str] = []
+    placed: set[str] = set()
+    gains.sort(key=lambda g: -g[0])
+    for gain, new in gains:
+        if gain < share * gains[0][0]:
+            break
+        for nid in new:
+            if nid in wanted and nid not in placed:
+                placed.add(nid)
+                first.append(nid)
+    return first
 
 
 def _own_key(n: Node, class_of: dict[int, int]) -> tuple[Any, ...]:

@@ -243,6 +243,44 @@ def test_pricing_time_limit_prices_the_input_first_and_the_rest_pessimistically(
             assert node.cost >= xg_all.nodes[nid].cost - 1e-9
 
 
+class _SlowLRN(_Counting):
+    """A measuring cost model whose LRN takes far longer than the estimate says (onnxruntime's does, on a CPU)."""
+
+    def __call__(self, node, shapes, const=()) -> float:
+        price = COST(node, shapes, const)
+        return 1000.0 * price if node.op == "lrn" else price
+
+
+def _lrn_graph() -> Graph:
+    """Two convs (each with its fused and merged alternatives) around an LRN."""
+    g = Graph()
+    x = g.input("x", (1, 16, 14, 14))
+    c1 = conv(g, x, 16, 3, "c1", act=2)
+    n = g.add("lrn", [c1], size=5, alpha=1e-4, beta=0.75, bias=1.0)
+    c2 = conv(g, n, 16, 3, "c2", act=2)
+    c3 = conv(g, n, 16, 1, "c3", act=2)
+    g.output("y", g.add("concat", [c2, c3], axis=1))
+    return g
+
+
+def test_pricing_under_a_deadline_starts_with_what_could_beat_a_kernel_the_estimate_got_wrong():
+    """The LRN's definition is timed before the other alternatives, and chosen, though a deadline leaves most of
+    them unpriced: costliest-estimate-first would spend the deadline on the convs' alternatives."""
+    te = TensorEGraph(_lrn_graph())
+    te.explore(k_multi=1, iter_limit=4)
+    xg_all, decoded, _ = te.export(_SlowLRN())
+    original = set(te.original_selection(decoded).values())
+    own = sum(1 for nid in original if xg_all.nodes[nid].cost > 0)
+    alternatives = sum(1 for nid, n in xg_all.nodes.items() if nid not in original and n.cost > 0)
+    timed = _SlowLRN(seconds_each=0.05)
+    xg, decoded, forbidden = te.export(timed, competitive=1e9, price_seconds=0.05 * (own + 9))
+    priced_ops = [op for op, _, _ in timed.priced[own:]]
+    assert len(priced_ops) < alternatives / 2  # the deadline cut the pricing short
+    assert {"div", "pow"} <= set(priced_ops)  # the definition's units were among those priced
+    chosen = extraction.ilp_extract(xg, forbidden=frozenset(forbidden), time_limit=20).choices
+    assert "lrn" not in {decoded[nid].op for nid in chosen.values()}
+
+
 def _fixed_point_constants(decoded: dict[str, egraph_mod.DecodedNode]) -> set[int]:
     """Constant e-classes by sweeping every e-node until nothing changes (the definition the worklist follows)."""
     const: set[int] = set()
