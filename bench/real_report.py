@@ -42,7 +42,7 @@ from bench.real_models import DEFAULT_OUT as CORPUS
 from bench.real_models import MANIFEST
 from tensat.api import check_threads
 from tensat.errors import TensatError
-from tensat.files import atomic_write_json, atomic_write_text
+from tensat.files import atomic_write_json, atomic_write_text, check_writable
 from tensat.latency import compare_many
 from tensat.measure import default_clock
 from tensat.onnx.fusions import check_kernels
@@ -457,6 +457,12 @@ def corpus_main(
         data = json.loads(json_path.read_text(encoding="utf-8"))
         atomic_write_text(md_path, render(data["results"], data["machine"]))
         return 0
+    try:  # before any model runs, not after the first one's minutes
+        for path in (json_path, md_path):
+            check_writable(path)
+    except TensatError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     models = corpus_models(args.corpus)
     if args.only:
         wanted = args.only.split(",")

@@ -571,10 +571,11 @@ def _promising(
 
     An alternative to an e-node priced already (`known`, at its price in `cost`) could win where the e-nodes it
     adds cost less than that e-node does: the e-nodes of its cheapest tree (by `tree`) down to the e-classes the
-    priced e-nodes compute, each counted once. The alternatives are taken largest such gain first, each with the
-    e-nodes it adds. Pricing them before the rest means a deadline ends the pricing among alternatives that could
-    not have won, not before the timing of a kernel the estimate got wrong (onnxruntime's LRN) has been answered by
-    its alternatives'."""
+    priced e-nodes compute, each counted once. Of the alternatives with a gain of at least `share` of the largest,
+    those that cost the least against what they would replace come first (the cheapest to time for what they may
+    win), each with the e-nodes it adds. Pricing them before the rest means a deadline ends the pricing among
+    alternatives that could not have won, not before the timing of a kernel the estimate got wrong (onnxruntime's
+    LRN) has been answered by its alternatives'."""
     best: dict[int, str] = {}
     by_class: dict[int, list[str]] = {}
     for nid, dn in decoded.items():
@@ -584,32 +585,35 @@ def _promising(
             best[dn.eclass] = nid
     computed = {decoded[nid].eclass for nid in known}
 
-    def added(alt: str) -> list[str]:
-        """The e-nodes `alt` adds: its cheapest tree's, down to the e-classes computed already."""
-        out, stack, seen = [], [alt], set(computed)
+    def added(alt: str) -> list[str] | None:
+        """The e-nodes `alt` adds: its cheapest tree's, down to the e-classes computed already other than its own
+        (None where that tree needs its own e-class: a slice of a concat of the e-node it would replace)."""
+        own = decoded[alt].eclass
+        out, stack, seen = [], [alt], computed - {own}
         while stack:
             nid = stack.pop()
             out.append(nid)
             for k in decoded[nid].children:
+                if k == own:
+                    return None
                 if k not in seen:
                     seen.add(k)
                     stack.append(best[k])
         return out
 
-    gains: list[tuple[float, list[str]]] = []
+    gains: list[tuple[float, float, list[str]]] = []  # the gain, the ratio of the costs, the e-nodes added
     for nid in known:
         for alt in by_class[decoded[nid].eclass]:
-            if alt in wanted and tree[alt] < float("inf"):
-                new = added(alt)
-                gain = cost[nid] - sum(cost[n] for n in new)
-                if gain > 0:
-                    gains.append((gain, new))
+            if alt in wanted and tree[alt] < float("inf") and (new := added(alt)) is not None:
+                spent = sum(cost[n] for n in new)
+                if cost[nid] > spent:
+                    gains.append((cost[nid] - spent, cost[nid] / max(spent, 1e-12), new))
     first: list[str] = []
     placed: set[str] = set()
-    gains.sort(key=lambda g: -g[0])
-    for gain, new in gains:
-        if gain < share * gains[0][0]:
-            break
+    if not gains:
+        return []
+    least = share * max(g[0] for g in gains)
+    for _, _, new in sorted((g for g in gains if g[0] >= least), key=lambda g: -g[1]):
         for nid in new:
             if nid in wanted and nid not in placed:
                 placed.add(nid)
