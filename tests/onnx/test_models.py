@@ -213,8 +213,8 @@ def test_full_size_deterministic() -> None:
     assert build_model("nasrnn").SerializeToString() == build_model("nasrnn").SerializeToString()
 
 
-@pytest.mark.parametrize(  # full-size VGG-19 takes the longest of them: in the slow run
-    "name", [pytest.param(n, marks=pytest.mark.slow) if n == "vgg19" else n for n in FULL]
+@pytest.mark.parametrize(  # full-size VGG-19 and NASNet-A take the longest of them: in the slow run
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in ("vgg19", "nasnet_a") else n for n in FULL]
 )
 def test_full_size_model(name: str) -> None:
     model = build_model(name)

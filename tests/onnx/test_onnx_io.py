@@ -86,7 +86,9 @@ BENCH_SIZES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(BENCH_SIZES))
+@pytest.mark.parametrize(  # VGG-19 takes the longest of them: in the slow run
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n == "vgg19" else n for n in sorted(BENCH_SIZES)]
+)
 def test_bench_model_roundtrip(name: str) -> None:
     from tensat.models import build_model
 

@@ -29,6 +29,7 @@ def test_exploration_stops_once_the_sampled_cost_stops_falling_and_loses_nothing
     assert sampled.cost_after == pytest.approx(full.cost_after, rel=1e-9)
 
 
+@pytest.mark.slow  # two full searches of BERT
 def test_a_plateau_while_the_back_off_defers_matches_is_not_convergence() -> None:
     """BERT's sampled cost is flat for three iterations in which the back-off banned rules; the merges that save
     a fifth of its cost come only after those rules run again."""
