@@ -143,10 +143,19 @@ def fuses_into(
     return False
 
 
+def pads_into_conv(pad: Node) -> bool:
+    """Whether onnxruntime takes the Pad `pad` into the pads of a Conv that is its only reader (its PadFusion):
+    zeros added on the spatial axes only."""
+    p, r = pad.attr["pads"], len(pad.shape)
+    return pad.attr["value"] == 0.0 and min(p) >= 0 and not any(p[a] or p[a + r] for a in (0, 1))
+
+
 def runtime_fusions(graph: Graph, device: str = "cpu") -> tuple[dict[int, int], dict[int, int]]:
     """What onnxruntime fuses in `graph` on its own on `device` (`fuses_into`): each node folded or fused into the
     node before it, its only reader -> that node (a BatchNormalization, then an activation, into a convolution; on
-    the CPU a bias Add into a MatMul), and each convolution -> the activation code fused into it."""
+    the CPU a bias Add into a MatMul), and each convolution -> the activation code fused into it. A Pad of zeros
+    before a convolution, its only reader, maps to that convolution (`pads_into_conv`): it runs as the
+    convolution's own padding, whose work the convolution's price already counts."""
     const = graph.weight_only()
     live = [i for i in graph.live() if not graph.nodes[i].is_leaf and i not in const]
     outputs = {n for _, n in graph.outputs}
@@ -159,6 +168,11 @@ def runtime_fusions(graph: Graph, device: str = "cpu") -> tuple[dict[int, int], 
     act: dict[int, int] = {}  # a conv2d -> the activation fused into it
     for i in live:
         n = graph.nodes[i]
+        if n.op == "pad" and i not in outputs and len(rs := readers.get(i, [])) == 1:
+            conv = graph.nodes[rs[0]]
+            if conv.op == "conv2d" and conv.inputs[0] == i and pads_into_conv(n):
+                owner[i] = rs[0]
+            continue
         for k, x in enumerate(n.inputs):
             if x in const or x in outputs or len(readers.get(x, ())) != 1:
                 continue

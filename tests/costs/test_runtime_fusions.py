@@ -158,3 +158,40 @@ def test_the_extraction_keeps_what_the_runtime_fuses(case: str, discount: bool, 
     assert bool(gave_way) is not discount and all(rule in d for d in gave_way)
     assert result.returned_input is not None
     assert runtime_ops(result.output)[fused] == 1
+
+
+def _padded_conv(value: float = 0.0, pads: tuple[int, ...] = (0, 0, 1, 2, 0, 0, 2, 1), readers: int = 1):
+    """A Pad (of `value`, by `pads`) before a Conv; with `readers` 2, a Relu reads the Pad's output too."""
+    pad_input = numpy_helper.from_array(np.array(pads, np.int64), "pads")
+    fill = numpy_helper.from_array(np.array(value, np.float32), "fill")
+    nodes = [
+        helper.make_node("Pad", ["x", "pads", "fill"], ["p"]),
+        helper.make_node("Conv", ["p", "w", "b"], ["y"], pads=[1, 1, 1, 1]),
+    ]
+    size = [1, 3 + pads[1] + pads[5], 12 + pads[2] + pads[6], 12 + pads[3] + pads[7]]
+    outputs = [vi("y", [1, 8, size[2], size[3]])]
+    if readers == 2:
+        nodes.append(helper.make_node("Relu", ["p"], ["r"]))
+        outputs.append(vi("r", size))
+    weights = [pad_input, fill, _w("w", 8, size[1], 3, 3), _w("b", 8)]
+    return make(nodes, [vi("x", [1, 3, 12, 12])], outputs, weights)
+
+
+PADS = {
+    "zeros on the spatial axes": (_padded_conv(), 1),
+    "ones": (_padded_conv(value=1.0), 0),
+    "on the channels": (_padded_conv(pads=(0, 1, 1, 1, 0, 0, 1, 1)), 0),
+    "read twice": (_padded_conv(readers=2), 0),
+}
+
+
+@pytest.mark.parametrize("case", list(PADS))
+def test_a_pad_is_priced_inside_the_conv_exactly_where_onnxruntime_fuses_it(case: str) -> None:
+    """onnxruntime takes a Pad of zeros on the spatial axes, the only reader of which is a Conv, into the Conv's own
+    pads; such a Pad is not priced apart (a model exported with explicit padding would otherwise price above what
+    runs), and any other Pad is."""
+    model, fused = PADS[case]
+    graph = import_model(model).compact()
+    pads_priced = sum(1 for n, _, _ in runtime_items(graph) if n.op == "pad")
+    assert runtime_ops(onnx_io.export_model(graph))["Pad"] == 1 - fused
+    assert pads_priced == 1 - fused
