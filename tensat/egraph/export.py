@@ -247,7 +247,8 @@ class Export(LoweredGraph):
                     if left:
                         break
                 first = _promising(decoded, cost, tree, known, wanted)
-                rest = first + [nid for nid in order if nid in wanted and nid not in set(first)]
+                placed = set(first)
+                rest = first + [nid for nid in order if nid in wanted and nid not in placed]
                 dominated.update(self._prefetch(prefetch, rest, to_price, deadline))
         elif prefetch is not None:
             prefetch(list(to_price.values()))
@@ -602,16 +603,16 @@ def _promising(
         return out
 
     gains: list[tuple[float, float, list[str]]] = []  # the gain, the ratio of the costs, the e-nodes added
-    for nid in known:
+    for nid in (nid for nid in decoded if nid in known):  # in the export's order, not a set's: deterministic
         for alt in by_class[decoded[nid].eclass]:
             if alt in wanted and tree[alt] < float("inf") and (new := added(alt)) is not None:
                 spent = sum(cost[n] for n in new)
                 if cost[nid] > spent:
                     gains.append((cost[nid] - spent, cost[nid] / max(spent, 1e-12), new))
-    first: list[str] = []
-    placed: set[str] = set()
     if not gains:
         return []
+    first: list[str] = []
+    placed: set[str] = set()
     least = share * max(g[0] for g in gains)
     for _, _, new in sorted((g for g in gains if g[0] >= least), key=lambda g: -g[1]):
         for nid in new:

@@ -273,7 +273,7 @@ def test_pricing_under_a_deadline_starts_with_what_could_beat_a_kernel_the_estim
     own = sum(1 for nid in original if xg_all.nodes[nid].cost > 0)
     alternatives = sum(1 for nid, n in xg_all.nodes.items() if nid not in original and n.cost > 0)
     timed = _SlowLRN(seconds_each=0.05)
-    xg, decoded, forbidden = te.export(timed, competitive=1e9, price_seconds=0.05 * (own + 9))
+    xg, decoded, forbidden = te.export(timed, competitive=1e9, price_seconds=0.05 * (own + 16))
     priced_ops = [op for op, _, _ in timed.priced[own:]]
     assert len(priced_ops) < alternatives / 2  # the deadline cut the pricing short
     assert {"div", "pow"} <= set(priced_ops)  # the definition's units were among those priced
