@@ -82,6 +82,9 @@ class OptimizeResult:
     # or not it was returned: the graph extracted, or, where that prices no lower as written, the graph the search
     # started from, with none; `tensat.egraph.provenance`)
     rules: dict[str, int] = field(default_factory=dict)
+    # the rules behind the extracted graph's changes where they priced no lower as written than the graph the search
+    # started from, which was checked in its place (`_prefer_start`); empty where the extracted graph was checked
+    rules_dropped: dict[str, int] = field(default_factory=dict)
     # the e-graph the graph was extracted from, as the extraction read it (e-nodes priced, those whose shapes do not
     # check left out): None where no search ran
     egraph: EGraph | None = None
@@ -180,6 +183,7 @@ class OptimizeResult:
             "pre_passed": self.pre_passed,
             "returned_input": self.returned_input,
             "rules": dict(self.rules),
+            "rules_dropped": dict(self.rules_dropped),
             "exploration": self.exploration.to_dict(),
             "extraction": None
             if ex is None
@@ -544,6 +548,7 @@ class _Run:
     # the optimized graph while it goes through the checks: as written to ONNX, read back, and priced
     candidate: Graph | None = None
     candidate_rules: dict[str, int] = field(default_factory=dict)  # see `OptimizeResult.rules`
+    rules_dropped: dict[str, int] = field(default_factory=dict)  # see `OptimizeResult.rules_dropped`
     candidate_model: onnx.ModelProto | None = None
     written: Graph | None = None
     candidate_cost: float = 0.0
@@ -1123,6 +1128,7 @@ def _prefer_start(run: _Run) -> None:
         f"the rules' changes ({rules}) price no lower than the graph the search started from ({changed:.4g} "
         f"against {start:.4g} ms): checking that graph instead",
     )
+    run.rules_dropped = dict(run.candidate_rules)
     run.candidate, run.candidate_rules, run.candidate_model, run.written = run.graph, {}, model, written
 
 
@@ -1365,6 +1371,7 @@ def _result(run: _Run, output_path: str | os.PathLike[str] | None) -> OptimizeRe
         shapes_optimized=fixed_shapes(run.model) if symbolic is not None and run.model is not None else None,
         symbolic_dims=symbolic,
         rules=dict(run.candidate_rules),
+        rules_dropped=dict(run.rules_dropped),
         egraph=run.exported.egraph.without(run.exported.forbidden) if run.exported is not None else None,
         shapes_verified=run.shapes_verified if optimized else [],
         latency_other_shape=run.timed_other,

@@ -156,6 +156,9 @@ def test_the_extraction_keeps_what_the_runtime_fuses(case: str, discount: bool, 
     assert result.rules == {}
     gave_way = [d for d in said if "price no lower than the graph the search started from" in d]
     assert bool(gave_way) is not discount and all(rule in d for d in gave_way)
+    assert bool(result.rules_dropped) is not discount
+    assert discount or rule in result.rules_dropped
+    assert result.to_dict()["rules_dropped"] == result.rules_dropped
     assert result.returned_input is not None
     assert runtime_ops(result.output)[fused] == 1
 

@@ -275,7 +275,7 @@ def test_a_rules_candidate_that_prices_no_lower_than_the_start_graph_gives_way_t
     rule behind it. A candidate that does price lower (two cancelling Transposes gone) stays."""
     run = _start_and_candidate(_transposed_relu(commuted=False), _transposed_relu(commuted=True))
     api._prefer_start(run)
-    assert run.candidate is run.graph and run.candidate_rules == {}
+    assert run.candidate is run.graph and run.candidate_rules == {} and run.rules_dropped == {"some-rule": 1}
     assert [n.op_type for n in run.candidate_model.graph.node] == ["Transpose", "Relu"]
     assert runtime_cost(run.written, run.cost) == pytest.approx(runtime_cost(run.graph, run.cost))
 
@@ -284,7 +284,7 @@ def test_a_rules_candidate_that_prices_no_lower_than_the_start_graph_gives_way_t
     run = _start_and_candidate(_transposed_relu(commuted=False, back=True), cheaper)
     kept = run.candidate
     api._prefer_start(run)
-    assert run.candidate is kept and run.candidate_rules == {"some-rule": 1}
+    assert run.candidate is kept and run.candidate_rules == {"some-rule": 1} and run.rules_dropped == {}
 
 
 # -------------------------------------------------------------------------------------------------------------------
