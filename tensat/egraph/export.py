@@ -34,7 +34,7 @@ UNCHOSEN_MS = 1e-9  # added to the cost of e-nodes the input graph does not use:
 COMPETITIVE_SLACK_MS = 0.005  # an estimate this close to its e-class's cheapest is competitive whatever the ratio
 AVOIDED_MS = 1e6  # added to the cost of an e-node of an op to avoid (see `Export.export`)
 PROMISING_ROUNDS = 8  # rounds of pricing the alternatives that could win against the e-nodes priced so far
-PROMISING_SHARE = 0.5  # ... each round those whose gain is at least this share of the round's largest (`_promising`)
+PROMISING_SHARE = 0.5  # ... each round those whose gain is at least this share of the round's largest (`_Promising`)
 
 CostFn = Callable[[Node, Sequence[tuple[int, ...]], Sequence[bool]], float]
 
@@ -228,25 +228,25 @@ class Export(LoweredGraph):
                 own_items = [nid for nid in to_price if nid in original]
                 left = set(self._prefetch(prefetch, own_items, to_price, deadline))
                 measured = {nid: float(node_cost(*to_price[nid])) for nid in own_items if nid not in left}
-            estimate, dominated, order, cost, tree, scale = self._dominated(
+            estimate, dominated, order, promising = self._dominated(
                 decoded, to_price, keys, costs, forbidden, competitive, original, names, measured
             )
             if prefetch is not None:
                 known = set(measured)
                 wanted = {nid for nid in order if nid not in known}
                 for _ in range(PROMISING_ROUNDS):  # what could win against what is priced, then against that
-                    first = _promising(decoded, cost, tree, known, wanted, PROMISING_SHARE)
+                    first = promising(known, wanted, PROMISING_SHARE)
                     if not first:
                         break
                     left = set(self._prefetch(prefetch, first, to_price, deadline))
                     for nid in first:
                         if nid not in left:
-                            cost[nid] = float(node_cost(*to_price[nid])) / scale
+                            promising.priced(nid, float(node_cost(*to_price[nid])))
                             known.add(nid)
                             wanted.discard(nid)
                     if left:
                         break
-                first = _promising(decoded, cost, tree, known, wanted)
+                first = promising(known, wanted)
                 placed = set(first)
                 rest = first + [nid for nid in order if nid in wanted and nid not in placed]
                 dominated.update(self._prefetch(prefetch, rest, to_price, deadline))
@@ -357,15 +357,15 @@ class Export(LoweredGraph):
         original: set[str],
         names: Sequence[str],
         measured: dict[str, float],
-    ) -> tuple[dict[str, float], set[str], list[str], dict[str, float], dict[str, float], float]:
+    ) -> tuple[dict[str, float], set[str], list[str], _Promising]:
         """The analytic estimate of every e-node of `to_price`; those whose cheapest tree under it (the e-node with
         the work it needs below it) exceeds `ratio` times the cheapest tree of their e-class (never one of
         `original`, the input graph's own); and the others in pricing order (see `export`). The trees count the
         input's e-nodes priced already (`measured`) at their price, in the estimate's units (divided by the median
         ratio of price to estimate over them): a kernel the estimate puts far below what it takes (onnxruntime's
         LRN) does not make the alternatives to it look dominated. Estimates are kept in the export memo under the
-        e-node's key in `keys`; `names` are the e-class ids as strings. Also every e-node's cost in the estimate's
-        units, the trees, and the scale (for `_promising`)."""
+        e-node's key in `keys`; `names` are the e-class ids as strings. Also the costs and trees, for the pricing
+        order that follows (`_Promising`)."""
         analytic = AnalyticCost()
         known = self._memo().estimates
         estimate: dict[str, float] = {}
@@ -391,19 +391,17 @@ class Export(LoweredGraph):
             },
             [names[self._node_of[n]] for _, n in self.graph.outputs],
         )
-        tree = tree_costs(estimated, frozenset(forbidden))
-        cheapest: dict[int, float] = {}
-        for nid, dn in decoded.items():
-            cheapest[dn.eclass] = min(cheapest.get(dn.eclass, tree[nid]), tree[nid])
+        promising = _Promising(decoded, cost, tree_costs(estimated, frozenset(forbidden)), scale)
+        tree, best = promising.tree, promising.best
         dominated = {
             nid
             for nid in estimate
-            if tree[nid] > ratio * cheapest[decoded[nid].eclass] + COMPETITIVE_SLACK_MS and nid not in original
+            if tree[nid] > ratio * tree[best[decoded[nid].eclass]] + COMPETITIVE_SLACK_MS and nid not in original
         }
         order = sorted(
             (nid for nid in to_price if nid not in dominated), key=lambda nid: (nid not in original, -estimate[nid])
         )
-        return estimate, dominated, order, cost, tree, scale
+        return estimate, dominated, order, promising
 
     @staticmethod
     def _prefetch(
@@ -559,67 +557,72 @@ class Export(LoweredGraph):
         return out.add(dn.op, inputs, **dn.attrs)
 
 
-def _promising(
-    decoded: dict[str, DecodedNode],
-    cost: dict[str, float],
-    tree: dict[str, float],
-    known: set[str],
-    wanted: set[str],
-    share: float = 0.0,
-) -> list[str]:
-    """The e-nodes of `wanted` (not yet priced) that could change the extraction's choice, most promising first
-    (only those of alternatives whose gain is at least `share` of the largest).
+class _Promising:
+    """Which e-nodes not yet priced could change the extraction's choice, most promising first (`__call__`).
 
-    An alternative to an e-node priced already (`known`, at its price in `cost`) could win where the e-nodes it
-    adds cost less than that e-node does: the e-nodes of its cheapest tree (by `tree`) down to the e-classes the
-    priced e-nodes compute, each counted once. Of the alternatives with a gain of at least `share` of the largest,
-    those that cost the least against what they would replace come first (the cheapest to time for what they may
-    win), each with the e-nodes it adds. Pricing them before the rest means a deadline ends the pricing among
-    alternatives that could not have won, not before the timing of a kernel the estimate got wrong (onnxruntime's
-    LRN) has been answered by its alternatives'."""
-    best: dict[int, str] = {}
-    by_class: dict[int, list[str]] = {}
-    for nid, dn in decoded.items():
-        by_class.setdefault(dn.eclass, []).append(nid)
-        b = best.get(dn.eclass)
-        if b is None or tree[nid] < tree[b]:
-            best[dn.eclass] = nid
-    computed = {decoded[nid].eclass for nid in known}
+    An alternative to an e-node priced already could win where the e-nodes it adds cost less than that e-node
+    does: the e-nodes of its cheapest tree (by `tree`) down to the e-classes the priced e-nodes compute, each
+    counted once. Pricing those before the rest means a deadline ends the pricing among alternatives that could not
+    have won, not before the timing of a kernel the estimate got wrong (onnxruntime's LRN) has been answered by its
+    alternatives'. Costs (`cost`) are in the estimate's units: a price is divided by `scale` (`priced`)."""
 
-    def added(alt: str) -> list[str] | None:
-        """The e-nodes `alt` adds: its cheapest tree's, down to the e-classes computed already other than its own
-        (None where that tree needs its own e-class: a slice of a concat of the e-node it would replace)."""
-        own = decoded[alt].eclass
-        out, stack, seen = [], [alt], computed - {own}
-        while stack:
-            nid = stack.pop()
-            out.append(nid)
-            for k in decoded[nid].children:
-                if k == own:
-                    return None
-                if k not in seen:
-                    seen.add(k)
-                    stack.append(best[k])
-        return out
+    def __init__(
+        self, decoded: dict[str, DecodedNode], cost: dict[str, float], tree: dict[str, float], scale: float
+    ) -> None:
+        self.decoded, self.cost, self.tree, self.scale = decoded, cost, tree, scale
+        self.best: dict[int, str] = {}  # each e-class's e-node of the cheapest tree
+        self.by_class: dict[int, list[str]] = {}
+        for nid, dn in decoded.items():
+            self.by_class.setdefault(dn.eclass, []).append(nid)
+            b = self.best.get(dn.eclass)
+            if b is None or tree[nid] < tree[b]:
+                self.best[dn.eclass] = nid
 
-    gains: list[tuple[float, float, list[str]]] = []  # the gain, the ratio of the costs, the e-nodes added
-    for nid in (nid for nid in decoded if nid in known):  # in the export's order, not a set's: deterministic
-        for alt in by_class[decoded[nid].eclass]:
-            if alt in wanted and tree[alt] < float("inf") and (new := added(alt)) is not None:
-                spent = sum(cost[n] for n in new)
-                if cost[nid] > spent:
-                    gains.append((cost[nid] - spent, cost[nid] / max(spent, 1e-12), new))
-    if not gains:
-        return []
-    first: list[str] = []
-    placed: set[str] = set()
-    least = share * max(g[0] for g in gains)
-    for _, _, new in sorted((g for g in gains if g[0] >= least), key=lambda g: -g[1]):
-        for nid in new:
-            if nid in wanted and nid not in placed:
-                placed.add(nid)
-                first.append(nid)
-    return first
+    def priced(self, nid: str, price: float) -> None:
+        """Take the price `nid` was measured at in place of its estimate."""
+        self.cost[nid] = price / self.scale
+
+    def __call__(self, known: set[str], wanted: set[str], share: float = 0.0) -> list[str]:
+        """The e-nodes of `wanted` (not yet priced) that alternatives to the e-nodes of `known` (priced) add. Of the
+        alternatives with a gain of at least `share` of the largest, those that cost the least against what they
+        would replace come first (the cheapest to time for what they may win), each with the e-nodes it adds."""
+        decoded, cost, tree, best = self.decoded, self.cost, self.tree, self.best
+        computed = {decoded[nid].eclass for nid in known}
+
+        def added(alt: str) -> list[str] | None:
+            """The e-nodes `alt` adds: its cheapest tree's, down to the e-classes computed already other than its
+            own (None where that tree needs its own e-class: a slice of a concat of the e-node it would replace)."""
+            own = decoded[alt].eclass
+            out, stack, seen = [], [alt], computed - {own}
+            while stack:
+                nid = stack.pop()
+                out.append(nid)
+                for k in decoded[nid].children:
+                    if k == own:
+                        return None
+                    if k not in seen:
+                        seen.add(k)
+                        stack.append(best[k])
+            return out
+
+        gains: list[tuple[float, float, list[str]]] = []  # the gain, the ratio of the costs, the e-nodes added
+        for nid in (nid for nid in decoded if nid in known):  # in the export's order, not a set's: deterministic
+            for alt in self.by_class[decoded[nid].eclass]:
+                if alt in wanted and tree[alt] < float("inf") and (new := added(alt)) is not None:
+                    spent = sum(cost[n] for n in new)
+                    if cost[nid] > spent:
+                        gains.append((cost[nid] - spent, cost[nid] / max(spent, 1e-12), new))
+        if not gains:
+            return []
+        first: list[str] = []
+        placed: set[str] = set()
+        least = share * max(g[0] for g in gains)
+        for _, _, new in sorted((g for g in gains if g[0] >= least), key=lambda g: -g[1]):
+            for nid in new:
+                if nid in wanted and nid not in placed:
+                    placed.add(nid)
+                    first.append(nid)
+        return first
 
 
 def _own_key(n: Node, class_of: dict[int, int]) -> tuple[Any, ...]:
