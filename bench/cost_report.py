@@ -1,12 +1,12 @@
 """Accuracy of the measured cost model and safety of optimizing with it, on the 8 benchmark graphs.
 
-For every graph: optimize with `tensat.optimize_with_details(model, cost="measured")`; measure every fused group
-of the original and the optimized graph afresh while both graphs run end to end in between
-(`tensat.cost_report.cost_report`), and set the summed cost (fusion groups as onnxruntime runs them, plus one run's
-fixed overhead) beside the end-to-end latency; compare the two graphs' latency (interleaved blocks of runs) to see
-whether the optimized one is ever slower; re-measure a sample of cached costs from scratch to see how well the same
-signature reproduces. Before that, two processes fill one fresh cache at once, and a second `tensat optimize` in a
-new process measures nothing new.
+For every graph: optimize with `tensat.optimize_with_details(model, cost="measured")`; measure every kernel of the
+original and the optimized graph afresh while both graphs run end to end in between
+(`tensat.cost_report.cost_report`), and set the summed cost (the kernels of `tensat.cost.runtime_kernels`, the price
+the search sums, plus one run's fixed overhead) beside the end-to-end latency; compare the two graphs' latency
+(interleaved blocks of runs) to see whether the optimized one is ever slower; re-measure a sample of cached costs from
+scratch to see how well the same signature reproduces. Before that, two processes fill one fresh cache at once, and a
+second `tensat optimize` in a new process measures nothing new.
 
 Latency is the CPU time of the (single) inference thread (`clock="cpu"`): on this shared machine wall time also
 counts the time other processes had the core. Wall-time medians are reported beside it.
@@ -32,7 +32,8 @@ from typing import Any
 
 import tensat
 from bench.machine import header, machine_info
-from tensat.cost_report import cost_report, end_to_end, fusion_groups, group_unit, runtime_nodes
+from tensat.cost import runtime_kernels
+from tensat.cost_report import cost_report, end_to_end, kernel_unit, runtime_nodes
 from tensat.files import atomic_write_json, atomic_write_text
 from tensat.latency import block_ratios, median_interval
 from tensat.measure import LONG_WEIGHTS, Unit, graph_working_set, make_measured_cost
@@ -44,13 +45,13 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGET_ERROR = 0.05
 REPEAT_TOL = 0.10
 NOTES = """
-How a group is measured (tensat/measure/): K copies of it in one model (each with its own weights, so that
+How a kernel is measured (tensat/measure/): K copies of it in one model (each with its own weights, so that
 the copies' weights span the graph's weight working set), alternated with a null model, (t_unit - t_null) / K
 plus one node's dispatch cost; where the copies do not span the working set the rest is evicted from the caches
 before every timed run and the inputs and output buffers are touched again (inside a graph an op's weights are
-cold, its input has just been computed, its output goes to a recycled buffer); a group onnxruntime runs in the
-blocked NCHWc layout is timed as onnxruntime's own optimized model of it with the boundary reorders cut off; a
-residual Add is fused in place as in the graph; all bound buffers are 64-byte aligned like onnxruntime's own.
+cold, its input has just been computed, its output goes to a recycled buffer); a kernel onnxruntime runs in the
+blocked NCHWc layout is timed as onnxruntime's own optimized model of it with the boundary reorders cut off; all
+bound buffers are 64-byte aligned like onnxruntime's own.
 No factor is fitted to the end-to-end figures.
 
 Never measurably slower: a summed cost cannot promise that (see below), so `tensat.optimize` with measured costs
@@ -223,14 +224,14 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def repeat_check(cost: Any, fresh: Any, graph: Any, count: int, seed: int = 0) -> dict[str, Any]:
-    """How well a cost reproduces: fused groups measured twice in a row from scratch; and single-node costs cached
-    while optimizing (minutes earlier), measured again now."""
+    """How well a cost reproduces: the graph's kernels measured twice in a row from scratch; and single-node costs
+    cached while optimizing (minutes earlier), measured again now."""
     g = graph.compact()
     const = g.weight_only()
     groups = {}
-    for members in fusion_groups(g):
-        u = group_unit(g, members, const)
-        if u.ops != ("reshape",) and "opaque" not in u.ops and u.weight_bytes() <= LONG_WEIGHTS:
+    for kernel in runtime_kernels(g, cost.device):
+        u = kernel_unit(kernel)
+        if u is not None and u.ops != ("reshape",) and u.weight_bytes() <= LONG_WEIGHTS:
             groups.setdefault(u.signature(), u)
     singles = {}
     for i in runtime_nodes(g):
@@ -275,12 +276,12 @@ def markdown(
             "",
         ]
     lines += [
-        "Summed cost = the graph's fused groups, priced as onnxruntime runs them, + one run's fixed overhead; every "
-        "group is measured afresh (in several timing windows) while the original and the optimized graph run end to "
-        "end in between, so both figures are taken under the same load from other processes. Per-node = every IR "
-        "node priced alone from the cache filled while optimizing (what the extractor sees; onnxruntime's fusions "
-        "not applied). End-to-end = median CPU time of the inference thread over blocks of runs, original and "
-        "optimized alternating. "
+        "Summed cost = the graph's kernels as tensat's catalogue says onnxruntime runs them (what the search "
+        "sums), + one run's fixed overhead; every kernel is measured afresh (in several timing windows) while the "
+        "original and the optimized graph run end to end in between, so both figures are taken under the same load "
+        "from other processes. Per-node = every IR node priced alone from the cache filled while optimizing "
+        "(onnxruntime's fusions not applied). End-to-end = median CPU time of the inference thread over blocks of "
+        "runs, original and optimized alternating. "
         f"Error = (summed - end-to-end) / end-to-end; target |error| <= {TARGET_ERROR:.0%}.",
         "",
         "| graph | ops | summed ms | per-node ms | end-to-end ms | error | optimized ops | summed ms | per-node ms | "
@@ -342,7 +343,7 @@ def markdown(
     if reps:
         lines += ["", "## Repeatability", ""]
         for kind, text in (
-            ("back_to_back", "fused-group costs measured twice in a row from scratch"),
+            ("back_to_back", "kernel costs measured twice in a row from scratch"),
             ("minutes_apart", "single-node costs cached while optimizing, measured again minutes later"),
         ):
             total = sum(x[kind]["sampled"] for x in reps)
@@ -380,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         help="wall-time cap of the end-to-end runs timed after the costs (to reach --runs)",
     )
     p.add_argument("--runs", type=int, default=40, help="at least this many end-to-end runs per graph")
-    p.add_argument("--windows", type=int, default=4, help="timing windows per fused group in the report")
+    p.add_argument("--windows", type=int, default=4, help="timing windows per kernel in the report")
     p.add_argument("--window-seconds", type=float, default=0.3, help="seconds per timing window")
     p.add_argument("--block", type=int, default=8, help="runs per block in interleaved timing")
     p.add_argument("--repeat", type=int, default=12, help="cached costs to re-measure per graph (0: none)")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from tensat import ops
-from tensat.ir import Graph, Node
+from tensat.ir import Graph, Node, merged_concats
 
 Shape = tuple[int, ...]
 
@@ -101,17 +101,17 @@ def _leading_ones(shape: Sequence[int], keep: int) -> bool:
 
 
 def gemm_bias(product: Sequence[int], weight: Sequence[int], bias: Sequence[int]) -> bool:
-    """Whether adding a constant of shape `bias` to the output (of shape `product`) of a MatMul by a constant of
-    shape `weight` is a bias onnxruntime's CPU session fuses with the MatMul into a Gemm: the weight a matrix (after
-    leading 1s, which tensat's export drops) and the bias a vector of the product's last dim (or, for a 2-D product,
-    a row). The Add must not broadcast the product, and be the MatMul's only reader (see onnxruntime's
-    MatMulAddFusion)."""
+    """Whether adding a constant of shape `bias` to the N-D output (of shape `product`) of a MatMul by a constant of
+    shape `weight` is a bias onnxruntime's CPU session fuses with the MatMul into a Gemm between two Reshapes: the
+    weight a matrix (after leading 1s, which tensat's export drops) and the bias a vector of the product's last dim.
+    The Add must not broadcast the product, and be the MatMul's only reader (see onnxruntime's MatMulAddFusion)."""
     return len(product) >= 2 and _leading_ones(weight, 2) and _leading_ones(bias, 1) and bias[-1] == product[-1]
 
 
 Operand = tuple[Shape, bool]  # an operand's shape, and whether it is computable from weights alone
 FUSION_PRODUCERS = frozenset({"conv2d", "matmul"})  # the ops `fuses_into` fuses a reader into
-FUSION_READERS = frozenset({*FUSED_ACTIVATIONS, "batchnorm", "add"})  # the ops it may fuse into their producer
+FUSION_READERS = frozenset({*FUSED_ACTIVATIONS, "clip", "batchnorm", "add"})  # the ops it may fuse into their producer
+FUSED_THROUGH = frozenset({"batchnorm", "add"})  # what an activation may be fused through into the node before it
 
 
 def fuses_into(
@@ -123,24 +123,42 @@ def fuses_into(
     producer_attrs: Mapping[str, Any],
     producer_operands: Sequence[Operand],
     device: str,
+    through: str | None = None,
 ) -> bool:
     """Whether onnxruntime on `device` runs a node (`op`, of output `shape`, over `operands`) fused into the node
     computing its operand `k` (`producer_op` with `producer_attrs`, over `producer_operands`), where it is that
-    operand's only reader: a BatchNormalization with constant parameters, or a Relu, Sigmoid or Tanh, into a
-    convolution without an activation; on the CPU, the Add of a constant bias into a MatMul of a computed operand by
-    a constant matrix (a Gemm, see `gemm_bias`). Every pricing of a graph as onnxruntime runs it decides by this: the
-    graph's own (`runtime_fusions`), the extraction's and the sequential search's."""
+    operand's only reader; with `through`, the operand is the output of a node of that op already fused into the
+    producer (the producer's shapes and flags are its own). This is tensat's catalogue of the kernels onnxruntime
+    makes on its own, whatever graph it is given:
+    - into a convolution without an activation: a BatchNormalization with constant parameters, and a Relu, Sigmoid,
+      Tanh or Clip (FusedConv), also through the BatchNormalization, or (not a Clip) through an Add that
+      `runtime_fusions` found summed into the convolution (onnxruntime's blocked layout, which only a whole graph
+      shows);
+    - on the CPU, into a MatMul: an Add that does not broadcast its product (a Gemm). A 2-D product takes any
+      addend and any operands, and then an activation after the Add (FusedGemm); an N-D product only a constant bias
+      (`gemm_bias`) over a computed operand times a constant matrix.
+
+    Every pricing of a graph as onnxruntime runs it decides by this: the graph's own (`runtime_fusions`), the
+    extraction's and the sequential search's."""
     if producer_op == "conv2d":
-        return (
-            k == 0
-            and producer_attrs.get("act") == ops.ACT_NONE
-            and (op in FUSED_ACTIVATIONS or (op == "batchnorm" and all(c for _, c in operands[1:])))
-        )
-    if producer_op == "matmul" and op == "add" and device == "cpu" and len(operands) == 2:
-        (_, a_const), (weight, w_const) = producer_operands
-        product, (bias, b_const) = operands[k][0], operands[1 - k]
-        return not a_const and w_const and b_const and shape == product and gemm_bias(product, weight, bias)
-    return False
+        if k != 0 or producer_attrs.get("act") != ops.ACT_NONE:
+            return False
+        if op in FUSED_ACTIVATIONS:  # through an Add only where `runtime_fusions` summed it into the convolution
+            return through in (None, "batchnorm", "add")
+        if op == "clip":
+            return through in (None, "batchnorm")
+        return op == "batchnorm" and through is None and all(c for _, c in operands[1:])
+    if producer_op != "matmul" or device != "cpu":
+        return False
+    if op in FUSED_ACTIVATIONS:
+        return through == "add" and len(shape) == 2  # the shape of the Add, which does not broadcast the product
+    if op != "add" or through is not None or len(operands) != 2 or shape != (product := operands[k][0]):
+        return False
+    if len(product) == 2:
+        return True
+    (_, a_const), (weight, w_const) = producer_operands
+    bias, b_const = operands[1 - k]
+    return not a_const and w_const and b_const and gemm_bias(product, weight, bias)
 
 
 def pads_into_conv(pad: Node) -> bool:
@@ -150,12 +168,81 @@ def pads_into_conv(pad: Node) -> bool:
     return pad.attr["value"] == 0.0 and min(p) >= 0 and not any(p[a] or p[a + r] for a in (0, 1))
 
 
+def transposes_into_matmul(transpose: Node) -> bool:
+    """Whether onnxruntime's CPU session folds the Transpose `transpose` into a MatMul reading it (a FusedMatMul):
+    a swap of the last two axes, or the first axis moved before the last two (its transBatch), with or without
+    that swap."""
+    perm, r = tuple(transpose.attr["perm"]), len(transpose.attr["perm"])
+    middle = tuple(range(1, r - 1))
+    return r >= 2 and perm in ((*range(r - 2), r - 1, r - 2), (*middle, 0, r - 1), (*middle, r - 1, 0))
+
+
+def blocked_conv(weight: Shape, group: int, block: int) -> bool:
+    """Whether onnxruntime's CPU session runs a convolution with weights of shape `weight` (constant, float) in
+    `group` groups in its blocked NCHWc layout of channel block `block` (its NchwcTransformer): a depthwise one, or
+    a grouped one whose input and output channels per group are multiples of the block; without groups, one over
+    fewer input channels than the block (read as NCHW) or over a multiple of it."""
+    out_channels, in_channels = weight[0], weight[1]
+    if group > 1:
+        depthwise = in_channels == 1 and out_channels == group
+        aligned = in_channels % block == 0 and out_channels % group == 0 and (out_channels // group) % block == 0
+        return out_channels % block == 0 and (depthwise or aligned)
+    return in_channels < block or in_channels % block == 0
+
+
+BLOCKED_POOLS = frozenset({"maxpool", "avgpool"})  # pools onnxruntime blocks whatever their input's layout
+BLOCKED_ACTIVATIONS = frozenset({"relu", "sigmoid", "tanh"})  # blocked where their input is; fused into a blocked Conv
+BLOCKED_UNARY = BLOCKED_ACTIVATIONS | {"globalavgpool"}  # blocked where their input is
+
+
+def blocked(graph: Graph, live: Sequence[int], const: set[int], block: int) -> dict[int, int]:
+    """The nodes of `live` (in topological order) whose output onnxruntime's CPU session computes in its blocked
+    NCHWc layout of channel block `block`, each with its logical channels: 4-D float convolutions
+    (`blocked_conv`) and pools over channels a multiple of the block, then what reads only blocked tensors (an Add
+    or Mul of equal shapes, a Concat on the channels of block-aligned parts, an activation, a BatchNormalization
+    with constant parameters, a global average pool)."""
+    out: dict[int, int] = {}
+    for i in live:
+        n = graph.nodes[i]
+        if len(n.shape) != 4 or n.dtype != "float32":
+            continue
+        ins = n.inputs
+        if n.op == "conv2d":
+            if ins[1] in const and ins[2] in const and blocked_conv(graph.nodes[ins[1]].shape, n.attr["group"], block):
+                out[i] = n.shape[1]
+        elif n.op in BLOCKED_POOLS:
+            if n.shape[1] % block == 0:
+                out[i] = n.shape[1]
+        elif n.op == "batchnorm":
+            if ins[0] in out and all(j in const for j in ins[1:]):
+                out[i] = out[ins[0]]
+        elif not all(j in out for j in ins):
+            continue
+        elif n.op in ("add", "mul") and len(ins) == 2:
+            same = graph.nodes[ins[0]].shape == graph.nodes[ins[1]].shape
+            if out[ins[0]] == out[ins[1]] and (same or n.op == "add"):
+                out[i] = out[ins[0]]
+        elif n.op == "concat" and n.attr["axis"] == 1 and all(out[j] % block == 0 for j in ins):
+            out[i] = sum(out[j] for j in ins)
+        elif n.op in BLOCKED_UNARY or (n.op == "clip" and graph.nodes[ins[0]].op == "conv2d"):  # a Clip fused
+            out[i] = out[ins[0]]
+    return out
+
+
 def runtime_fusions(graph: Graph, device: str = "cpu") -> tuple[dict[int, int], dict[int, int]]:
-    """What onnxruntime fuses in `graph` on its own on `device` (`fuses_into`): each node folded or fused into the
-    node before it, its only reader -> that node (a BatchNormalization, then an activation, into a convolution; on
-    the CPU a bias Add into a MatMul), and each convolution -> the activation code fused into it. A Pad of zeros
-    before a convolution, its only reader, maps to that convolution (`pads_into_conv`): it runs as the
-    convolution's own padding, whose work the convolution's price already counts."""
+    """What onnxruntime runs `graph` as on `device`, beyond the kernels that are ops of the graph: each node it
+    folds, fuses or merges into a kernel -> the node whose kernel runs it, and each convolution, MatMul or
+    BatchNormalization -> the activation code fused into it:
+    - a node fused into the node before it, its only reader (`fuses_into`): a BatchNormalization, then an
+      activation, into a convolution; on the CPU an Add, then for a 2-D product an activation, into a MatMul;
+    - a Pad of zeros before a convolution, its only reader (`pads_into_conv`): the convolution's own padding, whose
+      work the convolution's price already counts;
+    - on the CPU, a Transpose before a MatMul, its only reader (`transposes_into_matmul`): a FusedMatMul;
+    - on the CPU, in the blocked NCHWc layout (`blocked`): an Add of two blocked tensors into a convolution
+      computing one of them (its Sum input), then an activation after it; an activation into a blocked
+      BatchNormalization, which runs as a convolution;
+    - a concat read only by a concat on the same axis, into the last of the chain (`tensat.ir.merged_concats`):
+      tensat writes the chain as one N-ary Concat, whose copy the last binary concat's price counts."""
     const = graph.weight_only()
     live = [i for i in graph.live() if not graph.nodes[i].is_leaf and i not in const]
     outputs = {n for _, n in graph.outputs}
@@ -164,8 +251,32 @@ def runtime_fusions(graph: Graph, device: str = "cpu") -> tuple[dict[int, int], 
     def operands(n: Node) -> list[Operand]:
         return [(graph.nodes[j].shape, j in const) for j in n.inputs]
 
-    owner: dict[int, int] = {}  # a folded or fused node -> the conv2d or matmul that absorbs it
-    act: dict[int, int] = {}  # a conv2d -> the activation fused into it
+    def only_reader(x: int) -> bool:  # whether `x` is a computed tensor read once (by one node, as one operand)
+        rs = readers.get(x, ())
+        return x not in const and x not in outputs and len(rs) == 1 and graph.nodes[rs[0]].inputs.count(x) == 1
+
+    from tensat.measure.device import nchwc_block  # onnxruntime, asked once; tensat.measure prices with this module
+
+    block = nchwc_block() if device == "cpu" else 0
+    layout = blocked(graph, live, const, block) if block else {}
+    owner: dict[int, int] = {}  # a folded, fused or merged node -> the node whose kernel runs it
+    act: dict[int, int] = {}  # a conv2d, matmul or blocked batchnorm -> the activation fused into it
+    summed: set[int] = set()  # the blocked convolutions an Add is summed into
+
+    def summed_into(add: Node) -> int | None:
+        """The blocked convolution the blocked Add `add` is summed into (the Sum input of onnxruntime's NCHWc Conv):
+        the first of its two operands of equal shapes that a convolution computes (through a BatchNormalization
+        folded into it) without an activation, an Add already summed into it, or another reader."""
+        if len(add.inputs) != 2 or graph.nodes[add.inputs[0]].shape != graph.nodes[add.inputs[1]].shape:
+            return None
+        for x in add.inputs:
+            p = owner.get(x, x)
+            conv = graph.nodes[p]
+            if conv.op == "conv2d" and p in layout and only_reader(x) and conv.attr["act"] == ops.ACT_NONE:
+                if p not in act and p not in summed:
+                    return p
+        return None
+
     for i in live:
         n = graph.nodes[i]
         if n.op == "pad" and i not in outputs and len(rs := readers.get(i, [])) == 1:
@@ -173,38 +284,73 @@ def runtime_fusions(graph: Graph, device: str = "cpu") -> tuple[dict[int, int], 
             if conv.op == "conv2d" and conv.inputs[0] == i and pads_into_conv(n):
                 owner[i] = rs[0]
             continue
+        if n.op == "matmul" and device == "cpu":
+            for x in n.inputs:
+                if graph.nodes[x].op == "transpose" and only_reader(x) and transposes_into_matmul(graph.nodes[x]):
+                    owner[x] = i
+            continue
+        if n.op == "concat":
+            for x in merged_concats(graph, [i], only_reader):
+                owner[x] = i
+                owner.update({m: i for m, root in owner.items() if root == x})
+            continue
+        if n.op == "add" and i in layout and (into := summed_into(n)) is not None:
+            owner[i] = into
+            summed.add(into)
+            continue
+        if n.op in BLOCKED_ACTIVATIONS and (bn := n.inputs[0]) in layout and graph.nodes[bn].op == "batchnorm":
+            if bn not in owner and bn not in act and only_reader(bn):  # a blocked BatchNormalization runs as a Conv
+                owner[i], act[bn] = bn, FUSED_ACTIVATIONS[n.op]
+                continue
         for k, x in enumerate(n.inputs):
-            if x in const or x in outputs or len(readers.get(x, ())) != 1:
+            if not only_reader(x):
                 continue
-            p = owner.get(x, x)  # through a BatchNormalization folded into its convolution
-            producer = graph.nodes[p]
-            if p in act or (p != x and n.op not in FUSED_ACTIVATIONS):
+            p = owner.get(x, x)  # through a BatchNormalization or an Add fused into the node before it
+            producer, through = graph.nodes[p], None if p == x else graph.nodes[x].op
+            if p in act:
                 continue
-            if fuses_into(n.op, n.shape, operands(n), k, producer.op, producer.attr, operands(producer), device):
+            if fuses_into(
+                n.op, n.shape, operands(n), k, producer.op, producer.attr, operands(producer), device, through
+            ):
                 owner[i] = p
-                if n.op in FUSED_ACTIVATIONS:
-                    act[p] = FUSED_ACTIVATIONS[n.op]
+                if n.op in FUSED_ACTIVATIONS or n.op == "clip":  # conv2d has no code for a Clip: priced as plain
+                    act[p] = FUSED_ACTIVATIONS.get(n.op, ops.ACT_NONE)
                 break
     return owner, act
 
 
-def runtime_items(graph: Graph, device: str = "cpu") -> list[Item]:
-    """The graph's runtime nodes as onnxruntime runs them on `device`, for pricing (`runtime_fusions`): a Conv's
-    only reader, if a BatchNormalization with constant parameters, is folded into it, and then its only reader, if
-    a Relu, Sigmoid or Tanh, is fused into it; on the CPU, a MatMul's bias Add is fused into it (a Gemm). onnxruntime
-    does these on its own whatever graph it is given, so a cost that counted them apart would credit an optimization
-    with gains the runtime gets for free, and would not see a rewrite that leaves the runtime unable to fuse."""
+Kernel = tuple[list[int], Item]  # the graph's nodes onnxruntime runs as one kernel, and the item that prices it
+
+
+def runtime_kernels(graph: Graph, device: str = "cpu") -> list[Kernel]:
+    """The kernels onnxruntime runs the graph as on `device`, in topological order, by tensat's catalogue of what it
+    fuses on its own (`runtime_fusions`; the kernels it makes of larger patterns are ops of the graph, see
+    `tensat.ops.KERNELS`): each runtime node no other absorbs, with the nodes it absorbs (all sorted), and the item
+    pricing the kernel (a convolution with its fused activation code). Every price of a graph as it runs is the sum
+    of these items, so the cost report's kernels are the ones the search priced."""
     const = graph.weight_only()
     owner, act = runtime_fusions(graph, device)
-    items: list[Item] = []
+    absorbed: dict[int, list[int]] = {}
+    for node, root in owner.items():
+        absorbed.setdefault(root, []).append(node)
+    kernels: list[Kernel] = []
     for i in graph.live():
         n = graph.nodes[i]
         if n.is_leaf or i in const or i in owner:
             continue
         if i in act:
             n = Node(n.op, n.inputs, tuple((k, act[i] if k == "act" else v) for k, v in n.attrs), n.shape, n.dtype)
-        items.append((n, [graph.nodes[j].shape for j in n.inputs], [j in const for j in n.inputs]))
-    return items
+        item = (n, [graph.nodes[j].shape for j in n.inputs], [j in const for j in n.inputs])
+        kernels.append((sorted([i, *absorbed.get(i, ())]), item))
+    return kernels
+
+
+def runtime_items(graph: Graph, device: str = "cpu") -> list[Item]:
+    """The graph's runtime nodes as onnxruntime runs them on `device`, for pricing: one item per kernel of
+    `runtime_kernels`. onnxruntime makes those fusions on its own whatever graph it is given, so a cost that counted
+    them apart would credit an optimization with gains the runtime gets for free, and would not see a rewrite that
+    leaves the runtime unable to fuse."""
+    return [item for _, item in runtime_kernels(graph, device)]
 
 
 def device_of(cost: object) -> str:

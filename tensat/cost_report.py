@@ -1,13 +1,14 @@
-"""How well summed measured costs predict end-to-end latency: fusion-aware graph costs and the accuracy report.
+"""How well summed measured costs predict end-to-end latency: the graph's kernels priced afresh, and the report.
 
-onnxruntime does not run a graph node by node: it fuses Conv+activation (FusedConv), MatMul+Add(+activation) into
-Gemm/FusedGemm, Transpose into a following MatMul (FusedMatMul), and on CPU a Conv followed by a residual Add (and
-Relu) into one blocked convolution. `fusion_groups` finds those groups in an IR graph (a node joins its consumer's
-group only when that consumer is its only reader), and `fused_graph_cost` prices every group as one unit, timed as
-onnxruntime runs it (the group's own model, fused by onnxruntime itself), plus the fixed per-run overhead of a
-session. `cost_report` sets that sum beside the graph's measured end-to-end latency, for the original graph and
-the tensat-optimized one, measuring the groups afresh between the graphs' end-to-end runs (on a shared machine
-latency moves by tens of percent from one minute to the next, so both figures must be taken under the same load).
+A graph runs in onnxruntime as kernels, not node by node: it folds a BatchNormalization into the Conv before it,
+fuses an activation into a Conv, a bias Add into a MatMul (a Gemm), a Pad of zeros into a Conv's padding, and larger
+patterns into its own kernels (LayerNormalization, Gelu, FusedMatMul), which tensat reads as ops. Which of these it
+makes is tensat's one catalogue (`tensat.cost.runtime_kernels`), the one every price of a graph as it runs is summed
+over, in the search and in the run's report. `fused_graph_cost` prices those kernels, plus the fixed per-run
+overhead of a session; `cost_report` sets that sum beside the graph's measured end-to-end latency, for the original
+graph and the tensat-optimized one, measuring the kernels afresh between the graphs' end-to-end runs (on a shared
+machine latency moves by tens of percent from one minute to the next, so both figures must be taken under the same
+load). Where the sum misses the latency, the catalogue misses what onnxruntime runs.
 """
 
 from __future__ import annotations
@@ -22,124 +23,17 @@ from typing import Any
 from onnx import ModelProto
 
 from tensat import onnx_io
-from tensat.cost import FUSED_ACTIVATIONS
+from tensat.cost import Kernel, device_of, runtime_kernels
 from tensat.ir import Graph
 from tensat.latency import Interleaved, time_models
-from tensat.measure import MeasuredCost, Unit, UnitNode
+from tensat.measure import MeasuredCost, Unit, UnitNode, pricing_unit
 from tensat.onnx_io import export_model
-
-ACTIVATIONS = tuple(FUSED_ACTIVATIONS)  # the ops onnxruntime fuses into a Conv before them
 
 
 def runtime_nodes(graph: Graph) -> list[int]:
     """Live nodes that run at inference (not inputs, weights or weight-only nodes), in topological order."""
     const = graph.weight_only()
     return [i for i in graph.live() if not graph.nodes[i].is_leaf and i not in const]
-
-
-def fusion_groups(graph: Graph) -> list[list[int]]:
-    """A partition of the runtime nodes into the groups onnxruntime fuses (singletons elsewhere), each in
-    topological order with the group's output last."""
-    const = graph.weight_only()
-    nodes = runtime_nodes(graph)
-    readers = graph.readers(nodes)
-    outputs = {n for _, n in graph.outputs}
-    owner: dict[int, int] = {}
-    groups: dict[int, list[int]] = {}
-
-    def only_reader(i: int) -> int | None:
-        rs = readers.get(i, [])
-        return rs[0] if len(rs) == 1 and i not in outputs else None
-
-    def take(members: list[int]) -> None:
-        root = members[-1]
-        groups[root] = sorted(members)
-        for m in members:
-            owner[m] = root
-
-    def free(i: int) -> bool:
-        return i not in owner
-
-    def extend_act(members: list[int]) -> None:
-        nxt = only_reader(members[-1])
-        if nxt is not None and free(nxt) and graph.nodes[nxt].op in ACTIVATIONS:
-            members.append(nxt)
-
-    for i in nodes:
-        n = graph.nodes[i]
-        if not free(i):
-            continue
-        if n.op == "conv2d" and n.attr["act"] == 0:
-            nxt = only_reader(i)
-            if nxt is None or not free(nxt):
-                continue
-            m = graph.nodes[nxt]
-            if m.op in ACTIVATIONS:
-                take([i, nxt])
-            elif m.op == "add" and _residual_operand(graph, nxt, i, const):
-                members = [i, nxt]
-                extend_act(members)
-                take(members)
-        elif n.op == "matmul" and len(n.shape) == 2:
-            nxt = only_reader(i)
-            if nxt is None or not free(nxt) or graph.nodes[nxt].op != "add":
-                continue
-            first = min(
-                (
-                    j
-                    for j in graph.nodes[nxt].inputs
-                    if graph.nodes[j].op == "matmul"
-                    and len(graph.nodes[j].shape) == 2
-                    and only_reader(j) == nxt
-                    and free(j)
-                ),
-                default=None,
-            )
-            if first != i:
-                continue
-            members = [i, nxt]
-            extend_act(members)
-            take(members)
-    for i in nodes:
-        n = graph.nodes[i]
-        if n.op != "matmul" or not free(i):
-            continue
-        fused = [
-            j
-            for j in dict.fromkeys(n.inputs)
-            if j not in const and graph.nodes[j].op == "transpose" and free(j) and only_reader(j) == i
-        ]
-        if fused:
-            take(fused + [i])
-    chains: dict[int, list[int]] = {}
-    for i in nodes:
-        n = graph.nodes[i]
-        if n.op != "concat" or not free(i):
-            continue
-        root = i
-        while True:
-            nxt = only_reader(root)
-            if (
-                nxt is None
-                or not free(nxt)
-                or graph.nodes[nxt].op != "concat"
-                or graph.nodes[nxt].attr["axis"] != n.attr["axis"]
-            ):
-                break
-            root = nxt
-        chains.setdefault(root, []).append(i)
-    for root, members in chains.items():
-        take(sorted(set(members) | {root}))
-    for i in nodes:
-        if free(i):
-            take([i])
-    return [groups[root] for root in sorted(groups)]
-
-
-def _residual_operand(graph: Graph, add: int, conv: int, const: set[int]) -> bool:
-    """The add's other operand is a computed tensor of the conv's shape (onnxruntime's Conv+Add "sum" fusion)."""
-    others = [j for j in graph.nodes[add].inputs if j != conv]
-    return len(others) == 1 and others[0] not in const and graph.nodes[others[0]].shape == graph.nodes[conv].shape
 
 
 def group_unit(graph: Graph, members: Sequence[int], const: set[int] | None = None) -> Unit:
@@ -212,29 +106,28 @@ def per_node_cost(graph: Graph, cost: MeasuredCost) -> float:
     return sum(cost(n, s, c) for n, s, c in singles) + cost.baseline_ms
 
 
+def kernel_unit(kernel: Kernel) -> Unit | None:
+    """The unit a kernel is priced by (`tensat.measure.pricing_unit`), or None for an opaque op (priced by the
+    cost model's own fallback)."""
+    _, (node, shapes, const) = kernel
+    return None if node.op == "opaque" else pricing_unit(node, shapes, const)
+
+
 def fused_graph_cost(graph: Graph, cost: MeasuredCost, per_node: bool = True) -> GraphCost:
-    """Sum of the graph's fused groups as onnxruntime runs them, plus one session's fixed overhead (and, unless
-    `per_node` is False, the plain per-node sum beside it)."""
-    const = graph.weight_only()
-    groups = fusion_groups(graph)
-    units: list[Unit | None] = []
-    for members in groups:
-        first = graph.nodes[members[0]]
-        units.append(None if len(members) == 1 and first.op == "opaque" else group_unit(graph, members, const))
-    cost.prefetch_units([u for u in units if u is not None])
+    """Sum of the graph's kernels as onnxruntime runs them (`tensat.cost.runtime_kernels`), plus one session's fixed
+    overhead (and, unless `per_node` is False, the plain per-node sum beside it)."""
+    kernels = runtime_kernels(graph, device_of(cost))
+    cost.prefetch([item for _, item in kernels])
     priced: list[GroupCost] = []
     analytic = 0
-    for members, unit in zip(groups, units):
-        if unit is None:
-            n = graph.nodes[members[0]]
-            ms = cost(n, [graph.nodes[j].shape for j in n.inputs], [j in const for j in n.inputs])
-            priced.append(GroupCost(members, "opaque", ms, {"fallback": "analytic"}))
-            analytic += 1
-            continue
-        ms = cost.unit_cost(unit)
-        detail = cost.detail(unit)
+    for kernel in kernels:
+        members, (node, shapes, const) = kernel
+        ms = cost(node, shapes, const)
+        unit = kernel_unit(kernel)
+        detail = {"fallback": "analytic"} if unit is None else cost.detail(unit)
         analytic += int(detail.get("fallback") == "analytic")
-        priced.append(GroupCost(members, unit.label(), ms, detail))
+        label = "+".join(graph.nodes[m].op for m in members)
+        priced.append(GroupCost(members, label, ms, detail))
     base = cost.baseline_ms
     node_sum = per_node_cost(graph, cost) if per_node else float("nan")
     return GraphCost(sum(g.ms for g in priced) + base, base, node_sum, priced, analytic)
@@ -345,14 +238,9 @@ def end_to_end(
     )
 
 
-def _graph_units(graph: Graph) -> list[Unit]:
-    """The measurable units of a graph's fused groups (opaque singletons are priced analytically)."""
-    const = graph.weight_only()
-    units = []
-    for members in fusion_groups(graph):
-        if not (len(members) == 1 and graph.nodes[members[0]].op == "opaque"):
-            units.append(group_unit(graph, members, const))
-    return units
+def _graph_units(graph: Graph, device: str) -> list[Unit]:
+    """The units of the graph's kernels (opaque ops are priced by the cost model's fallback)."""
+    return [u for kernel in runtime_kernels(graph, device) if (u := kernel_unit(kernel)) is not None]
 
 
 def interleaved_end_to_end(
@@ -417,7 +305,7 @@ def cost_report(
     graphs = [("original", original)] + ([("optimized", optimized.compact())] if optimized is not None else [])
     models = [export_model(g) for _, g in graphs]
     node_sums = [per_node_cost(g, cost) if per_node else float("nan") for _, g in graphs]
-    units = [u for _, g in graphs for u in _graph_units(g)]
+    units = [u for _, g in graphs for u in _graph_units(g, cost.device)]
     pricing = cost
     if fresh:  # one chunk: every window sweeps all groups, so each group's windows span the whole timing
         pricing = cost.uncached(windows=windows, max_seconds=window_seconds * windows, chunk=max(len(units), 1))

@@ -7,7 +7,7 @@ so a node's inputs always have smaller ids.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -277,3 +277,18 @@ class Graph:
             op = self.nodes[i].op
             counts[op] = counts.get(op, 0) + 1
         return dict(sorted(counts.items()))
+
+
+def merged_concats(graph: Graph, nodes: Iterable[int], single_use: Callable[[int], bool]) -> dict[int, int]:
+    """Each concat that a concat of `nodes` on the same axis reads, where that is its only use (`single_use`),
+    mapped to that reader: tensat writes such a chain of binary concats as one N-ary Concat."""
+    out: dict[int, int] = {}
+    for i in nodes:
+        n = graph.nodes[i]
+        if n.op != "concat":
+            continue
+        for j in n.inputs:
+            m = graph.nodes[j]
+            if m.op == "concat" and m.attr["axis"] == n.attr["axis"] and single_use(j):
+                out[j] = i
+    return out

@@ -39,6 +39,7 @@ from typing import Any
 from tensat import ops, rewrites
 from tensat.cost import (
     FUSED_ACTIVATIONS,
+    FUSED_THROUGH,
     FUSION_PRODUCERS,
     FUSION_READERS,
     CostModel,
@@ -130,7 +131,7 @@ class _Rhs:
 
 # a node as pricing sees it: op, attributes, shape, whether it is weight-only, inputs
 _NodeView = tuple[str, tuple[tuple[str, Any], ...], tuple[int, ...], bool, tuple[int, ...]]
-FUSED_INTO = FUSION_PRODUCERS | {"batchnorm"}  # ops a reader may be fused into (an activation through a batchnorm)
+FUSED_INTO = FUSION_PRODUCERS | FUSED_THROUGH  # ops a reader may be fused into (an activation through the latter)
 
 
 @dataclass(eq=False)
@@ -226,8 +227,8 @@ class SequentialSearch:
 
     def _fused(self, i: int, view: Callable[[int], _NodeView] | None = None) -> bool:
         """Whether onnxruntime runs node `i` (a store node, or any `view` describes) fused into the node computing
-        one of its operands (`tensat.cost.fuses_into`; an activation also through a BatchNormalization folded into
-        its convolution), so it costs nothing, as in tensat's extraction."""
+        one of its operands (`tensat.cost.fuses_into`; an activation also through a BatchNormalization or an Add
+        fused into the node before it), so it costs nothing, as in tensat's extraction."""
         look = view or self._store_node
         op, _, _, _, ins = look(i)
         if op not in FUSION_READERS:
@@ -236,31 +237,32 @@ class SequentialSearch:
         def operands(n: int) -> list[Operand]:
             return [(look(j)[2], look(j)[3]) for j in look(n)[4]]
 
-        def fuses(n: int, k: int, p: int) -> bool:
+        def fuses(n: int, k: int, p: int, through: str | None = None) -> bool:
             op, _, shape, _, _ = look(n)
             p_op, p_attrs, _, _, _ = look(p)
-            return fuses_into(op, shape, operands(n), k, p_op, dict(p_attrs), operands(p), self.device)
+            return fuses_into(op, shape, operands(n), k, p_op, dict(p_attrs), operands(p), self.device, through)
 
         for k, j in enumerate(ins):
             j_op, _, _, j_const, j_ins = look(j)
-            if j_const:
+            if j_const or ins.count(j) > 1:  # an operand read twice is not fused into (an Add of a product to itself)
                 continue
             if fuses(i, k, j):
                 return True
-            if j_op == "batchnorm" and op in FUSED_ACTIVATIONS and fuses(j, 0, j_ins[0]):
-                return fuses(i, k, j_ins[0])
+            if j_op in FUSED_THROUGH and op in FUSED_ACTIVATIONS:
+                below = next((q for kq, q in enumerate(j_ins) if not look(q)[3] and fuses(j, kq, q)), None)
+                return below is not None and fuses(i, k, below, j_op)
         return False
 
     def _refused(self, ctx: Context, roots: tuple[int, ...], new_roots: tuple[int, ...]) -> float:
         """How much the readers of `roots` cost more once they read `new_roots` instead (the same shapes and
         weight-only flags): only whether each is fused into the node it reads can change (`_fused`; a Relu also
-        through the BatchNormalization between it and a convolution)."""
+        through the BatchNormalization or the Add between it and the node it is fused into)."""
         s = self.store
         if not any(s.op[x] in FUSED_INTO for x in (*roots, *new_roots)):
             return 0.0
         sub = dict(zip(roots, new_roots))
         readers = [c for x in roots for c in ctx.consumers.get(x, ()) if s.op[c] in FUSION_READERS and c not in sub]
-        readers += [d for c in readers if s.op[c] == "batchnorm" for d in ctx.consumers.get(c, ())]
+        readers += [d for c in readers if s.op[c] in FUSED_THROUGH for d in ctx.consumers.get(c, ())]
 
         def view(i: int) -> _NodeView:
             op, attrs, shape, const, ins = self._store_node(i)

@@ -104,8 +104,10 @@ class Export(LoweredGraph):
         computations (a Mul before or after a Reshape) measured a hair apart. An e-node priced like an input node
         shares that node's measurement, so a graph that drops an Add and keeps its MatMuls' prices still wins.
         An e-node onnxruntime fuses into the e-node below it costs nothing (`_runtime_fused`), as the runtime runs it:
-        a BatchNormalization or an activation over an e-class that holds a convolution, and on the CPU the Add of a
-        constant bias over one that holds a MatMul by a constant matrix (a Gemm). So writing a fusion the runtime
+        a BatchNormalization, an activation or a Clip over an e-class that holds a convolution, and on the CPU an Add
+        over one that holds a MatMul (a Gemm: any addend of a 2-D product, a constant bias of an N-D one). The
+        fusions only a whole graph shows (an activation through the node it fuses after, a Transpose folded into a
+        MatMul, onnxruntime's blocked layout) are left to the graph's price. So writing a fusion the runtime
         makes anyway gains nothing (a convolution's fused activation is priced as the plain convolution, see
         `tensat.cost.FUSED_ACTIVATIONS`), and a rewrite that takes one apart (a Relu moved past a MaxPool, a
         Transpose moved between a MatMul and its bias) pays for the node it leaves on its own. The price assumes
@@ -655,8 +657,8 @@ def _runtime_fused(
     decoded: dict[str, DecodedNode], const: set[int], shapes: dict[int, tuple[int, ...]], device: str
 ) -> Iterator[str]:
     """The e-nodes onnxruntime on `device` fuses into an e-node of an e-class they read (`tensat.cost.fuses_into`,
-    with the e-classes' shapes `shapes`): a BatchNormalization or an activation over an e-class holding a
-    convolution, a bias Add over one holding a MatMul by a constant matrix."""
+    with the e-classes' shapes `shapes`): a BatchNormalization, an activation or a Clip over an e-class holding a
+    convolution, an Add over one holding a MatMul."""
     producers: dict[int, list[DecodedNode]] = {}  # e-class -> its convolutions and MatMuls
     for dn in decoded.values():
         if dn.op in FUSION_PRODUCERS and dn.eclass not in const:
@@ -680,7 +682,7 @@ def _runtime_fused(
         if any(
             fuses_into(dn.op, shapes[dn.eclass], mine, k, p.op, p.attrs, theirs, device)
             for k, c in enumerate(dn.children)
-            if c not in const
+            if c not in const and dn.children.count(c) == 1
             for p in producers.get(c, ())
             if (theirs := operands(p)) is not None
         ):

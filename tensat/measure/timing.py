@@ -15,8 +15,8 @@ import numpy as np
 from onnx import ModelProto
 
 from tensat.latency import clock_function, time_models
-from tensat.measure.device import _silenced
-from tensat.measure.units import _random_array, _tiny_model, chain_model, null_model, reorder_model
+from tensat.measure.device import _silenced, nchwc_block
+from tensat.measure.units import _random_array, _tiny_model, chain_model, null_model
 from tensat.session import make_session, onnxruntime_module
 
 ALIGNMENT = 64  # bytes: bound buffers start at such a boundary, as onnxruntime's own do
@@ -267,15 +267,5 @@ def measure_calibration(runner: Runner, clock: str) -> Calibration:
             [_tiny_model()], provider=r.device, threads=r.threads, warmup=20, runs=2000, max_seconds=1.5, clock=clock
         )[0]
         run_us = max(stats.median_ms * 1e3 - node_us, 0.0)
-        block = _block_size(r) if r.device == "cpu" else 0
+        block = nchwc_block() if r.device == "cpu" else 0
     return Calibration(round(node_us, 4), round(run_us, 3), block)
-
-
-def _block_size(runner: Runner) -> int:
-    """The channel block of onnxruntime's NCHWc layout on this CPU (0: no blocked kernels)."""
-    try:
-        sess = runner.session(reorder_model("in", (1, 4, 1, 1), 4))
-        out = sess.run(None, {"x": np.ones((1, 4, 1, 1), np.float32)})[0]
-        return int(out.shape[1])
-    except Exception:  # noqa: BLE001 - no NCHWc kernels on this build or CPU
-        return 0

@@ -19,7 +19,7 @@ from onnx import AttributeProto, ModelProto, NodeProto, TensorProto, helper, num
 from tensat import ops
 from tensat._version import __version__
 from tensat.errors import ModelError
-from tensat.ir import FLOAT, Graph, OpaqueSpec
+from tensat.ir import FLOAT, Graph, OpaqueSpec, merged_concats
 from tensat.onnx.common import (
     NONDETERMINISTIC,
     OUTER,
@@ -123,7 +123,11 @@ class _Exporter:
             if i not in self.names:
                 self.names[i] = self.namer(f"{g.nodes[i].op}_{i}")
         self.splits = self._find_splits(emitted)
-        self.absorbed = self._find_concat_chains(emitted)
+        self.absorbed = set(  # inner concats of a same-axis chain, merged into one N-ary Concat
+            merged_concats(
+                g, emitted, lambda j: j not in self.consts and self.uses.get(j) == 1 and j not in self.output_ids
+            )
+        )
         self.opaque_done: set[tuple[str, tuple[int, ...]]] = set()
         self.opaque_groups: dict[tuple[str, tuple[int, ...]], dict[int, int]] = {}
         for i in emitted:
@@ -352,26 +356,6 @@ class _Exporter:
                     out.update({i: None for i in members})
                     out[first] = tuple(members)
         return out
-
-    def _find_concat_chains(self, emitted: Sequence[int]) -> set[int]:
-        """Inner concats of a same-axis chain used only by the next concat (merged into one N-ary Concat)."""
-        g = self.graph
-        absorbed = set()
-        for i in emitted:
-            n = g.nodes[i]
-            if n.op != "concat":
-                continue
-            for j in n.inputs:
-                m = g.nodes[j]
-                if (
-                    m.op == "concat"
-                    and j not in self.consts
-                    and m.attr["axis"] == n.attr["axis"]
-                    and self.uses.get(j) == 1
-                    and j not in self.output_ids
-                ):
-                    absorbed.add(j)
-        return absorbed
 
     def concat_operands(self, i: int) -> list[int]:
         out = []
