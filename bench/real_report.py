@@ -341,9 +341,6 @@ def summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     modelled = [r["tensat_first"]["stats"]["modelled"] for r in records if r["tensat_first"]["ok"]]
     out["modelled_min"] = min(modelled, default=float("nan"))
     out["changed_unexplained"] = [r["model"] for r in records if explained(r) == "no"]
-    out["start_preferred"] = [  # where `_prefer_start` checked the start graph instead of the rules' changes
-        r["model"] for r in records if r["tensat_first"]["ok"] and r["tensat_first"]["stats"].get("rules_dropped")
-    ]
     out["kernels_not_run_as_chosen"] = [r["model"] for r in records if not r.get("kernels", {}).get("match", True)]
     ratios = {r["model"]: v for r in records if (v := predicted_ratio(r)) is not None}
     out["predicted_over_run_outside_10pct"] = sorted(m for m, v in ratios.items() if abs(v - 1) > 0.1)
@@ -414,8 +411,6 @@ def markdown(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
         f"- Models returned changed where a change is no rule's: {', '.join(s['changed_unexplained']) or 'none'}.",
         f"- Models onnxruntime runs with other kernels than the extraction chose: "
         f"{', '.join(s['kernels_not_run_as_chosen']) or 'none'}.",
-        f"- Models whose rules' changes priced no lower as written than the graph the search started from, which "
-        f"was checked in their place: {', '.join(s['start_preferred']) or 'none'}.",
         f"- Predicted cost more than 10% from the end-to-end time at one thread: "
         f"{', '.join(s['predicted_over_run_outside_10pct']) or 'none'}.",
         f"- Longest default run: {s['first_run_max_s']:.1f} s the first time, {s['warm_run_max_s']:.1f} s "

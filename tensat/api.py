@@ -78,13 +78,9 @@ class OptimizeResult:
     nodes_opaque: int = 0  # of those, the ONNX nodes tensat does not model (kept verbatim, opaque to the rules)
     pre_passed: bool = False  # whether the search started from the pre-pass's output (`options.pre_pass`)
     returned_input: str | None = None  # why the input model was returned unchanged; None if optimized
-    # the rules behind the optimized graph's changes, with how many changes each explains (the graph checked, whether
-    # or not it was returned: the graph extracted, or, where that prices no lower as written, the graph the search
-    # started from, with none; `tensat.egraph.provenance`)
+    # the rules behind the extracted graph's changes, with how many changes each explains (whether or not it was
+    # returned; `tensat.egraph.provenance`)
     rules: dict[str, int] = field(default_factory=dict)
-    # the rules behind the extracted graph's changes where they priced no lower as written than the graph the search
-    # started from, which was checked in its place (`_prefer_start`); empty where the extracted graph was checked
-    rules_dropped: dict[str, int] = field(default_factory=dict)
     # the e-graph the graph was extracted from, as the extraction read it (e-nodes priced, those whose shapes do not
     # check left out): None where no search ran
     egraph: EGraph | None = None
@@ -183,7 +179,6 @@ class OptimizeResult:
             "pre_passed": self.pre_passed,
             "returned_input": self.returned_input,
             "rules": dict(self.rules),
-            "rules_dropped": dict(self.rules_dropped),
             "exploration": self.exploration.to_dict(),
             "extraction": None
             if ex is None
@@ -548,7 +543,6 @@ class _Run:
     # the optimized graph while it goes through the checks: as written to ONNX, read back, and priced
     candidate: Graph | None = None
     candidate_rules: dict[str, int] = field(default_factory=dict)  # see `OptimizeResult.rules`
-    rules_dropped: dict[str, int] = field(default_factory=dict)  # see `OptimizeResult.rules_dropped`
     candidate_model: onnx.ModelProto | None = None
     written: Graph | None = None
     candidate_cost: float = 0.0
@@ -1112,37 +1106,6 @@ def _unexportable(run: _Run, exc: BaseException) -> None:
     _reject(run, "the optimized graph could not be exported")
 
 
-def _prefer_start(run: _Run) -> None:
-    """Where the rules' changes price no lower, as written, than the graph the search started from (the input as
-    read, or the pre-pass's output, in the forms chosen), that graph as written becomes the candidate: a change the
-    written price says gains nothing only adds risk (a MatMul merged into a Concat for nothing can run slower end to
-    end), while what the pre-pass and the forms changed may still pay, and goes to the checks without it."""
-    assert run.graph is not None and run.written is not None and run.cost is not None
-    model, written = _written(run.graph)
-    start, changed = runtime_cost(written, run.cost), runtime_cost(run.written, run.cost)
-    if changed < start * (1 - extraction.GAP_TOLERANCE):
-        return
-    rules = ", ".join(f"{name} x{n}" for name, n in run.candidate_rules.items())
-    run.log.say(
-        "cost",
-        f"the rules' changes ({rules}) price no lower than the graph the search started from ({changed:.4g} "
-        f"against {start:.4g} ms): checking that graph instead",
-    )
-    run.rules_dropped = dict(run.candidate_rules)
-    run.candidate, run.candidate_rules, run.candidate_model, run.written = run.graph, {}, model, written
-
-
-def _start_unexportable(run: _Run, exc: BaseException) -> None:
-    """The start graph could not be written: the rules' candidate goes on to the checks as it is."""
-    run.log.warn(f"the graph the search started from could not be exported ({one_line(exc, typed=True)}): {BUG}")
-
-
-def _rules_changed(run: _Run) -> bool:
-    """Whether the candidate has rules' changes that `_prefer_start` may drop for the graph the search started from
-    (not with `standard_onnx`: that graph holds onnxruntime's kernels as the input runs them)."""
-    return run.candidate is not None and bool(run.candidate_rules) and not run.opts.standard_onnx
-
-
 def _price_candidate(run: _Run) -> None:
     """Price the candidate as written. One that costs no less than the input (beyond the ILP's own tolerance) is
     rejected, and not timed end to end: the cost model predicts no gain, and timing such candidates over the
@@ -1297,7 +1260,6 @@ _PIPELINE = (
     _Stage(None, _price_input),
     _Stage(None, _search, fallback=_search_failed),
     _Stage("export", _export_candidate, fallback=_unexportable, when=_has_candidate),
-    _Stage(None, _prefer_start, fallback=_start_unexportable, when=_rules_changed),
     _Stage(None, _price_candidate, when=_has_candidate),
     _Stage("verify", _verify, when=lambda run: _has_candidate(run) and run.opts.verify),
     _Stage("latency_check", _latency_check, when=lambda run: _has_candidate(run) and _will_time(run)),
@@ -1371,7 +1333,6 @@ def _result(run: _Run, output_path: str | os.PathLike[str] | None) -> OptimizeRe
         shapes_optimized=fixed_shapes(run.model) if symbolic is not None and run.model is not None else None,
         symbolic_dims=symbolic,
         rules=dict(run.candidate_rules),
-        rules_dropped=dict(run.rules_dropped),
         egraph=run.exported.egraph.without(run.exported.forbidden) if run.exported is not None else None,
         shapes_verified=run.shapes_verified if optimized else [],
         latency_other_shape=run.timed_other,

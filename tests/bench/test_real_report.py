@@ -68,11 +68,3 @@ def test_the_report_shows_the_new_columns_and_the_targets() -> None:
     assert s["changed_unexplained"] == ["odd"] and s["kernels_not_run_as_chosen"] == ["odd"]
     assert s["modelled_min"] == 0.99 and s["predicted_over_run_outside_10pct"] == []
     assert "Models returned changed where a change is no rule's: odd." in text
-
-
-def test_the_summary_names_the_models_where_the_start_graph_was_checked_instead_of_the_rules_changes() -> None:
-    gave_way = _record("gave_way", {}, returned_input="no cheaper graph")
-    gave_way["tensat_first"]["stats"] = {**gave_way["tensat_first"]["stats"], "rules_dropped": {"mul-comm": 1}}
-    records = [_record("kept", {"mul-comm": 1}), gave_way]
-    assert real_report.summary(records)["start_preferred"] == ["gave_way"]
-    assert "which was checked in their place: gave_way." in real_report.markdown(records, machine_info())

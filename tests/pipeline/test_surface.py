@@ -246,47 +246,6 @@ def test_the_summary_figures_agree() -> None:
     assert " ms (" in cost and "under the analytic cost model" in cost
 
 
-def _start_and_candidate(start: tensat.Graph, candidate: tensat.Graph) -> api._Run:
-    """A run whose search started from `start` and extracted `candidate`, written and read back, with rules behind
-    it: the state `_prefer_start` reads."""
-    run = api._Run(api.Options(cost="analytic"), api.RunLog(), start)
-    run.graph, run.candidate, run.candidate_rules = start.compact(), candidate.compact(), {"some-rule": 1}
-    run.cost = api._cost_model(run.opts, run.log)
-    run.candidate_model = tensat.onnx_io.export_model(run.candidate)
-    run.written = import_model(run.candidate_model, check=False).compact()
-    return run
-
-
-def _transposed_relu(commuted: bool, back: bool = False) -> tensat.Graph:
-    graph = tensat.Graph()
-    x = graph.input("x", (4, 8))
-    if commuted:
-        graph.output("y", graph.add("transpose", [graph.add("relu", [x])], perm=(1, 0)))
-        return graph
-    t = graph.add("transpose", [x], perm=(1, 0))
-    if back:
-        t = graph.add("transpose", [t], perm=(1, 0))
-    graph.output("y", graph.add("relu", [t]))
-    return graph
-
-
-def test_a_rules_candidate_that_prices_no_lower_than_the_start_graph_gives_way_to_it() -> None:
-    """A Relu moved past a Transpose costs the same: the start graph, as written, is what the checks see, with no
-    rule behind it. A candidate that does price lower (two cancelling Transposes gone) stays."""
-    run = _start_and_candidate(_transposed_relu(commuted=False), _transposed_relu(commuted=True))
-    api._prefer_start(run)
-    assert run.candidate is run.graph and run.candidate_rules == {} and run.rules_dropped == {"some-rule": 1}
-    assert [n.op_type for n in run.candidate_model.graph.node] == ["Transpose", "Relu"]
-    assert runtime_cost(run.written, run.cost) == pytest.approx(runtime_cost(run.graph, run.cost))
-
-    cheaper = tensat.Graph()
-    cheaper.output("y", cheaper.add("relu", [cheaper.input("x", (4, 8))]))
-    run = _start_and_candidate(_transposed_relu(commuted=False, back=True), cheaper)
-    kept = run.candidate
-    api._prefer_start(run)
-    assert run.candidate is kept and run.candidate_rules == {"some-rule": 1} and run.rules_dropped == {}
-
-
 # -------------------------------------------------------------------------------------------------------------------
 # warnings: one channel, words that match the numbers
 
