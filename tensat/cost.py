@@ -236,7 +236,7 @@ def runtime_fusions(graph: Graph, device: str = "cpu") -> tuple[dict[int, int], 
     - a node fused into the node before it, its only reader (`fuses_into`): a BatchNormalization, then an
       activation, into a convolution; on the CPU an Add, then for a 2-D product an activation, into a MatMul;
     - a Pad of zeros before a convolution, its only reader (`pads_into_conv`): the convolution's own padding, whose
-      work the convolution's price already counts;
+      work the convolution's price already counts; not one onnxruntime was seen to run apart (`Graph.unfused`);
     - on the CPU, a Transpose before a MatMul, its only reader (`transposes_into_matmul`): a FusedMatMul;
     - on the CPU, in the blocked NCHWc layout (`blocked`): an Add of two blocked tensors into a convolution
       computing one of them (its Sum input), then an activation after it; an activation into a blocked
@@ -279,7 +279,7 @@ def runtime_fusions(graph: Graph, device: str = "cpu") -> tuple[dict[int, int], 
 
     for i in live:
         n = graph.nodes[i]
-        if n.op == "pad" and i not in outputs and len(rs := readers.get(i, [])) == 1:
+        if n.op == "pad" and i not in outputs and i not in graph.unfused and len(rs := readers.get(i, [])) == 1:
             conv = graph.nodes[rs[0]]
             if conv.op == "conv2d" and conv.inputs[0] == i and pads_into_conv(n):
                 owner[i] = rs[0]

@@ -78,6 +78,9 @@ class Graph:
     # a Reshape, an opaque node...), each symbolic dim at its size in `tensat.onnx.symbolic.SymbolSizes`; the
     # e-graph derives every other node's (`OpDef.symbolic_shape`), for rule guards that hold at every size
     symbolic: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    # nodes onnxruntime runs on their own where the graph alone says it fuses them, as it runs the model read: a Pad
+    # before a Conv written with `auto_pad` (`tensat.onnx.fusions.Fusions.pads`), which its PadFusion leaves apart
+    unfused: set[int] = field(default_factory=set)
     _index: dict[Node, int] = field(default_factory=dict, repr=False)
 
     # -- construction -------------------------------------------------------------------------------------------
@@ -247,6 +250,7 @@ class Graph:
             remap[i] = out._intern(node)
         out.outputs = [(name, remap[n]) for name, n in self.outputs]
         out.symbolic = {remap[i]: dims for i, dims in self.symbolic.items() if i in remap}
+        out.unfused = {remap[i] for i in self.unfused if i in remap}
         return out
 
     def evaluate(self, feeds: Mapping[str, np.ndarray], nodes: Iterable[int] | None = None) -> dict[int, np.ndarray]:

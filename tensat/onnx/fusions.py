@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from onnx import ModelProto, NodeProto
@@ -31,9 +31,10 @@ from tensat import ops
 from tensat.errors import raise_if_out_of_memory
 from tensat.session import runtime_graph
 
-# Op types whose presence lets onnxruntime fuse a normalization, an activation or an attention: a model with none of
-# them is not optimized in onnxruntime here (a CNN whose only fusions are its convolutions' and its classifier's).
-TRIGGERS = frozenset({"ReduceMean", "Pow", "Sqrt", "Erf", "Tanh", "Sigmoid", "LayerNormalization"})
+# Op types whose presence lets onnxruntime fuse a normalization, an activation or an attention, or leave a Pad apart
+# from the Conv after it: a model with none of them is not optimized in onnxruntime here (a CNN whose only fusions are
+# its convolutions' and its classifier's).
+TRIGGERS = frozenset({"ReduceMean", "Pow", "Sqrt", "Erf", "Tanh", "Sigmoid", "LayerNormalization", "Pad"})
 # fused kinds left free (see above; a Split is what onnxruntime makes of Slices that partition a tensor, as tensat's
 # exporter writes them too)
 FREE = frozenset({"Conv", "FusedConv", "NhwcFusedConv", "Gemm", "FusedGemm", "Split"})
@@ -43,9 +44,13 @@ MAX_GLUE = 4  # nodes onnxruntime adds around a fused node (the Reshapes of an N
 
 @dataclass(frozen=True)
 class Fusions:
-    """The kernels onnxruntime runs an input as: the fused node of each, by the input's tensor it computes."""
+    """The kernels onnxruntime runs an input as: the fused node of each, by the input's tensor it computes; and the
+    outputs of the input's Pads that it runs as Pads. Its PadFusion takes a Pad into the Conv reading it only where
+    the model writes that Conv in a form tensat's IR does not keep: not into one written with `auto_pad` (a
+    TorchScript export's 'same' padding), which tensat reads as explicit pads."""
 
     kernels: Mapping[str, NodeProto] = field(default_factory=dict)
+    pads: frozenset[str] = frozenset()
 
 
 def runtime_fusions(model: ModelProto) -> Fusions:
@@ -62,7 +67,8 @@ def runtime_fusions(model: ModelProto) -> Fusions:
         return Fusions()
     weights = {t.name for t in graph.initializer} | {s.values.name for s in graph.sparse_initializer}
     inputs = {vi.name for vi in graph.input}
-    return _absorbed(graph.node, optimized.graph.node, weights, inputs)
+    kept = frozenset(o for n in optimized.graph.node if n.op_type == "Pad" for o in n.output if o)
+    return replace(_absorbed(graph.node, optimized.graph.node, weights, inputs), pads=kept)
 
 
 def _absorbed(

@@ -1154,7 +1154,10 @@ def _pad(c: _Importer, node: NodeProto) -> list[Any]:
         raise _Unsupported("pads of another rank")
     if not any(pads):
         return [x]
-    return [c.op("pad", [x], pads=pads, value=value)]
+    out = c.op("pad", [x], pads=pads, value=value)
+    if c.node.output[0] in c.fusions.pads:  # onnxruntime runs it apart from the Conv it could be fused into
+        c.graph.unfused.add(out)
+    return [out]
 
 
 @_lowering("InstanceNormalization")

@@ -191,3 +191,27 @@ def test_a_pad_is_priced_inside_the_conv_exactly_where_onnxruntime_fuses_it(case
     pads_priced = sum(1 for n, _, _ in runtime_items(graph) if n.op == "pad")
     assert runtime_ops(onnx_io.export_model(graph))["Pad"] == 1 - fused
     assert pads_priced == 1 - fused
+
+
+def _valid_conv_after_a_pad() -> onnx.ModelProto:
+    """A Pad of zeros before a Conv written with `auto_pad` VALID, as torch.onnx's TorchScript exporter writes
+    EfficientNet-B0's 'same' padding: onnxruntime's PadFusion takes no Pad into such a Conv."""
+    nodes = [
+        helper.make_node("Pad", ["x", "pads"], ["p"]),
+        helper.make_node("Conv", ["p", "w", "b"], ["y"], strides=[2, 2], auto_pad="VALID"),
+    ]
+    pads = numpy_helper.from_array(np.array([0, 0, 0, 0, 0, 0, 1, 1], np.int64), "pads")
+    return make(nodes, [vi("x", [1, 8, 12, 12])], [vi("y", [1, 8, 6, 6])], [pads, _w("w", 8, 8, 3, 3), _w("b", 8)])
+
+
+def test_a_pad_onnxruntime_runs_apart_is_priced_apart_in_the_input() -> None:
+    """tensat reads `auto_pad` as the Conv's own pads, so its IR cannot tell this Pad from one onnxruntime fuses; the
+    input is read with the Pads onnxruntime runs (`Fusions.pads`), and priced as it runs, so that a graph with the
+    Pad folded (the onnxslim pre-pass's, or the rules') is seen to save it."""
+    model = _valid_conv_after_a_pad()
+    assert runtime_ops(model)["Pad"] == 1
+    read = import_model(model, runtime_fusions=True).compact()
+    assert sum(1 for n, _, _ in runtime_items(read) if n.op == "pad") == 1
+    written = onnx_io.export_model(read)  # explicit pads: onnxruntime takes the Pad into the Conv
+    assert runtime_ops(written)["Pad"] == 0
+    assert sum(1 for n, _, _ in runtime_items(import_model(written).compact()) if n.op == "pad") == 0
