@@ -14,6 +14,7 @@ from typing import Any, NamedTuple, Protocol
 
 from tensat import ops
 from tensat.ir import Graph, Node, merged_concats
+from tensat.session import nchwc_block
 
 Shape = tuple[int, ...]
 
@@ -254,8 +255,6 @@ def runtime_fusions(graph: Graph, device: str = "cpu") -> tuple[dict[int, int], 
     def only_reader(x: int) -> bool:  # whether `x` is a computed tensor read once (by one node, as one operand)
         rs = readers.get(x, ())
         return x not in const and x not in outputs and len(rs) == 1 and graph.nodes[rs[0]].inputs.count(x) == 1
-
-    from tensat.measure.device import nchwc_block  # onnxruntime, asked once; tensat.measure prices with this module
 
     block = nchwc_block() if device == "cpu" else 0
     layout = blocked(graph, live, const, block) if block else {}

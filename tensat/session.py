@@ -7,6 +7,7 @@ first use: importing tensat does not load it.
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from collections.abc import Sequence
@@ -173,3 +174,25 @@ def runtime_graph(model: ModelProto | Serialized | bytes | str | os.PathLike[str
             model, provider, layout=False, optimized_path=path, optimized_weights="weights.bin", prepacking=False
         )
         return onnx.load(path, load_external_data=False)
+
+
+NCHWC_DOMAIN = "com.microsoft.nchwc"  # the domain of onnxruntime's blocked-layout CPU kernels
+
+
+@functools.cache
+def nchwc_block() -> int:
+    """The channel block of onnxruntime's blocked (NCHWc) layout on this CPU, asked of onnxruntime once per process
+    by running one ReorderInput (0: its CPU kernels have none here)."""
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 1, 1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    node = helper.make_node("ReorderInput", ["x"], ["y"], domain=NCHWC_DOMAIN)
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(NCHWC_DOMAIN, 1)]
+    model = helper.make_model(helper.make_graph([node], "block", [x], [y]), opset_imports=opsets, ir_version=8)
+    try:
+        out = make_session(model, "cpu", threads=1).run(None, {"x": np.ones((1, 4, 1, 1), np.float32)})[0]
+        return int(out.shape[1])
+    except Exception:  # noqa: BLE001 - no NCHWc kernels on this build or CPU
+        return 0

@@ -4,7 +4,6 @@ that keys the cost cache (device name, provider, onnxruntime version, threads, c
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import json
 import os
@@ -18,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from tensat.errors import TensatError
-from tensat.measure.units import _tiny_model, reorder_model
+from tensat.measure.units import _tiny_model
 from tensat.session import make_session, onnxruntime_module
 
 METHOD = "blocked-evict-v9"
@@ -141,15 +140,3 @@ def device_info(device: str, threads: int, clock: str | None = None) -> dict[str
 def fingerprint(info: Mapping[str, Any]) -> str:
     """A short stable hash of `device_info`."""
     return hashlib.sha256(json.dumps(dict(info), sort_keys=True).encode()).hexdigest()[:24]
-
-
-@functools.cache
-def nchwc_block() -> int:
-    """The channel block of onnxruntime's blocked (NCHWc) layout on this CPU, asked of onnxruntime once per process
-    (0: its CPU kernels have none here)."""
-    try:
-        sess = make_session(reorder_model("in", (1, 4, 1, 1), 4), "cpu", threads=1)
-        out = sess.run(None, {"x": np.ones((1, 4, 1, 1), np.float32)})[0]
-        return int(out.shape[1])
-    except Exception:  # noqa: BLE001 - no NCHWc kernels on this build or CPU
-        return 0

@@ -15,9 +15,9 @@ import numpy as np
 from onnx import ModelProto
 
 from tensat.latency import clock_function, time_models
-from tensat.measure.device import _silenced, nchwc_block
+from tensat.measure.device import _silenced
 from tensat.measure.units import _random_array, _tiny_model, chain_model, null_model
-from tensat.session import make_session, onnxruntime_module
+from tensat.session import make_session, nchwc_block, onnxruntime_module
 
 ALIGNMENT = 64  # bytes: bound buffers start at such a boundary, as onnxruntime's own do
 EVICT_CAP = 256 * 2**20  # at most this many bytes are streamed through the caches before a timed run

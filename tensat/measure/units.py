@@ -17,10 +17,10 @@ from onnx import ModelProto, TensorProto, helper, numpy_helper
 from tensat import ops
 from tensat.ir import Graph, Node
 from tensat.onnx_io import export_model
+from tensat.session import NCHWC_DOMAIN
 
 Shape = tuple[int, ...]
 
-NCHWC_DOMAIN = "com.microsoft.nchwc"
 POOL_1X1 = (("kernel", (1, 1)), ("strides", (1, 1)), ("pads", (0, 0, 0, 0)))
 
 

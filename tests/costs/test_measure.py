@@ -52,10 +52,9 @@ from tensat.measure import (
     unit_model,
 )
 from tensat.measure.cache import CostCache, CostEntry, default_cache_dir
-from tensat.measure.device import nchwc_block
 from tensat.measure_cli import add_cost_report_arguments, add_profile_arguments, run_cost_report, run_profile
 from tensat.onnx_io import export_model, save_model
-from tensat.session import make_session
+from tensat.session import make_session, nchwc_block
 from tensat.verify import random_inputs
 
 RNG = np.random.default_rng(3)
