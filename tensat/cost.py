@@ -278,10 +278,11 @@ def runtime_fusions(graph: Graph, device: str = "cpu") -> tuple[dict[int, int], 
 
     for i in live:
         n = graph.nodes[i]
-        if n.op == "pad" and i not in outputs and i not in graph.unfused and len(rs := readers.get(i, [])) == 1:
-            conv = graph.nodes[rs[0]]
-            if conv.op == "conv2d" and conv.inputs[0] == i and pads_into_conv(n):
-                owner[i] = rs[0]
+        if n.op == "pad":
+            if i not in graph.unfused and only_reader(i) and pads_into_conv(n):
+                conv = readers[i][0]
+                if graph.nodes[conv].op == "conv2d" and graph.nodes[conv].inputs[0] == i:
+                    owner[i] = conv
             continue
         if n.op == "matmul" and device == "cpu":
             for x in n.inputs:
