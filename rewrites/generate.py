@@ -3,9 +3,11 @@ does, and verified.
 
 1. **Enumeration.** Every term of up to `max_ops` operators over the leaf tensors `?x ?y ?z` (all of rank `rank`,
    every dim the same size) and the registry's ops, each attribute drawn from the domain its `OpDef` declares for
-   the verifier. As in Ruler, terms are built from one representative per class of equal fingerprints: a term equal
-   to a smaller one is a candidate rule, not a building block, since the rule that equates them derives every
-   larger term built from it. A term whose value is one number whatever the leaves (x - x) is left out.
+   the verifier, or, for one the verifier solves with the shapes, for the generator (`OpDef.generated`: a slice's
+   start and size, valid at every leaf size). As in Ruler, terms are built from one representative per class of
+   equal fingerprints: a term equal to a smaller one is a candidate rule, not a building block, since the rule that
+   equates them derives every larger term built from it. A term whose value is one number whatever the leaves
+   (x - x) is left out.
 2. **Fingerprints.** Each term is evaluated with numpy (float64) on random leaves (small integers, as TASO's) at
    every size of `sizes`, so that an equality holding at one shape only (a transpose of a 1x1 tensor) is not taken
    for a rule. Values are compared rounded to float32: an equality that float64 rounding blurs is still a
@@ -20,8 +22,12 @@ does, and verified.
 6. **Verification.** A candidate not derived becomes the rules of its valid orientations (a left side that is an op,
    a right side whose variables the left binds). Each must keep its shape at every leaf shape of a small set
    (`shape_sound`: broadcasts are where the verifier's samples miss most) and pass `rewrites.verify`. One that
-   fails is retried with the leaves' equal shapes as guards (`same-shape`), the one assumption the enumeration
-   made; one that fails again is rejected.
+   fails is retried with guards of the enumeration's two assumptions: its leaves' rank (an axis means what it does
+   at that rank) and their equal shapes (`same-shape`); one that fails with both is rejected.
+   A rule kept is **generalized**: each attribute value its left side fixes becomes a variable wherever the rule
+   still holds, for attributes the verifier checks at every value (an axis, a permutation, a slice's start and
+   size; `OpDef.exhaustive` and `OpDef.solved`). Found at axis 0, `relu(concat(x, y))` = `concat(relu(x),
+   relu(y))` is kept for every axis, and derives the candidates of the other axes.
 7. **Multi-pattern rules**, over pairs of terms: a candidate `concat(a, b) = m` whose halves are terms that share
    an input becomes the rule that rewrites the pair (a, b) into the two slices of m, as Tensat merges two matmuls
    through concat and split. It is verified like the others, and one whose patterns are an instance of a kept
@@ -37,7 +43,7 @@ import itertools
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -117,13 +123,14 @@ def why_not_enumerable(name: str, rank: int) -> str | None:
         return "it has no tensor inputs"
     if d.evaluate is None:
         return "it has no numpy semantics"
-    if d.solved:
-        return f"its attributes {', '.join(sorted(d.solved))} are sized by the shapes"
+    unsized = sorted(set(d.solved) - set(d.generated))
+    if unsized:
+        return f"its attributes {', '.join(unsized)} are sized by the shapes"
     if not d.accepts(["float32"] * d.inputs):
         return "it does not take float tensors"
     if d.ranks is not None and any(r not in (ops.SAME, None, rank) for r in d.ranks):
         return f"it takes tensors of other ranks than {rank}"
-    missing = [a for a in d.attr_names if a not in d.domains]
+    missing = [a for a in d.attr_names if a not in d.domains and a not in d.generated]
     if missing:
         return f"its attributes {', '.join(missing)} have no domain"
     return None
@@ -161,7 +168,7 @@ def op_choices(names: Sequence[str], rank: int) -> list[OpChoice]:
         d = ops.get(name)
         domains = []
         for attr in d.attr_names:
-            dom = d.domains[attr]
+            dom = d.domains[attr] if attr in d.domains else d.generated[attr]
             domains.append(list(dom(rank) if callable(dom) else dom))
         for combo in itertools.product(*domains):
             attrs = tuple((a, tuple(v) if isinstance(v, list) else v) for a, v in zip(d.attr_names, combo))
@@ -451,21 +458,29 @@ def orientations(a: Pattern, b: Pattern, name: str) -> list[Rule]:
     return out
 
 
-def _match(pattern: Pattern, term: Pattern, binding: dict[str, Pattern]) -> bool:
-    """Whether `term` is an instance of `pattern` (extending `binding` of the pattern's variables)."""
+def _match(pattern: Pattern, term: Pattern, binding: dict[str, Any]) -> bool:
+    """Whether `term` is an instance of `pattern` (extending `binding` of the pattern's variables, an attribute
+    variable bound to the term's attribute value)."""
     if isinstance(pattern, Var):
         return binding.setdefault(pattern.name, term) == term
-    return (
-        isinstance(term, Term)
-        and (pattern.op, pattern.attrs, len(pattern.args)) == (term.op, term.attrs, len(term.args))
-        and all(_match(p, t, binding) for p, t in zip(pattern.args, term.args))
-    )
+    if not (isinstance(term, Term) and (pattern.op, len(pattern.args)) == (term.op, len(term.args))):
+        return False
+    if [k for k, _ in pattern.attrs] != [k for k, _ in term.attrs]:
+        return False
+    for (_, want), (_, value) in zip(pattern.attrs, term.attrs):
+        if isinstance(want, Var):
+            if binding.setdefault(want.name, value) != value:
+                return False
+        elif want != value:
+            return False
+    return all(_match(p, t, binding) for p, t in zip(pattern.args, term.args))
 
 
-def _substituted(p: Pattern, binding: dict[str, Pattern]) -> Pattern:
+def _substituted(p: Pattern, binding: dict[str, Any]) -> Pattern:
     if isinstance(p, Var):
         return binding.get(p.name, p)
-    return Term(p.op, tuple(_substituted(a, binding) for a in p.args), p.attrs)
+    attrs = tuple((k, binding.get(e.name, e) if isinstance(e, Var) else e) for k, e in p.attrs)
+    return Term(p.op, tuple(_substituted(a, binding) for a in p.args), attrs)
 
 
 def instance_of(pair: tuple[Pattern, Pattern], rules: Sequence[Rule]) -> bool:
@@ -505,17 +520,52 @@ def _probe_shapes(rank: int) -> list[tuple[int, ...]]:
     return list(dict.fromkeys(p for p in probes if p))
 
 
+def _attr_vars(rule: Rule) -> dict[str, tuple[str, str]]:
+    """The left side's attribute variables, each with the (op, attribute) it first sets."""
+    found: dict[str, tuple[str, str]] = {}
+
+    def walk(p: Pattern) -> None:
+        if isinstance(p, Term):
+            for k, e in p.attrs:
+                if isinstance(e, Var):
+                    found.setdefault(e.name, (p.op, k))
+            for a in p.args:
+                walk(a)
+
+    for t in rule.lhs:
+        walk(t)
+    return found
+
+
+SOLVED_PROBES = (0, 1, 2)  # values an attribute solved with shapes takes in `shape_sound` (a slice's start, size)
+
+
+def _attr_probes(rule: Rule, rank: int) -> list[dict[str, Any]]:
+    """Every binding of the left side's attribute variables `shape_sound` checks: each from its op's domain at
+    `rank`, or from SOLVED_PROBES for one the verifier solves with shapes."""
+    names, values = [], []
+    for name, (op, attr) in _attr_vars(rule).items():
+        d = ops.get(op)
+        dom = d.domains.get(attr, SOLVED_PROBES)
+        names.append(name)
+        values.append([tuple(v) if isinstance(v, list) else v for v in (dom(rank) if callable(dom) else dom)])
+    return [dict(zip(names, combo)) for combo in itertools.product(*values)]
+
+
 def shape_sound(rule: Rule, rank: int) -> bool:
     """Whether, wherever its left side is well-typed and its guards hold, `rule`'s right side is well-typed and of
-    the left side's shape (each pattern of a multi-pattern rule), with every leaf at each of the probe shapes.
-    Deterministic, where the verifier samples broadcasts: `x / y / x = 1 / y` fails only where y broadcasts against
-    x, and an e-graph that applied it would merge terms of different shapes."""
+    the left side's shape (each pattern of a multi-pattern rule), with every leaf at each of the probe shapes and
+    every attribute variable at each of its probe values (`_attr_probes`). Deterministic, where the verifier samples
+    broadcasts: `x / y / x = 1 / y` fails only where y broadcasts against x, and an e-graph that applied it would
+    merge terms of different shapes."""
     names = rule.tensor_vars()
-    for combo in itertools.product(_probe_shapes(rank), repeat=len(names)):
+    for combo, attrs in itertools.product(
+        itertools.product(_probe_shapes(rank), repeat=len(names)), _attr_probes(rule, rank)
+    ):
         shapes = dict(zip(names, combo))
         try:
-            left = [pattern_shape(t, shapes, {}, {}) for t in rule.lhs]
-            env, lets = bind_lets(rule, {}, shapes)
+            left = [pattern_shape(t, shapes, attrs, {}) for t in rule.lhs]
+            env, lets = bind_lets(rule, attrs, shapes)
             if not all(eval_expr(g, env, shapes) for g in rule.guards):
                 continue
         except (ops.ShapeError, ValueError, IndexError, KeyError, TypeError):
@@ -533,15 +583,76 @@ def _holds(rule: Rule, seed: int, rank: int) -> bool:
     return shape_sound(rule, rank) and _passes(rule, seed)
 
 
+def _rank_guards(rule: Rule, rank: int) -> Rule:
+    """`rule` guarded by its left side's tensor variables having rank `rank` (the enumeration's leaves'): an
+    attribute value means what it does at that rank (`slice(matmul(x, y), axis 1)` slices y's columns at rank 2)."""
+    guards = tuple(Call("=", (Call("rank", (Var(v),)), literal(rank))) for v in rule.tensor_vars())
+    return Rule(rule.name, rule.lhs, rule.rhs, rule.lets, rule.guards + guards, rule.source, rule.tolerance)
+
+
 def verified(rule: Rule, seed: int, rank: int) -> Rule | None:
-    """`rule` if it holds (`_holds`), else the rule with `same-shape` guards if that does, else None."""
-    if _holds(rule, seed, rank):
-        return rule
+    """The first of these that holds (`_holds`), generalized (`generalized`): `rule`; it with the guards of the
+    enumeration's assumptions, its leaves' rank (`_rank_guards`), their equal shapes (`_same_shape_guards`), or both.
+    None if none holds."""
+    tries = [rule, _rank_guards(rule, rank)]
     if len(rule.tensor_vars()) > 1:
-        guarded = _same_shape_guards(rule)
-        if _holds(guarded, seed, rank):
-            return guarded
+        tries += [_same_shape_guards(rule), _same_shape_guards(_rank_guards(rule, rank))]
+    for attempt in tries:
+        if _holds(attempt, seed, rank):
+            return generalized(attempt, seed, rank)
     return None
+
+
+def _general(op: str, attr: str) -> bool:
+    """Whether the verifier checks attribute `attr` of `op` at every value it takes: its domain is exhaustive
+    (`OpDef.exhaustive`: every axis, every permutation), or it is solved with the shapes (a slice's start)."""
+    d = ops.get(op)
+    return attr in d.exhaustive or attr in d.solved
+
+
+def _lift(p: Pattern, attr: str, value: Any, var: Var) -> Pattern:
+    """`p` with every attribute `attr` of value `value` made `var`, where `_general`."""
+    if isinstance(p, Var):
+        return p
+    attrs = tuple((k, var if (k, e) == (attr, value) and _general(p.op, k) else e) for k, e in p.attrs)
+    return Term(p.op, tuple(_lift(a, attr, value, var) for a in p.args), attrs)
+
+
+def _liftable(p: Pattern) -> list[tuple[str, Any]]:
+    """The (attribute, value) pairs of `p`'s ops, in order, that `_general` says a rule can hold for every value
+    of."""
+    out: list[tuple[str, Any]] = []
+    if isinstance(p, Term):
+        out += [(k, e) for k, e in p.attrs if not isinstance(e, Var) and _general(p.op, k)]
+        for a in p.args:
+            out += _liftable(a)
+    return list(dict.fromkeys(out))
+
+
+def generalized(rule: Rule, seed: int, rank: int) -> Rule:
+    """`rule` with each attribute value its left side fixes made a variable, one (attribute, value) at a time,
+    wherever the rule still holds (`_holds`): `relu(concat(x, y, axis 0)) = concat(relu(x), relu(y), axis 0)` holds
+    at every axis, and is kept as the rule of `?axis`. The enumeration draws attributes from small domains, at one
+    rank; the rule found at one value is a rule of all of them, and derives the candidates of the others."""
+    if rule.multi:
+        return rule
+    for attr, value in [pair for t in rule.lhs for pair in _liftable(t)]:
+        taken = set(_vars(rule.lhs[0])) | set(_vars(rule.rhs[0]))
+        var = Var(
+            next(n for n in itertools.chain([attr], (f"{attr}{i}" for i in itertools.count(1))) if n not in taken)
+        )
+        lifted = Rule(
+            rule.name,
+            tuple(cast(Term, _lift(t, attr, value, var)) for t in rule.lhs),
+            tuple(_lift(t, attr, value, var) for t in rule.rhs),
+            rule.lets,
+            rule.guards,
+            rule.source,
+            rule.tolerance,
+        )
+        if _holds(lifted, seed, rank):
+            rule = lifted
+    return rule
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -631,10 +742,16 @@ def multi_rules(pairs: Sequence[tuple[Pattern, Pattern]], rank: int, seed: int) 
     for left, right, axis, merged in found:
         if any(_instance_pair(r, left, right) for r in rules):
             continue
-        rule = multi_rule(left, right, axis, merged, f"gen-multi-{len(rules)}", rank, seed)
+        rule = multi_rule(left, right, axis, merged, f"{rule_prefix(rank)}-multi-{len(rules)}", rank, seed)
         if rule is not None:
             rules.append(rule)
     return rules, len(found)
+
+
+def rule_prefix(rank: int) -> str:
+    """The start of the names of the rules generated over leaves of rank `rank`: `gen` at the default rank 2,
+    `gen-r4` at rank 4, so that the library's sets of two ranks name their rules apart."""
+    return "gen" if rank == Settings.rank else f"gen-r{rank}"
 
 
 class Prover(Protocol):
@@ -735,7 +852,7 @@ def minimize(
             if instance_of((a, b), rules):
                 counts["derived"] += 1
                 continue
-            oriented = orientations(a, b, f"gen-{number}")
+            oriented = orientations(a, b, f"{rule_prefix(len(shape))}-{number}")
             if not oriented:
                 counts["not_rewrites"] += 1
                 continue

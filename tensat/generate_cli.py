@@ -19,7 +19,11 @@ from tensat.rewrites import GENERATED_DIR
 from tensat.rewrites.dsl import parse_rules
 from tensat.rewrites.generate import Settings, default_ops, enumerable, generate, rules_text, why_not_enumerable
 
-DEFAULT_OUT = GENERATED_DIR / "generated.rules"
+
+def library_file(rank: int) -> Path:
+    """The library's generated set over leaves of rank `rank`: `generated.rules` at the default rank,
+    `generated_r4.rules` at rank 4 (the search and the coverage read every file of the folder)."""
+    return GENERATED_DIR / ("generated.rules" if rank == Settings.rank else f"generated_r{rank}.rules")
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -53,7 +57,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed of the fingerprints and the verifier")
     parser.add_argument(
-        "-o", "--output", type=Path, default=DEFAULT_OUT, help="the rule file to write (default: the library's)"
+        "-o",
+        "--output",
+        type=Path,
+        help="the rule file to write (default: the library's of the rank, rewrites/rules/generated/generated.rules "
+        "at rank 2, generated_rN.rules at rank N)",
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
 
@@ -104,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
     )
     text = rules_text(result, command, __version__)
     parse_rules(text)  # what is written must read back
-    atomic_write_text(args.output, text)
+    output = args.output if args.output is not None else library_file(settings.rank)
+    atomic_write_text(output, text)
     seconds = ", ".join(f"{step} {s:.1f} s" for step, s in result.seconds.items())
     print(
         f"terms {sum(result.terms)} ({', '.join(map(str, result.terms))} by size; {result.constants} constant ones "
@@ -119,5 +128,5 @@ def run(args: argparse.Namespace) -> int:
         f"and {result.multi} multi-pattern rules of {result.multi_candidates} candidates"
     )
     print(f"time {seconds}")
-    print(f"wrote {args.output}")
+    print(f"wrote {output}")
     return 0

@@ -172,6 +172,7 @@ CONV2D = register(
             "group": [1, 2, 4],
             "act": [ACT_NONE, ACT_SIGMOID, ACT_RELU, ACT_TANH],
         },
+        exhaustive=("act",),
         int_exact=True,
         int_exact_if={"act": frozenset({ACT_NONE, ACT_RELU})},
         breaks_layout=True,

@@ -226,6 +226,7 @@ GELU = register(
         attrs=(("approximate", "int"),),
         onnx="Gelu",
         domains={"approximate": [0, 1]},
+        exhaustive=("approximate",),
         standard_since=20,
     )
 )
@@ -263,6 +264,7 @@ SOFTMAX = register(
         shape=_along_axis_shape,
         onnx="Softmax",
         domains={"axis": _axis_domain},
+        exhaustive=("axis",),
     )
 )
 LOG_SOFTMAX = register(
@@ -276,6 +278,7 @@ LOG_SOFTMAX = register(
         shape=_along_axis_shape,
         onnx="LogSoftmax",
         domains={"axis": _axis_domain},
+        exhaustive=("axis",),
     )
 )
 

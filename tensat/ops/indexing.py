@@ -239,6 +239,7 @@ STRIDE = register(
         accepts=any_data,
         equations=_stride_equations,
         domains={"axis": lambda rank: list(range(rank)), "step": [2, 3]},
+        exhaustive=("axis",),
         solved={"start": lambda s, out: s.sym(0, 2), "size": lambda s, out: s.sym(1, 3)},
         int_exact=True,
         breaks_layout=True,

@@ -16,6 +16,7 @@ from tensat.rewrites.generate import (
     Settings,
     enumerate_terms,
     equation_key,
+    generalized,
     generate,
     instance_of,
     orientations,
@@ -52,6 +53,11 @@ def small() -> object:
     return generate(SMALL, proved)
 
 
+@pytest.fixture(scope="module")
+def small_slices() -> object:
+    return generate(Settings(max_ops=2, ops=("relu", "slice")), proved)
+
+
 def test_format_rule_reads_back_as_the_same_rule() -> None:
     """Every rule of the library, written by `format_rule`, parses back to the same rule."""
     for rule in all_rules():
@@ -72,7 +78,7 @@ def test_small_registry_finds_the_known_identities(small: object) -> None:
         "(rule a (relu (relu ?x)) (relu ?x))",
         "(rule a (transpose (transpose ?x :perm (vec 1 0)) :perm (vec 1 0)) ?x)",
         "(rule a (matmul (matmul ?x ?y) ?z) (matmul ?x (matmul ?y ?z)))",
-        "(rule a (transpose (relu ?x) :perm (vec 1 0)) (relu (transpose ?x :perm (vec 1 0))))",
+        "(rule a (transpose (relu ?x) :perm ?perm) (relu (transpose ?x :perm ?perm)))",  # at every perm
     ):
         assert canonical_form(_rule(text)) in kept, text
 
@@ -210,6 +216,72 @@ def test_orientations_and_instances() -> None:
     assert instance_of(square, assoc)
     assert not instance_of(square, [])
     assert not instance_of((Term("matmul", (x, y), ()), Term("matmul", (y, x), ())), assoc)
+
+
+def test_an_attribute_a_rule_holds_at_every_value_of_becomes_a_variable() -> None:
+    """Found at one axis, a rule that holds at every axis is kept as the rule of `?axis`, and a slice's start and
+    size (solved with the shapes) likewise; a value the rule needs stays (a double transpose is the identity only
+    for a perm that is its own inverse, a slice of a concat at start 0 takes the first operand only), and so does
+    one whose domain is a sample (a clip's bound)."""
+    cases = {
+        "(rule a (relu (concat ?x ?y :axis 0)) (concat (relu ?x) (relu ?y) :axis 0))": (
+            "(rule a (relu (concat ?x ?y :axis ?axis)) (concat (relu ?x) (relu ?y) :axis ?axis))"
+        ),
+        "(rule a (slice (relu ?x) :axis 1 :start 1 :size 1) (relu (slice ?x :axis 1 :start 1 :size 1)))": (
+            "(rule a (slice (relu ?x) :axis ?axis :start ?start :size ?size)"
+            " (relu (slice ?x :axis ?axis :start ?start :size ?size)))"
+        ),
+        "(rule a (transpose (transpose ?x :perm (vec 1 0)) :perm (vec 1 0)) ?x)": None,
+        "(rule a (slice (concat ?x ?y :axis 0) :axis 0 :start 0 :size 1) (slice ?x :axis 0 :start 0 :size 1))": (
+            "(rule a (slice (concat ?x ?y :axis ?axis) :axis ?axis :start 0 :size 1)"
+            " (slice ?x :axis ?axis :start 0 :size 1))"
+        ),
+        "(rule a (clip (relu ?x) :min -1.0 :max 6.0) (clip ?x :min 0.0 :max 6.0))": None,
+    }
+    for text, general in cases.items():
+        found = generalized(_rule(text), seed=0, rank=2)
+        assert canonical_form(found) == canonical_form(_rule(general or text)), text
+        assert verify_rule(found, seed=3).ok
+
+
+def test_a_rule_true_at_the_leaves_rank_only_is_guarded_to_it() -> None:
+    """Axis 1 is a matrix's columns at rank 2 only: the rule that slices a product's columns as its right operand's
+    fails the verifier at other ranks, and is kept with rank guards (its start and size made variables)."""
+    rule = _rule(
+        "(rule a (slice (matmul ?x ?y) :axis 1 :start 0 :size 1) (matmul ?x (slice ?y :axis 1 :start 0 :size 1)))"
+    )
+    assert not verify_rule(rule).ok
+    kept = verified(rule, seed=0, rank=2)
+    assert kept is not None
+    general = _rule(
+        "(rule a (slice (matmul ?x ?y) :axis 1 :start ?start :size ?size)"
+        " (matmul ?x (slice ?y :axis 1 :start ?start :size ?size)) :when ((= (rank ?x) 2) (= (rank ?y) 2)))"
+    )
+    assert canonical_form(kept) == canonical_form(general)
+
+
+def test_slices_are_enumerated_and_their_rules_are_general(small_slices: object) -> None:
+    """A slice is enumerated at the starts and sizes its op declares for the generator (valid at every leaf size);
+    the rules found are of every start and size, and derive the hand-written commutations of a slice."""
+    kept = _keys(small_slices.rules)  # type: ignore[attr-defined]
+    general = "(rule a (slice (relu ?x) :axis ?a :start ?s :size ?n) (relu (slice ?x :axis ?a :start ?s :size ?n)))"
+    assert canonical_form(_rule(general)) in kept
+    hand = {r.name: r for r in all_rules()}
+    report = derived(small_slices.rules, [hand["slice-relu-commute"], hand["relu-slice-commute"]])  # type: ignore[attr-defined]
+    assert report == {"slice-relu-commute": "derived", "relu-slice-commute": "derived"}
+
+
+def test_an_instance_binds_attribute_variables() -> None:
+    x, y = _x("x"), _x("y")
+    general = _rule("(rule a (relu (concat ?x ?y :axis ?axis)) (concat (relu ?x) (relu ?y) :axis ?axis))")
+    at = (("axis", literal(1)),)
+    pair = (
+        Term("relu", (Term("concat", (x, y), at),), ()),
+        Term("concat", (Term("relu", (x,), ()), Term("relu", (y,), ())), at),
+    )
+    assert instance_of(pair, [general])
+    other = (pair[0], Term("concat", (Term("relu", (x,), ()), Term("relu", (y,), ())), (("axis", literal(0)),)))
+    assert not instance_of(other, [general])
 
 
 def test_derived_reports_which_hand_rules_the_generated_set_proves(small: object) -> None:
