@@ -39,12 +39,23 @@ from tensat.rewrites.dsl import Rule
 from tensat.rewrites.generate import Settings, default_ops, generate, term_size
 from tensat.rewrites.verify import bindings
 
-DEFAULT_RUNS = ("3:default", "4:add,mul,sub,neg,relu,matmul,transpose")
+# the pools' rank-4 run: pools with the ops the hand-written rules move them across
+RANK4_OPS = ("maxpool", "avgpool", "globalavgpool", "relu", "sigmoid", "tanh", "add", "mul", "concat", "slice")
+DEFAULT_RUNS = (
+    "3:default",
+    "4:add,mul,sub,neg,relu,matmul,transpose",
+    f"2:{','.join(RANK4_OPS)}:4:3,4",
+)
 
 
 def _settings(run: str) -> Settings:
-    max_ops, _, names = run.partition(":")
-    return Settings(max_ops=int(max_ops), ops=None if names in ("", "default") else tuple(names.split(",")))
+    """A run's settings from MAX_OPS:OPS[:RANK:SIZES] (OPS `default` for the default ops)."""
+    max_ops, names, *rest = run.split(":") + [""]
+    ops = None if names in ("", "default") else tuple(names.split(","))
+    if rest[0]:
+        rank, sizes = int(rest[0]), tuple(int(n) for n in rest[1].split(","))
+        return Settings(max_ops=int(max_ops), ops=ops, rank=rank, sizes=sizes)
+    return Settings(max_ops=int(max_ops), ops=ops)
 
 
 def generation(run: str) -> dict[str, Any]:
@@ -59,6 +70,8 @@ def generation(run: str) -> dict[str, Any]:
     return {
         "run": run,
         "max_ops": settings.max_ops,
+        "rank": settings.rank,
+        "sizes": list(settings.sizes),
         "ops": list(settings.ops) if settings.ops is not None else ["default", *default_ops(settings.rank)],
         "terms": result.terms,
         "classes": result.classes,
@@ -142,7 +155,7 @@ def markdown(data: dict[str, Any]) -> str:
         ops = "default" if g["ops"][0] == "default" else ", ".join(g["ops"])
         s = g["seconds"]
         lines.append(
-            f"| {g['max_ops']} ops | {ops} | {', '.join(map(str, g['terms']))} | {g['constants']} | {g['candidates']} "
+            f"| {_run_name(g)} | {ops} | {', '.join(map(str, g['terms']))} | {g['constants']} | {g['candidates']} "
             f"| {g['renamings']} "
             f"| {g['common_subterms']} | {g['refuted']} | {g['derived']} | {g['rejected']} | {g['not_rewrites']} "
             f"| {g['equations']} / {g['rules'] - g['multi']} | {g['multi']} / {g['multi_candidates']} "
@@ -153,7 +166,7 @@ def markdown(data: dict[str, Any]) -> str:
         reasons = collections.defaultdict(list)
         for name, why in g["not_derived"].items():
             reasons[why.split(":")[0]].append(name)
-        lines += ["", f"Not derived by the {g['max_ops']}-op run ({g['run']}), by reason:", ""]
+        lines += ["", f"Not derived by the run of {_run_name(g)} ({g['run']}), by reason:", ""]
         for why, names in sorted(reasons.items(), key=lambda kv: -len(kv[1])):
             shown = ", ".join(sorted(names)) if why != "ops not enumerated" else _ops_missing(g["not_derived"], names)
             lines.append(f"- {why}: {len(names)} ({shown})")
@@ -184,6 +197,15 @@ def markdown(data: dict[str, Any]) -> str:
             cells = [f"{r[k]['cost_after']:.4g} / {r[k]['seconds']:.1f}" for k in RULE_SETS]
             lines.append(f"| {r['model']} | {r['hand']['cost_before']:.4g} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _run_name(g: dict[str, Any]) -> str:
+    """A generation's name in the report: its operators per term, and its leaves' rank and sizes where not the
+    default."""
+    default = Settings()
+    if g.get("rank", default.rank) == default.rank:
+        return f"{g['max_ops']} ops"
+    return f"{g['max_ops']} ops, rank {g['rank']}, sizes {', '.join(map(str, g['sizes']))}"
 
 
 def _ops_missing(reasons: dict[str, str], names: list[str]) -> str:
