@@ -39,11 +39,15 @@ from tensat.rewrites.dsl import Rule
 from tensat.rewrites.generate import Settings, default_ops, generate, term_size
 from tensat.rewrites.verify import bindings
 
-# the pools' rank-4 run: pools with the ops the hand-written rules move them across
-RANK4_OPS = ("maxpool", "avgpool", "globalavgpool", "relu", "sigmoid", "tanh", "add", "mul", "concat", "slice")
+# the library's rank-4 set: the pools with the ops the hand-written rules move them across, and rank-4 transposes
+RANK4_OPS = (
+    "maxpool", "avgpool", "globalavgpool", "relu", "sigmoid", "tanh", "add", "mul", "concat", "slice", "transpose",
+    "matmul",
+)  # fmt: skip
 DEFAULT_RUNS = (
     "3:default",
     "4:add,mul,sub,neg,relu,matmul,transpose",
+    "3:transpose,matmul:3:2,3",
     f"2:{','.join(RANK4_OPS)}:4:3,4",
 )
 
