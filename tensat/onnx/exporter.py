@@ -112,6 +112,7 @@ class _Exporter:
         self.output_ids = {n for _, n in g.outputs}
         self.readers = self._consumers(emitted)
         self.gemms = self._find_gemms(emitted)
+        self.summed = self._find_summed(emitted)
         self.transposed_b = self._find_transposed_b()
         self.squeezed = self._find_squeezable(emitted)
         for i in self.live:
@@ -142,7 +143,7 @@ class _Exporter:
             if i in self.gemms:
                 _ex_gemm(self, i)
                 continue
-            EXPORTERS[n.op](self, i)
+            EXPORTERS["sum" if i in self.summed else n.op](self, i)
         self._emit_output_aliases()
         return self._model()
 
@@ -274,6 +275,20 @@ class _Exporter:
             if ok:
                 out.add(j)
         return out
+
+    def _find_summed(self, emitted: Sequence[int]) -> set[int]:
+        """Add nodes written as a Sum (the same sum): those a LayerNormalization normalizes. onnxruntime fuses an
+        Add before a LayerNormalization into its SkipLayerNormalization kernel, which tensat prices as its own op
+        (`skip_layernorm`, written as that kernel where the extraction chose it); where the extraction chose the Add
+        and the LayerNormalization apart, as priced, a Sum is what keeps onnxruntime running them apart."""
+        g = self.graph
+        return {
+            i
+            for i in emitted
+            if g.nodes[i].op == "add"
+            and i not in self.gemms
+            and any(g.nodes[r].op == "layernorm" and g.nodes[r].inputs[0] == i for r in self.readers.get(i, ()))
+        }
 
     def _find_gemms(self, emitted: Sequence[int]) -> dict[int, int]:
         """Add nodes that export with the MatMul they read as one Gemm: add id -> matmul id.

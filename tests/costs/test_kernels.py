@@ -213,10 +213,25 @@ def test_an_lrn_onnxruntime_runs_slower_is_written_as_its_definition_and_timed_f
 
 def test_the_kernels_check_sees_a_fusion_the_model_did_not_write() -> None:
     """A LayerNormalization after an Add is written as two ops; onnxruntime runs it as SkipLayerNormalization."""
-    graph = onnx_io.import_model(_post_norm()).compact()
-    check = fusions.check_kernels(onnx_io.export_model(graph))
+    check = fusions.check_kernels(_post_norm())
     assert check.written == {"LayerNormalization": 1} and check.run == {"SkipLayerNormalization": 1}
     assert not check.match
+
+
+def test_an_add_chosen_apart_from_its_layernorm_is_written_so_that_it_runs_apart() -> None:
+    """An Add and the LayerNormalization reading it, chosen as two ops and priced as two, are written with the Add
+    as a Sum: onnxruntime runs the two kernels priced, not its SkipLayerNormalization (which the extraction prices
+    as its own op where it chooses it). The outputs are the model's."""
+    model = _post_norm()
+    graph = onnx_io.import_model(model).compact()
+    assert {n.op for n in graph.nodes} >= {"add", "layernorm"}
+    out = onnx_io.export_model(graph)
+    written = [n.op_type for n in out.graph.node]
+    assert "Sum" in written and "LayerNormalization" in written
+    check = fusions.check_kernels(out)
+    assert check.match and check.run == {"LayerNormalization": 1}
+    x = RNG.standard_normal((1, SEQ, HIDDEN)).astype(np.float32)
+    np.testing.assert_allclose(_run(out, x), _run(model, x), rtol=1e-5, atol=1e-5)
     summed = Graph()
     x = summed.input("x", (1, SEQ, HIDDEN))
     z = summed.input("z", (1, SEQ, HIDDEN))
