@@ -21,13 +21,16 @@ does, and verified.
    library); one the kept rules derive is dropped.
 6. **Verification.** A candidate not derived becomes the rules of its valid orientations (a left side that is an op,
    a right side whose variables the left binds). Each must keep its shape at every leaf shape of a small set
-   (`shape_sound`: broadcasts are where the verifier's samples miss most) and pass `rewrites.verify`. One that
-   fails is retried with guards of the enumeration's two assumptions: its leaves' rank (an axis means what it does
-   at that rank) and their equal shapes (`same-shape`); one that fails with both is rejected.
+   (`shape_sound`: broadcasts are where the verifier's samples miss most) and pass `rewrites.verify` at two seeds.
+   One that fails is retried with guards of the enumeration's two assumptions, its leaves' rank and their equal
+   shapes (`same-shape`), but not where the binding that refuted it satisfies them; one that fails with both is
+   rejected. A rule that fixes an integer attribute (an axis, a perm, pads) is only tried guarded to the rank: the
+   value means something else at another.
    A rule kept is **generalized**: each attribute value its left side fixes becomes a variable wherever the rule
    still holds, for attributes the verifier checks at every value (an axis, a permutation, a slice's start and
    size; `OpDef.exhaustive` and `OpDef.solved`). Found at axis 0, `relu(concat(x, y))` = `concat(relu(x),
-   relu(y))` is kept for every axis, and derives the candidates of the other axes.
+   relu(y))` is kept for every axis, and derives the candidates of the other axes; left with no integer attribute
+   fixed, it sheds its rank guards where it holds at every rank.
 7. **Multi-pattern rules**, over pairs of terms: a candidate `concat(a, b) = m` whose halves are terms that share
    an input becomes the rule that rewrites the pair (a, b) into the two slices of m, as Tensat merges two matmuls
    through concat and split. It is verified like the others, and one whose patterns are an instance of a kept
@@ -71,6 +74,7 @@ from .verify import FLOAT_SCALES, pattern_shape, verify_rule
 LEAVES = ("x", "y", "z")
 MAX_BATCH = 64  # candidates checked, verified and kept in one minimization round, at most
 VERIFY_TRIALS, VERIFY_CASES = 8, 8  # bindings per combination, and in all, a generated rule is verified on
+VERIFY_SEEDS = 2  # ... at each of this many seeds
 # the leaves' elements, as TASO draws its fingerprints' inputs: small nonzero integers, so that comparisons tie and
 # polynomial ops are exact (a division by zero, a root of a negative leave a term out where it occurs)
 LEAF_VALUES = np.array([-3.0, -2.0, -1.0, 1.0, 2.0, 3.0])
@@ -504,11 +508,16 @@ def _same_shape_guards(rule: Rule) -> Rule:
     return Rule(rule.name, rule.lhs, rule.rhs, rule.lets, rule.guards + guards, rule.source, rule.tolerance)
 
 
-def _passes(rule: Rule, seed: int) -> bool:
-    """The verifier passes `rule` on VERIFY_TRIALS bindings per combination, VERIFY_CASES at least: a generated rule
-    was found by a coincidence of values, and is checked harder than one written by hand."""
-    result = verify_rule(rule, trials=VERIFY_TRIALS, seed=seed)
-    return result.ok and result.cases >= VERIFY_CASES
+def _refuting(rule: Rule, seed: int) -> dict[str, Any] | None:
+    """None if the verifier passes `rule` at VERIFY_SEEDS seeds, on VERIFY_TRIALS bindings per combination and
+    VERIFY_CASES at least each (a generated rule was found by a coincidence of values, and is checked harder than
+    one written by hand); else the binding it failed at ({} where it found none: too few cases, or no valid
+    binding)."""
+    for k in range(VERIFY_SEEDS):
+        result = verify_rule(rule, trials=VERIFY_TRIALS, seed=seed + 1000 * k)
+        if not (result.ok and result.cases >= VERIFY_CASES):
+            return dict(result.counterexample)
+    return None
 
 
 def _probe_shapes(rank: int) -> list[tuple[int, ...]]:
@@ -578,9 +587,28 @@ def shape_sound(rule: Rule, rank: int) -> bool:
     return True
 
 
+def _counterexample(rule: Rule, seed: int, rank: int) -> dict[str, Any] | None:
+    """A generated rule's check: None where its shapes agree (`shape_sound`) and the verifier passes it; else the
+    binding the verifier refuted it at (`_refuting`; {} for none)."""
+    return _refuting(rule, seed) if shape_sound(rule, rank) else {}
+
+
 def _holds(rule: Rule, seed: int, rank: int) -> bool:
-    """A generated rule's check: its shapes agree (`shape_sound`) and the verifier passes it (`_passes`)."""
-    return shape_sound(rule, rank) and _passes(rule, seed)
+    """Whether a generated rule passes its check (`_counterexample`)."""
+    return _counterexample(rule, seed, rank) is None
+
+
+def _admits(rule: Rule, binding: Mapping[str, Any]) -> bool:
+    """Whether `rule`'s guards hold at `binding` (a verifier's counterexample: shapes and attributes), which then
+    refutes `rule` too."""
+    if not binding:
+        return False
+    shapes = binding["shapes"]
+    try:
+        env, _ = bind_lets(rule, dict(binding["attrs"]), shapes)
+        return all(eval_expr(g, env, shapes) for g in rule.guards)
+    except (ops.ShapeError, ValueError, IndexError, KeyError, TypeError):
+        return False
 
 
 def _rank_guards(rule: Rule, rank: int) -> Rule:
@@ -593,14 +621,48 @@ def _rank_guards(rule: Rule, rank: int) -> Rule:
 def verified(rule: Rule, seed: int, rank: int) -> Rule | None:
     """The first of these that holds (`_holds`), generalized (`generalized`): `rule`; it with the guards of the
     enumeration's assumptions, its leaves' rank (`_rank_guards`), their equal shapes (`_same_shape_guards`), or both.
-    None if none holds."""
-    tries = [rule, _rank_guards(rule, rank)]
+    None if none holds. A guarded one whose guards hold at a binding that refuted an earlier one is refuted by it
+    too, and is not sampled (where it could pass by luck)."""
+    specific = _rank_specific(rule)
+    tries = ([] if specific else [rule]) + [_rank_guards(rule, rank)]
     if len(rule.tensor_vars()) > 1:
-        tries += [_same_shape_guards(rule), _same_shape_guards(_rank_guards(rule, rank))]
+        tries += ([] if specific else [_same_shape_guards(rule)]) + [_same_shape_guards(_rank_guards(rule, rank))]
+    refuted: list[dict[str, Any]] = []
     for attempt in tries:
-        if _holds(attempt, seed, rank):
-            return generalized(attempt, seed, rank)
+        if any(_admits(attempt, binding) for binding in refuted):
+            continue
+        found = _counterexample(attempt, seed, rank)
+        if found is None:
+            return _unranked(generalized(attempt, seed, rank), seed, rank)
+        refuted.append(found)
     return None
+
+
+def _attr_literals(p: Pattern) -> Iterator[tuple[str, str, Any]]:
+    """(op, attribute, value) of each attribute `p` fixes to a value (not a variable)."""
+    if isinstance(p, Term):
+        for k, e in p.attrs:
+            if not isinstance(e, Var):
+                yield p.op, k, e
+        for a in p.args:
+            yield from _attr_literals(a)
+
+
+def _rank_specific(rule: Rule) -> bool:
+    """Whether `rule` fixes an integer attribute (an axis, a perm, pads, reduced axes): at another rank than the
+    enumeration's the value means something else, and the rule is only tried guarded to that rank."""
+    kinds = {(op, k) for p in (*rule.lhs, *rule.rhs) for op, k, _ in _attr_literals(p)}
+    return any(dict(ops.get(op).attrs)[k] in ("int", "ints") for op, k in kinds)
+
+
+def _unranked(rule: Rule, seed: int, rank: int) -> Rule:
+    """`rule` without the rank guards `_rank_guards` gave it, where generalization left it no integer attribute
+    fixed and it holds at every rank (`relu(concat(x, y, ?axis))`); else `rule`."""
+    ranked = set(_rank_guards(Rule(rule.name, rule.lhs, rule.rhs), rank).guards)
+    if _rank_specific(rule) or not ranked & set(rule.guards):
+        return rule
+    free = Rule(rule.name, rule.lhs, rule.rhs, rule.lets, tuple(g for g in rule.guards if g not in ranked), rule.source)
+    return free if _holds(free, seed, rank) else rule
 
 
 def _general(op: str, attr: str) -> bool:
@@ -629,27 +691,32 @@ def _liftable(p: Pattern) -> list[tuple[str, Any]]:
     return list(dict.fromkeys(out))
 
 
-def generalized(rule: Rule, seed: int, rank: int) -> Rule:
-    """`rule` with each attribute value its left side fixes made a variable, one (attribute, value) at a time,
-    wherever the rule still holds (`_holds`): `relu(concat(x, y, axis 0)) = concat(relu(x), relu(y), axis 0)` holds
-    at every axis, and is kept as the rule of `?axis`. The enumeration draws attributes from small domains, at one
-    rank; the rule found at one value is a rule of all of them, and derives the candidates of the others."""
-    if rule.multi:
-        return rule
-    for attr, value in [pair for t in rule.lhs for pair in _liftable(t)]:
-        taken = set(_vars(rule.lhs[0])) | set(_vars(rule.rhs[0]))
+def _lifted(rule: Rule, pairs: Sequence[tuple[str, Any]]) -> Rule:
+    """`rule` with each (attribute, value) of `pairs` made a variable of its own (named after the attribute)."""
+    lhs, rhs = list(rule.lhs), list(rule.rhs)
+    for attr, value in pairs:
+        taken = set(_vars(lhs[0])) | set(_vars(rhs[0]))
         var = Var(
             next(n for n in itertools.chain([attr], (f"{attr}{i}" for i in itertools.count(1))) if n not in taken)
         )
-        lifted = Rule(
-            rule.name,
-            tuple(cast(Term, _lift(t, attr, value, var)) for t in rule.lhs),
-            tuple(_lift(t, attr, value, var) for t in rule.rhs),
-            rule.lets,
-            rule.guards,
-            rule.source,
-            rule.tolerance,
-        )
+        lhs = [cast(Term, _lift(t, attr, value, var)) for t in lhs]
+        rhs = [_lift(t, attr, value, var) for t in rhs]
+    return Rule(rule.name, tuple(lhs), tuple(rhs), rule.lets, rule.guards, rule.source, rule.tolerance)
+
+
+def generalized(rule: Rule, seed: int, rank: int) -> Rule:
+    """`rule` with each attribute value its left side fixes made a variable wherever the rule still holds
+    (`_holds`): `relu(concat(x, y, axis 0)) = concat(relu(x), relu(y), axis 0)` holds at every axis, and is kept as
+    the rule of `?axis`. The enumeration draws attributes from small domains, at one rank; the rule found at one
+    value is a rule of all of them, and derives the candidates of the others. Every value is lifted at once where
+    that holds (one verification, the common case), else one (attribute, value) at a time."""
+    if rule.multi:
+        return rule
+    pairs = list(dict.fromkeys(pair for t in rule.lhs for pair in _liftable(t)))
+    if len(pairs) > 1 and _holds(every := _lifted(rule, pairs), seed, rank):
+        return every
+    for pair in pairs:
+        lifted = _lifted(rule, [pair])
         if _holds(lifted, seed, rank):
             rule = lifted
     return rule

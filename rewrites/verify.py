@@ -42,7 +42,7 @@ from . import all_rules
 from .dsl import Call, Lit, Pattern, Rule, Term, Var, attr_value, bind_lets, eval_expr, inline_lets, instantiate
 
 MAX_RANK = 4
-FLOAT_SCALES = (1.0, 4.0)  # the spreads of the random tensors a binding draws, one per binding
+FLOAT_SCALES = (1.0, 4.0, 16.0)  # the spreads of the random tensors a binding draws, one per binding
 
 
 class Reject(Exception):

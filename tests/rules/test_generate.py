@@ -76,7 +76,8 @@ def test_small_registry_finds_the_known_identities(small: object) -> None:
     for text in (
         "(rule a (add ?y ?x) (add ?x ?y))",
         "(rule a (relu (relu ?x)) (relu ?x))",
-        "(rule a (transpose (transpose ?x :perm (vec 1 0)) :perm (vec 1 0)) ?x)",
+        # every perm of rank 2 is its own inverse; a perm is a rank's, so the rule is guarded to it
+        "(rule a (transpose (transpose ?x :perm ?perm) :perm ?perm) ?x :when ((= (rank ?x) 2)))",
         "(rule a (matmul (matmul ?x ?y) ?z) (matmul ?x (matmul ?y ?z)))",
         "(rule a (transpose (relu ?x) :perm ?perm) (relu (transpose ?x :perm ?perm)))",  # at every perm
     ):
@@ -242,6 +243,17 @@ def test_an_attribute_a_rule_holds_at_every_value_of_becomes_a_variable() -> Non
         found = generalized(_rule(text), seed=0, rank=2)
         assert canonical_form(found) == canonical_form(_rule(general or text)), text
         assert verify_rule(found, seed=3).ok
+
+
+def test_a_rule_true_below_a_bound_only_is_not_kept_under_any_guard() -> None:
+    """A clip to [0, 6] of a relu is the relu up to 6: the verifier's widest spread crosses the bound at every seed,
+    and a guarded retry is refuted by the binding that refuted the rule where its guards hold there."""
+    for text in (
+        "(rule a (clip (relu ?x) :min 0.0 :max 6.0) (relu ?x))",
+        "(rule a (clip (abs ?x) :min 0.0 :max 6.0) (abs ?x))",
+    ):
+        for seed in range(6):
+            assert verified(_rule(text), seed=seed, rank=2) is None, (text, seed)
 
 
 def test_a_rule_true_at_the_leaves_rank_only_is_guarded_to_it() -> None:
