@@ -45,7 +45,7 @@ import hashlib
 import itertools
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, cast
 
 import numpy as np
@@ -505,7 +505,7 @@ def _same_shape_guards(rule: Rule) -> Rule:
     """`rule` guarded by its left side's tensor variables having equal shapes (as the enumeration's leaves had)."""
     names = rule.tensor_vars()
     guards = tuple(Call("same-shape", (Var(a), Var(b))) for a, b in itertools.combinations(names, 2))
-    return Rule(rule.name, rule.lhs, rule.rhs, rule.lets, rule.guards + guards, rule.source, rule.tolerance)
+    return replace(rule, guards=rule.guards + guards)
 
 
 def _refuting(rule: Rule, seed: int) -> dict[str, Any] | None:
@@ -529,20 +529,21 @@ def _probe_shapes(rank: int) -> list[tuple[int, ...]]:
     return list(dict.fromkeys(p for p in probes if p))
 
 
+def _op_attrs(p: Pattern) -> Iterator[tuple[str, str, Any]]:
+    """(op, attribute, value expression) of every attribute of `p`'s ops, outermost first."""
+    if isinstance(p, Term):
+        for k, e in p.attrs:
+            yield p.op, k, e
+        for a in p.args:
+            yield from _op_attrs(a)
+
+
 def _attr_vars(rule: Rule) -> dict[str, tuple[str, str]]:
     """The left side's attribute variables, each with the (op, attribute) it first sets."""
     found: dict[str, tuple[str, str]] = {}
-
-    def walk(p: Pattern) -> None:
-        if isinstance(p, Term):
-            for k, e in p.attrs:
-                if isinstance(e, Var):
-                    found.setdefault(e.name, (p.op, k))
-            for a in p.args:
-                walk(a)
-
-    for t in rule.lhs:
-        walk(t)
+    for op, k, e in (item for t in rule.lhs for item in _op_attrs(t)):
+        if isinstance(e, Var):
+            found.setdefault(e.name, (op, k))
     return found
 
 
@@ -611,11 +612,15 @@ def _admits(rule: Rule, binding: Mapping[str, Any]) -> bool:
         return False
 
 
+def _rank_guard_calls(rule: Rule, rank: int) -> tuple[Call, ...]:
+    """The guards that `rule`'s left side's tensor variables have rank `rank`."""
+    return tuple(Call("=", (Call("rank", (Var(v),)), literal(rank))) for v in rule.tensor_vars())
+
+
 def _rank_guards(rule: Rule, rank: int) -> Rule:
     """`rule` guarded by its left side's tensor variables having rank `rank` (the enumeration's leaves'): an
     attribute value means what it does at that rank (`slice(matmul(x, y), axis 1)` slices y's columns at rank 2)."""
-    guards = tuple(Call("=", (Call("rank", (Var(v),)), literal(rank))) for v in rule.tensor_vars())
-    return Rule(rule.name, rule.lhs, rule.rhs, rule.lets, rule.guards + guards, rule.source, rule.tolerance)
+    return replace(rule, guards=rule.guards + _rank_guard_calls(rule, rank))
 
 
 def verified(rule: Rule, seed: int, rank: int) -> Rule | None:
@@ -638,30 +643,20 @@ def verified(rule: Rule, seed: int, rank: int) -> Rule | None:
     return None
 
 
-def _attr_literals(p: Pattern) -> Iterator[tuple[str, str, Any]]:
-    """(op, attribute, value) of each attribute `p` fixes to a value (not a variable)."""
-    if isinstance(p, Term):
-        for k, e in p.attrs:
-            if not isinstance(e, Var):
-                yield p.op, k, e
-        for a in p.args:
-            yield from _attr_literals(a)
-
-
 def _rank_specific(rule: Rule) -> bool:
     """Whether `rule` fixes an integer attribute (an axis, a perm, pads, reduced axes): at another rank than the
     enumeration's the value means something else, and the rule is only tried guarded to that rank."""
-    kinds = {(op, k) for p in (*rule.lhs, *rule.rhs) for op, k, _ in _attr_literals(p)}
+    kinds = {(op, k) for p in (*rule.lhs, *rule.rhs) for op, k, e in _op_attrs(p) if not isinstance(e, Var)}
     return any(dict(ops.get(op).attrs)[k] in ("int", "ints") for op, k in kinds)
 
 
 def _unranked(rule: Rule, seed: int, rank: int) -> Rule:
     """`rule` without the rank guards `_rank_guards` gave it, where generalization left it no integer attribute
     fixed and it holds at every rank (`relu(concat(x, y, ?axis))`); else `rule`."""
-    ranked = set(_rank_guards(Rule(rule.name, rule.lhs, rule.rhs), rank).guards)
+    ranked = set(_rank_guard_calls(rule, rank))
     if _rank_specific(rule) or not ranked & set(rule.guards):
         return rule
-    free = Rule(rule.name, rule.lhs, rule.rhs, rule.lets, tuple(g for g in rule.guards if g not in ranked), rule.source)
+    free = replace(rule, guards=tuple(g for g in rule.guards if g not in ranked))
     return free if _holds(free, seed, rank) else rule
 
 
@@ -683,12 +678,7 @@ def _lift(p: Pattern, attr: str, value: Any, var: Var) -> Pattern:
 def _liftable(p: Pattern) -> list[tuple[str, Any]]:
     """The (attribute, value) pairs of `p`'s ops, in order, that `_general` says a rule can hold for every value
     of."""
-    out: list[tuple[str, Any]] = []
-    if isinstance(p, Term):
-        out += [(k, e) for k, e in p.attrs if not isinstance(e, Var) and _general(p.op, k)]
-        for a in p.args:
-            out += _liftable(a)
-    return list(dict.fromkeys(out))
+    return list(dict.fromkeys((k, e) for op, k, e in _op_attrs(p) if not isinstance(e, Var) and _general(op, k)))
 
 
 def _lifted(rule: Rule, pairs: Sequence[tuple[str, Any]]) -> Rule:
@@ -701,7 +691,7 @@ def _lifted(rule: Rule, pairs: Sequence[tuple[str, Any]]) -> Rule:
         )
         lhs = [cast(Term, _lift(t, attr, value, var)) for t in lhs]
         rhs = [_lift(t, attr, value, var) for t in rhs]
-    return Rule(rule.name, tuple(lhs), tuple(rhs), rule.lets, rule.guards, rule.source, rule.tolerance)
+    return replace(rule, lhs=tuple(lhs), rhs=tuple(rhs))
 
 
 def generalized(rule: Rule, seed: int, rank: int) -> Rule:
