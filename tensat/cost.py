@@ -178,17 +178,22 @@ def transposes_into_matmul(transpose: Node) -> bool:
     return r >= 2 and perm in ((*range(r - 2), r - 1, r - 2), (*middle, 0, r - 1), (*middle, r - 1, 0))
 
 
+CHANNEL_ALIGNMENT = 4  # channels onnxruntime's NCHWc reorder reads at a time: a reordered input's must be a multiple
+
+
 def blocked_conv(weight: Shape, group: int, block: int) -> bool:
     """Whether onnxruntime's CPU session runs a convolution with weights of shape `weight` (constant, float) in
-    `group` groups in its blocked NCHWc layout of channel block `block` (its NchwcTransformer): a depthwise one, or
-    a grouped one whose input and output channels per group are multiples of the block; without groups, one over
-    fewer input channels than the block (read as NCHW) or over a multiple of it."""
+    `group` groups in its blocked NCHWc layout of channel block `block` (its NchwcTransformer), as onnxruntime 1.31
+    was seen to on CPUs of block 8 and 16: without groups, one over fewer input channels than the block (read as
+    NCHW) or over a multiple of CHANNEL_ALIGNMENT (padded to the block), whatever its output channels; a depthwise
+    one over a multiple of CHANNEL_ALIGNMENT; a grouped one whose input and output channels per group are
+    multiples of the block."""
     out_channels, in_channels = weight[0], weight[1]
     if group > 1:
-        depthwise = in_channels == 1 and out_channels == group
-        aligned = in_channels % block == 0 and out_channels % group == 0 and (out_channels // group) % block == 0
-        return out_channels % block == 0 and (depthwise or aligned)
-    return in_channels < block or in_channels % block == 0
+        if in_channels == 1 and out_channels == group:
+            return out_channels % CHANNEL_ALIGNMENT == 0
+        return in_channels % block == 0 and out_channels % group == 0 and (out_channels // group) % block == 0
+    return in_channels < block or in_channels % CHANNEL_ALIGNMENT == 0
 
 
 BLOCKED_POOLS = frozenset({"maxpool", "avgpool"})  # pools onnxruntime blocks whatever their input's layout

@@ -875,6 +875,30 @@ def test_the_catalogue_counts_the_kernels_onnxruntime_runs(name, tmp_path):
     assert len(runtime_kernels(g)) == len(ran), sorted(ran)
 
 
+@pytest.mark.parametrize(
+    ("in_channels", "out_channels", "group"),
+    [(3, 8, 1), (18, 8, 1), (20, 8, 1), (34, 16, 1), (40, 6, 1), (48, 16, 1), (6, 6, 6), (8, 8, 8), (12, 12, 12),
+     (24, 24, 2), (32, 64, 2), (48, 48, 3)],
+)  # fmt: skip
+def test_blocked_convolutions_are_those_onnxruntime_blocks(in_channels, out_channels, group, tmp_path):
+    """`blocked_conv` says which convolutions onnxruntime runs in its NCHWc layout, as its optimized model shows (a
+    blocked one is written between reorders): the Sum fusion and the blocked activations follow from it."""
+    from tensat.cost import blocked_conv
+
+    block = nchwc_block()
+    if not block:
+        pytest.skip("no NCHWc kernels on this CPU")
+    g = Graph()
+    x = g.input("x", (1, in_channels, 8, 8))
+    weight = g.weight(np.ones((out_channels, in_channels // group, 3, 3), np.float32))
+    attrs = {**conv_attrs(3), "group": group}
+    g.output("y", g.add("conv2d", [x, weight, g.weight(np.zeros(out_channels, np.float32))], **attrs))
+    optimized = tmp_path / "opt.onnx"
+    make_session(export_model(g), optimized_path=str(optimized))
+    reordered = any(n.op_type == "ReorderOutput" for n in onnx.load(str(optimized)).graph.node)
+    assert blocked_conv((out_channels, in_channels // group, 3, 3), group, block) == reordered
+
+
 def test_group_unit_keeps_internal_edges():
     g = small_cnn()
     unit = _group(g, ("conv2d", "add", "relu"))
