@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -62,10 +63,10 @@ def _settings(run: str) -> Settings:
     return Settings(max_ops=int(max_ops), ops=ops)
 
 
-def generation(run: str) -> dict[str, Any]:
-    """One generation's counts and times."""
+def generation(run: str, jobs: int = 1) -> dict[str, Any]:
+    """One generation's counts and times, its candidates verified in `jobs` processes."""
     settings = _settings(run)
-    result = generate(settings, Prover(), lambda m: print(f"  {m}", file=sys.stderr, flush=True))
+    result = generate(settings, Prover(), lambda m: print(f"  {m}", file=sys.stderr, flush=True), jobs)
     hand = [r for r in rewrites.all_rules() if not r.multi]
     start = time.perf_counter()
     verdicts = derived(result.rules, hand, rank=settings.rank)
@@ -76,6 +77,7 @@ def generation(run: str) -> dict[str, Any]:
         "max_ops": settings.max_ops,
         "rank": settings.rank,
         "sizes": list(settings.sizes),
+        "jobs": jobs,
         "ops": list(settings.ops) if settings.ops is not None else ["default", *default_ops(settings.rank)],
         "terms": result.terms,
         "classes": result.classes,
@@ -166,6 +168,11 @@ def markdown(data: dict[str, Any]) -> str:
             f"| {s['enumerate']:.1f} / {s['prune']:.1f} / {s['refute']:.1f} / {s['minimize']:.1f} / {s['multi']:.1f} "
             f"| {g['hand_derived']} of {g['hand_rules']} |"
         )
+    jobs = sorted({g.get("jobs", 1) for g in data["generations"]})
+    lines += [
+        "",
+        f"Candidates verified in {' or '.join(map(str, jobs))} processes (`--jobs`; the rules do not depend on it).",
+    ]
     for g in data["generations"]:
         reasons = collections.defaultdict(list)
         for name, why in g["not_derived"].items():
@@ -223,6 +230,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--runs", nargs="*", default=list(DEFAULT_RUNS), help="generations as MAX_OPS:OPS (default: %(default)s)"
     )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=len(os.sched_getaffinity(0)),
+        help="processes verifying a generation's candidates, as `tensat rules generate --jobs` (default: the cores)",
+    )
     p.add_argument("--no-use", action="store_true", help="skip the benchmark graphs")
     p.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     p.add_argument("--render", action="store_true", help="rewrite the markdown from the JSON only")
@@ -234,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     data: dict[str, Any] = {"machine": machine_info(), "generations": []}
     for run in args.runs:
         print(f"[generate {run}]", file=sys.stderr, flush=True)
-        data["generations"].append(generation(run))
+        data["generations"].append(generation(run, args.jobs))
     if rewrites.generated_rules():
         print("[coverage]", file=sys.stderr, flush=True)
         data["coverage"] = coverage()

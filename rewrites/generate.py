@@ -41,8 +41,10 @@ The result is written as a rule file (`rules_text`) whose header says how to mak
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import itertools
+import multiprocessing
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -491,8 +493,9 @@ def instance_of(pair: tuple[Pattern, Pattern], rules: Sequence[Rule]) -> bool:
     """Whether one unguarded rule of `rules`, applied once at the root, rewrites one side of `pair` into the other:
     the pair is then derived without an e-graph (two candidates of one batch, one an instance of the other)."""
     a, b = pair
+    roots = {p.op for p in pair if isinstance(p, Term)}
     for rule in rules:
-        if rule.guards or rule.multi:
+        if rule.guards or rule.multi or rule.lhs[0].op not in roots:
             continue
         for src, dst in ((a, b), (b, a)):
             binding: dict[str, Pattern] = {}
@@ -873,12 +876,45 @@ class Generated:
         return len({r.name.removesuffix("-rev") for r in self.rules if not r.multi})
 
 
+def _verified_orientations(task: tuple[tuple[Rule, ...], int, int]) -> list[Rule]:
+    """The rules of one candidate's orientations that pass verification (`verified`), for a worker process."""
+    oriented, seed, rank = task
+    return [r for r in (verified(r, seed, rank) for r in oriented) if r is not None]
+
+
+class _Workers:
+    """`_verified_orientations` over many candidates, in `jobs` worker processes where there are several (started
+    at the first batch that has work for more than one, spawned: the caller's process runs egglog, whose threads a
+    fork would copy mid-state). The answers come back in order, so a run's rules do not depend on `jobs`."""
+
+    def __init__(self, jobs: int) -> None:
+        self.jobs = jobs
+        self.pool: concurrent.futures.ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> _Workers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+
+    def map(self, tasks: Sequence[tuple[tuple[Rule, ...], int, int]]) -> list[list[Rule]]:
+        if self.jobs <= 1 or len(tasks) <= 1:
+            return [_verified_orientations(t) for t in tasks]
+        if self.pool is None:
+            self.pool = concurrent.futures.ProcessPoolExecutor(
+                self.jobs, mp_context=multiprocessing.get_context("spawn")
+            )
+        return list(self.pool.map(_verified_orientations, tasks))
+
+
 def minimize(
     pairs: Sequence[tuple[Pattern, Pattern]],
     prove: Prover,
     shape: tuple[int, ...],
     seed: int = 0,
     progress: Progress | None = None,
+    jobs: int = 1,
 ) -> tuple[list[Rule], dict[str, int]]:
     """Keep, smallest first, the candidates the kept rules do not derive, verified; (rules, counts).
 
@@ -887,42 +923,46 @@ def minimize(
     root. A rule the prover finds unsound (egglog merged terms of different shapes) is dropped, and the batch
     checked again. Batches double from one at each size of candidate (the larger side's ops)
     up to MAX_BATCH: the smallest candidates of a size are kept one at a time (a rule kept can only drop those after
-    it), and the larger ones in batches, each candidate checked once."""
-    remaining = sorted(pairs, key=_by_ops)
+    it), and the larger ones in batches, each candidate checked once.
+
+    A batch's candidates are verified in `jobs` processes, all of them before the sequential check of which a rule
+    of the same batch rewrites: a rule is named by its candidate's place in the minimization's order (the
+    verifier's random draws follow the name), so that what is kept does not depend on `jobs`."""
+    remaining = list(enumerate(sorted(pairs, key=_by_ops)))
     rules: list[Rule] = []
     counts = {"derived": 0, "not_rewrites": 0, "rejected": 0, "guarded": 0, "unsound": 0}
     batch, level = 1, 0
-    number = 0
-    while remaining:
-        size = _size(remaining[0])
-        if size != level:
-            batch, level = 1, size
-        chosen = [p for p in remaining[:batch] if _size(p) == level]
-        remaining = remaining[len(chosen) :]
-        if rules:
-            proved, sound = proved_by_sound(prove, rules, chosen, shape)
-            counts["unsound"] += len(rules) - len(sound)
-            rules = sound
-            counts["derived"] += sum(proved)
-            chosen = [p for p, done in zip(chosen, proved) if not done]
-        for a, b in chosen:
-            if instance_of((a, b), rules):
-                counts["derived"] += 1
-                continue
-            oriented = orientations(a, b, f"{rule_prefix(len(shape))}-{number}")
-            if not oriented:
-                counts["not_rewrites"] += 1
-                continue
-            kept = [r for r in (verified(r, seed, len(shape)) for r in oriented) if r is not None]
-            if not kept:
-                counts["rejected"] += 1
-                continue
-            counts["guarded"] += any(r.guards for r in kept)
-            rules += kept
-            number += 1
-        batch = min(2 * batch, MAX_BATCH)
-        if progress is not None:
-            progress(f"minimize: {number} kept, {len(remaining)} to check, {counts['derived']} derived")
+    kept_equations = 0
+    with _Workers(jobs) as workers:
+        while remaining:
+            size = _size(remaining[0][1])
+            if size != level:
+                batch, level = 1, size
+            chosen = [(k, p) for k, p in remaining[:batch] if _size(p) == level]
+            remaining = remaining[len(chosen) :]
+            if rules:
+                proved, sound = proved_by_sound(prove, rules, [p for _, p in chosen], shape)
+                counts["unsound"] += len(rules) - len(sound)
+                rules = sound
+                counts["derived"] += sum(proved)
+                chosen = [c for c, done in zip(chosen, proved) if not done]
+            oriented = [orientations(a, b, f"{rule_prefix(len(shape))}-{k}") for k, (a, b) in chosen]
+            checked = iter(workers.map([(tuple(o), seed, len(shape)) for o in oriented if o]))
+            for (_, pair), candidate in zip(chosen, oriented):
+                kept = next(checked) if candidate else []
+                if instance_of(pair, rules):
+                    counts["derived"] += 1
+                elif not candidate:
+                    counts["not_rewrites"] += 1
+                elif not kept:
+                    counts["rejected"] += 1
+                else:
+                    counts["guarded"] += any(r.guards for r in kept)
+                    rules += kept
+                    kept_equations += 1
+            batch = min(2 * batch, MAX_BATCH)
+            if progress is not None:
+                progress(f"minimize: {kept_equations} kept, {len(remaining)} to check, {counts['derived']} derived")
     return rules, counts
 
 
@@ -938,8 +978,8 @@ def _size(pair: tuple[Pattern, Pattern]) -> int:
     return max(term_size(pair[0]), term_size(pair[1]))
 
 
-def generate(settings: Settings, prove: Prover, progress: Progress | None = None) -> Generated:
-    """The whole generation (see the module docstring)."""
+def generate(settings: Settings, prove: Prover, progress: Progress | None = None, jobs: int = 1) -> Generated:
+    """The whole generation (see the module docstring), its verification in `jobs` processes."""
     found = enumerate_terms(settings, progress)
     t = time.perf_counter()
     pairs, renamings, common = prune(found.candidates)
@@ -954,7 +994,7 @@ def generate(settings: Settings, prove: Prover, progress: Progress | None = None
     if progress is not None:
         progress(f"refuted: {len(pairs) - len(survivors)} candidates differ on float leaves")
     t = time.perf_counter()
-    rules, counts = minimize(survivors, prove, settings.leaf_shape(max(settings.sizes)), settings.seed, progress)
+    rules, counts = minimize(survivors, prove, settings.leaf_shape(max(settings.sizes)), settings.seed, progress, jobs)
     minimized = time.perf_counter() - t
     t = time.perf_counter()
     multi, multi_found = multi_rules(survivors, settings.rank, settings.seed)

@@ -4,6 +4,7 @@ equality saturation (`tensat.egraph.derive`), verified, and written as a rule fi
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 import time
@@ -63,6 +64,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the rule file to write (default: the library's of the rank, rewrites/rules/generated/generated.rules "
         "at rank 2, generated_rN.rules at rank N)",
     )
+    parser.add_argument(
+        "--jobs",
+        type=positive_int,
+        default=len(os.sched_getaffinity(0)),
+        help="processes that verify candidates (default: one per core this process may use); the rules do not "
+        "depend on it",
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
 
 
@@ -98,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"[{time.perf_counter() - start:6.1f} s] {message}", file=sys.stderr, flush=True)
 
-    result = generate(settings, Prover(), progress)
+    result = generate(settings, Prover(), progress, args.jobs)
     command = "tensat rules generate" + "".join(
         f" {flag} {shlex.quote(str(value))}"
         for flag, value in (

@@ -26,6 +26,7 @@ from tensat.ops.registry import (
     Equations,
     OpDef,
     Shape,
+    ShapeError,
     any_data,
     booleans,
     check,
@@ -39,14 +40,13 @@ from tensat.ops.registry import (
 
 def broadcast_shape(shapes: Sequence[Shape], _: Attrs) -> Shape:
     """numpy broadcasting of equal-rank shapes."""
-    check(
-        len({len(s) for s in shapes}) == 1,
-        f"element-wise operands need equal ranks, got {' and '.join(map(str, shapes))}",
-    )
+    if len({len(s) for s in shapes}) != 1:
+        raise ShapeError(f"element-wise operands need equal ranks, got {' and '.join(map(str, shapes))}")
     out = []
     for dims in zip(*shapes):
         top = max(dims)
-        check(all(d in (1, top) for d in dims), f"shapes {' and '.join(map(str, shapes))} do not broadcast")
+        if any(d != 1 and d != top for d in dims):
+            raise ShapeError(f"shapes {' and '.join(map(str, shapes))} do not broadcast")
         out.append(top)
     return tuple(out)
 

@@ -176,8 +176,8 @@ def get(name: str) -> OpDef:
 def shape_of(op: str, in_shapes: Sequence[Shape], attrs: Attrs) -> Shape:
     """Output shape of `op` on inputs of `in_shapes`; raises ShapeError if ill-typed."""
     d = get(op)
-    if d.inputs is not None:
-        check(len(in_shapes) == d.inputs, f"{op} takes {d.inputs} inputs, got {len(in_shapes)}")
+    if d.inputs is not None and len(in_shapes) != d.inputs:
+        raise ShapeError(f"{op} takes {d.inputs} inputs, got {len(in_shapes)}")
     return tuple(int(v) for v in d.shape([tuple(s) for s in in_shapes], attrs))
 
 
