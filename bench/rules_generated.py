@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -35,9 +34,9 @@ from tensat.api import optimize_with_details
 from tensat.egraph.derive import Prover, derived
 from tensat.files import atomic_write_json, atomic_write_text
 from tensat.models import SMALL_SIZES, build_model, model_names
-from tensat.options import RULE_SETS
+from tensat.options import RULE_SETS, positive_int
 from tensat.rewrites.dsl import Rule
-from tensat.rewrites.generate import Settings, default_ops, generate, term_size
+from tensat.rewrites.generate import Settings, default_jobs, default_ops, generate, term_size
 from tensat.rewrites.verify import bindings
 
 # the library's rank-4 set: the pools with the ops the hand-written rules move them across, and rank-4 transposes
@@ -232,8 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument(
         "--jobs",
-        type=int,
-        default=len(os.sched_getaffinity(0)),
+        type=positive_int,
+        default=default_jobs(),
         help="processes verifying a generation's candidates, as `tensat rules generate --jobs` (default: the cores)",
     )
     p.add_argument("--no-use", action="store_true", help="skip the benchmark graphs")

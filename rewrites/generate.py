@@ -45,6 +45,7 @@ import concurrent.futures
 import hashlib
 import itertools
 import multiprocessing
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -876,6 +877,11 @@ class Generated:
         return len({r.name.removesuffix("-rev") for r in self.rules if not r.multi})
 
 
+def default_jobs() -> int:
+    """The processes a generation verifies in unless told: one per core this process may use."""
+    return len(os.sched_getaffinity(0))
+
+
 def _verified_orientations(task: tuple[tuple[Rule, ...], int, int]) -> list[Rule]:
     """The rules of one candidate's orientations that pass verification (`verified`), for a worker process."""
     oriented, seed, rank = task
@@ -947,9 +953,8 @@ def minimize(
                 counts["derived"] += sum(proved)
                 chosen = [c for c, done in zip(chosen, proved) if not done]
             oriented = [orientations(a, b, f"{rule_prefix(len(shape))}-{k}") for k, (a, b) in chosen]
-            checked = iter(workers.map([(tuple(o), seed, len(shape)) for o in oriented if o]))
-            for (_, pair), candidate in zip(chosen, oriented):
-                kept = next(checked) if candidate else []
+            checked = workers.map([(tuple(o), seed, len(shape)) for o in oriented])
+            for (_, pair), candidate, kept in zip(chosen, oriented, checked):
                 if instance_of(pair, rules):
                     counts["derived"] += 1
                 elif not candidate:

@@ -4,7 +4,6 @@ equality saturation (`tensat.egraph.derive`), verified, and written as a rule fi
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
 import time
@@ -18,7 +17,15 @@ from tensat.files import atomic_write_text
 from tensat.options import positive_int
 from tensat.rewrites import GENERATED_DIR
 from tensat.rewrites.dsl import parse_rules
-from tensat.rewrites.generate import Settings, default_ops, enumerable, generate, rules_text, why_not_enumerable
+from tensat.rewrites.generate import (
+    Settings,
+    default_jobs,
+    default_ops,
+    enumerable,
+    generate,
+    rules_text,
+    why_not_enumerable,
+)
 
 
 def library_file(rank: int) -> Path:
@@ -67,7 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--jobs",
         type=positive_int,
-        default=len(os.sched_getaffinity(0)),
+        default=default_jobs(),
         help="processes that verify candidates (default: one per core this process may use); the rules do not "
         "depend on it",
     )

@@ -888,15 +888,16 @@ def test_blocked_convolutions_are_those_onnxruntime_blocks(in_channels, out_chan
     block = nchwc_block()
     if not block:
         pytest.skip("no NCHWc kernels on this CPU")
+    shape = (out_channels, in_channels // group, 3, 3)
     g = Graph()
     x = g.input("x", (1, in_channels, 8, 8))
-    weight = g.weight(np.ones((out_channels, in_channels // group, 3, 3), np.float32))
+    weight = g.weight(np.ones(shape, np.float32))
     attrs = {**conv_attrs(3), "group": group}
     g.output("y", g.add("conv2d", [x, weight, g.weight(np.zeros(out_channels, np.float32))], **attrs))
     optimized = tmp_path / "opt.onnx"
     make_session(export_model(g), optimized_path=str(optimized))
     reordered = any(n.op_type == "ReorderOutput" for n in onnx.load(str(optimized)).graph.node)
-    assert blocked_conv((out_channels, in_channels // group, 3, 3), group, block) == reordered
+    assert blocked_conv(shape, group, block) == reordered
 
 
 def test_group_unit_keeps_internal_edges():
