@@ -5,9 +5,10 @@ hand-written library the generated set derives, and what the search makes of eac
     python -m bench.rules_generated --runs 3:OPS 4:OPS ...   # which generations to run (max ops : op list)
     python -m bench.rules_generated --render                 # rewrite the markdown from the JSON
 
-For each generation (`--runs`; by default the default ops at 3 operators, then a run at 4 operators over a smaller
-op set) it records the terms enumerated per size, the candidates, and what each pruning step dropped, with the time of
-each step, and how many of the hand-written single-pattern rules the run's rules derive. For the library's
+For each generation (`--runs`; by default the default ops at 3 operators, a run at 4 operators over a smaller op set,
+and the library's three other sets: rank-3 transposes, rank-4 pools, and convs over bias vectors) it records the
+terms enumerated per size, the candidates, and what each pruning step dropped, with the time of each step, and how
+many of the hand-written single-pattern rules the run's rules derive. For the library's
 generated set (`tensat.rewrites.generated_rules`), it then reports:
 
 - coverage: each hand-written single-pattern rule instantiated at a binding the verifier samples, and whether the
@@ -44,21 +45,24 @@ RANK4_OPS = (
     "maxpool", "avgpool", "globalavgpool", "relu", "sigmoid", "tanh", "add", "mul", "concat", "slice", "transpose",
     "matmul",
 )  # fmt: skip
+# the library's conv set: a conv with the ops the hand-written conv rules move it across, over two bias vectors
+CONV_OPS = ("conv2d", "relu", "sigmoid", "tanh", "add", "concat", "slice")
 DEFAULT_RUNS = (
     "3:default",
     "4:add,mul,sub,neg,relu,matmul,transpose",
     "3:transpose,matmul:3:2,3",
     f"2:{','.join(RANK4_OPS)}:4:3,4",
+    f"3:{','.join(CONV_OPS)}:4:3,4:2",
 )
 
 
 def _settings(run: str) -> Settings:
-    """A run's settings from MAX_OPS:OPS[:RANK:SIZES] (OPS `default` for the default ops)."""
-    max_ops, names, *rest = run.split(":") + [""]
+    """A run's settings from MAX_OPS:OPS[:RANK:SIZES[:VECTORS]] (OPS `default` for the default ops)."""
+    max_ops, names, *rest = run.split(":") + ["", "", ""]
     ops = None if names in ("", "default") else tuple(names.split(","))
     if rest[0]:
         rank, sizes = int(rest[0]), tuple(int(n) for n in rest[1].split(","))
-        return Settings(max_ops=int(max_ops), ops=ops, rank=rank, sizes=sizes)
+        return Settings(max_ops=int(max_ops), ops=ops, rank=rank, sizes=sizes, vectors=int(rest[2] or 0))
     return Settings(max_ops=int(max_ops), ops=ops)
 
 
@@ -76,6 +80,7 @@ def generation(run: str, jobs: int = 1) -> dict[str, Any]:
         "max_ops": settings.max_ops,
         "rank": settings.rank,
         "sizes": list(settings.sizes),
+        "vectors": settings.vectors,
         "jobs": jobs,
         "ops": list(settings.ops) if settings.ops is not None else ["default", *default_ops(settings.rank)],
         "terms": result.terms,
@@ -109,7 +114,8 @@ def why_not(rule: Rule, settings: Settings) -> str:
     if missing:
         return "ops not enumerated: " + ", ".join(sorted(missing))
     found = bindings(rule, seed=settings.seed, rank=settings.rank)
-    if not found or {len(shape) for shape in found[0][0].values()} != {settings.rank}:
+    ranks = {settings.rank, 1} if settings.vectors else {settings.rank}
+    if not found or not {len(shape) for shape in found[0][0].values()} <= ranks:
         return f"no instance at rank {settings.rank}"
     largest = max(term_size(rule.lhs[0]), term_size(rule.rhs[0]))
     if largest > settings.max_ops:
@@ -211,11 +217,12 @@ def markdown(data: dict[str, Any]) -> str:
 
 def _run_name(g: dict[str, Any]) -> str:
     """A generation's name in the report: its operators per term, and its leaves' rank and sizes where not the
-    default."""
+    default, and its vectors where it has some."""
     default = Settings()
     if g.get("rank", default.rank) == default.rank:
         return f"{g['max_ops']} ops"
-    return f"{g['max_ops']} ops, rank {g['rank']}, sizes {', '.join(map(str, g['sizes']))}"
+    vectors = f", {g['vectors']} vectors" if g.get("vectors") else ""
+    return f"{g['max_ops']} ops, rank {g['rank']}, sizes {', '.join(map(str, g['sizes']))}{vectors}"
 
 
 def _ops_missing(reasons: dict[str, str], names: list[str]) -> str:
@@ -227,7 +234,10 @@ def _ops_missing(reasons: dict[str, str], names: list[str]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.rules_generated", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument(
-        "--runs", nargs="*", default=list(DEFAULT_RUNS), help="generations as MAX_OPS:OPS (default: %(default)s)"
+        "--runs",
+        nargs="*",
+        default=list(DEFAULT_RUNS),
+        help="generations as MAX_OPS:OPS[:RANK:SIZES[:VECTORS]] (default: %(default)s)",
     )
     p.add_argument(
         "--jobs",

@@ -2,9 +2,10 @@
 does, and verified.
 
 1. **Enumeration.** Every term of up to `max_ops` operators over the leaf tensors `?x ?y ?z` (all of rank `rank`,
-   every dim the same size) and the registry's ops, each attribute drawn from the domain its `OpDef` declares for
-   the verifier, or, for one the verifier solves with the shapes, for the generator (`OpDef.generated`: a slice's
-   start and size, valid at every leaf size). As in Ruler, terms are built from one representative per class of
+   every dim the same size), and the vectors `?b ?c` of that size where asked (a conv's bias), and the registry's
+   ops, each attribute drawn from the domain its `OpDef` declares for the verifier, or from the values it declares
+   for the generator (`OpDef.generated`: a slice's start and size, valid at every leaf size; a conv's pads that fit
+   its n x n kernel). As in Ruler, terms are built from one representative per class of
    equal fingerprints: a term equal to a smaller one is a candidate rule, not a building block, since the rule that
    equates them derives every larger term built from it. A term whose value is one number whatever the leaves
    (x - x) is left out.
@@ -28,7 +29,8 @@ does, and verified.
    value means something else at another.
    A rule kept is **generalized**: each attribute value its left side fixes becomes a variable wherever the rule
    still holds, for attributes the verifier checks at every value (an axis, a permutation, a slice's start and
-   size; `OpDef.exhaustive` and `OpDef.solved`). Found at axis 0, `relu(concat(x, y))` = `concat(relu(x),
+   size; `OpDef.exhaustive` and `OpDef.solved`), or at each case it samples, as a hand-written rule is (a conv's
+   strides, pads, dilations and group; `OpDef.sampled`). Found at axis 0, `relu(concat(x, y))` = `concat(relu(x),
    relu(y))` is kept for every axis, and derives the candidates of the other axes; left with no integer attribute
    fixed, it sheds its rank guards where it holds at every rank.
 7. **Multi-pattern rules**, over pairs of terms: a candidate `concat(a, b) = m` whose halves are terms that share
@@ -75,6 +77,7 @@ from .dsl import (
 from .verify import FLOAT_SCALES, pattern_shape, verify_rule
 
 LEAVES = ("x", "y", "z")
+VECTORS = ("b", "c")  # rank-1 leaves of the leaves' size (`Settings.vectors`): a conv's bias
 MAX_BATCH = 64  # candidates checked, verified and kept in one minimization round, at most
 VERIFY_TRIALS, VERIFY_CASES = 8, 8  # bindings per combination, and in all, a generated rule is verified on
 VERIFY_SEEDS = 2  # ... at each of this many seeds
@@ -95,6 +98,7 @@ class Settings:
     leaves: int = 3
     sizes: tuple[int, ...] = (2, 3)  # every dim of every leaf, one fingerprint per size
     seed: int = 0
+    vectors: int = 0  # rank-1 leaves besides (`VECTORS`), for an op that takes one (a conv's bias)
 
     def __post_init__(self) -> None:
         if self.max_ops < 1:
@@ -105,9 +109,25 @@ class Settings:
             raise ValueError(f"rank must be 1 to {ops.MAX_RANK}, got {self.rank}")
         if not self.sizes or min(self.sizes) < 1:
             raise ValueError(f"sizes must be positive, got {self.sizes}")
+        if not 0 <= self.vectors <= len(VECTORS):
+            raise ValueError(f"vectors must be 0 to {len(VECTORS)}, got {self.vectors}")
 
     def leaf_shape(self, size: int) -> tuple[int, ...]:
         return (size,) * self.rank
+
+    def leaf_names(self) -> tuple[str, ...]:
+        """The leaves' variables: the tensors of rank `rank`, then the vectors."""
+        return LEAVES[: self.leaves] + VECTORS[: self.vectors]
+
+
+def leaf_rank(name: str, rank: int) -> int:
+    """The rank of leaf `name` in an enumeration over tensors of rank `rank`: 1 for a vector (`VECTORS`)."""
+    return 1 if name in VECTORS else rank
+
+
+def leaf_shape(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape of leaf `name` where the tensors are of `shape`: a vector's is its first dim."""
+    return shape[:1] if name in VECTORS else shape
 
 
 @dataclass(frozen=True)
@@ -123,8 +143,9 @@ class OpChoice:
         return Term(self.op, tuple(args), tuple((k, literal(v)) for k, v in self.attrs))
 
 
-def why_not_enumerable(name: str, rank: int) -> str | None:
-    """Why op `name` cannot be enumerated over float leaves of rank `rank`, or None when it can."""
+def why_not_enumerable(name: str, rank: int, vectors: int = 0) -> str | None:
+    """Why op `name` cannot be enumerated over float leaves of rank `rank` (and rank 1, where there are `vectors`),
+    or None when it can."""
     d = ops.get(name)
     if d.leaf or d.inputs is None or d.inputs == 0:
         return "it has no tensor inputs"
@@ -135,17 +156,19 @@ def why_not_enumerable(name: str, rank: int) -> str | None:
         return f"its attributes {', '.join(unsized)} are sized by the shapes"
     if not d.accepts(["float32"] * d.inputs):
         return "it does not take float tensors"
-    if d.ranks is not None and any(r not in (ops.SAME, None, rank) for r in d.ranks):
-        return f"it takes tensors of other ranks than {rank}"
+    ranks = (ops.SAME, None, rank, 1) if vectors else (ops.SAME, None, rank)
+    if d.ranks is not None and any(r not in ranks for r in d.ranks):
+        vector = not vectors and 1 in d.ranks
+        return f"it takes tensors of other ranks than {rank}" + (" (and 1: give vectors)" if vector else "")
     missing = [a for a in d.attr_names if a not in d.domains and a not in d.generated]
     if missing:
         return f"its attributes {', '.join(missing)} have no domain"
     return None
 
 
-def enumerable(rank: int) -> list[str]:
-    """Every registry op that can be enumerated over float leaves of rank `rank`."""
-    return [name for name in ops.registry.REGISTRY if why_not_enumerable(name, rank) is None]
+def enumerable(rank: int, vectors: int = 0) -> list[str]:
+    """Every registry op that can be enumerated over float leaves of rank `rank` (and `vectors` of rank 1)."""
+    return [name for name in ops.registry.REGISTRY if why_not_enumerable(name, rank, vectors) is None]
 
 
 def default_ops(rank: int) -> list[str]:
@@ -164,18 +187,18 @@ def default_ops(rank: int) -> list[str]:
     return out
 
 
-def op_choices(names: Sequence[str], rank: int) -> list[OpChoice]:
-    """Every op of `names` with every combination of its attribute domains at `rank`; ValueError (one line) for an
-    op that cannot be enumerated."""
+def op_choices(names: Sequence[str], rank: int, vectors: int = 0) -> list[OpChoice]:
+    """Every op of `names` with every combination of its attribute values at `rank` (the generator's, `OpDef.generated`,
+    else the verifier's domain); ValueError (one line) for an op that cannot be enumerated."""
     out = []
     for name in names:
-        why = why_not_enumerable(name, rank)
+        why = why_not_enumerable(name, rank, vectors)
         if why is not None:
             raise ValueError(f"cannot enumerate {name}: {why}")
         d = ops.get(name)
         domains = []
         for attr in d.attr_names:
-            dom = d.domains[attr] if attr in d.domains else d.generated[attr]
+            dom = d.generated[attr] if attr in d.generated else d.domains[attr]
             domains.append(list(dom(rank) if callable(dom) else dom))
         for combo in itertools.product(*domains):
             attrs = tuple((a, tuple(v) if isinstance(v, list) else v) for a, v in zip(d.attr_names, combo))
@@ -241,17 +264,18 @@ Progress = Callable[[str], None]
 def enumerate_terms(settings: Settings, progress: Progress | None = None) -> Enumeration:
     """Enumerate, fingerprint and pair every term of up to `settings.max_ops` ops (see the module docstring)."""
     start = time.perf_counter()
-    choices = op_choices(settings.ops if settings.ops is not None else default_ops(settings.rank), settings.rank)
+    names = settings.ops if settings.ops is not None else default_ops(settings.rank)
+    choices = op_choices(names, settings.rank, settings.vectors)
     rng = np.random.default_rng(settings.seed)
-    leaves = [Var(name) for name in LEAVES[: settings.leaves]]
+    leaves = [Var(name) for name in settings.leaf_names()]
     by_key: dict[bytes, _Class] = {}
     by_size: list[list[_Class]] = [[]]
     for leaf in leaves:
-        values = tuple(rng.choice(LEAF_VALUES, settings.leaf_shape(n)) for n in settings.sizes)
+        values = tuple(rng.choice(LEAF_VALUES, leaf_shape(leaf.name, settings.leaf_shape(n))) for n in settings.sizes)
         cls = _Class(leaf, 0, len(by_key), values)
         by_key[_fingerprint(values) or b""] = cls
         by_size[0].append(cls)
-    probe = {v.name: rng.standard_normal(settings.leaf_shape(settings.sizes[-1])) for v in leaves}
+    probe = {v.name: rng.standard_normal(leaf_shape(v.name, settings.leaf_shape(settings.sizes[-1]))) for v in leaves}
     found = Enumeration()
     with np.errstate(all="ignore"):
         for size in range(1, settings.max_ops + 1):
@@ -423,20 +447,23 @@ def _positive_vars(p: Pattern) -> set[str]:
 
 
 def refuted(pair: tuple[Pattern, Pattern], shape: tuple[int, ...], rng: np.random.Generator) -> bool:
-    """Whether the two sides differ on random float leaves of `shape` (one draw at each of the verifier's spreads):
-    an integer coincidence of the fingerprints (`sign(x + sigmoid(y)) = sign(x)` holds wherever x is a nonzero
-    integer), dropped before the e-graph and the verifier spend time on it. Positions where a side is not finite
-    decide nothing."""
+    """Whether the two sides differ on random float leaves of `shape` (a vector of its first dim; one draw at each of
+    the verifier's spreads): an integer coincidence of the fingerprints (`sign(x + sigmoid(y)) = sign(x)` holds
+    wherever x is a nonzero integer), dropped before the e-graph and the verifier spend time on it. Positions where a
+    side is not finite decide nothing, nor do sides not typed at `shape` (three convs of an n x n kernel in a row)."""
     a, b = pair
     positive = _positive_vars(a) | _positive_vars(b)
     for scale in FLOAT_SCALES:
         leaves = {}
         for v in sorted(_vars(a) | _vars(b)):
-            drawn = scale * rng.standard_normal(shape)
+            drawn = scale * rng.standard_normal(leaf_shape(v, shape))
             leaves[v] = np.abs(drawn) + 0.5 if v in positive else drawn
-        with np.errstate(all="ignore"):
-            left = np.asarray(instantiate(a, leaves, {}, {}), dtype=np.float64)
-            right = np.asarray(instantiate(b, leaves, {}, {}), dtype=np.float64)
+        try:
+            with np.errstate(all="ignore"):
+                left = np.asarray(instantiate(a, leaves, {}, {}), dtype=np.float64)
+                right = np.asarray(instantiate(b, leaves, {}, {}), dtype=np.float64)
+        except ops.ShapeError:
+            return False
         if left.shape != right.shape:
             return True
         finite = np.isfinite(left) & np.isfinite(right)
@@ -506,9 +533,11 @@ def instance_of(pair: tuple[Pattern, Pattern], rules: Sequence[Rule]) -> bool:
 
 
 def _same_shape_guards(rule: Rule) -> Rule:
-    """`rule` guarded by its left side's tensor variables having equal shapes (as the enumeration's leaves had)."""
+    """`rule` guarded by its left side's tensor variables having equal shapes, those of one leaf rank (as the
+    enumeration's leaves had)."""
     names = rule.tensor_vars()
-    guards = tuple(Call("same-shape", (Var(a), Var(b))) for a, b in itertools.combinations(names, 2))
+    pairs = [(a, b) for a, b in itertools.combinations(names, 2) if (a in VECTORS) == (b in VECTORS)]
+    guards = tuple(Call("same-shape", (Var(a), Var(b))) for a, b in pairs)
     return replace(rule, guards=rule.guards + guards)
 
 
@@ -524,9 +553,11 @@ def _refuting(rule: Rule, seed: int) -> dict[str, Any] | None:
     return None
 
 
-def _probe_shapes(rank: int) -> list[tuple[int, ...]]:
-    """Leaf shapes a generated rule's shapes are checked at: the enumeration's (every dim 3), one dim 2 (not
-    square), each dim broadcast (1), all broadcast, and one rank less."""
+def _probe_shapes(name: str, rank: int) -> list[tuple[int, ...]]:
+    """Shapes of leaf `name` a generated rule's shapes are checked at: the enumeration's (every dim 3), one dim 2
+    (not square), each dim broadcast (1), all broadcast, and one rank less; for a vector, each of its sizes."""
+    if name in VECTORS:
+        return [(3,), (2,), (1,)]
     full = (3,) * rank
     probes = [full, (2, *full[1:]), (*full[:-1], 2), (1,) * rank, full[1:]]
     probes += [tuple(1 if i == k else 3 for i in range(rank)) for k in range(rank)]
@@ -555,15 +586,21 @@ SOLVED_PROBES = (0, 1, 2)  # values an attribute solved with shapes takes in `sh
 
 
 def _attr_probes(rule: Rule, rank: int) -> list[dict[str, Any]]:
-    """Every binding of the left side's attribute variables `shape_sound` checks: each from its op's domain at
-    `rank`, or from SOLVED_PROBES for one the verifier solves with shapes."""
-    names, values = [], []
+    """The bindings of the left side's attribute variables `shape_sound` checks, each from its op's domain at
+    `rank`, or from SOLVED_PROBES for one the verifier solves with shapes: every combination of those, each with the
+    first value of the attributes whose domain samples cases (`OpDef.sampled`: a conv's strides, pads, dilations,
+    group) and with each other value of one of them at a time (their product, times the leaves' shapes, is more
+    than a rule's check can afford)."""
+    crossed: dict[str, list[Any]] = {}
+    sampled: dict[str, list[Any]] = {}
     for name, (op, attr) in _attr_vars(rule).items():
         d = ops.get(op)
         dom = d.domains.get(attr, SOLVED_PROBES)
-        names.append(name)
-        values.append([tuple(v) if isinstance(v, list) else v for v in (dom(rank) if callable(dom) else dom)])
-    return [dict(zip(names, combo)) for combo in itertools.product(*values)]
+        values = [tuple(v) if isinstance(v, list) else v for v in (dom(rank) if callable(dom) else dom)]
+        (sampled if attr in d.sampled else crossed)[name] = values
+    base = {name: values[0] for name, values in sampled.items()}
+    varied = [base] + [{**base, name: v} for name, values in sampled.items() for v in values[1:]]
+    return [{**dict(zip(crossed, combo)), **one} for combo in itertools.product(*crossed.values()) for one in varied]
 
 
 def shape_sound(rule: Rule, rank: int) -> bool:
@@ -573,10 +610,7 @@ def shape_sound(rule: Rule, rank: int) -> bool:
     broadcasts: `x / y / x = 1 / y` fails only where y broadcasts against x, and an e-graph that applied it would
     merge terms of different shapes."""
     names = rule.tensor_vars()
-    for combo, attrs in itertools.product(
-        itertools.product(_probe_shapes(rank), repeat=len(names)), _attr_probes(rule, rank)
-    ):
-        shapes = dict(zip(names, combo))
+    for attrs, shapes in ((a, s) for a in _attr_probes(rule, rank) for s in _typed_shapes(rule.lhs, names, rank, a)):
         try:
             left = [pattern_shape(t, shapes, attrs, {}) for t in rule.lhs]
             env, lets = bind_lets(rule, attrs, shapes)
@@ -590,6 +624,38 @@ def shape_sound(rule: Rule, rank: int) -> bool:
         except (ops.ShapeError, ValueError, IndexError, KeyError, TypeError):
             return False
     return True
+
+
+def _typed_shapes(
+    lhs: Sequence[Term], names: Sequence[str], rank: int, attrs: dict[str, Any]
+) -> Iterator[dict[str, tuple[int, ...]]]:
+    """Every binding of `names` to their probe shapes (`_probe_shapes`) at which every pattern of `lhs` is
+    well-typed, with attributes `attrs`: the leaves are bound in order, and a subterm is checked as soon as its
+    leaves are, so that a binding it rejects is not extended (a conv's left side of five leaves has thousands of
+    bindings, most of them of a weight that does not fit its input)."""
+    subterms = list(dict.fromkeys(t for p in lhs for t in _subterms(p)))
+    checks: list[list[Term]] = [[] for _ in names]
+    for t in subterms:
+        used = [names.index(v) for v in _vars(t) if v in names]
+        if used:
+            checks[max(used)].append(t)
+    shapes: dict[str, tuple[int, ...]] = {}
+
+    def bind(k: int) -> Iterator[dict[str, tuple[int, ...]]]:
+        if k == len(names):
+            yield dict(shapes)
+            return
+        for shape in _probe_shapes(names[k], rank):
+            shapes[names[k]] = shape
+            try:
+                for t in checks[k]:
+                    pattern_shape(t, shapes, attrs, {})
+            except (ops.ShapeError, ValueError, IndexError, KeyError, TypeError):
+                continue
+            yield from bind(k + 1)
+        shapes.pop(names[k], None)
+
+    return bind(0)
 
 
 def _counterexample(rule: Rule, seed: int, rank: int) -> dict[str, Any] | None:
@@ -617,21 +683,23 @@ def _admits(rule: Rule, binding: Mapping[str, Any]) -> bool:
 
 
 def _rank_guard_calls(rule: Rule, rank: int) -> tuple[Call, ...]:
-    """The guards that `rule`'s left side's tensor variables have rank `rank`."""
-    return tuple(Call("=", (Call("rank", (Var(v),)), literal(rank))) for v in rule.tensor_vars())
+    """The guards that `rule`'s left side's tensor variables have their leaf's rank (`leaf_rank`)."""
+    return tuple(Call("=", (Call("rank", (Var(v),)), literal(leaf_rank(v, rank)))) for v in rule.tensor_vars())
 
 
 def _rank_guards(rule: Rule, rank: int) -> Rule:
-    """`rule` guarded by its left side's tensor variables having rank `rank` (the enumeration's leaves'): an
+    """`rule` guarded by its left side's tensor variables having their leaf's rank (`leaf_rank`): an
     attribute value means what it does at that rank (`slice(matmul(x, y), axis 1)` slices y's columns at rank 2)."""
     return replace(rule, guards=rule.guards + _rank_guard_calls(rule, rank))
 
 
 def verified(rule: Rule, seed: int, rank: int) -> Rule | None:
-    """The first of these that holds (`_holds`), generalized (`generalized`): `rule`; it with the guards of the
-    enumeration's assumptions, its leaves' rank (`_rank_guards`), their equal shapes (`_same_shape_guards`), or both.
-    None if none holds. A guarded one whose guards hold at a binding that refuted an earlier one is refuted by it
-    too, and is not sampled (where it could pass by luck)."""
+    """The first of these that holds (`_holds`): `rule`; it with the guards of the enumeration's assumptions, its
+    leaves' rank (`_rank_guards`), their equal shapes (`_same_shape_guards`), or both; with the equal shapes it does
+    not need left out (`_fewer_same_shapes`), then generalized (`generalized`: an attribute lifted where the guards
+    kept make it hold vacuously would be a rule of no use). None if none holds. A guarded one
+    whose guards hold at a binding that refuted an earlier one is refuted by it too, and is not sampled (where it
+    could pass by luck)."""
     specific = _rank_specific(rule)
     tries = ([] if specific else [rule]) + [_rank_guards(rule, rank)]
     if len(rule.tensor_vars()) > 1:
@@ -642,9 +710,34 @@ def verified(rule: Rule, seed: int, rank: int) -> Rule | None:
             continue
         found = _counterexample(attempt, seed, rank)
         if found is None:
-            return _unranked(generalized(attempt, seed, rank), seed, rank)
+            fewer = _fewer_same_shapes(attempt, seed, rank, refuted)
+            return _unranked(generalized(fewer, seed, rank), seed, rank)
         refuted.append(found)
     return None
+
+
+def _fewer_same_shapes(rule: Rule, seed: int, rank: int, refuted: Sequence[Mapping[str, Any]]) -> Rule:
+    """`rule` without each of its same-shape guards, one at a time, where it still holds (`_holds`; not where a
+    binding of `refuted` satisfies the guards left), and each left that it can be made a same-except guard of one
+    axis: the enumeration's leaves all had one shape. A conv's weights added need each other's shape, not their
+    input's: `conv(x, y, b) + conv(x, z, c) = conv(x, y + z, b + c)` holds with `y` and `z` of one shape, whatever
+    `x`'s; two convs merged through a concat of their weights need them of one shape but their output channels
+    (`same-except ?y ?z 0`). A rule with one same-shape guard was refuted without it."""
+    same = [g for g in rule.guards if isinstance(g, Call) and g.fn == "same-shape"]
+    if len(same) > 1:
+        for guard in same:
+            fewer = replace(rule, guards=tuple(g for g in rule.guards if g != guard))
+            if not any(_admits(fewer, binding) for binding in refuted) and _holds(fewer, seed, rank):
+                rule = fewer
+    for guard in [g for g in rule.guards if isinstance(g, Call) and g.fn == "same-shape"]:
+        a = cast(Var, guard.args[0])
+        for axis in range(leaf_rank(a.name, rank)):
+            wider = Call("same-except", (*guard.args, literal(axis)))
+            relaxed = replace(rule, guards=tuple(wider if g == guard else g for g in rule.guards))
+            if not any(_admits(relaxed, binding) for binding in refuted) and _holds(relaxed, seed, rank):
+                rule = relaxed
+                break
+    return rule
 
 
 def _rank_specific(rule: Rule) -> bool:
@@ -665,10 +758,11 @@ def _unranked(rule: Rule, seed: int, rank: int) -> Rule:
 
 
 def _general(op: str, attr: str) -> bool:
-    """Whether the verifier checks attribute `attr` of `op` at every value it takes: its domain is exhaustive
-    (`OpDef.exhaustive`: every axis, every permutation), or it is solved with the shapes (a slice's start)."""
+    """Whether the verifier checks attribute `attr` of `op` at every value it takes, or at each case it has: its
+    domain is exhaustive (`OpDef.exhaustive`: every axis, every permutation), it is solved with the shapes (a
+    slice's start), or its domain samples its cases (`OpDef.sampled`: a conv's strides and pads)."""
     d = ops.get(op)
-    return attr in d.exhaustive or attr in d.solved
+    return attr in d.exhaustive or attr in d.solved or attr in d.sampled
 
 
 def _lift(p: Pattern, attr: str, value: Any, var: Var) -> Pattern:
@@ -686,16 +780,20 @@ def _liftable(p: Pattern) -> list[tuple[str, Any]]:
 
 
 def _lifted(rule: Rule, pairs: Sequence[tuple[str, Any]]) -> Rule:
-    """`rule` with each (attribute, value) of `pairs` made a variable of its own (named after the attribute)."""
+    """`rule` with each (attribute, value) of `pairs` made a variable of its own (named after the attribute), in its
+    patterns and its `:let` terms (a multi-pattern rule's merged term)."""
     lhs, rhs = list(rule.lhs), list(rule.rhs)
+    lets = list(rule.lets)
     for attr, value in pairs:
-        taken = set(_vars(lhs[0])) | set(_vars(rhs[0]))
+        terms = (*lhs, *rhs, *(v for _, v in lets if isinstance(v, Term)))
+        taken = {v for p in terms for v in _vars(p)} | {n for n, _ in lets}
         var = Var(
             next(n for n in itertools.chain([attr], (f"{attr}{i}" for i in itertools.count(1))) if n not in taken)
         )
         lhs = [cast(Term, _lift(t, attr, value, var)) for t in lhs]
         rhs = [_lift(t, attr, value, var) for t in rhs]
-    return replace(rule, lhs=tuple(lhs), rhs=tuple(rhs))
+        lets = [(n, _lift(v, attr, value, var) if isinstance(v, Term) else v) for n, v in lets]
+    return replace(rule, lhs=tuple(lhs), rhs=tuple(rhs), lets=tuple(lets))
 
 
 def generalized(rule: Rule, seed: int, rank: int) -> Rule:
@@ -703,9 +801,8 @@ def generalized(rule: Rule, seed: int, rank: int) -> Rule:
     (`_holds`): `relu(concat(x, y, axis 0)) = concat(relu(x), relu(y), axis 0)` holds at every axis, and is kept as
     the rule of `?axis`. The enumeration draws attributes from small domains, at one rank; the rule found at one
     value is a rule of all of them, and derives the candidates of the others. Every value is lifted at once where
-    that holds (one verification, the common case), else one (attribute, value) at a time."""
-    if rule.multi:
-        return rule
+    that holds (one verification, the common case), else one (attribute, value) at a time. A multi-pattern rule's
+    merged term (`:let`) is lifted with its patterns."""
     pairs = list(dict.fromkeys(pair for t in rule.lhs for pair in _liftable(t)))
     if len(pairs) > 1 and _holds(every := _lifted(rule, pairs), seed, rank):
         return every
@@ -724,11 +821,15 @@ def _dim_of(p: Pattern, axis: int, rank: int, same_shape: bool) -> Call | None:
     """`(dim ?v k)`, a dim of one of `p`'s variables equal to `p`'s dim `axis` at every probe shape of rank `rank`
     where `p` is well-typed (all its variables of one shape, where `same_shape`), or None if there is none."""
     names = sorted(_vars(p))
-    probes = [shape for shape in _probe_shapes(rank) if len(shape) == rank]
-    if same_shape:
-        combos = [dict.fromkeys(names, shape) for shape in probes]
+    probes = {n: [s for s in _probe_shapes(n, rank) if len(s) == leaf_rank(n, rank)] for n in names}
+    if same_shape:  # every tensor of one shape, every vector of one
+        groups = [g for g in ([n for n in names if n not in VECTORS], [n for n in names if n in VECTORS]) if g]
+        combos = [
+            {n: shape for group, shape in zip(groups, chosen) for n in group}
+            for chosen in itertools.product(*(probes[group[0]] for group in groups))
+        ]
     else:
-        combos = [dict(zip(names, c)) for c in itertools.product(probes, repeat=len(names))]
+        combos = [dict(zip(names, c)) for c in itertools.product(*(probes[n] for n in names))]
     typed = []
     for shapes in combos:
         try:
@@ -736,7 +837,7 @@ def _dim_of(p: Pattern, axis: int, rank: int, same_shape: bool) -> Call | None:
         except (ops.ShapeError, ValueError, IndexError, KeyError, TypeError):
             continue
     for v in names:
-        for k in range(rank):
+        for k in range(leaf_rank(v, rank)):
             if typed and all(shapes[v][k] == dim for shapes, dim in typed):
                 return Call("dim", (Var(v), literal(k)))
     return None
@@ -757,13 +858,13 @@ def multi_rule(left: Term, right: Term, axis: int, merged: Term, name: str, rank
             Term("slice", (m,), (at, ("start", literal(0)), ("size", first))),
             Term("slice", (m,), (at, ("start", first), ("size", second))),
         )
-        ranked = sorted({first.args[0], second.args[0]}, key=repr)
-        guards = tuple(Call("=", (Call("rank", (v,)), literal(rank))) for v in ranked)
+        ranked = sorted({cast(Var, first.args[0]).name, cast(Var, second.args[0]).name})
+        guards = tuple(Call("=", (Call("rank", (Var(v),)), literal(leaf_rank(v, rank)))) for v in ranked)
         rule = Rule(name, (left, right), halves, (("m", merged),), guards)
         if same_shape:
             rule = _same_shape_guards(rule)
         if _holds(rule, seed, rank):
-            return rule
+            return generalized(_fewer_same_shapes(rule, seed, rank, []), seed, rank)
     return None
 
 
@@ -793,26 +894,29 @@ def _instance_pair(rule: Rule, left: Pattern, right: Pattern) -> bool:
     return _match(rule.lhs[0], left, binding) and _match(rule.lhs[1], right, binding)
 
 
-def multi_rules(pairs: Sequence[tuple[Pattern, Pattern]], rank: int, seed: int) -> tuple[list[Rule], int]:
-    """The verified multi-pattern rules of `multi_candidates(pairs)`, the most general first: one whose two patterns
-    are an instance of a kept rule's (`matmul(x, x)`, `matmul(x, y)` of `matmul(x, y)`, `matmul(x, z)`) is dropped,
-    since that rule merges them too; (rules, how many candidates)."""
+def multi_rules(
+    pairs: Sequence[tuple[Pattern, Pattern]], rank: int, seed: int, prefix: str = "gen"
+) -> tuple[list[Rule], int]:
+    """The verified multi-pattern rules of `multi_candidates(pairs)`, the most general first, named from `prefix`:
+    one whose two patterns are an instance of a kept rule's (`matmul(x, x)`, `matmul(x, y)` of `matmul(x, y)`,
+    `matmul(x, z)`) is dropped, since that rule merges them too; (rules, how many candidates)."""
     found = multi_candidates(pairs)
     found.sort(key=lambda c: (-len(_vars(c[0]) | _vars(c[1])), term_size(c[0]) + term_size(c[1]), repr(c)))
     rules: list[Rule] = []
     for left, right, axis, merged in found:
         if any(_instance_pair(r, left, right) for r in rules):
             continue
-        rule = multi_rule(left, right, axis, merged, f"{rule_prefix(rank)}-multi-{len(rules)}", rank, seed)
+        rule = multi_rule(left, right, axis, merged, f"{prefix}-multi-{len(rules)}", rank, seed)
         if rule is not None:
             rules.append(rule)
     return rules, len(found)
 
 
-def rule_prefix(rank: int) -> str:
-    """The start of the names of the rules generated over leaves of rank `rank`: `gen` at the default rank 2,
-    `gen-r4` at rank 4, so that the library's sets of two ranks name their rules apart."""
-    return "gen" if rank == Settings.rank else f"gen-r{rank}"
+def rule_prefix(settings: Settings) -> str:
+    """The start of the names of the rules a generation makes: `gen` over the default leaves, `gen-r4` over leaves
+    of rank 4, `gen-r4v2` with two vectors besides, so that the library's sets name their rules apart."""
+    vectors = f"v{settings.vectors}" if settings.vectors else ""
+    return "gen" if (settings.rank, vectors) == (Settings.rank, "") else f"gen-r{settings.rank}{vectors}"
 
 
 class Prover(Protocol):
@@ -921,8 +1025,10 @@ def minimize(
     seed: int = 0,
     progress: Progress | None = None,
     jobs: int = 1,
+    prefix: str = "gen",
 ) -> tuple[list[Rule], dict[str, int]]:
-    """Keep, smallest first, the candidates the kept rules do not derive, verified; (rules, counts).
+    """Keep, smallest first, the candidates the kept rules do not derive, verified; (rules named from `prefix`,
+    counts). The leaves are tensors of `shape` and vectors of its first dim (`leaf_shape`).
 
     Each round takes the next batch of candidates (in `_by_ops` order): the prover drops those the rules kept so far
     derive, and the others are verified and kept, but for one that a rule kept in the same batch rewrites at the
@@ -935,6 +1041,7 @@ def minimize(
     of the same batch rewrites: a rule is named by its candidate's place in the minimization's order (the
     verifier's random draws follow the name), so that what is kept does not depend on `jobs`."""
     remaining = list(enumerate(sorted(pairs, key=_by_ops)))
+    vectors = {name: leaf_shape(name, shape) for name in VECTORS}
     rules: list[Rule] = []
     counts = {"derived": 0, "not_rewrites": 0, "rejected": 0, "guarded": 0, "unsound": 0}
     batch, level = 1, 0
@@ -947,12 +1054,12 @@ def minimize(
             chosen = [(k, p) for k, p in remaining[:batch] if _size(p) == level]
             remaining = remaining[len(chosen) :]
             if rules:
-                proved, sound = proved_by_sound(prove, rules, [p for _, p in chosen], shape)
+                proved, sound = proved_by_sound(prove, rules, [p for _, p in chosen], shape, vectors)
                 counts["unsound"] += len(rules) - len(sound)
                 rules = sound
                 counts["derived"] += sum(proved)
                 chosen = [c for c, done in zip(chosen, proved) if not done]
-            oriented = [orientations(a, b, f"{rule_prefix(len(shape))}-{k}") for k, (a, b) in chosen]
+            oriented = [orientations(a, b, f"{prefix}-{k}") for k, (a, b) in chosen]
             checked = workers.map([(tuple(o), seed, len(shape)) for o in oriented])
             for (_, pair), candidate, kept in zip(chosen, oriented, checked):
                 if instance_of(pair, rules):
@@ -999,10 +1106,11 @@ def generate(settings: Settings, prove: Prover, progress: Progress | None = None
     if progress is not None:
         progress(f"refuted: {len(pairs) - len(survivors)} candidates differ on float leaves")
     t = time.perf_counter()
-    rules, counts = minimize(survivors, prove, settings.leaf_shape(max(settings.sizes)), settings.seed, progress, jobs)
+    shape = settings.leaf_shape(max(settings.sizes))
+    rules, counts = minimize(survivors, prove, shape, settings.seed, progress, jobs, rule_prefix(settings))
     minimized = time.perf_counter() - t
     t = time.perf_counter()
-    multi, multi_found = multi_rules(survivors, settings.rank, settings.seed)
+    multi, multi_found = multi_rules(survivors, settings.rank, settings.seed, rule_prefix(settings))
     if progress is not None:
         progress(f"multi-pattern: {len(multi)} kept of {multi_found} candidates")
     return Generated(
@@ -1038,7 +1146,9 @@ def rules_text(result: Generated, command: str, version: str) -> str:
     names = ", ".join(s.ops) if s.ops is not None else f"the default ops ({', '.join(default_ops(s.rank))})"
     header = [
         f"; Generated by `{command}` (tensat {version}); do not edit: run the command again.",
-        f"; Terms of up to {s.max_ops} ops over {s.leaves} leaves of rank {s.rank}, fingerprinted at sizes "
+        f"; Terms of up to {s.max_ops} ops over {s.leaves} leaves of rank {s.rank}"
+        + (f" and {s.vectors} of rank 1" if s.vectors else "")
+        + ", fingerprinted at sizes "
         f"{', '.join(map(str, s.sizes))}, seed {s.seed}.",
         f"; Ops: {names}.",
         f"; {sum(result.terms)} terms ({result.constants} constant ones left out), {result.candidates} candidates; "

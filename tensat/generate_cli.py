@@ -18,20 +18,23 @@ from tensat.options import positive_int
 from tensat.rewrites import GENERATED_DIR
 from tensat.rewrites.dsl import parse_rules
 from tensat.rewrites.generate import (
+    VECTORS,
     Settings,
     default_jobs,
     default_ops,
     enumerable,
     generate,
+    rule_prefix,
     rules_text,
     why_not_enumerable,
 )
 
 
-def library_file(rank: int) -> Path:
-    """The library's generated set over leaves of rank `rank`: `generated.rules` at the default rank,
-    `generated_r4.rules` at rank 4 (the search and the coverage read every file of the folder)."""
-    return GENERATED_DIR / ("generated.rules" if rank == Settings.rank else f"generated_r{rank}.rules")
+def library_file(settings: Settings) -> Path:
+    """The library's generated set of a generation's leaves: `generated.rules` over the default ones,
+    `generated_r4.rules` over leaves of rank 4, `generated_r4v2.rules` with two vectors besides (the file is named
+    as the rules are, `rule_prefix`; the search and the coverage read every file of the folder)."""
+    return GENERATED_DIR / f"{rule_prefix(settings).replace('gen', 'generated', 1).replace('-', '_')}.rules"
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -63,13 +66,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N,N...",
         help="every dim of the leaves, one fingerprint per size (default 2,3)",
     )
+    parser.add_argument(
+        "--vectors",
+        type=int,
+        choices=range(len(VECTORS) + 1),
+        default=0,
+        help="rank-1 leaves besides the tensors, for an op that takes one, such as a conv's bias (default 0)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="random seed of the fingerprints and the verifier")
     parser.add_argument(
         "-o",
         "--output",
         type=Path,
-        help="the rule file to write (default: the library's of the rank, rewrites/rules/generated/generated.rules "
-        "at rank 2, generated_rN.rules at rank N)",
+        help="the rule file to write (default: the library's of the leaves, rewrites/rules/generated/generated.rules "
+        "at rank 2, generated_rN.rules at rank N, generated_rNvK.rules with K vectors)",
     )
     parser.add_argument(
         "--jobs",
@@ -86,20 +96,22 @@ def settings_of(args: argparse.Namespace) -> Settings:
     enumerated."""
     names: tuple[str, ...] | None = None
     if args.ops == "all":
-        names = tuple(enumerable(args.rank))
+        names = tuple(enumerable(args.rank, args.vectors))
     elif args.ops is not None:
         names = tuple(n.strip() for n in args.ops.split(",") if n.strip())
         unknown = [n for n in names if n not in ops.registry.REGISTRY]
         if unknown or not names:
             raise TensatError(f"unknown op {', '.join(unknown) or repr(args.ops)} in --ops")
         for name in names:
-            why = why_not_enumerable(name, args.rank)
+            why = why_not_enumerable(name, args.rank, args.vectors)
             if why is not None:
                 raise TensatError(f"--ops: cannot enumerate {name}: {why}")
     elif not default_ops(args.rank):
         raise TensatError(f"no op enumerates over leaves of rank {args.rank} by default: give --ops")
     try:
-        return Settings(max_ops=args.max_ops, ops=names, rank=args.rank, sizes=args.sizes, seed=args.seed)
+        return Settings(
+            max_ops=args.max_ops, ops=names, rank=args.rank, sizes=args.sizes, seed=args.seed, vectors=args.vectors
+        )
     except ValueError as exc:
         raise TensatError(str(exc)) from None
 
@@ -121,13 +133,14 @@ def run(args: argparse.Namespace) -> int:
             ("--ops", ",".join(settings.ops) if settings.ops is not None else None),
             ("--rank", settings.rank),
             ("--sizes", ",".join(map(str, settings.sizes))),
+            ("--vectors", settings.vectors or None),
             ("--seed", settings.seed),
         )
         if value is not None
     )
     text = rules_text(result, command, __version__)
     parse_rules(text)  # what is written must read back
-    output = args.output if args.output is not None else library_file(settings.rank)
+    output = args.output if args.output is not None else library_file(settings)
     atomic_write_text(output, text)
     seconds = ", ".join(f"{step} {s:.1f} s" for step, s in result.seconds.items())
     print(

@@ -109,12 +109,17 @@ class OpDef:
     equations: Callable[[Equations, Dims, Sequence[Dims], Mapping[str, Any]], None] | None = None
     domains: Mapping[str, Domain] = field(default_factory=dict)  # values tried for each enumerated attribute
     solved: Mapping[str, Callable[[Equations, Dims], Any]] = field(default_factory=dict)  # attrs solved with shapes
-    # values the rule generator (`rewrites.generate`) enumerates for an attribute the verifier solves with shapes:
-    # valid at every size of leaf it fingerprints (a slice's start 0 or 1, of size 1)
+    # values the rule generator (`rewrites.generate`) enumerates for an attribute, in place of its domain or for one
+    # the verifier solves with shapes: valid at every size of leaf it fingerprints (a slice's start 0 or 1, of size
+    # 1; a conv's pads that fit its n x n kernel)
     generated: Mapping[str, Domain] = field(default_factory=dict)
     # attributes whose domain holds every value the op takes (every axis, every permutation, every flag): a rule
     # the verifier passes at each value holds with the attribute as a variable (the generator's generalization)
     exhaustive: tuple[str, ...] = ()
+    # attributes whose domain samples each case the op's semantics tell apart (a stride of 1 and of 2, no pads,
+    # even and uneven ones): a rule the verifier passes at each value is kept with the attribute a variable, held to
+    # the standard of a hand-written rule's `?s`, which the verifier checks on the same domain
+    sampled: tuple[str, ...] = ()
     positive: tuple[int, ...] = ()  # inputs sampled positive (a variance under a square root)
     int_exact: bool = False  # numpy semantics are exact on integer tensors
     int_exact_if: Mapping[str, frozenset[int]] = field(default_factory=dict)  # ... when these attributes are so
