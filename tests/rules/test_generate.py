@@ -331,7 +331,7 @@ def test_a_conv_is_enumerated_over_a_bias_vector_and_its_rules_hold_at_every_str
     the verifier's own binding (pads other than the enumeration's)."""
     with pytest.raises(ValueError, match="cannot enumerate conv2d: .*rank"):
         generate(Settings(max_ops=1, ops=("conv2d",), rank=4, sizes=(3, 4)), proved)
-    found = generate(Settings(max_ops=2, ops=("conv2d", "relu", "sigmoid"), rank=4, sizes=(3, 4), vectors=1), proved)
+    found = generate(Settings(max_ops=2, ops=("conv2d", "relu"), rank=4, sizes=(3, 4), vectors=1), proved)
     assert all(r.name.startswith("gen-r4v1-") for r in found.rules)
     fused = _rule(
         "(rule a (relu (conv2d ?x ?y ?b :strides ?s :pads ?p :dilations ?d :group ?g :act 0))"
@@ -340,7 +340,7 @@ def test_a_conv_is_enumerated_over_a_bias_vector_and_its_rules_hold_at_every_str
     general = [replace(r, guards=()) for r in found.rules if r.lhs[0].op == "relu"]
     assert canonical_form(fused) in _keys(general)
     hand = {r.name: r for r in all_rules()}
-    names = ["conv-relu-fuse", "conv-relu-unfuse", "relu-conv-relu", "conv-sigmoid-fuse", "conv-sigmoid-unfuse"]
+    names = ["conv-relu-fuse", "conv-relu-unfuse", "relu-conv-relu"]
     assert derived(found.rules, [hand[n] for n in names]) == dict.fromkeys(names, "derived")
 
 
@@ -408,7 +408,7 @@ def test_rule_sets() -> None:
         rule_set("mine")
 
 
-CONV_SAMPLE = 6  # the default run verifies one in this many of the library's single-pattern conv rules
+CONV_SAMPLE = 12  # the default run verifies one in this many of the library's single-pattern conv rules
 
 
 def _library_rules_to_verify(every: int) -> list[Rule]:
