@@ -551,7 +551,7 @@ class _Solve:
     proven: bool  # relaxation solved to optimality
     others: list[list[int]] = field(default_factory=list)  # other selections met on the way (HiGHS)
     runtime: float | None = None  # the solver's own clock (HiGHS)
-    interrupted: bool = False  # stopped by a stop rule (gap reached or stall), not by its own criteria
+    interrupted: bool = False  # stopped by a stop rule (gap reached or stall) or CBC's time slice, not its own criteria
 
 
 class _Stop:
@@ -774,7 +774,10 @@ class _Model:
         sol = prob.sol_status  # LpStatus says "Optimal" on a time limit too; sol_status does not
         proven = sol == pulp.LpSolutionOptimal
         if sol not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
-            return _Solve(None, None, bound, False, runtime=runtime, interrupted=interrupted)
+            # CBC out of its whole seconds before it found a solution (it reports infeasibility apart): the stop
+            # rules decide, as after any slice, not "no solution"
+            timed_out = solver == "cbc" and sol == pulp.LpSolutionNoSolutionFound
+            return _Solve(None, None, bound, False, runtime=runtime, interrupted=interrupted or timed_out)
         objective = float(pulp.value(prob.objective) or 0.0)
         if proven:
             # Proven within the relative gap or within gapAbs (the solver stops on either): the dual
