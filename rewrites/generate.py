@@ -682,6 +682,12 @@ def _admits(rule: Rule, binding: Mapping[str, Any]) -> bool:
         return False
 
 
+def _refuted_by(rule: Rule, bindings: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether one of `bindings` (counterexamples to a rule `rule` refines) satisfies `rule`'s guards, and so refutes
+    it too (`_admits`)."""
+    return any(_admits(rule, binding) for binding in bindings)
+
+
 def _rank_guard_calls(rule: Rule, rank: int) -> tuple[Call, ...]:
     """The guards that `rule`'s left side's tensor variables have their leaf's rank (`leaf_rank`)."""
     return tuple(Call("=", (Call("rank", (Var(v),)), literal(leaf_rank(v, rank)))) for v in rule.tensor_vars())
@@ -706,7 +712,7 @@ def verified(rule: Rule, seed: int, rank: int) -> Rule | None:
         tries += ([] if specific else [_same_shape_guards(rule)]) + [_same_shape_guards(_rank_guards(rule, rank))]
     refuted: list[dict[str, Any]] = []
     for attempt in tries:
-        if any(_admits(attempt, binding) for binding in refuted):
+        if _refuted_by(attempt, refuted):
             continue
         found = _counterexample(attempt, seed, rank)
         if found is None:
@@ -723,18 +729,22 @@ def _fewer_same_shapes(rule: Rule, seed: int, rank: int, refuted: Sequence[Mappi
     input's: `conv(x, y, b) + conv(x, z, c) = conv(x, y + z, b + c)` holds with `y` and `z` of one shape, whatever
     `x`'s; two convs merged through a concat of their weights need them of one shape but their output channels
     (`same-except ?y ?z 0`). A rule with one same-shape guard was refuted without it."""
+
+    def holds(candidate: Rule) -> bool:
+        return not _refuted_by(candidate, refuted) and _holds(candidate, seed, rank)
+
     same = [g for g in rule.guards if isinstance(g, Call) and g.fn == "same-shape"]
     if len(same) > 1:
         for guard in same:
             fewer = replace(rule, guards=tuple(g for g in rule.guards if g != guard))
-            if not any(_admits(fewer, binding) for binding in refuted) and _holds(fewer, seed, rank):
+            if holds(fewer):
                 rule = fewer
     for guard in [g for g in rule.guards if isinstance(g, Call) and g.fn == "same-shape"]:
         a = cast(Var, guard.args[0])
         for axis in range(leaf_rank(a.name, rank)):
             wider = Call("same-except", (*guard.args, literal(axis)))
             relaxed = replace(rule, guards=tuple(wider if g == guard else g for g in rule.guards))
-            if not any(_admits(relaxed, binding) for binding in refuted) and _holds(relaxed, seed, rank):
+            if holds(relaxed):
                 rule = relaxed
                 break
     return rule
@@ -1100,8 +1110,8 @@ def generate(settings: Settings, prove: Prover, progress: Progress | None = None
         progress(f"pruned: {len(pairs)} candidates ({renamings} renamings, {common} with a shared subterm)")
     t = time.perf_counter()
     rng = np.random.default_rng(settings.seed)
-    shape = settings.leaf_shape(max(settings.sizes) + 1)  # a size the fingerprints did not see
-    survivors = [p for p in pairs if not refuted(p, shape, rng)]
+    unseen = settings.leaf_shape(max(settings.sizes) + 1)  # a size the fingerprints did not see
+    survivors = [p for p in pairs if not refuted(p, unseen, rng)]
     refuting = time.perf_counter() - t
     if progress is not None:
         progress(f"refuted: {len(pairs) - len(survivors)} candidates differ on float leaves")

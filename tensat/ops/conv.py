@@ -76,11 +76,12 @@ def _conv_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
     return (x[0], w[0], oh, ow)
 
 
-def zero_padded(x: np.ndarray, pads: Sequence[int]) -> np.ndarray:
-    """NCHW array `x` padded with zeros by pads (top, left, bottom, right): `np.pad`'s result, without its cost."""
+def spatial_padded(x: np.ndarray, pads: Sequence[int], value: float = 0.0) -> np.ndarray:
+    """NCHW array `x` padded with `value` by pads (top, left, bottom, right): `np.pad`'s result, without its cost
+    on the small tensors the verifier and the rule generator evaluate."""
     pt, pl, pb, pr = pads
     n, c, h, w = x.shape
-    out = np.zeros((n, c, h + pt + pb, w + pl + pr), dtype=x.dtype)
+    out = np.full((n, c, h + pt + pb, w + pl + pr), value, dtype=x.dtype)
     out[:, :, pt : pt + h, pl : pl + w] = x
     return out
 
@@ -97,7 +98,7 @@ def conv2d_reference(
 ) -> np.ndarray:
     """Numpy 2-D convolution with ONNX semantics (grouped, dilated, padded), bias and fused activation: each group a
     matrix product of its windows by its weights (im2col)."""
-    xp = zero_padded(x, pads)
+    xp = spatial_padded(x, pads)
     win = windows(xp, w.shape[2:], strides, dilations)
     n, c, oh, ow, kh, kw = win.shape
     m, cg = w.shape[0], w.shape[1]

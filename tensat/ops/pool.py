@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from tensat.ops.conv import check_window, window_out, windows
+from tensat.ops.conv import check_window, spatial_padded, window_out, windows
 from tensat.ops.registry import (
     Attrs,
     Dims,
@@ -68,9 +68,7 @@ def _pool_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[st
 
 
 def _pool(x: np.ndarray, attrs: Attrs, kind: str) -> np.ndarray:
-    pt, pl, pb, pr = attrs["pads"]
-    fill = -np.inf if kind == "max" else 0.0
-    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=fill)
+    xp = spatial_padded(x, attrs["pads"], -np.inf if kind == "max" else 0.0)
     win = windows(xp, attrs["kernel"], attrs["strides"], (1, 1))
     if kind == "max":
         return win.max(axis=(-2, -1)).astype(x.dtype, copy=False)
@@ -78,7 +76,7 @@ def _pool(x: np.ndarray, attrs: Attrs, kind: str) -> np.ndarray:
     if attrs["count_include_pad"]:
         count = float(attrs["kernel"][0] * attrs["kernel"][1])
     else:
-        ones = np.pad(np.ones((1, 1) + x.shape[2:], dtype=x.dtype), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+        ones = spatial_padded(np.ones((1, 1) + x.shape[2:], dtype=x.dtype), attrs["pads"])
         count = windows(ones, attrs["kernel"], attrs["strides"], (1, 1)).sum(axis=(-2, -1))
     return (total / count).astype(x.dtype, copy=False)
 
