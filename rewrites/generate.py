@@ -48,6 +48,7 @@ import hashlib
 import itertools
 import multiprocessing
 import os
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -74,9 +75,9 @@ from .dsl import (
     literal,
     pattern_ops,
 )
-from .verify import FLOAT_SCALES, pattern_shape, verify_rule
+from .verify import FLOAT_SCALES, away_from_zero, kept_from_zero, pattern_shape, verify_rule
 
-LEAVES = ("x", "y", "z")
+LEAVES = ("x", "y", "z", "w")  # the tensor leaves, of which a generation takes the first `Settings.leaves`
 VECTORS = ("b", "c")  # rank-1 leaves of the leaves' size (`Settings.vectors`): a conv's bias
 MAX_BATCH = 64  # candidates checked, verified and kept in one minimization round, at most
 VERIFY_TRIALS, VERIFY_CASES = 8, 8  # bindings per combination, and in all, a generated rule is verified on
@@ -99,6 +100,7 @@ class Settings:
     sizes: tuple[int, ...] = (2, 3)  # every dim of every leaf, one fingerprint per size
     seed: int = 0
     vectors: int = 0  # rank-1 leaves besides (`VECTORS`), for an op that takes one (a conv's bias)
+    name: str = ""  # the set's name in its rules' names and its library file (`rule_prefix`); "" names it by its leaves
 
     def __post_init__(self) -> None:
         if self.max_ops < 1:
@@ -111,6 +113,8 @@ class Settings:
             raise ValueError(f"sizes must be positive, got {self.sizes}")
         if not 0 <= self.vectors <= len(VECTORS):
             raise ValueError(f"vectors must be 0 to {len(VECTORS)}, got {self.vectors}")
+        if self.name and not re.fullmatch(r"[a-z0-9]+", self.name):
+            raise ValueError(f"a set's name is lower-case letters and digits, got {self.name!r}")
 
     def leaf_shape(self, size: int) -> tuple[int, ...]:
         return (size,) * self.rank
@@ -437,27 +441,19 @@ def _order(pair: tuple[Pattern, Pattern]) -> tuple[Any, ...]:
 # Refutation
 
 
-def _positive_vars(p: Pattern) -> set[str]:
-    """Variables that are, as themselves, an input an op takes positive (`OpDef.positive`): the verifier draws them
-    positive, and so does the refutation."""
-    if isinstance(p, Var):
-        return set()
-    found = {a.name for a in (p.args[k] for k in ops.get(p.op).positive) if isinstance(a, Var)}
-    return found.union(*(_positive_vars(a) for a in p.args))
-
-
 def refuted(pair: tuple[Pattern, Pattern], shape: tuple[int, ...], rng: np.random.Generator) -> bool:
     """Whether the two sides differ on random float leaves of `shape` (a vector of its first dim; one draw at each of
     the verifier's spreads): an integer coincidence of the fingerprints (`sign(x + sigmoid(y)) = sign(x)` holds
     wherever x is a nonzero integer), dropped before the e-graph and the verifier spend time on it. Positions where a
     side is not finite decide nothing, nor do sides not typed at `shape` (three convs of an n x n kernel in a row)."""
     a, b = pair
-    positive = _positive_vars(a) | _positive_vars(b)
-    for scale in FLOAT_SCALES:
+    positive, nonzero = kept_from_zero((a, b))
+    for scale in (*FLOAT_SCALES, None):  # each spread of the verifier, then its small whole numbers (zeros)
         leaves = {}
         for v in sorted(_vars(a) | _vars(b)):
-            drawn = scale * rng.standard_normal(leaf_shape(v, shape))
-            leaves[v] = np.abs(drawn) + 0.5 if v in positive else drawn
+            size = leaf_shape(v, shape)
+            drawn = scale * rng.standard_normal(size) if scale else rng.integers(-2, 3, size).astype(np.float64)
+            leaves[v] = away_from_zero(drawn, v in positive) if v in positive | nonzero else drawn
         try:
             with np.errstate(all="ignore"):
                 left = np.asarray(instantiate(a, leaves, {}, {}), dtype=np.float64)
@@ -545,7 +541,11 @@ def _refuting(rule: Rule, seed: int) -> dict[str, Any] | None:
     """None if the verifier passes `rule` at VERIFY_SEEDS seeds, on VERIFY_TRIALS bindings per combination and
     VERIFY_CASES at least each (a generated rule was found by a coincidence of values, and is checked harder than
     one written by hand); else the binding it failed at ({} where it found none: too few cases, or no valid
-    binding)."""
+    binding). It is first checked as `tensat rules --verify` checks the library's file, so that every rule written
+    passes it."""
+    library = verify_rule(rule)
+    if not library.ok:
+        return dict(library.counterexample)
     for k in range(VERIFY_SEEDS):
         result = verify_rule(rule, trials=VERIFY_TRIALS, seed=seed + 1000 * k)
         if not (result.ok and result.cases >= VERIFY_CASES):
@@ -923,8 +923,11 @@ def multi_rules(
 
 
 def rule_prefix(settings: Settings) -> str:
-    """The start of the names of the rules a generation makes: `gen` over the default leaves, `gen-r4` over leaves
-    of rank 4, `gen-r4v2` with two vectors besides, so that the library's sets name their rules apart."""
+    """The start of the names of the rules a generation makes: `gen-NAME` for a named set, else by its leaves: `gen`
+    over the default ones, `gen-r4` over leaves of rank 4, `gen-r4v2` with two vectors besides, so that the library's
+    sets name their rules apart."""
+    if settings.name:
+        return f"gen-{settings.name}"
     vectors = f"v{settings.vectors}" if settings.vectors else ""
     return "gen" if (settings.rank, vectors) == (Settings.rank, "") else f"gen-r{settings.rank}{vectors}"
 

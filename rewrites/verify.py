@@ -42,7 +42,36 @@ from . import all_rules
 from .dsl import Call, Lit, Pattern, Rule, Term, Var, attr_value, bind_lets, eval_expr, inline_lets, instantiate
 
 MAX_RANK = 4
-FLOAT_SCALES = (1.0, 4.0, 16.0)  # the spreads of the random tensors a binding draws, one per binding
+FLOAT_SCALES = (0.25, 1.0, 4.0, 16.0)  # the spreads of the random tensors each binding is checked at
+# the least magnitude drawn for an input an op takes positive or nonzero: small enough that a reciprocal crosses a
+# clip's bound of 6, so that a rule true only away from zero is caught
+SAMPLE_FLOOR = 0.05
+
+
+def away_from_zero(values: np.ndarray, positive: bool) -> np.ndarray:
+    """Random `values` moved at least `SAMPLE_FLOOR` from zero, for an input an op takes positive (`OpDef.positive`:
+    made positive) or nonzero (`OpDef.nonzero`, a divisor: each keeps its sign, which a rule must not assume)."""
+    if positive:
+        return np.abs(values) + SAMPLE_FLOOR
+    return values + np.where(values < 0, -SAMPLE_FLOOR, SAMPLE_FLOOR)
+
+
+def kept_from_zero(patterns: Iterable[Pattern]) -> tuple[set[str], set[str]]:
+    """The variables that an op of `patterns` takes, as themselves, positive (`OpDef.positive`), and those taken only
+    nonzero (`OpDef.nonzero`): drawn away from zero (`away_from_zero`). A rule's are its left side's, which the graph
+    already computes: one whose right side alone takes a logarithm of ?x must hold where ?x is negative."""
+    positive: set[str] = set()
+    nonzero: set[str] = set()
+    stack = list(patterns)
+    while stack:
+        p = stack.pop()
+        if isinstance(p, Var):
+            continue
+        d = ops.get(p.op)
+        positive |= {a.name for k, a in enumerate(p.args) if k in d.positive and isinstance(a, Var)}
+        nonzero |= {a.name for k, a in enumerate(p.args) if k in d.nonzero and isinstance(a, Var)}
+        stack.extend(p.args)
+    return positive, nonzero - positive
 
 
 class Reject(Exception):
@@ -436,7 +465,7 @@ class _Plan:
         self.shape_vars = shape_vars
         self.enumerated = [v for v in self.contexts if v not in self.defs and v not in shape_vars]
         self.rank_defs = [v for v in self.defs if v not in shape_vars]
-        self.positive_slots = {args[k] for _, t, args in self.terms for k in ops.get(t.op).positive}
+        self.positive_vars, self.nonzero_vars = kept_from_zero(rule.lhs)
         patterns = list(_all_patterns(rule))
         self.int_possible = all(ops.get(t.op).int_exact for t in patterns)
         # attribute values an int-exact op needs to stay exact (conv2d's fused activation: none or relu)
@@ -804,24 +833,26 @@ def _check_binding(
         raise _Failure(f"right side ill-typed where the guards hold: {exc}") from None
     if rhs_shapes != lhs_shapes:
         raise _Failure(f"right side shape {rhs_shapes} differs from left side {lhs_shapes}")
-    # each binding at one of the spreads, drawn: at the larger, a bound such as Clip's 6 is crossed (a clip to [0, 6] is
-    # not a relu); small whole numbers hold zeros and ties (a sign to the power of a sign is not the sign at zero)
-    spread = int(np_rng.integers(len(FLOAT_SCALES) + 1))
-    scale = FLOAT_SCALES[spread] if spread < len(FLOAT_SCALES) else 1.0
-    floats = {
-        v: scale * np_rng.standard_normal(shapes[v])
-        if spread < len(FLOAT_SCALES)
-        else np_rng.integers(-2, 3, size=shapes[v]).astype(np.float64)
-        for v in plan.tensor_vars
-    }
-    for v in plan.positive_slots & set(floats):
-        floats[v] = np.abs(floats[v]) + 0.5
-    _compare(rule, floats, env, lets, exact=False)
+    # each binding at every spread: at the larger, a bound such as Clip's 6 is crossed (a clip to [0, 6] is not a
+    # relu); at the smallest, values stay inside a clip's bounds (a clip of a sum to [-1, 1] is not its sign); small
+    # whole numbers hold zeros and ties (a sign to the power of a sign is not the sign at zero; a relu of a sum of
+    # products is not the sum where they are all zero)
+    for spread in range(len(FLOAT_SCALES) + 1):
+        floats = {
+            v: FLOAT_SCALES[spread] * np_rng.standard_normal(shapes[v])
+            if spread < len(FLOAT_SCALES)
+            else np_rng.integers(-2, 3, size=shapes[v]).astype(np.float64)
+            for v in plan.tensor_vars
+        }
+        for v in (plan.positive_vars | plan.nonzero_vars) & set(floats):
+            floats[v] = away_from_zero(floats[v], v in plan.positive_vars)
+        _compare(rule, floats, env, lets, exact=False)
+    scale = int(FLOAT_SCALES[int(np_rng.integers(1, len(FLOAT_SCALES)))])
     use_int = plan.int_possible and all(
         attr_value(eval_expr(e, env, shapes)) in allowed for e, allowed in plan.int_conditions
     )
     if use_int:
-        ints = {v: np_rng.integers(-3, 4, size=shapes[v]).astype(np.int64) * int(scale) for v in plan.tensor_vars}
+        ints = {v: np_rng.integers(-3, 4, size=shapes[v]).astype(np.int64) * scale for v in plan.tensor_vars}
         _compare(rule, ints, env, lets, exact=True)
     return True, use_int
 
@@ -849,7 +880,10 @@ def _compare(
                 finite = np.abs(left[np.isfinite(left)])  # an infinity on the left must not make every error small
                 scale = max(1.0, float(np.max(finite)) if finite.size else 1.0)
                 tol = max(1e-9, rule.tolerance)
-                if not np.allclose(left, right, rtol=tol, atol=tol * scale, equal_nan=False):
+                # as np.allclose (equal infinities agree), without its overhead on tiny tensors; a NaN (a negative
+                # base to a fractional power) must be a NaN on both sides
+                agree = (left == right) | (np.isnan(left) & np.isnan(right))
+                if not np.all(agree | (np.abs(left - right) <= tol * (scale + np.abs(right)))):
                     diff = float(np.max(np.abs(left - right)))
                     raise _Failure(f"output {k} differs (max |diff| {diff:.3g})")
 

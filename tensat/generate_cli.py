@@ -18,6 +18,7 @@ from tensat.options import positive_int
 from tensat.rewrites import GENERATED_DIR
 from tensat.rewrites.dsl import parse_rules
 from tensat.rewrites.generate import (
+    LEAVES,
     VECTORS,
     Settings,
     default_jobs,
@@ -31,9 +32,10 @@ from tensat.rewrites.generate import (
 
 
 def library_file(settings: Settings) -> Path:
-    """The library's generated set of a generation's leaves: `generated.rules` over the default ones,
-    `generated_r4.rules` over leaves of rank 4, `generated_r4v2.rules` with two vectors besides (the file is named
-    as the rules are, `rule_prefix`; the search and the coverage read every file of the folder)."""
+    """The library's generated set of a generation: `generated_NAME.rules` for a named set, else by its leaves:
+    `generated.rules` over the default ones, `generated_r4.rules` over leaves of rank 4, `generated_r4v2.rules` with
+    two vectors besides (the file is named as the rules are, `rule_prefix`; the search and the coverage read every
+    file of the folder)."""
     return GENERATED_DIR / f"{rule_prefix(settings).replace('gen', 'generated', 1).replace('-', '_')}.rules"
 
 
@@ -60,6 +62,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--rank", type=positive_int, default=2, help="rank of the leaf tensors (default 2)")
     parser.add_argument(
+        "--leaves",
+        type=int,
+        choices=range(1, len(LEAVES) + 1),
+        default=Settings.leaves,
+        help=f"leaf tensors (default {Settings.leaves}; 4 for a rule over four, such as a sum of two concats)",
+    )
+    parser.add_argument(
         "--sizes",
         type=_sizes,
         default=(2, 3),
@@ -75,11 +84,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed of the fingerprints and the verifier")
     parser.add_argument(
+        "--name",
+        default="",
+        help="the set's name: its rules are named gen-NAME-* and its library file generated_NAME.rules (default: "
+        "named by the leaves' rank and vectors)",
+    )
+    parser.add_argument(
         "-o",
         "--output",
         type=Path,
-        help="the rule file to write (default: the library's of the leaves, rewrites/rules/generated/generated.rules "
-        "at rank 2, generated_rN.rules at rank N, generated_rNvK.rules with K vectors)",
+        help="the rule file to write (default: the library's, rewrites/rules/generated/generated_NAME.rules for a "
+        "named set, else generated.rules at rank 2, generated_rN.rules at rank N, generated_rNvK.rules with K vectors)",
     )
     parser.add_argument(
         "--jobs",
@@ -110,10 +125,36 @@ def settings_of(args: argparse.Namespace) -> Settings:
         raise TensatError(f"no op enumerates over leaves of rank {args.rank} by default: give --ops")
     try:
         return Settings(
-            max_ops=args.max_ops, ops=names, rank=args.rank, sizes=args.sizes, seed=args.seed, vectors=args.vectors
+            max_ops=args.max_ops,
+            ops=names,
+            rank=args.rank,
+            leaves=args.leaves,
+            sizes=args.sizes,
+            seed=args.seed,
+            vectors=args.vectors,
+            name=args.name,
         )
     except ValueError as exc:
         raise TensatError(str(exc)) from None
+
+
+def command_of(settings: Settings) -> str:
+    """The command that makes a generation's rules again, as a rule file's header gives it."""
+    default = Settings()
+    return "tensat rules generate" + "".join(
+        f" {flag} {shlex.quote(str(value))}"
+        for flag, value in (
+            ("--max-ops", settings.max_ops),
+            ("--ops", ",".join(settings.ops) if settings.ops is not None else None),
+            ("--rank", settings.rank),
+            ("--leaves", settings.leaves if settings.leaves != default.leaves else None),
+            ("--sizes", ",".join(map(str, settings.sizes))),
+            ("--vectors", settings.vectors or None),
+            ("--seed", settings.seed),
+            ("--name", settings.name or None),
+        )
+        if value is not None
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -126,18 +167,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"[{time.perf_counter() - start:6.1f} s] {message}", file=sys.stderr, flush=True)
 
     result = generate(settings, Prover(), progress, args.jobs)
-    command = "tensat rules generate" + "".join(
-        f" {flag} {shlex.quote(str(value))}"
-        for flag, value in (
-            ("--max-ops", settings.max_ops),
-            ("--ops", ",".join(settings.ops) if settings.ops is not None else None),
-            ("--rank", settings.rank),
-            ("--sizes", ",".join(map(str, settings.sizes))),
-            ("--vectors", settings.vectors or None),
-            ("--seed", settings.seed),
-        )
-        if value is not None
-    )
+    command = command_of(settings)
     text = rules_text(result, command, __version__)
     parse_rules(text)  # what is written must read back
     output = args.output if args.output is not None else library_file(settings)

@@ -229,6 +229,7 @@ FUSED_MATMUL = register(
         equations=_fused_matmul_equations,
         domains={"trans_a": [0, 1], "trans_b": [0, 1], "alpha": [0.125, 1.0]},
         exhaustive=("trans_a", "trans_b"),
+        sampled=("alpha",),
         breaks_layout=True,
     )
 )

@@ -120,7 +120,8 @@ class OpDef:
     # even and uneven ones): a rule the verifier passes at each value is kept with the attribute a variable, held to
     # the standard of a hand-written rule's `?s`, which the verifier checks on the same domain
     sampled: tuple[str, ...] = ()
-    positive: tuple[int, ...] = ()  # inputs sampled positive (a variance under a square root)
+    positive: tuple[int, ...] = ()  # inputs sampled positive (a variance under a square root, a logarithm)
+    nonzero: tuple[int, ...] = ()  # inputs sampled away from zero but of either sign (a divisor)
     int_exact: bool = False  # numpy semantics are exact on integer tensors
     int_exact_if: Mapping[str, frozenset[int]] = field(default_factory=dict)  # ... when these attributes are so
 

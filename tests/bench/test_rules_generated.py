@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from bench.rules_generated import _run_name, _settings, why_not
-from tensat.rewrites import all_rules
+from bench.rules_generated import _run_name, _settings, library_runs, why_not
+from tensat.generate_cli import command_of, library_file
+from tensat.rewrites import GENERATED_DIR, all_rules
 from tensat.rewrites.generate import Settings
 
 
@@ -16,11 +17,22 @@ def test_why_a_hand_rule_is_not_derived() -> None:
     assert why_not(hand["mul-add-distribute-right"], two) == "3 ops on a side"
     assert why_not(hand["mul-add-distribute-right"], three) == "not derived within the prover's limits"
     assert why_not(hand["relu-idempotent"], Settings(max_ops=2, ops=("add", "mul"))) == "ops not enumerated: relu"
+    assert why_not(hand["add-concat-distribute"], three) == "4 tensors, more than the leaves"
 
 
-def test_a_run_s_settings_and_name_give_its_rank_and_sizes() -> None:
-    pools = _settings("2:maxpool,relu:4:3,4")
+def test_a_run_s_settings_and_name_are_its_flags() -> None:
+    pools = _settings("--max-ops 2 --ops maxpool,relu --rank 4 --sizes 3,4")
     assert pools == Settings(max_ops=2, ops=("maxpool", "relu"), rank=4, sizes=(3, 4))
-    assert _settings("3:default") == Settings(max_ops=3)
-    assert _run_name({"max_ops": 2, "rank": 4, "sizes": [3, 4]}) == "2 ops, rank 4, sizes 3, 4"
-    assert _run_name({"max_ops": 3}) == "3 ops"  # a record from before runs had a rank
+    assert _settings("--max-ops 3") == Settings(max_ops=3)
+    named = "--max-ops 3 --ops add,concat --rank 2 --leaves 4 --sizes 2,3 --seed 0 --name sums"
+    assert _settings(named) == Settings(max_ops=3, ops=("add", "concat"), leaves=4, name="sums")
+    assert _run_name({"run": named}) == "`--max-ops 3 --ops add,concat --rank 2 --leaves 4 --name sums`"
+
+
+def test_the_bench_makes_each_library_set_again_with_the_flags_its_header_gives() -> None:
+    runs = library_runs()
+    assert len(runs) == len(list(GENERATED_DIR.glob("*.rules")))
+    for run in runs:
+        settings = _settings(run)
+        assert library_file(settings).name in {p.name for p in GENERATED_DIR.glob("*.rules")}
+        assert command_of(settings) == f"tensat rules generate {run}"  # what the bench writes reads back the same

@@ -210,6 +210,30 @@ WRONG = [
           (slice (concat ?x ?y :axis ?a) :axis ?a :start ?st :size ?n)
           (slice ?x :axis ?a :start ?st :size ?n))""",
     ),
+    # rules the generator once kept, each true only on some of its inputs: a divisor of one sign, values that cross
+    # a clip's bound, a base whose power is a NaN, a zero, a bias too small to make a sum negative
+    ("clip-of-a-reciprocal", "(rule clip-of-a-reciprocal (clip (reciprocal ?x) :min -1.0 :max 6.0) (reciprocal ?x))"),
+    ("sign-of-a-power", "(rule sign-of-a-power (sign (pow ?y ?x)) (sign ?y) :when ((same-shape ?y ?x)))"),
+    ("abs-into-a-power", "(rule abs-into-a-power (abs (pow ?x ?y)) (pow (abs ?x) ?y))"),
+    ("reciprocal-of-a-sign", "(rule reciprocal-of-a-sign (reciprocal (sign ?x)) (sign ?x))"),
+    (
+        "clip-of-a-sum-as-its-sign",
+        """
+        (rule clip-of-a-sum-as-its-sign
+          (clip (reducesum ?z :axes (vec 0 1) :keepdims 1) :min -1.0 :max 1.0)
+          (sign (reducemean ?z :axes (vec 0 1) :keepdims 1))
+          :when ((= (rank ?z) 2)))""",
+    ),
+    (
+        "relu-of-a-conv-of-positives",
+        """
+        (rule relu-of-a-conv-of-positives
+          (conv2d (sigmoid ?x) (conv2d ?x ?x ?b :strides (vec 1 1) :pads (vec 1 1 1 1) :dilations (vec 1 1) :group 1 :act 2)
+                  ?b :strides (vec 1 1) :pads (vec 1 1 1 1) :dilations (vec 1 1) :group 1 :act 0)
+          (conv2d (sigmoid ?x) (conv2d ?x ?x ?b :strides (vec 1 1) :pads (vec 1 1 1 1) :dilations (vec 1 1) :group 1 :act 2)
+                  ?b :strides (vec 1 1) :pads (vec 1 1 1 1) :dilations (vec 1 1) :group 1 :act 2)
+          :when ((= (rank ?x) 4) (= (rank ?b) 1)))""",
+    ),
     (
         "wrong-merge-slice",
         """
