@@ -176,6 +176,7 @@ def test_multi_pattern_rules_are_tensat_s_matmul_merges() -> None:
     assert len(parse_rules(rules_text(result, "cmd", "v"))) == len(result.rules)
 
 
+@pytest.mark.slow
 def test_two_convs_of_one_input_merge_through_their_weights_as_tensat_s() -> None:
     """The candidate `concat(conv(x, y, b), conv(x, z, c), axis 1) = conv(x, concat(y, z), concat(b, c))` found at the
     enumeration's stride and pads becomes Tensat's merge of two convs: of every stride, pad, dilation and activation,
@@ -324,6 +325,7 @@ def test_slices_are_enumerated_and_their_rules_are_general(small_slices: object)
     assert report == {"slice-relu-commute": "derived", "relu-slice-commute": "derived"}
 
 
+@pytest.mark.slow
 def test_a_conv_is_enumerated_over_a_bias_vector_and_its_rules_hold_at_every_stride_and_pad() -> None:
     """A conv takes a rank-1 bias: with vector leaves, it is enumerated (at the one stride, pads and group its op
     declares for the generator), and the rules found are lifted to every stride, pad, dilation and group the verifier
@@ -412,17 +414,16 @@ def test_rule_sets() -> None:
         rule_set("mine")
 
 
-SAMPLE = 6  # the default run verifies one in this many of the library's generated single-pattern rules ...
+SAMPLE = 6  # the default run verifies one in this many of the library's generated rules ...
 CONV_SAMPLE = 24  # ... and of those over a conv, whose verification evaluates numpy convolutions at many bindings
 
 
 def _library_rules_to_verify(every: int, every_conv: int) -> list[Rule]:
-    """The library's generated rules: every multi-pattern rule, one in `every` of the single-pattern ones, and one in
-    `every_conv` of those over a conv (the sets have thousands)."""
+    """The library's generated rules: one in `every`, and of those over a conv one in `every_conv` (the sets have
+    thousands)."""
     rules = list(generated_rules())
-    conv = [r for r in rules if "conv2d" in r.ops() and not r.multi]
-    single = [r for r in rules if not r.multi and r not in conv]
-    return [r for r in rules if r.multi] + single[::every] + conv[::every_conv]
+    conv = [r for r in rules if "conv2d" in r.ops()]
+    return [r for r in rules if r not in conv][::every] + conv[::every_conv]
 
 
 def test_the_library_s_generated_rules_say_how_they_were_made_and_verify() -> None:
