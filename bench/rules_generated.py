@@ -34,16 +34,15 @@ from typing import Any
 from bench import RESULTS_DIR
 from bench.machine import header, machine_info
 from tensat import rewrites
-from tensat._version import __version__
 from tensat.api import optimize_with_details
 from tensat.egraph.derive import Prover, derived
 from tensat.files import atomic_write_json, atomic_write_text
-from tensat.generate_cli import add_arguments, command_of, library_file, settings_of
+from tensat.generate_cli import add_arguments, library_file, settings_of, write_rules
 from tensat.models import SMALL_SIZES, build_model, model_names
 from tensat.options import RULE_SETS, positive_int
 from tensat.rewrites import GENERATED_DIR
 from tensat.rewrites.dsl import Rule
-from tensat.rewrites.generate import Settings, default_jobs, default_ops, generate, rules_text, term_size
+from tensat.rewrites.generate import Settings, default_jobs, default_ops, generate, term_size
 from tensat.rewrites.verify import bindings
 
 # the runs: the default ops at 3 operators, and a longer one at 4 over a smaller op set; then the library's sets
@@ -75,7 +74,7 @@ def generation(run: str, jobs: int = 1, write: bool = False) -> dict[str, Any]:
     settings = _settings(run)
     result = generate(settings, Prover(), lambda m: print(f"  {m}", file=sys.stderr, flush=True), jobs)
     if write:
-        atomic_write_text(library_file(settings), rules_text(result, command_of(settings), __version__))
+        write_rules(result, settings, library_file(settings))
     hand = [r for r in rewrites.all_rules() if not r.multi]
     start = time.perf_counter()
     verdicts = derived(result.rules, hand, rank=settings.rank)

@@ -75,7 +75,7 @@ from .dsl import (
     literal,
     pattern_ops,
 )
-from .verify import FLOAT_SCALES, away_from_zero, kept_from_zero, pattern_shape, verify_rule
+from .verify import SPREADS, away_from_zero, draw, kept_from_zero, pattern_shape, verify_rule
 
 LEAVES = ("x", "y", "z", "w")  # the tensor leaves, of which a generation takes the first `Settings.leaves`
 VECTORS = ("b", "c")  # rank-1 leaves of the leaves' size (`Settings.vectors`): a conv's bias
@@ -448,11 +448,10 @@ def refuted(pair: tuple[Pattern, Pattern], shape: tuple[int, ...], rng: np.rando
     side is not finite decide nothing, nor do sides not typed at `shape` (three convs of an n x n kernel in a row)."""
     a, b = pair
     positive, nonzero = kept_from_zero((a, b))
-    for scale in (*FLOAT_SCALES, None):  # each spread of the verifier, then its small whole numbers (zeros)
+    for scale in SPREADS:
         leaves = {}
         for v in sorted(_vars(a) | _vars(b)):
-            size = leaf_shape(v, shape)
-            drawn = scale * rng.standard_normal(size) if scale else rng.integers(-2, 3, size).astype(np.float64)
+            drawn = draw(rng, leaf_shape(v, shape), scale)
             leaves[v] = away_from_zero(drawn, v in positive) if v in positive | nonzero else drawn
         try:
             with np.errstate(all="ignore"):

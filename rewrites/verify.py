@@ -46,6 +46,14 @@ FLOAT_SCALES = (0.25, 1.0, 4.0, 16.0)  # the spreads of the random tensors each 
 # the least magnitude drawn for an input an op takes positive or nonzero: small enough that a reciprocal crosses a
 # clip's bound of 6, so that a rule true only away from zero is caught
 SAMPLE_FLOOR = 0.05
+SPREADS = (*FLOAT_SCALES, None)  # the float spreads, then small whole numbers (None), which hold zeros and ties
+
+
+def draw(rng: np.random.Generator, shape: tuple[int, ...], scale: float | None) -> np.ndarray:
+    """Random float64 values of `shape` at one of `SPREADS`: normal of spread `scale`, or small whole numbers."""
+    if scale is None:
+        return rng.integers(-2, 3, size=shape).astype(np.float64)
+    return scale * rng.standard_normal(shape)
 
 
 def away_from_zero(values: np.ndarray, positive: bool) -> np.ndarray:
@@ -837,22 +845,17 @@ def _check_binding(
     # relu); at the smallest, values stay inside a clip's bounds (a clip of a sum to [-1, 1] is not its sign); small
     # whole numbers hold zeros and ties (a sign to the power of a sign is not the sign at zero; a relu of a sum of
     # products is not the sum where they are all zero)
-    for spread in range(len(FLOAT_SCALES) + 1):
-        floats = {
-            v: FLOAT_SCALES[spread] * np_rng.standard_normal(shapes[v])
-            if spread < len(FLOAT_SCALES)
-            else np_rng.integers(-2, 3, size=shapes[v]).astype(np.float64)
-            for v in plan.tensor_vars
-        }
+    for scale in SPREADS:
+        floats = {v: draw(np_rng, shapes[v], scale) for v in plan.tensor_vars}
         for v in (plan.positive_vars | plan.nonzero_vars) & set(floats):
             floats[v] = away_from_zero(floats[v], v in plan.positive_vars)
         _compare(rule, floats, env, lets, exact=False)
-    scale = int(FLOAT_SCALES[int(np_rng.integers(1, len(FLOAT_SCALES)))])
+    multiple = int(FLOAT_SCALES[int(np_rng.integers(1, len(FLOAT_SCALES)))])
     use_int = plan.int_possible and all(
         attr_value(eval_expr(e, env, shapes)) in allowed for e, allowed in plan.int_conditions
     )
     if use_int:
-        ints = {v: np_rng.integers(-3, 4, size=shapes[v]).astype(np.int64) * scale for v in plan.tensor_vars}
+        ints = {v: np_rng.integers(-3, 4, size=shapes[v]).astype(np.int64) * multiple for v in plan.tensor_vars}
         _compare(rule, ints, env, lets, exact=True)
     return True, use_int
 

@@ -20,6 +20,7 @@ from tensat.rewrites.dsl import parse_rules
 from tensat.rewrites.generate import (
     LEAVES,
     VECTORS,
+    Generated,
     Settings,
     default_jobs,
     default_ops,
@@ -157,6 +158,13 @@ def command_of(settings: Settings) -> str:
     )
 
 
+def write_rules(result: Generated, settings: Settings, output: Path) -> None:
+    """Write a generation's rule file, its header the command that makes it again; what is written must read back."""
+    text = rules_text(result, command_of(settings), __version__)
+    parse_rules(text)
+    atomic_write_text(output, text)
+
+
 def run(args: argparse.Namespace) -> int:
     """Generate, write the rule file, and print what each step found and took."""
     settings = settings_of(args)
@@ -167,11 +175,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"[{time.perf_counter() - start:6.1f} s] {message}", file=sys.stderr, flush=True)
 
     result = generate(settings, Prover(), progress, args.jobs)
-    command = command_of(settings)
-    text = rules_text(result, command, __version__)
-    parse_rules(text)  # what is written must read back
     output = args.output if args.output is not None else library_file(settings)
-    atomic_write_text(output, text)
+    write_rules(result, settings, output)
     seconds = ", ".join(f"{step} {s:.1f} s" for step, s in result.seconds.items())
     print(
         f"terms {sum(result.terms)} ({', '.join(map(str, result.terms))} by size; {result.constants} constant ones "
