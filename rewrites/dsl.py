@@ -30,7 +30,7 @@ e-graph explorer, the sequential search and the verifier all read one definition
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -745,6 +745,54 @@ def instantiate(
     attrs = {k: attr_value(eval_expr(e, env, shapes)) for k, e in p.attrs}
     ops.shape_of(p.op, [a.shape for a in args], attrs)
     return ops.evaluate(p.op, args, attrs)
+
+
+class Evaluation:
+    """Patterns compiled for evaluation at many bindings, each on many tensors (the verifier's samples, each drawn at
+    every spread): each distinct subterm once. `bind` evaluates the attributes and checks the shapes (ops.ShapeError)
+    at one binding; the values are `instantiate`'s, operation for operation."""
+
+    def __init__(self, patterns: Sequence[Pattern], tensors: Collection[str], lets: Mapping[str, Pattern] = {}) -> None:
+        self._nodes: list[Pattern] = []  # a leaf (a variable of `tensors`) or a term, each after its operands
+        self._args: list[tuple[int, ...]] = []
+        slots: dict[Pattern, int] = {}
+
+        def slot(p: Pattern) -> int:
+            if isinstance(p, Var) and p.name not in tensors:
+                return slot(lets[p.name])
+            if p not in slots:
+                args = () if isinstance(p, Var) else tuple(slot(a) for a in p.args)
+                self._nodes.append(p)
+                self._args.append(args)
+                slots[p] = len(self._nodes) - 1
+            return slots[p]
+
+        self.outputs = [slot(p) for p in patterns]
+
+    def bind(
+        self, shapes: Mapping[str, tuple[int, ...]], env: Mapping[str, Any]
+    ) -> tuple[Callable[[Mapping[str, np.ndarray]], list[np.ndarray]], list[tuple[int, ...]]]:
+        """(the patterns' values as a function of tensors of `shapes`, one per leaf variable, attributes from `env`;
+        the patterns' shapes)."""
+        steps: list[tuple[str, tuple[int, ...], dict[str, Any] | None]] = []  # (op, operands, attrs); a leaf's None
+        known: list[tuple[int, ...]] = []
+        for p, args in zip(self._nodes, self._args):
+            if isinstance(p, Var):
+                known.append(tuple(shapes[p.name]))
+                steps.append((p.name, args, None))
+            else:
+                attrs = {k: attr_value(eval_expr(e, env, shapes)) for k, e in p.attrs}
+                known.append(ops.shape_of(p.op, [known[a] for a in args], attrs))
+                steps.append((p.op, args, attrs))
+        outputs = self.outputs
+
+        def values(tensors: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+            out: list[np.ndarray] = []
+            for name, args, attrs in steps:
+                out.append(tensors[name] if attrs is None else ops.evaluate(name, [out[a] for a in args], attrs))
+            return [out[k] for k in outputs]
+
+        return values, [known[k] for k in outputs]
 
 
 def load_rule_files(paths: Sequence[str]) -> list[Rule]:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -39,7 +39,19 @@ import numpy as np
 from tensat import ops
 
 from . import all_rules
-from .dsl import Call, Lit, Pattern, Rule, Term, Var, attr_value, bind_lets, eval_expr, inline_lets, instantiate
+from .dsl import (
+    Call,
+    Evaluation,
+    Lit,
+    Pattern,
+    Rule,
+    Term,
+    Var,
+    attr_value,
+    bind_lets,
+    eval_expr,
+    inline_lets,
+)
 
 MAX_RANK = 4
 FLOAT_SCALES = (0.25, 1.0, 4.0, 16.0)  # the spreads of the random tensors each binding is checked at
@@ -84,6 +96,11 @@ def kept_from_zero(patterns: Iterable[Pattern]) -> tuple[set[str], set[str]]:
 
 class Reject(Exception):
     """This sample (or attribute combination) does not instantiate the rule."""
+
+
+class Inadmissible(Reject):
+    """An op's shape equations reject the rank assignment and attribute values (`Equations.reject`: a slice's axis
+    beyond the rank, a reduction's output of another rank): every sample of the combination would be rejected."""
 
 
 class _Unbound(Reject):
@@ -432,6 +449,8 @@ class _Plan:
         self.rule = rule
         self.slots, self.terms = _slots(rule)
         self.tensor_vars = rule.tensor_vars()
+        lets_terms = {n: v for n, v in rule.lets if isinstance(v, Term)}
+        self.evaluation = Evaluation([*rule.lhs, *rule.rhs], self.tensor_vars, lets_terms)  # left sides, then right
         # attribute variables and where they occur
         self.contexts: dict[str, tuple[str, str, str]] = {}  # var -> (op, attr, slot key)
         for key, t, _ in self.terms:
@@ -705,7 +724,7 @@ class _Builder:
         return apply(fn, *args)
 
     def reject(self, why: str) -> NoReturn:
-        raise Reject(why)
+        raise Inadmissible(why)
 
     def broadcast(self, out: Sequence[Sym], a: Sequence[Sym], b: Sequence[Sym], dims: Iterable[int]) -> None:
         """Broadcasting operands: equal dims, except where one side is already 1 or is picked to be 1."""
@@ -825,20 +844,21 @@ def _check_binding(
 ) -> tuple[bool, bool]:
     """Compare both sides on one binding. Returns (compared, compared-as-int); raises Reject or _Failure."""
     rule = plan.rule
-    try:
-        lhs_shapes = [pattern_shape(t, shapes, attrs, {}) for t in rule.lhs]
-    except (ops.ShapeError, IndexError, KeyError, ValueError, TypeError, ZeroDivisionError) as exc:
-        raise Reject(f"left side ill-typed: {exc}") from None
+    ill_typed = (ops.ShapeError, IndexError, KeyError, ValueError, TypeError, ZeroDivisionError)
     try:
         env, lets = bind_lets(rule, attrs, shapes)
-        if not all(eval_expr(g, env, shapes) for g in rule.guards):
-            raise Reject("guards do not hold")
-    except (IndexError, ZeroDivisionError, ValueError, TypeError) as exc:
-        raise Reject(f"guard not evaluable: {exc}") from None
-    try:
-        rhs_shapes = [pattern_shape(t, shapes, env, lets) for t in rule.rhs]
-    except (ops.ShapeError, IndexError, KeyError, ValueError, TypeError, ZeroDivisionError) as exc:
+        evaluation, out_shapes = plan.evaluation.bind({v: shapes[v] for v in plan.tensor_vars}, env)
+    except ill_typed as exc:  # the rare case: which side, and whether the guards hold there, decides
+        try:
+            [pattern_shape(t, shapes, attrs, {}) for t in rule.lhs]
+        except ill_typed as lhs_exc:
+            raise Reject(f"left side ill-typed: {lhs_exc}") from None
+        if not _guards_hold(rule, attrs, shapes):
+            raise Reject("guards do not hold") from None
         raise _Failure(f"right side ill-typed where the guards hold: {exc}") from None
+    if not _guards_hold(rule, attrs, shapes):
+        raise Reject("guards do not hold")
+    lhs_shapes, rhs_shapes = out_shapes[: len(rule.lhs)], out_shapes[len(rule.lhs) :]
     if rhs_shapes != lhs_shapes:
         raise _Failure(f"right side shape {rhs_shapes} differs from left side {lhs_shapes}")
     # each binding at every spread: at the larger, a bound such as Clip's 6 is crossed (a clip to [0, 6] is not a
@@ -849,26 +869,40 @@ def _check_binding(
         floats = {v: draw(np_rng, shapes[v], scale) for v in plan.tensor_vars}
         for v in (plan.positive_vars | plan.nonzero_vars) & set(floats):
             floats[v] = away_from_zero(floats[v], v in plan.positive_vars)
-        _compare(rule, floats, env, lets, exact=False)
+        _compare(rule, evaluation, floats, exact=False)
     multiple = int(FLOAT_SCALES[int(np_rng.integers(1, len(FLOAT_SCALES)))])
     use_int = plan.int_possible and all(
         attr_value(eval_expr(e, env, shapes)) in allowed for e, allowed in plan.int_conditions
     )
     if use_int:
         ints = {v: np_rng.integers(-3, 4, size=shapes[v]).astype(np.int64) * multiple for v in plan.tensor_vars}
-        _compare(rule, ints, env, lets, exact=True)
+        _compare(rule, evaluation, ints, exact=True)
     return True, use_int
 
 
+def _guards_hold(rule: Rule, attrs: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> bool:
+    """Whether `rule`'s guards hold at a binding; one that cannot be evaluated there (an index out of range) does
+    not, as the compiled egglog rule fails such a match."""
+    try:
+        env, _ = bind_lets(rule, attrs, shapes)
+        return all(eval_expr(g, env, shapes) for g in rule.guards)
+    except (IndexError, ZeroDivisionError, ValueError, TypeError):
+        return False
+
+
 def _compare(
-    rule: Rule, tensors: dict[str, np.ndarray], env: dict[str, Any], lets: dict[str, Any], exact: bool
+    rule: Rule,
+    evaluation: Callable[[Mapping[str, np.ndarray]], list[np.ndarray]],
+    tensors: dict[str, np.ndarray],
+    exact: bool,
 ) -> None:
-    """Both sides of every output pair agree (exactly on integers, to 1e-9 in float64, or to the rule's declared
-    tolerance where it is larger)."""
+    """Both sides of every output pair (`evaluation`: the rule's left sides, then its right sides, at the binding)
+    agree on `tensors` (exactly on integers, to 1e-9 in float64, or to the rule's declared tolerance where it is
+    larger)."""
     with np.errstate(all="ignore"):
-        for k, (lhs, rhs) in enumerate(zip(rule.lhs, rule.rhs)):
-            left = instantiate(lhs, tensors, env, lets)
-            right = instantiate(rhs, tensors, env, lets)
+        values = evaluation(tensors)
+        outputs = len(rule.lhs)
+        for k, (left, right) in enumerate(zip(values[:outputs], values[outputs:])):
             if left.shape != right.shape:
                 raise _Failure(f"output {k}: shapes {left.shape} vs {right.shape}")
             if (left.dtype == bool) != (right.dtype == bool):
@@ -879,16 +913,23 @@ def _compare(
             elif exact:
                 if not np.array_equal(left, right):
                     raise _Failure(f"output {k} differs on integer tensors (max |diff| {np.abs(left - right).max()})")
-            else:
-                finite = np.abs(left[np.isfinite(left)])  # an infinity on the left must not make every error small
-                scale = max(1.0, float(np.max(finite)) if finite.size else 1.0)
-                tol = max(1e-9, rule.tolerance)
-                # as np.allclose (equal infinities agree), without its overhead on tiny tensors; a NaN (a negative
-                # base to a fractional power) must be a NaN on both sides
-                agree = (left == right) | (np.isnan(left) & np.isnan(right))
-                if not np.all(agree | (np.abs(left - right) <= tol * (scale + np.abs(right)))):
-                    diff = float(np.max(np.abs(left - right)))
-                    raise _Failure(f"output {k} differs (max |diff| {diff:.3g})")
+            elif not _close(left, right, max(1e-9, rule.tolerance)):
+                raise _Failure(f"output {k} differs (max |diff| {float(np.max(np.abs(left - right))):.3g})")
+
+
+def _close(left: np.ndarray, right: np.ndarray, tol: float) -> bool:
+    """Whether float `left` and `right` agree to `tol`, relative to the larger of 1 and `left`'s largest finite
+    magnitude (an infinity on the left must not make every error small) plus `right`'s: as np.allclose, equal
+    infinities agree, without its overhead on tiny tensors; a NaN must be a NaN on both sides."""
+    if not left.size:
+        return True
+    magnitude = np.abs(left)
+    if np.isfinite(magnitude).all() and np.isfinite(right).all():  # the common case, in fewer steps
+        return bool((np.abs(left - right) <= tol * (max(1.0, float(magnitude.max())) + np.abs(right))).all())
+    finite = magnitude[np.isfinite(magnitude)]
+    scale = max(1.0, float(finite.max()) if finite.size else 1.0)
+    agree = (left == right) | (np.isnan(left) & np.isnan(right))
+    return bool((agree | (np.abs(left - right) <= tol * (scale + np.abs(right)))).all())
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -922,6 +963,8 @@ def _run_job(
     for _ in range(attempts):
         try:
             shapes, attrs = _sample(plan, ranks, env, rng)
+        except Inadmissible:
+            break
         except Reject:
             continue
         try:
@@ -1028,6 +1071,8 @@ def bindings(
                 try:
                     shapes, attrs = _sample(plan, ranks, env, rng)
                     _check_binding(plan, shapes, attrs, np_rng)
+                except Inadmissible:
+                    break
                 except (Reject, _Failure):
                     continue
                 out.append((shapes, attrs))

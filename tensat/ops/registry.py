@@ -62,7 +62,8 @@ class Equations(Protocol):
         """`fn` of the arguments' values (at once where they are known)."""
 
     def reject(self, why: str) -> NoReturn:
-        """Discard this sample (its attributes do not instantiate the op)."""
+        """Discard this rank assignment and attribute combination: the op's ranks or attribute values do not fit
+        (a slice's axis beyond its rank). Decided by those alone, not by the sample's sizes."""
 
 
 Domain = Sequence[Any] | Callable[[int], Sequence[Any]]  # values, or values for the op's output rank

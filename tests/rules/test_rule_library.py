@@ -254,6 +254,35 @@ def test_wrong_rules_fail_the_verifier(name, text):
     assert v.message and v.counterexample
 
 
+def test_a_combination_the_shape_equations_reject_is_sampled_once(monkeypatch):
+    """A reduction's output rank is fixed by its input's and its axes: the verifier's rank assignments that give it
+    another are rejected by the op's equations (`Equations.reject`), whatever the sizes drawn, so such a combination
+    is given up at its first sample rather than after every attempt."""
+    from tensat.rewrites import verify
+
+    (sum_neg,) = parse_rules(
+        "(rule r (reducesum (neg ?x) :axes (vec 0) :keepdims 0) (neg (reducesum ?x :axes (vec 0) :keepdims 0)))"
+    )
+    samples: dict[str, int] = {}
+    rejected: set[str] = set()
+    sample = verify._sample
+
+    def counted(plan, ranks, env, rng):
+        key = repr((sorted(ranks.items()), sorted(env.items())))
+        samples[key] = samples.get(key, 0) + 1
+        try:
+            return sample(plan, ranks, env, rng)
+        except verify.Inadmissible:
+            rejected.add(key)
+            raise
+
+    monkeypatch.setattr(verify, "_sample", counted)
+    result = verify_rule(sum_neg)
+    assert result.ok and result.cases >= 3
+    assert rejected and result.inadmissible >= len(rejected)
+    assert all(samples[key] == 1 for key in rejected)
+
+
 def test_a_rule_the_verifier_cannot_instantiate_fails():
     (never,) = parse_rules("(rule never (relu ?x) (relu ?x) :when ((< (rank ?x) 0)))")
     v = verify_rule(never)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tensat import rewrites
-from tensat.rewrites.dsl import RuleError, evaluate_sides, parse_rules
+from tensat import ops, rewrites
+from tensat.rewrites.dsl import Evaluation, RuleError, evaluate_sides, instantiate, parse_rules
 
 RNG = np.random.default_rng(2)
 
@@ -93,3 +93,28 @@ def test_library_rules_compile_and_are_unique():
         text = rewrites.to_egglog(r, "multi" if r.multi else "rw")
         assert text.startswith("(rule (") and f':name "{r.name}"' in text
     assert {r.name for r in rules if r.multi} >= {"matmul-merge-shared-input", "conv-merge-shared-input"}
+
+
+def test_an_evaluation_gives_instantiates_values_evaluating_a_shared_subterm_once(monkeypatch):
+    """The verifier evaluates both sides of a rule at each binding on several draws: compiled once per rule, bound
+    once per binding (attributes and shapes), each subterm the sides share evaluated once per draw."""
+    (r,) = parse_rules(
+        "(rule r (add (relu (matmul (transpose ?x :perm (vec 1 0)) ?y)) ?z) "
+        "(add (matmul (transpose ?x :perm (vec 1 0)) ?y) ?z))"
+    )
+    evaluation = Evaluation([*r.lhs, *r.rhs], {"x", "y", "z"})
+    rng = np.random.default_rng(0)
+    shapes = {"x": (3, 2), "y": (3, 4), "z": (2, 4)}
+    values, out = evaluation.bind(shapes, {})
+    assert out == [(2, 4), (2, 4)]
+    tensors = {k: rng.standard_normal(s) for k, s in shapes.items()}
+    calls: list[str] = []
+    evaluate = ops.evaluate
+    monkeypatch.setattr(ops, "evaluate", lambda op, args, attrs: calls.append(op) or evaluate(op, args, attrs))
+    left, right = values(tensors)
+    assert sorted(calls) == ["add", "add", "matmul", "relu", "transpose"]
+    monkeypatch.setattr(ops, "evaluate", evaluate)
+    assert np.array_equal(left, instantiate(r.lhs[0], tensors, {}))
+    assert np.array_equal(right, instantiate(r.rhs[0], tensors, {}))
+    with pytest.raises(ops.ShapeError):
+        evaluation.bind({"x": (3, 2), "y": (2, 4), "z": (2, 4)}, {})
