@@ -776,7 +776,8 @@ def _lower(run: _Run) -> None:
     assert run.graph is not None
     run.log.say("explore", f"lowering {run.graph.op_count()} ops into egglog")
     present = {run.graph.nodes[i].op for i in run.graph.live()}
-    run.te = TensorEGraph(run.graph, rewrites.select_rules(present, rewrites.rule_set(run.opts.rules)))
+    first = "hand" if run.opts.rules == "all" else run.opts.rules  # `all` registers the generated set later
+    run.te = TensorEGraph(run.graph, rewrites.select_rules(present, rewrites.rule_set(first)))
 
 
 def _explore(run: _Run) -> None:
@@ -784,18 +785,38 @@ def _explore(run: _Run) -> None:
     opts, log = run.opts, run.log
 
     def iteration(it: IterationStats) -> None:
-        log.say("explore", f"iteration {it.iteration}: {it.enodes:,} e-nodes, {it.eclasses:,} e-classes")
+        number = it.iteration + (len(stats.iterations) if stats is not None else 0)
+        log.say("explore", f"iteration {number}: {it.enodes:,} e-nodes, {it.eclasses:,} e-classes")
 
     assert run.te is not None
     share = _budget_left(run, EXPLORE_SHARE)
-    run.stats = stats = run.te.explore(
-        node_limit=opts.node_limit,
-        iter_limit=opts.iter_limit,
-        time_limit=min(opts.time_limit, share),
-        k_multi=opts.k_multi,
-        on_iteration=iteration,
-        converged=_Sampler(run) if opts.patience > 0 else None,
-    )
+    stats: ExplorationStats | None = None
+    # `all` explores with the hand-written rules first, as `hand` does, then registers the generated set and goes on
+    # with every rule from the e-graph they reached, within what is left of the limits: its e-graph holds what `hand`
+    # finds, however long the generated set takes to register and however much it grows the e-graph
+    for stage_rules in (None, "all") if opts.rules == "all" else (None,):
+        done = (len(stats.iterations), stats.seconds) if stats is not None else (0, 0.0)
+        left = min(opts.time_limit, share) - done[1]
+        if stats is not None and (stats.stop_reason == "error" or done[0] >= opts.iter_limit or left <= 0):
+            break
+        t = time.perf_counter()
+        if stage_rules is not None:
+            assert run.graph is not None
+            present = {run.graph.nodes[i].op for i in run.graph.live()}
+            run.te.add_rules(rewrites.select_rules(present, rewrites.rule_set(stage_rules)))
+        registering = time.perf_counter() - t
+        stage = run.te.explore(
+            node_limit=opts.node_limit,
+            iter_limit=opts.iter_limit - done[0],
+            time_limit=left - registering,
+            k_multi=opts.k_multi,
+            on_iteration=iteration,
+            converged=_Sampler(run) if opts.patience > 0 else None,
+        )
+        stage.seconds += registering
+        stats = stage if stats is None else stats.followed_by(stage)
+    assert stats is not None
+    run.stats = stats
     if stats.stop_reason == "time_limit" and share < opts.time_limit:
         stats.stop_reason = "time_budget"
     run.times["explore"] = stats.seconds

@@ -4,7 +4,7 @@ the egglog plumbing the exploration and the export share (running commands, snap
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tensat import ops, rewrites
@@ -49,9 +49,9 @@ class LoweredGraph:
     def __init__(self, graph: Graph, rules: Sequence[rewrites.Rule] | None = None) -> None:
         self.graph = graph
         present = {graph.nodes[i].op for i in graph.live()}
-        self.rules = list(rules) if rules is not None else rewrites.select_rules(present)
-        symbolic = bool(graph.symbolic)  # guards hold at every size of the symbolic dims (`ir.Graph.symbolic`)
-        used = present.union(*(r.produced_ops() for r in self.rules))
+        self.rules: list[rewrites.Rule] = []
+        self._used: set[str] = set()  # the ops whose shape rules are registered
+        self._symbolic = bool(graph.symbolic)  # guards hold at every size of the symbolic dims (`ir.Graph.symbolic`)
         self._strings: list[str] = []
         self._string_ids: dict[str, int] = {}
         self._ruleset_of: dict[str, str] = {}
@@ -62,19 +62,7 @@ class LoweredGraph:
             "(rule ((fresh x) (chosen x)) ((delete (fresh x))) :ruleset stale)\n"
             "(rule ((chosen x)) ((settled x)) :ruleset stale)",
         ]
-        for k, rule in enumerate(self.rules):
-            name = f"rule-{k}"
-            self._ruleset_of[rule.name] = name
-            program.append(f"(ruleset {name})\n{rewrites.to_egglog(rule, name, symbolic=symbolic)}")
-            if rule.multi:  # the same rule, matching only pairs of chosen e-classes with a fresh one (see `guide`):
-                guided = f"guided-{k}"  # the first fresh, or the first chosen in an earlier round and the second fresh
-                self._ruleset_of[GUIDED + rule.name] = guided
-                program.append(f"(ruleset {guided})")
-                for name, roots_in in (("", [("fresh", 0)]), (f"{TWIN}1", [("settled", 0), ("fresh", 1)])):
-                    program.append(
-                        rewrites.to_egglog(rule, guided, "chosen", GUIDED + rule.name + name, roots_in, symbolic)
-                    )
-        program.append("\n".join(ops.egg_shape_rules(used) + (ops.egg_symbolic_shape_rules(used) if symbolic else [])))
+        program += self._registered(list(rules) if rules is not None else rewrites.select_rules(present), present)
         self._blank = blank_egraph(program, self)
         self.egraph = self._blank.egraph
         self.version = 0  # bumped whenever the e-graph's content may have changed: an export is reused until then
@@ -91,6 +79,38 @@ class LoweredGraph:
         )
         self._run("(run-schedule (saturate shapes))")
         self._check_initial_shapes()
+
+    def _registered(self, rules: Sequence[rewrites.Rule], present: Iterable[str] = ()) -> list[str]:
+        """The egglog program that registers `rules`, with the shape rules of the ops of `present` and those the
+        rules build, where not registered yet; the rules join `self.rules`."""
+        program = []
+        for rule in rules:
+            k = len(self.rules)
+            self.rules.append(rule)
+            name = f"rule-{k}"
+            self._ruleset_of[rule.name] = name
+            program.append(f"(ruleset {name})\n{rewrites.to_egglog(rule, name, symbolic=self._symbolic)}")
+            if rule.multi:  # the same rule, matching only pairs of chosen e-classes with a fresh one (see `guide`):
+                guided = f"guided-{k}"  # the first fresh, or the first chosen in an earlier round and the second fresh
+                self._ruleset_of[GUIDED + rule.name] = guided
+                program.append(f"(ruleset {guided})")
+                for name, roots_in in (("", [("fresh", 0)]), (f"{TWIN}1", [("settled", 0), ("fresh", 1)])):
+                    program.append(
+                        rewrites.to_egglog(rule, guided, "chosen", GUIDED + rule.name + name, roots_in, self._symbolic)
+                    )
+        new = set(present).union(*(r.produced_ops() for r in rules)) - self._used
+        self._used |= new
+        program.append(
+            "\n".join(ops.egg_shape_rules(new) + (ops.egg_symbolic_shape_rules(new) if self._symbolic else []))
+        )
+        return program
+
+    def add_rules(self, rules: Sequence[rewrites.Rule]) -> None:
+        """Register `rules` too (those not registered yet), in the current snapshot: a pop below it would drop them,
+        as a kept blank e-graph (`pool.Blank`) does when its user is gone."""
+        fresh = [r for r in rules if r.name not in self._ruleset_of]
+        if fresh:
+            self._run("\n".join(self._registered(fresh)))
 
     # -- egglog plumbing ----------------------------------------------------------------------------------------
 

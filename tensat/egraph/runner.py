@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from tensat import rewrites
@@ -73,6 +73,20 @@ class ExplorationStats:
             f"{self.seconds:.2f} s>"
         )
 
+    def followed_by(self, later: ExplorationStats) -> ExplorationStats:
+        """This exploration and a `later` one on the e-graph it left, as one: the later's iterations numbered on,
+        and its stop."""
+        offset = len(self.iterations)
+        iterations = [replace(it, iteration=it.iteration + offset) for it in later.iterations]
+        return replace(
+            later,
+            initial_enodes=self.initial_enodes,
+            initial_eclasses=self.initial_eclasses,
+            iterations=self.iterations + iterations,
+            seconds=self.seconds + later.seconds,
+            rules=list(dict.fromkeys(self.rules + later.rules)),
+        )
+
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["enodes"], out["eclasses"] = self.enodes, self.eclasses
@@ -129,6 +143,14 @@ class Exploration(LoweredGraph):
         self._clock = 0  # iterations run so far, the backoff's clock
         self._explored = 0.0  # seconds of the explore calls so far: a later call's fill may take as long
         self._rulesets: dict[tuple[str, ...], str] = {}
+        self._single = [r.name for r in self.rules if not r.multi]
+        self._single_set = set(self._single)
+
+    def add_rules(self, rules: Sequence[rewrites.Rule]) -> None:
+        """Register `rules` too, with no checkpoint taken: a rollback to one would drop them."""
+        if self._checkpoints:
+            raise RuntimeError("rules are registered with a checkpoint to roll back to")
+        super().add_rules(rules)
         self._single = [r.name for r in self.rules if not r.multi]
         self._single_set = set(self._single)
 

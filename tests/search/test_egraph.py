@@ -408,6 +408,30 @@ def test_a_reused_egraph_explores_like_a_fresh_one():
     assert run(reused) == expected
 
 
+def test_rules_registered_after_an_exploration_explore_from_the_egraph_it_reached():
+    """`--rules all` explores with the hand-written rules, then registers the generated set: registered later, a
+    rule rewrites the e-graph as one registered with the others does, shape rules of the ops it builds included,
+    and not with a checkpoint to roll back to (the rollback would drop it)."""
+    late = rules_named("matmul-merge-shared-input")
+    early = rules_named("matmul-assoc-left", "matmul-assoc-right")
+    together = TensorEGraph(qkv_graph(n=4), early + late)
+    together.explore(k_multi=1)
+    staged = TensorEGraph(qkv_graph(n=4), early)
+    first = staged.explore(k_multi=1)
+    assert not any(r.name in staged._ruleset_of for r in late)
+    staged.add_rules(late + early)  # those registered already are skipped
+    assert [r.name for r in staged.rules] == [r.name for r in early + late]
+    stats = first.followed_by(staged.explore(k_multi=1))
+    assert [i.iteration for i in stats.iterations] == list(range(1, len(stats.iterations) + 1))
+    assert stats.initial_enodes == first.initial_enodes
+    merged = extract_and_rebuild(staged)
+    assert merged.summary() == extract_and_rebuild(together).summary()
+    assert any(i.matches.get("matmul-merge-shared-input") for i in stats.iterations[len(first.iterations) :])
+    staged.checkpoint()
+    with pytest.raises(RuntimeError, match="checkpoint"):
+        staged.add_rules(rules_named("matmul-assoc-left"))
+
+
 def test_an_egglog_program_is_run_one_top_level_form_at_a_time():
     """Each command is parsed from its own text (one parsed from a long program runs far slower); a comment or a
     string holding parentheses does not split a form, and unbalanced text is refused."""
