@@ -184,6 +184,7 @@ LOG = register(unary("log", "Log", np.log, onnx="Log", positive=(0,)))
 ERF = register(unary("erf", "Erf", erf, onnx="Erf"))
 NEG = register(unary("neg", "Neg", operator.neg, onnx="Neg", int_exact=True))
 SIGN = register(unary("sign", "Sign", np.sign, onnx="Sign", int_exact=True))
+SOFTPLUS = register(unary("softplus", "Softplus", lambda x: np.logaddexp(0.0, x), onnx="Softplus"))
 
 
 def _clip_eval(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:

@@ -53,6 +53,7 @@ SAMPLES: dict[str, tuple[list[tuple[np.ndarray, bool]], dict[str, Any], int]] = 
     "log": ([(real(4, 3, positive=True), False)], {}, 17),
     "erf": ([(real(4, 3), False)], {}, 17),
     "neg": ([(real(4, 3), False)], {}, 17),
+    "softplus": ([(4 * real(4, 3), False)], {}, 17),
     "clip": ([(real(4, 3), False)], {"min": 0.0, "max": 6.0}, 17),
     "gelu": ([(real(2, 7), False)], {"approximate": 0}, 17),
     "softmax": ([(real(2, 3, 5), False)], {"axis": 1}, 17),

@@ -426,6 +426,24 @@ def _library_rules_to_verify(every: int, every_conv: int) -> list[Rule]:
     return [r for r in rules if r not in conv][::every] + conv[::every_conv]
 
 
+def test_an_op_added_to_the_registry_gets_its_rules_by_generation() -> None:
+    """Softplus joined the registry as one line, its numpy semantics (`tensat.ops.elementwise.SOFTPLUS`), and no
+    hand-written rule mentions it. The library's set generated over it and a few ops (`generated_softplus.rules`)
+    derives its identities: its odd part, the sigmoid as its exponential, and its moves through concat and
+    transpose."""
+    assert not any("softplus" in r.ops() | r.produced_ops() for r in all_rules())
+    made = [r for r in generated_rules() if r.name.startswith("gen-softplus-")]
+    assert made and any("softplus" in r.ops() for r in made)
+    targets = [
+        _rule("(rule odd (sub (softplus ?x) (softplus (neg ?x))) ?x)"),
+        _rule("(rule sigmoid (sigmoid ?x) (exp (neg (softplus (neg ?x)))))"),
+        _rule("(rule concat (softplus (concat ?x ?y :axis ?axis)) (concat (softplus ?x) (softplus ?y) :axis ?axis))"),
+        _rule("(rule transpose (transpose (softplus ?x) :perm ?p) (softplus (transpose ?x :perm ?p)))"),
+    ]
+    assert all(verify_rule(t).ok for t in targets)
+    assert derived(made, targets, rank=2) == {t.name: "derived" for t in targets}
+
+
 def test_the_library_s_generated_rules_say_how_they_were_made_and_verify() -> None:
     """The generated set shipped in the library (`tensat rules generate` wrote it): its header names the command
     that makes it again, and its rules pass the verifier as `tensat rules --rules generated --verify` runs it (a
