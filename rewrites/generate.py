@@ -75,7 +75,7 @@ from .dsl import (
     literal,
     pattern_ops,
 )
-from .verify import SPREADS, away_from_zero, draw, kept_from_zero, pattern_shape, verify_rule
+from .verify import SPREADS, away_from_zero, close, draw, kept_from_zero, pattern_shape, verify_rule
 
 LEAVES = ("x", "y", "z", "w")  # the tensor leaves, of which a generation takes the first `Settings.leaves`
 VECTORS = ("b", "c")  # rank-1 leaves of the leaves' size (`Settings.vectors`): a conv's bias
@@ -607,8 +607,12 @@ def shape_sound(rule: Rule, rank: int) -> bool:
     the left side's shape (each pattern of a multi-pattern rule), with every leaf at each of the probe shapes and
     every attribute variable at each of its probe values (`_attr_probes`). Deterministic, where the verifier samples
     broadcasts: `x / y / x = 1 / y` fails only where y broadcasts against x, and an e-graph that applied it would
-    merge terms of different shapes."""
+    merge terms of different shapes. Where the leaves' shapes differ, both sides are also compared on one draw of
+    values: a sum over a broadcast `x + y` is not the sum over `concat(x, y)`, though both have one shape, and the
+    verifier samples such a broadcast only now and then."""
     names = rule.tensor_vars()
+    rng = np.random.default_rng(int.from_bytes(hashlib.blake2b(rule.name.encode(), digest_size=4).digest(), "big"))
+    positive, nonzero = kept_from_zero(rule.lhs)
     for attrs, shapes in ((a, s) for a in _attr_probes(rule, rank) for s in _typed_shapes(rule.lhs, names, rank, a)):
         try:
             left = [pattern_shape(t, shapes, attrs, {}) for t in rule.lhs]
@@ -622,6 +626,17 @@ def shape_sound(rule: Rule, rank: int) -> bool:
                 return False
         except (ops.ShapeError, ValueError, IndexError, KeyError, TypeError):
             return False
+        if len({shapes[v] for v in names if v not in VECTORS}) > 1:
+            tensors = {v: draw(rng, shapes[v], 1.0) for v in names}
+            for v in (positive | nonzero) & set(tensors):
+                tensors[v] = away_from_zero(tensors[v], v in positive)
+            with np.errstate(all="ignore"):
+                sides = [
+                    (instantiate(a, tensors, env, lets), instantiate(b, tensors, env, lets))
+                    for a, b in zip(rule.lhs, rule.rhs)
+                ]
+            if not all(close(a, b, max(1e-9, rule.tolerance)) for a, b in sides):
+                return False
     return True
 
 

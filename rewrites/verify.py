@@ -913,11 +913,11 @@ def _compare(
             elif exact:
                 if not np.array_equal(left, right):
                     raise _Failure(f"output {k} differs on integer tensors (max |diff| {np.abs(left - right).max()})")
-            elif not _close(left, right, max(1e-9, rule.tolerance)):
+            elif not close(left, right, max(1e-9, rule.tolerance)):
                 raise _Failure(f"output {k} differs (max |diff| {float(np.max(np.abs(left - right))):.3g})")
 
 
-def _close(left: np.ndarray, right: np.ndarray, tol: float) -> bool:
+def close(left: np.ndarray, right: np.ndarray, tol: float) -> bool:
     """Whether float `left` and `right` agree to `tol`, relative to the larger of 1 and `left`'s largest finite
     magnitude (an infinity on the left must not make every error small) plus `right`'s: as np.allclose, equal
     infinities agree, without its overhead on tiny tensors; a NaN must be a NaN on both sides."""

@@ -130,8 +130,8 @@ class Options:
     )
     rules: str = _option(
         "hand",
-        "rule set: the hand-written library, the generated one (`tensat rules generate`), or all of both "
-        "(default {default})",
+        "rule set: the hand-written library, the generated one (`tensat rules generate`), or all of both, the "
+        "hand-written rules explored first and the generated ones from the e-graph they reached (default {default})",
         choices=RULE_SETS,
     )
     extractor: str = _option(

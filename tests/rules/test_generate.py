@@ -12,7 +12,7 @@ import pytest
 from tensat import cli, ops
 from tensat.egraph.derive import UnsoundRules, derived, proved
 from tensat.rewrites import GENERATED_DIR, RuleError, all_rules, generated_rules, rule_set
-from tensat.rewrites.dsl import Pattern, Rule, Term, Var, canonical_form, format_rule, literal, parse_rules
+from tensat.rewrites.dsl import Call, Pattern, Rule, Term, Var, canonical_form, format_rule, literal, parse_rules
 from tensat.rewrites.generate import (
     Settings,
     enumerate_terms,
@@ -212,6 +212,17 @@ def test_a_rule_wrong_under_broadcasting_is_caught_by_its_shapes_and_named_by_th
     with pytest.raises(UnsoundRules) as caught:
         proved([*sound[:4], wrong, *sound[4:]], [pair], (), shapes={"x": (3, 3), "y": (1, 3)})
     assert caught.value.names == ["wrong"]
+
+
+def test_a_rule_wrong_only_where_a_leaf_broadcasts_is_caught_at_the_probe_shapes() -> None:
+    """Both sides of one shape, different values only where x broadcasts against y: the verifier's samples rarely
+    broadcast (the library shipped this rule), the probe shapes always do."""
+    wrong = _rule(
+        "(rule w (globalavgpool (concat (add ?x ?y) ?z :axis 2)) (globalavgpool (concat ?x (add ?y ?z) :axis 2))"
+        " :when ((= (rank ?x) 4) (= (rank ?y) 4) (= (rank ?z) 4) (same-shape ?x ?z)))"
+    )
+    assert not shape_sound(wrong, 4)
+    assert shape_sound(replace(wrong, guards=(*wrong.guards, Call("same-shape", (Var("x"), Var("y"))))), 4)
 
 
 def test_generation_is_deterministic_for_a_seed_whatever_the_processes_verifying() -> None:
