@@ -824,6 +824,15 @@ def bind_lets(
     return env, lets
 
 
+def guards_hold(rule: Rule, env: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> bool:
+    """Whether `rule`'s guards hold at a binding (attribute and `:let` values `env`); one that cannot be evaluated
+    there (an index out of range, a division by zero) does not, as the compiled egglog rule fails such a match."""
+    try:
+        return all(eval_expr(g, env, shapes) for g in rule.guards)
+    except (IndexError, ZeroDivisionError, ValueError, TypeError):
+        return False
+
+
 def evaluate_sides(
     rule: Rule, tensors: Mapping[str, np.ndarray], attrs: Mapping[str, Any]
 ) -> list[tuple[np.ndarray, np.ndarray]] | None:
@@ -835,10 +844,10 @@ def evaluate_sides(
     shapes = {k: tuple(v.shape) for k, v in tensors.items()}
     try:
         env, lets = bind_lets(rule, attrs, shapes)
-        if not all(eval_expr(g, env, shapes) for g in rule.guards):
-            return None
     except (IndexError, ZeroDivisionError, ValueError, TypeError):
         return None  # egglog fails such a match too (out-of-range vec-get, division by zero)
+    if not guards_hold(rule, env, shapes):
+        return None
     return [
         (instantiate(lhs, tensors, env, lets), instantiate(rhs, tensors, env, lets))
         for lhs, rhs in zip(rule.lhs, rule.rhs)

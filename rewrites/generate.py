@@ -75,7 +75,7 @@ from .dsl import (
     literal,
     pattern_ops,
 )
-from .verify import SPREADS, away_from_zero, close, draw, kept_from_zero, pattern_shape, verify_rule
+from .verify import SPREADS, close, draw_leaves, kept_from_zero, pattern_shape, verify_rule
 
 LEAVES = ("x", "y", "z", "w")  # the tensor leaves, of which a generation takes the first `Settings.leaves`
 VECTORS = ("b", "c")  # rank-1 leaves of the leaves' size (`Settings.vectors`): a conv's bias
@@ -449,10 +449,9 @@ def refuted(pair: tuple[Pattern, Pattern], shape: tuple[int, ...], rng: np.rando
     a, b = pair
     positive, nonzero = kept_from_zero((a, b))
     for scale in SPREADS:
-        leaves = {}
-        for v in sorted(_vars(a) | _vars(b)):
-            drawn = draw(rng, leaf_shape(v, shape), scale)
-            leaves[v] = away_from_zero(drawn, v in positive) if v in positive | nonzero else drawn
+        leaves = draw_leaves(
+            rng, {v: leaf_shape(v, shape) for v in sorted(_vars(a) | _vars(b))}, scale, positive, nonzero
+        )
         try:
             with np.errstate(all="ignore"):
                 left = np.asarray(instantiate(a, leaves, {}, {}), dtype=np.float64)
@@ -627,9 +626,7 @@ def shape_sound(rule: Rule, rank: int) -> bool:
         except (ops.ShapeError, ValueError, IndexError, KeyError, TypeError):
             return False
         if len({shapes[v] for v in names if v not in VECTORS}) > 1:
-            tensors = {v: draw(rng, shapes[v], 1.0) for v in names}
-            for v in (positive | nonzero) & set(tensors):
-                tensors[v] = away_from_zero(tensors[v], v in positive)
+            tensors = draw_leaves(rng, {v: shapes[v] for v in names}, 1.0, positive, nonzero)
             with np.errstate(all="ignore"):
                 sides = [
                     (instantiate(a, tensors, env, lets), instantiate(b, tensors, env, lets))

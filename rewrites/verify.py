@@ -50,6 +50,7 @@ from .dsl import (
     attr_value,
     bind_lets,
     eval_expr,
+    guards_hold,
     inline_lets,
 )
 
@@ -74,6 +75,22 @@ def away_from_zero(values: np.ndarray, positive: bool) -> np.ndarray:
     if positive:
         return np.abs(values) + SAMPLE_FLOOR
     return values + np.where(values < 0, -SAMPLE_FLOOR, SAMPLE_FLOOR)
+
+
+def draw_leaves(
+    rng: np.random.Generator,
+    shapes: Mapping[str, tuple[int, ...]],
+    scale: float | None,
+    positive: set[str],
+    nonzero: set[str],
+) -> dict[str, np.ndarray]:
+    """One draw (`draw`) per leaf of `shapes`, in its order, those of `positive` or `nonzero` moved away from zero
+    (`away_from_zero`; `kept_from_zero` names them)."""
+    out = {}
+    for v, shape in shapes.items():
+        drawn = draw(rng, shape, scale)
+        out[v] = away_from_zero(drawn, v in positive) if v in positive or v in nonzero else drawn
+    return out
 
 
 def kept_from_zero(patterns: Iterable[Pattern]) -> tuple[set[str], set[str]]:
@@ -847,16 +864,21 @@ def _check_binding(
     ill_typed = (ops.ShapeError, IndexError, KeyError, ValueError, TypeError, ZeroDivisionError)
     try:
         env, lets = bind_lets(rule, attrs, shapes)
-        evaluation, out_shapes = plan.evaluation.bind({v: shapes[v] for v in plan.tensor_vars}, env)
+        leaf_shapes = {v: shapes[v] for v in plan.tensor_vars}
+        evaluation, out_shapes = plan.evaluation.bind(leaf_shapes, env)
     except ill_typed as exc:  # the rare case: which side, and whether the guards hold there, decides
         try:
             [pattern_shape(t, shapes, attrs, {}) for t in rule.lhs]
         except ill_typed as lhs_exc:
             raise Reject(f"left side ill-typed: {lhs_exc}") from None
-        if not _guards_hold(rule, attrs, shapes):
+        try:
+            env, _ = bind_lets(rule, attrs, shapes)
+        except (IndexError, ZeroDivisionError, ValueError, TypeError) as let_exc:
+            raise Reject(f"guard not evaluable: {let_exc}") from None
+        if not guards_hold(rule, env, shapes):
             raise Reject("guards do not hold") from None
         raise _Failure(f"right side ill-typed where the guards hold: {exc}") from None
-    if not _guards_hold(rule, attrs, shapes):
+    if not guards_hold(rule, env, shapes):
         raise Reject("guards do not hold")
     lhs_shapes, rhs_shapes = out_shapes[: len(rule.lhs)], out_shapes[len(rule.lhs) :]
     if rhs_shapes != lhs_shapes:
@@ -866,9 +888,7 @@ def _check_binding(
     # whole numbers hold zeros and ties (a sign to the power of a sign is not the sign at zero; a relu of a sum of
     # products is not the sum where they are all zero)
     for scale in SPREADS:
-        floats = {v: draw(np_rng, shapes[v], scale) for v in plan.tensor_vars}
-        for v in (plan.positive_vars | plan.nonzero_vars) & set(floats):
-            floats[v] = away_from_zero(floats[v], v in plan.positive_vars)
+        floats = draw_leaves(np_rng, leaf_shapes, scale, plan.positive_vars, plan.nonzero_vars)
         _compare(rule, evaluation, floats, exact=False)
     multiple = int(FLOAT_SCALES[int(np_rng.integers(1, len(FLOAT_SCALES)))])
     use_int = plan.int_possible and all(
@@ -878,16 +898,6 @@ def _check_binding(
         ints = {v: np_rng.integers(-3, 4, size=shapes[v]).astype(np.int64) * multiple for v in plan.tensor_vars}
         _compare(rule, evaluation, ints, exact=True)
     return True, use_int
-
-
-def _guards_hold(rule: Rule, attrs: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> bool:
-    """Whether `rule`'s guards hold at a binding; one that cannot be evaluated there (an index out of range) does
-    not, as the compiled egglog rule fails such a match."""
-    try:
-        env, _ = bind_lets(rule, attrs, shapes)
-        return all(eval_expr(g, env, shapes) for g in rule.guards)
-    except (IndexError, ZeroDivisionError, ValueError, TypeError):
-        return False
 
 
 def _compare(
