@@ -632,8 +632,16 @@ class _Plan:
 class _Builder:
     """Symbolic shapes and attributes for one sample of a rule under fixed ranks and enumerated attributes."""
 
-    def __init__(self, plan: _Plan, ranks: dict[str, int], env: dict[str, Any], rng: random.Random) -> None:
-        self.plan, self.ranks, self.rng = plan, ranks, rng
+    def __init__(
+        self,
+        plan: _Plan,
+        ranks: dict[str, int],
+        env: dict[str, Any],
+        rng: random.Random,
+        forced: tuple[int, int, int] | None = None,
+    ) -> None:
+        self.plan, self.ranks, self.rng, self.forced = plan, ranks, rng, forced
+        self.sites: list[int] = []  # the number of dims of each broadcast, in the order the ops ask for them
         self.s = Solver(rng)
         self.dims = {k: tuple(self.s.sym(1, 4) for _ in range(ranks[k])) for k in plan.slots}
         self.attrs: dict[str, Any] = dict(env)
@@ -744,9 +752,15 @@ class _Builder:
         raise Inadmissible(why)
 
     def broadcast(self, out: Sequence[Sym], a: Sequence[Sym], b: Sequence[Sym], dims: Iterable[int]) -> None:
-        """Broadcasting operands: equal dims, except where one side is already 1 or is picked to be 1."""
+        """Broadcasting operands: equal dims, except where one side is already 1 or is picked to be 1 (at random, or
+        where the sample is `forced`: (broadcast, its dim, which operand))."""
         dims = list(dims)
-        pick = self.rng.choice(dims) if dims and self.rng.random() < 0.3 else None
+        site, pick, side = len(self.sites), None, None
+        self.sites.append(len(dims))
+        if self.forced is None:
+            pick = self.rng.choice(dims) if dims and self.rng.random() < 0.3 else None
+        elif self.forced[0] == site:
+            pick, side = dims[self.forced[1]], self.forced[2] == 0
         for i in dims:
             if self._is_one(a[i]) or self._is_one(b[i]) or i == pick:
                 if self._is_one(a[i]):
@@ -754,7 +768,10 @@ class _Builder:
                 elif self._is_one(b[i]):
                     one, other = b, a
                 else:
-                    one, other = (a, b) if self.rng.random() < 0.5 else (b, a)
+                    first = self.rng.random() < 0.5 if side is None else side
+                    one, other = (a, b) if first else (b, a)
+                    if side is not None:
+                        self.s.hint(out[i], 2, 4)
                 self.s.eq(one[i], 1)
                 self.s.eq(other[i], out[i])
             else:
@@ -939,7 +956,8 @@ def close(left: np.ndarray, right: np.ndarray, tol: float) -> bool:
     finite = magnitude[np.isfinite(magnitude)]
     scale = max(1.0, float(finite.max()) if finite.size else 1.0)
     agree = (left == right) | (np.isnan(left) & np.isnan(right))
-    return bool((agree | (np.abs(left - right) <= tol * (scale + np.abs(right)))).all())
+    with np.errstate(invalid="ignore"):  # inf - inf where both sides are one infinity: `agree` has them
+        return bool((agree | (np.abs(left - right) <= tol * (scale + np.abs(right)))).all())
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -949,13 +967,23 @@ MIN_CASES = 3
 
 
 def _sample(
-    plan: _Plan, ranks: dict[str, int], env: dict[str, Any], rng: random.Random
+    plan: _Plan,
+    ranks: dict[str, int],
+    env: dict[str, Any],
+    rng: random.Random,
+    forced: tuple[int, int, int] | None = None,
+    sites: list[int] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """One binding (tensor shapes, attribute values) of a rank/attribute combination; Reject where none is found."""
-    b = _Builder(plan, ranks, dict(env), rng)
-    b.guards()
-    b.structure()
-    return b.sample()
+    """One binding (tensor shapes, attribute values) of a rank/attribute combination, with a broadcast `forced`
+    (see `_Builder.broadcast`); Reject where none is found. `sites` receives the number of dims of each broadcast."""
+    b = _Builder(plan, ranks, dict(env), rng, forced)
+    try:
+        b.guards()
+        b.structure()
+        return b.sample()
+    finally:
+        if sites is not None:
+            sites[:] = b.sites
 
 
 def _run_job(
@@ -967,12 +995,14 @@ def _run_job(
     rng: random.Random,
     np_rng: np.random.Generator,
     result: VerifyResult,
+    forced: tuple[int, int, int] | None = None,
 ) -> int:
-    """Compare both sides on up to `wanted` bindings of one rank/attribute combination; returns how many."""
+    """Compare both sides on up to `wanted` bindings of one rank/attribute combination (with a broadcast `forced`,
+    see `_Builder.broadcast`); returns how many."""
     got = 0
     for _ in range(attempts):
         try:
-            shapes, attrs = _sample(plan, ranks, env, rng)
+            shapes, attrs = _sample(plan, ranks, env, rng, forced)
         except Inadmissible:
             break
         except Reject:
@@ -990,6 +1020,36 @@ def _run_job(
         if got >= wanted:
             break
     return got
+
+
+SWEEP_COMBOS = 2  # the admitted combinations, of the highest ranks first, whose broadcasts are each forced
+SWEEP_ATTEMPTS = 4  # samples tried per forced broadcast
+
+
+def _broadcast_sweep(
+    plan: _Plan,
+    admitted: Sequence[tuple[dict[str, int], dict[str, Any]]],
+    rng: random.Random,
+    np_rng: np.random.Generator,
+    result: VerifyResult,
+) -> None:
+    """One binding with each broadcast of the left side made real at each of its dims, by each operand in turn, for
+    the first admitted combinations of the highest ranks. Random samples broadcast now and then; a rule true only
+    where nothing broadcasts (a sum of `x + y` is the sum of `concat(x, y)` only where neither is 1 along the axis)
+    must meet the one broadcast that refutes it."""
+    chosen = sorted(admitted, key=lambda job: -sum(job[0].values()))[:SWEEP_COMBOS]
+    for ranks, env in chosen:
+        sites: list[int] = []
+        for _ in range(SWEEP_ATTEMPTS):
+            try:
+                _sample(plan, ranks, env, rng, sites=sites)
+                break
+            except Reject:
+                continue
+        for site, count in enumerate(sites):
+            for dim in range(count):
+                for side in (0, 1):
+                    _run_job(plan, ranks, env, 1, SWEEP_ATTEMPTS, rng, np_rng, result, (site, dim, side))
 
 
 def verify_rule(rule: Rule, trials: int = 3, seed: int = 0, attempts: int = 30, max_cases: int = 400) -> VerifyResult:
@@ -1038,6 +1098,7 @@ def verify_rule(rule: Rule, trials: int = 3, seed: int = 0, attempts: int = 30, 
                 break
             ranks, env = admitted[k % len(admitted)]
             _run_job(plan, ranks, env, 1, attempts, rng, np_rng, result)
+        _broadcast_sweep(plan, admitted, rng, np_rng, result)
     except _Failure as exc:
         result.message = str(exc)
         result.counterexample = exc.binding
