@@ -60,6 +60,7 @@ from tensat import ops
 
 from .dsl import (
     Call,
+    Lit,
     Pattern,
     Rule,
     Term,
@@ -180,13 +181,16 @@ def default_ops(rank: int) -> list[str]:
     most two tensor inputs with a float output. An onnxruntime kernel or a normalization (three inputs or more) is
     introduced from the ops it computes by the hand-written kernel rules, and its extra inputs multiply the terms of
     a size by the number of classes of the smaller ones; a comparison's boolean output pairs with almost anything on
-    a few elements."""
+    a few elements. An op whose attribute is computed from its input's shape (`ops.Sized`: a reshape's target) is
+    enumerated where `--ops` names it: it commutes with every element-wise op, and its candidates would take the
+    default run past its time."""
     out = []
     for name in enumerable(rank):
         d = ops.get(name)
         attrs = dict(op_choices([name], rank)[0].attrs)
         boolean = ops.dtype_of(name, ["float32"] * (d.inputs or 0), attrs) == "bool"
-        if d.standard_since is not None and (d.inputs or 0) <= 2 and not boolean:
+        sized = any(isinstance(v, ops.Sized) for v in attrs.values())
+        if d.standard_since is not None and (d.inputs or 0) <= 2 and not boolean and not sized:
             out.append(name)
     return out
 
@@ -477,6 +481,7 @@ def orientations(a: Pattern, b: Pattern, name: str) -> list[Rule]:
     end and the other direction proves the same), nor the second of two directions that are one rule up to renaming
     (commutativity)."""
     out: list[Rule] = []
+    a, b = _sized_as_vars((a, b))
     for lhs, rhs, suffix in ((a, b, ""), (b, a, "-rev")):
         if not isinstance(lhs, Term) or not _vars(rhs) <= _vars(lhs) or lhs in set(_subterms(rhs)):
             continue
@@ -484,6 +489,42 @@ def orientations(a: Pattern, b: Pattern, name: str) -> list[Rule]:
         if not any(canonical_form(r) == canonical_form(rule) for r in out):
             out.append(rule)
     return out
+
+
+def _fresh(attr: str, taken: set[str]) -> Var:
+    """The variable of attribute `attr` in a rule: named after it (`?axis`, then `?axis1`, ...), not one of `taken`."""
+    return Var(next(n for n in itertools.chain([attr], (f"{attr}{i}" for i in itertools.count(1))) if n not in taken))
+
+
+def _sized(p: Pattern) -> Iterator[tuple[str, ops.Sized]]:
+    """(attribute, value) of each attribute of `p`'s ops that is computed from its input shapes (`ops.Sized`)."""
+    for _, k, e in _op_attrs(p):
+        if isinstance(e, Lit) and isinstance(e.value, ops.Sized):
+            yield k, e.value
+
+
+def _sized_as_vars(patterns: Sequence[Pattern]) -> list[Pattern]:
+    """`patterns` with each attribute value computed from shapes (`ops.Sized`) made a variable, named after its
+    attribute, one per value (two reshapes to the flat shape share one): the enumeration computed it wherever its op
+    was applied, and the rule claims it for whatever value the variable is bound to, which the verifier checks."""
+    found = list(dict.fromkeys(pair for p in patterns for pair in _sized(p)))
+    if not found:
+        return list(patterns)
+    taken = {v for p in patterns for v in _vars(p)}
+    names: dict[tuple[str, ops.Sized], Var] = {}
+    for attr, value in found:
+        names[(attr, value)] = _fresh(attr, taken)
+        taken.add(names[(attr, value)].name)
+
+    def lift(p: Pattern) -> Pattern:
+        if isinstance(p, Var):
+            return p
+        attrs = tuple(
+            (k, names[(k, e.value)] if isinstance(e, Lit) and isinstance(e.value, ops.Sized) else e) for k, e in p.attrs
+        )
+        return Term(p.op, tuple(lift(a) for a in p.args), attrs)
+
+    return [lift(p) for p in patterns]
 
 
 def _match(pattern: Pattern, term: Pattern, binding: dict[str, Any]) -> bool:
@@ -808,9 +849,7 @@ def _lifted(rule: Rule, pairs: Sequence[tuple[str, Any]]) -> Rule:
     for attr, value in pairs:
         terms = (*lhs, *rhs, *(v for _, v in lets if isinstance(v, Term)))
         taken = {v for p in terms for v in _vars(p)} | {n for n, _ in lets}
-        var = Var(
-            next(n for n in itertools.chain([attr], (f"{attr}{i}" for i in itertools.count(1))) if n not in taken)
-        )
+        var = _fresh(attr, taken)
         lhs = [cast(Term, _lift(t, attr, value, var)) for t in lhs]
         rhs = [_lift(t, attr, value, var) for t in rhs]
         lets = [(n, _lift(v, attr, value, var) if isinstance(v, Term) else v) for n, v in lets]
@@ -870,6 +909,7 @@ def multi_rule(left: Term, right: Term, axis: int, merged: Term, name: str, rank
     are for rank `rank` (as every generated rule's), so the variables it reads dims of are guarded to that rank.
     Verified as any generated rule, with its leaves' shapes made equal where it needs them; None if it fails."""
     m = Var("m")
+    left, right, merged = cast(tuple[Term, Term, Term], tuple(_sized_as_vars((left, right, merged))))
     for same_shape in (False, True):
         first, second = _dim_of(left, axis, rank, same_shape), _dim_of(right, axis, rank, same_shape)
         if first is None or second is None:

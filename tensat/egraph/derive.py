@@ -57,12 +57,10 @@ class _Panic(Exception):
 class Prover:
     """Equality saturation over rule sets and pairs of terms, in one e-graph kept across calls."""
 
-    def __init__(
-        self,
-        node_limit: int = NODE_LIMIT,
-        iter_limit: int = ITER_LIMIT,
-    ) -> None:
-        self.node_limit, self.iter_limit = node_limit, iter_limit
+    def __init__(self, node_limit: int = NODE_LIMIT, iter_limit: int = ITER_LIMIT, produced: bool = False) -> None:
+        """`produced`: the rules run over a call's pairs are those over their ops and over the ops those rules'
+        right sides build, as the search selects them (`rewrites.select_rules`); else over the pairs' ops alone."""
+        self.node_limit, self.iter_limit, self.produced = node_limit, iter_limit, produced
         self._reset()
 
     def _reset(self) -> None:
@@ -78,6 +76,7 @@ class Prover:
         run_program(self.egraph, "\n".join(program + ops.egg_shape_rules()))
         self._rules: set[str] = set()
         self._rulesets: dict[frozenset[str], str] = {}  # the ops a rule's left side uses -> its ruleset
+        self._builds: dict[frozenset[str], set[str]] = {}  # ... -> the ops its rules' right sides build
 
     def __call__(
         self,
@@ -107,7 +106,14 @@ class Prover:
         new = [r for r in rules if r.name not in self._rules]
         self._commands([to_egglog(r, self._ruleset(r)) for r in new])
         self._rules.update(r.name for r in new)
+        for r in new:
+            self._builds.setdefault(frozenset(r.ops()), set()).update(r.produced_ops())
         present = pattern_ops(*(p for pair in pairs for p in pair))
+        while self.produced:
+            grown = present.union(*(self._builds[used] for used in self._rulesets if used <= present))
+            if grown == present:
+                break
+            present = grown
         relevant = [name for used, name in self._rulesets.items() if used <= present]
         commands: list[str] = []
         typed: list[bool] = []
@@ -194,8 +200,9 @@ class Prover:
             return f"({d.egg} {' '.join(egg_value(kind, values[name]) for name, kind in d.attrs)})", leaf
         d = ops.get(p.op)
         args = [self._expr(a, shape, shapes) for a in p.args]
-        attrs = {name: attr_value(eval_expr(value, {}, {})) for name, value in p.attrs}
-        out = ops.shape_of(p.op, [s for _, s in args], attrs)
+        in_shapes = [s for _, s in args]
+        attrs = ops.resolved({name: attr_value(eval_expr(value, {}, {})) for name, value in p.attrs}, in_shapes)
+        out = ops.shape_of(p.op, in_shapes, attrs)
         parts = [text for text, _ in args] + [egg_value(kind, attrs[name]) for name, kind in d.attrs]
         return f"({d.egg} {' '.join(parts)})", out
 
@@ -226,8 +233,10 @@ def derived(
     the verifier samples (`rewrites.verify.bindings`; every tensor of rank `rank` where the target has such a
     binding), else "not derived", or "not instantiated" where the verifier finds no binding. Each target is proved
     on its own, as the generator's minimization proves a batch (`Prover`, with `limits`); a rule found unsound on
-    the way is left out of the rest."""
-    prover = Prover(**limits)
+    the way is left out of the rest. A target the rules over its own ops do not prove is tried again with the rules
+    over the ops their right sides build too, as the search selects the rules for a graph (`rewrites.select_rules`:
+    a derivation may go through an op the target does not use)."""
+    provers = (Prover(**limits), Prover(**limits, produced=True))
     usable = list(rules)
     out: dict[str, str] = {}
     for rule in (t for t in targets if not t.multi):
@@ -239,6 +248,10 @@ def derived(
         env, lets = bind_lets(rule, attrs, shapes)
         pair = (_concrete(rule.lhs[0], env, shapes, lets), _concrete(rule.rhs[0], env, shapes, lets))
         leaves = {v: tuple(shape) for v, shape in shapes.items()}
-        [ok], usable = proved_by_sound(prover, usable, [pair], (), leaves)
-        out[rule.name] = "derived" if ok else "not derived"
+        out[rule.name] = "not derived"
+        for prover in provers:
+            [ok], usable = proved_by_sound(prover, usable, [pair], (), leaves)
+            if ok:
+                out[rule.name] = "derived"
+                break
     return {t.name: out[t.name] for t in targets if t.name in out}

@@ -53,6 +53,7 @@ from tensat.ops.registry import (
     OpDef,
     Shape,
     ShapeError,
+    Sized,
     constant_leaf,
     dtype_of,
     egg_declarations,
@@ -61,6 +62,7 @@ from tensat.ops.registry import (
     evaluate,
     get,
     register,
+    resolved,
     shape_of,
     standard,
 )
@@ -89,6 +91,7 @@ __all__ = [
     "OpDef",
     "Shape",
     "ShapeError",
+    "Sized",
     "conv2d_reference",
     "constant_leaf",
     "dtype_of",
@@ -99,6 +102,7 @@ __all__ = [
     "get",
     "merge_mask",
     "register",
+    "resolved",
     "shape_of",
     "standard",
 ]

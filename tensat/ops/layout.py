@@ -17,6 +17,7 @@ from tensat.ops.registry import (
     Equations,
     OpDef,
     Shape,
+    Sized,
     any_data,
     check,
     egg_dim,
@@ -240,6 +241,18 @@ def _reshape_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping
         s.eq(out[-1], s.quotient(s.prod(ins[0]), s.prod(out[:-1])))
 
 
+def _flat(shapes: Sequence[Shape]) -> Shape:
+    """Every element along the last axis, at the input's rank."""
+    x = shapes[0]
+    return (*(1,) * (len(x) - 1), numel(x)) if x else ()
+
+
+def _column(shapes: Sequence[Shape]) -> Shape:
+    """Every element along the first axis, at the input's rank."""
+    x = shapes[0]
+    return (numel(x), *(1,) * (len(x) - 1)) if x else ()
+
+
 RESHAPE = register(
     OpDef(
         "reshape",
@@ -254,6 +267,7 @@ RESHAPE = register(
         onnx_also=("Flatten", "Squeeze", "Unsqueeze"),
         equations=_reshape_equations,
         solved={"shape": lambda s, out: out},
+        generated={"shape": [Sized("flat", _flat), Sized("column", _column)]},
         int_exact=True,
         accepts=any_data,
         view=True,

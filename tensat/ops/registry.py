@@ -28,6 +28,24 @@ class ShapeError(ValueError):
     """An operator applied to inputs whose shapes or attributes it does not accept."""
 
 
+@dataclass(frozen=True)
+class Sized:
+    """An attribute value that the rule generator (`rewrites.generate`) computes from the op's input shapes wherever
+    the op is applied: a reshape's target, which no one value fits at every size the generator fingerprints at. Two
+    are the same value where their names are; a rule the generator keeps has a variable in its place."""
+
+    name: str
+    of: Callable[[Sequence[Shape]], Any] = field(compare=False, repr=False)
+
+
+def resolved(attrs: Mapping[str, Any], in_shapes: Sequence[Shape]) -> Attrs:
+    """`attrs` with each `Sized` value computed for inputs of `in_shapes`."""
+    if not any(isinstance(v, Sized) for v in attrs.values()):
+        return attrs if isinstance(attrs, dict) else dict(attrs)
+    shapes = [tuple(s) for s in in_shapes]
+    return {k: v.of(shapes) if isinstance(v, Sized) else v for k, v in attrs.items()}
+
+
 class Equations(Protocol):
     """What an op's verifier `equations` may ask of the rule verifier (`rewrites.verify`) for one sample.
 
@@ -112,7 +130,7 @@ class OpDef:
     solved: Mapping[str, Callable[[Equations, Dims], Any]] = field(default_factory=dict)  # attrs solved with shapes
     # values the rule generator (`rewrites.generate`) enumerates for an attribute, in place of its domain or for one
     # the verifier solves with shapes: valid at every size of leaf it fingerprints (a slice's start 0 or 1, of size
-    # 1; a conv's pads that fit its n x n kernel)
+    # 1; a conv's pads that fit its n x n kernel), or computed from the op's input shapes (`Sized`: a reshape's target)
     generated: Mapping[str, Domain] = field(default_factory=dict)
     # attributes whose domain holds every value the op takes (every axis, every permutation, every flag): a rule
     # the verifier passes at each value holds with the attribute as a variable (the generator's generalization)
@@ -185,7 +203,8 @@ def shape_of(op: str, in_shapes: Sequence[Shape], attrs: Attrs) -> Shape:
     d = get(op)
     if d.inputs is not None and len(in_shapes) != d.inputs:
         raise ShapeError(f"{op} takes {d.inputs} inputs, got {len(in_shapes)}")
-    return tuple(int(v) for v in d.shape([tuple(s) for s in in_shapes], attrs))
+    shapes = [tuple(s) for s in in_shapes]
+    return tuple(int(v) for v in d.shape(shapes, resolved(attrs, shapes)))
 
 
 def dtype_of(op: str, in_dtypes: Sequence[str], attrs: Attrs) -> str:
@@ -232,7 +251,7 @@ def evaluate(op: str, arrays: Sequence[np.ndarray], attrs: Attrs) -> np.ndarray:
     d = get(op)
     if d.evaluate is None:
         raise ValueError(f"{op} has no numpy semantics")
-    return np.asarray(d.evaluate(arrays, attrs))
+    return np.asarray(d.evaluate(arrays, resolved(attrs, [np.shape(a) for a in arrays])))
 
 
 def egg_declarations() -> str:

@@ -15,6 +15,7 @@ from tensat.rewrites import GENERATED_DIR, RuleError, all_rules, generated_rules
 from tensat.rewrites.dsl import Call, Pattern, Rule, Term, Var, canonical_form, format_rule, literal, parse_rules
 from tensat.rewrites.generate import (
     Settings,
+    default_ops,
     enumerate_terms,
     equation_key,
     generalized,
@@ -336,6 +337,22 @@ def test_slices_are_enumerated_and_their_rules_are_general(small_slices: object)
     assert report == {"slice-relu-commute": "derived", "relu-slice-commute": "derived"}
 
 
+def test_a_reshape_is_enumerated_at_targets_computed_from_its_input_and_its_rules_are_general() -> None:
+    """A reshape's target fits one size of input only: the generator computes it from the input's shape wherever
+    the op is applied (`ops.Sized`: all elements along the last axis, or the first), and the rules it keeps have a
+    variable in its place. They derive the hand-written moves of a reshape through an activation and of two
+    reshapes in a row, at the verifier's shapes (not the flat ones enumerated)."""
+    assert "reshape" not in default_ops(2)
+    found = generate(Settings(max_ops=2, ops=("reshape", "relu")), proved)
+    kept = _keys(found.rules)
+    assert canonical_form(_rule("(rule a (relu (reshape ?x :shape ?s)) (reshape (relu ?x) :shape ?s))")) in kept
+    assert canonical_form(_rule("(rule a (reshape (reshape ?x :shape ?t) :shape ?s) (reshape ?x :shape ?s))")) in kept
+    assert all(verify_rule(r, seed=1).ok for r in found.rules)
+    hand = {r.name: r for r in all_rules()}
+    targets = [hand[n] for n in ("relu-reshape-commute", "reshape-relu-commute", "reshape-reshape")]
+    assert derived(found.rules, targets, rank=2) == {t.name: "derived" for t in targets}
+
+
 @pytest.mark.slow
 def test_a_conv_is_enumerated_over_a_bias_vector_and_its_rules_hold_at_every_stride_and_pad() -> None:
     """A conv takes a rank-1 bias: with vector leaves, it is enumerated (at the one stride, pads and group its op
@@ -374,6 +391,23 @@ def test_derived_reports_which_hand_rules_the_generated_set_proves(small: object
     hand = {r.name: r for r in all_rules()}
     report = derived(small.rules, [hand["matmul-assoc-left"], hand["conv-relu-fuse"]])  # type: ignore[attr-defined]
     assert report == {"matmul-assoc-left": "derived", "conv-relu-fuse": "not derived"}
+
+
+def test_the_prover_can_run_the_rules_over_the_ops_other_rules_build_as_the_search_selects_them() -> None:
+    """`-x / y = -(x / y)` through a product: the rule over a division builds a product and a reciprocal, and the
+    rules over those finish the proof. The search registers such rules for a graph of divisions and negations
+    (`rewrites.select_rules`), and the coverage check runs them too (`Prover(produced=True)`)."""
+    rules = parse_rules(
+        """
+        (rule as-product (div ?x ?y) (mul ?x (reciprocal ?y)))
+        (rule neg-out (mul (neg ?x) ?z) (neg (mul ?x ?z)))
+        (rule as-quotient (mul ?x (reciprocal ?y)) (div ?x ?y))"""
+    )
+    target = _rule("(rule t (div (neg ?x) ?y) (neg (div ?x ?y)))")
+    pair = (target.lhs[0], target.rhs[0])
+    assert proved(rules, [pair], (3, 3)) == [False]
+    assert proved(rules, [pair], (3, 3), produced=True) == [True]
+    assert derived(rules, [target], rank=2) == {"t": "derived"}
 
 
 def test_cli_writes_a_rule_file_that_verifies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
