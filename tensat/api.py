@@ -809,7 +809,7 @@ def _explore(run: _Run) -> None:
             node_limit=opts.node_limit,
             iter_limit=opts.iter_limit - done[0],
             time_limit=left - registering,
-            k_multi=opts.k_multi,
+            k_multi=max(0, opts.k_multi - done[0]),  # the first iterations of the whole exploration, not the stage's
             on_iteration=iteration,
             converged=_Sampler(run) if opts.patience > 0 else None,
         )

@@ -61,3 +61,16 @@ def test_exploration_also_stops_once_the_sampled_cost_has_been_flat_for_a_share_
     assert patient.exploration.stop_reason == hasty.exploration.stop_reason == "converged"
     assert len(hasty.exploration.iterations) < len(patient.exploration.iterations)
     assert hasty.cost_after <= hasty.cost_before
+
+
+def test_with_every_rule_the_multi_pattern_rules_run_in_the_first_iterations_of_the_whole_exploration() -> None:
+    """`--rules all` explores with the hand-written rules, then goes on with the generated ones too: the second stage
+    continues the exploration, and does not start over the unthrottled multi-pattern iteration that is meant for
+    the input's nodes (over the e-graph the first stage reached, its pairs are most of a search's time)."""
+    graph = build_model("bert", **SMALL_SIZES["bert"])
+    result = tensat.optimize_with_details(
+        graph, rules="all", cost="analytic", latency_check=0, verify=False, time_budget=60, iter_limit=7
+    )
+    iterations = result.exploration.iterations
+    assert [i.multi for i in iterations[:1]] == [True]
+    assert len(iterations) > 1 and not any(i.multi for i in iterations[1:])
