@@ -501,6 +501,23 @@ def test_the_library_s_generated_rules_say_how_they_were_made_and_verify() -> No
     assert failed == []
 
 
+SHAPE_SAMPLE = 45  # the default run checks one in this many of the library's generated rules at the probe shapes
+
+
+def _leaf_rank(rule: Rule) -> int:
+    """The rank of the leaves of the library's set that made `rule` (by the prefix of its name)."""
+    return 4 if rule.name.startswith(("gen-r4", "gen-pools")) else 3 if rule.name.startswith("gen-r3") else 2
+
+
+@pytest.mark.parametrize("every", [pytest.param(SHAPE_SAMPLE, id="sample"), pytest.param(1, marks=pytest.mark.slow)])
+def test_the_library_s_generated_rules_are_sound_at_the_probe_shapes(every: int) -> None:
+    """Every generated rule of the library keeps its left side's shape, and agrees with it on one draw, at each leaf
+    shape of the probe set, broadcasts among them (`shape_sound`): the sets were made with that check, and with the
+    verifier's forced broadcasts, which catch the rules true only where nothing broadcasts."""
+    rules = list(generated_rules())[::every]
+    assert [r.name for r in rules if not shape_sound(r, _leaf_rank(r))] == []
+
+
 @pytest.mark.slow
 def test_every_generated_rule_verifies() -> None:
     failed = [r.name for r in _library_rules_to_verify(1, 1) if not verify_rule(r).ok]
