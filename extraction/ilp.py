@@ -766,8 +766,8 @@ class _Model:
             try:
                 prob.solve(s)
                 bound, runtime = _cbc_log(log_path)
-            except pulp.PulpSolverError:  # the CBC process failed (e.g. killed under load): no solution this round
-                return _Solve(None, None, None, False)
+            except pulp.PulpSolverError:  # the CBC process failed (e.g. killed under load): no solution this round,
+                return _Solve(None, None, None, False, interrupted=True)  # and the stop rules decide what follows
             finally:
                 os.unlink(log_path)
         interrupted = self.stop is not None and self.stop.reason is not None
@@ -776,7 +776,7 @@ class _Model:
         if sol not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
             # CBC out of its whole seconds before it found a solution (it reports infeasibility apart): the stop
             # rules decide, as after any slice, not "no solution"
-            timed_out = solver == "cbc" and sol == pulp.LpSolutionNoSolutionFound
+            timed_out = solver == "cbc" and sol not in (pulp.LpSolutionInfeasible, pulp.LpSolutionUnbounded)
             return _Solve(None, None, bound, False, runtime=runtime, interrupted=interrupted or timed_out)
         objective = float(pulp.value(prob.objective) or 0.0)
         if proven:
