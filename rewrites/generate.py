@@ -496,35 +496,24 @@ def _fresh(attr: str, taken: set[str]) -> Var:
     return Var(next(n for n in itertools.chain([attr], (f"{attr}{i}" for i in itertools.count(1))) if n not in taken))
 
 
-def _sized(p: Pattern) -> Iterator[tuple[str, ops.Sized]]:
+def _sized(p: Pattern) -> Iterator[tuple[str, Lit]]:
     """(attribute, value) of each attribute of `p`'s ops that is computed from its input shapes (`ops.Sized`)."""
     for _, k, e in _op_attrs(p):
         if isinstance(e, Lit) and isinstance(e.value, ops.Sized):
-            yield k, e.value
+            yield k, e
 
 
 def _sized_as_vars(patterns: Sequence[Pattern]) -> list[Pattern]:
     """`patterns` with each attribute value computed from shapes (`ops.Sized`) made a variable, named after its
     attribute, one per value (two reshapes to the flat shape share one): the enumeration computed it wherever its op
     was applied, and the rule claims it for whatever value the variable is bound to, which the verifier checks."""
-    found = list(dict.fromkeys(pair for p in patterns for pair in _sized(p)))
-    if not found:
-        return list(patterns)
-    taken = {v for p in patterns for v in _vars(p)}
-    names: dict[tuple[str, ops.Sized], Var] = {}
-    for attr, value in found:
-        names[(attr, value)] = _fresh(attr, taken)
-        taken.add(names[(attr, value)].name)
-
-    def lift(p: Pattern) -> Pattern:
-        if isinstance(p, Var):
-            return p
-        attrs = tuple(
-            (k, names[(k, e.value)] if isinstance(e, Lit) and isinstance(e.value, ops.Sized) else e) for k, e in p.attrs
-        )
-        return Term(p.op, tuple(lift(a) for a in p.args), attrs)
-
-    return [lift(p) for p in patterns]
+    out = list(patterns)
+    taken = {v for p in out for v in _vars(p)}
+    for attr, value in dict.fromkeys(pair for p in out for pair in _sized(p)):
+        var = _fresh(attr, taken)
+        taken.add(var.name)
+        out = [_lift(p, attr, value, var) for p in out]
+    return out
 
 
 def _match(pattern: Pattern, term: Pattern, binding: dict[str, Any]) -> bool:
