@@ -142,6 +142,7 @@ class Exploration(LoweredGraph):
         self._backoff = Backoff()  # kept across explore calls: a guided round does not unban what the search banned
         self._clock = 0  # iterations run so far, the backoff's clock
         self._explored = 0.0  # seconds of the explore calls so far: a later call's fill may take as long
+        self._pace: float | None = None  # seconds per e-node and rule of the last full single-pattern iteration
         self._rulesets: dict[tuple[str, ...], str] = {}
         self._single = [r.name for r in self.rules if not r.multi]
         self._single_set = set(self._single)
@@ -197,7 +198,9 @@ class Exploration(LoweredGraph):
         more matches than its threshold (MATCH_LIMIT, doubled at each ban) is not applied and is banned for
         BAN_LENGTH (doubled) iterations; when nothing else changes, bans are lifted. Multi-pattern rules run only
         in the first `k_multi` iterations, unthrottled in the first (their matches there are pairs of input
-        nodes). The time limit is checked between iterations (an egglog iteration cannot be interrupted).
+        nodes). The time limit is checked between iterations (an egglog iteration cannot be interrupted), and a
+        single-pattern iteration that would end past it, at the pace of the last (seconds per e-node and rule, kept
+        across calls), is not started.
         `on_iteration` is called with each iteration's statistics as it ends (for progress reports). `converged`,
         called after each iteration that grew the e-graph, stops the exploration ("converged") when it returns True:
         the caller's judgement that more iterations would not pay (see `tensat.api`'s sampled cost).
@@ -230,6 +233,9 @@ class Exploration(LoweredGraph):
                     lifted = True
                     continue
                 stats.stop_reason, stats.saturated = "saturated", True
+                break
+            if not multi and self._overruns(len(names), stats.enodes, time_limit - (time.perf_counter() - start)):
+                stats.stop_reason = "time_limit"
                 break
             t0 = time.perf_counter()
             schedule = self._schedule(names, backoff, unthrottled_multi=(it == 0))  # before push: pop drops rulesets
@@ -264,6 +270,8 @@ class Exploration(LoweredGraph):
             enodes, eclasses = self.size()
             unchanged = (enodes, eclasses) == (stats.enodes, stats.eclasses)
             seconds = time.perf_counter() - t0
+            if not multi and not partial:
+                self._pace = seconds / max(1, len(names) * stats.enodes)
             stats.iterations.append(
                 IterationStats(it + 1, enodes, eclasses, seconds, multi, matches, partial, sorted(banned), lifted)
             )
@@ -288,6 +296,12 @@ class Exploration(LoweredGraph):
         stats.seconds = time.perf_counter() - start
         self._explored += stats.seconds
         return stats
+
+    def _overruns(self, rules: int, enodes: int, left: float) -> bool:
+        """Whether a single-pattern iteration of `rules` rules over `enodes` e-nodes would end past the `left`
+        seconds of the time limit, at the pace of the last one (egglog cannot stop an iteration once started: one
+        over a large e-graph can take many times the limit). Unknown before the first has run."""
+        return self._pace is not None and self._pace * rules * enodes > left
 
     def _schedule(
         self, names: Sequence[str], backoff: Backoff, unthrottled_multi: bool

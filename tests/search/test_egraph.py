@@ -375,6 +375,18 @@ def test_iteration_and_time_limits_and_stats():
     assert zero.stop_reason == "time_limit" and not zero.iterations
 
 
+def test_an_iteration_predicted_to_end_past_the_time_limit_is_not_started():
+    """egglog cannot stop an iteration: one predicted, at the pace of the last, to end past the limit is not run,
+    where the limit checked between iterations alone would let it run to its end."""
+    te = TensorEGraph(qkv_graph(n=4))
+    first = te.explore(iter_limit=3, k_multi=1)
+    single = [it for it in first.iterations if not it.multi and not it.partial]
+    assert single and first.stop_reason == "iter_limit"
+    again = te.explore(time_limit=single[-1].seconds / 4, k_multi=0)
+    assert again.stop_reason == "time_limit" and not again.iterations
+    assert TensorEGraph(qkv_graph(n=4)).explore(time_limit=single[-1].seconds / 4, k_multi=0).iterations
+
+
 def test_exploration_is_deterministic():
     runs = []
     for _ in range(2):
