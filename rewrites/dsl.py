@@ -94,10 +94,16 @@ def parse_sexprs(text: str) -> list[Any]:
 class Var:
     name: str  # without the '?'
 
+    def __repr__(self) -> str:  # the dataclass's text, without its recursion guard: the generator sorts by it
+        return f"Var(name={self.name!r})"
+
 
 @dataclass(frozen=True)
 class Lit:
     value: Any  # int, float or tuple of ints
+
+    def __repr__(self) -> str:
+        return f"Lit(value={self.value!r})"
 
 
 @dataclass(frozen=True)
@@ -107,6 +113,9 @@ class Call:
     fn: str
     args: tuple[Expr, ...]
 
+    def __repr__(self) -> str:
+        return f"Call(fn={self.fn!r}, args={self.args!r})"
+
 
 @dataclass(frozen=True)
 class Term:
@@ -115,6 +124,9 @@ class Term:
     op: str
     args: tuple[Pattern, ...]
     attrs: tuple[tuple[str, Expr], ...]
+
+    def __repr__(self) -> str:
+        return f"Term(op={self.op!r}, args={self.args!r}, attrs={self.attrs!r})"
 
 
 Expr = Var | Lit | Call

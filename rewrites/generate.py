@@ -22,7 +22,8 @@ does, and verified.
    library); one the kept rules derive is dropped.
 6. **Verification.** A candidate not derived becomes the rules of its valid orientations (a left side that is an op,
    a right side whose variables the left binds). Each must keep its shape at every leaf shape of a small set
-   (`shape_sound`: broadcasts are where the verifier's samples miss most) and pass `rewrites.verify` at two seeds.
+   (`shape_sound`: broadcasts are where the verifier's samples miss most) and pass `rewrites.verify` at two seeds
+   (each variant on the way, below, is screened at the first; the rule kept is checked at both).
    One that fails is retried with guards of the enumeration's two assumptions, its leaves' rank and their equal
    shapes (`same-shape`), but not where the binding that refuted it satisfies them; one that fails with both is
    rejected. A rule that fixes an integer attribute (an axis, a perm, pads) is only tried guarded to the rank: the
@@ -238,7 +239,7 @@ def _fingerprint(values: Sequence[np.ndarray]) -> bytes | None:
     """The key of a term's values at every size, or None where one is not finite (the term is left out)."""
     h = hashlib.blake2b(digest_size=16)
     for v in values:
-        if not np.all(np.isfinite(v)):
+        if not np.isfinite(v).all():
             return None
         h.update(f"{v.shape} {v.dtype == bool}".encode())  # a comparison's False is not a float's 0
         h.update((np.asarray(v, dtype=np.float32) + np.float32(0.0)).tobytes())  # -0.0 and 0.0 alike
@@ -269,8 +270,12 @@ class Enumeration:
 Progress = Callable[[str], None]
 
 
-def enumerate_terms(settings: Settings, progress: Progress | None = None) -> Enumeration:
-    """Enumerate, fingerprint and pair every term of up to `settings.max_ops` ops (see the module docstring)."""
+def enumerate_terms(
+    settings: Settings, progress: Progress | None = None, workers: Workers | None = None
+) -> Enumeration:
+    """Enumerate, fingerprint and pair every term of up to `settings.max_ops` ops (see the module docstring). The
+    largest terms, most of the work, are evaluated by `workers` where given, each a share of them; they are paired
+    in the enumeration's order, so that the candidates do not depend on the workers."""
     start = time.perf_counter()
     names = settings.ops if settings.ops is not None else default_ops(settings.rank)
     choices = op_choices(names, settings.rank, settings.vectors)
@@ -285,40 +290,78 @@ def enumerate_terms(settings: Settings, progress: Progress | None = None) -> Enu
         by_size[0].append(cls)
     probe = {v.name: rng.standard_normal(leaf_shape(v.name, settings.leaf_shape(settings.sizes[-1]))) for v in leaves}
     found = Enumeration()
-    with np.errstate(all="ignore"):
-        for size in range(1, settings.max_ops + 1):
-            last = size == settings.max_ops  # the largest terms build nothing: their values are not kept
-            level: list[_Class] = []
-            terms = 0
-            for choice in choices:
-                for sizes in _compositions(size - 1, choice.arity):
-                    for children in itertools.product(*(by_size[s] for s in sizes)):
-                        if choice.commutative and size > 1 and children[0].index > children[1].index:
-                            continue  # one order of a commutative op's operands (commutativity is a size-1 rule)
-                        applied = _apply(choice, children, len(settings.sizes))
-                        key = None if applied is None else _fingerprint(applied)
-                        if applied is None or key is None:
-                            continue
-                        term = choice.term([c.term for c in children])
-                        if _constant(term, applied, probe):
-                            found.constants += 1
-                            continue
-                        terms += 1
-                        same = by_key.get(key)
-                        if same is not None:
-                            found.candidates.append((term, same.term))
-                            continue
-                        dtype = ops.dtype_of(choice.op, [c.dtype for c in children], dict(choice.attrs))
-                        cls = _Class(term, size, len(by_key), () if last else applied, dtype)
-                        by_key[key] = cls
-                        level.append(cls)
-            by_size.append(level)
-            found.terms.append(terms)
-            found.classes.append(len(level))
-            if progress is not None:
-                progress(f"size {size}: {terms} terms, {len(level)} new classes, {len(found.candidates)} candidates")
+    for size in range(1, settings.max_ops + 1):
+        last = size == settings.max_ops  # the largest terms build nothing: their values are not kept
+        level: list[_Class] = []
+        terms = 0
+        shares = workers.jobs if workers is not None and last else 1
+        keyed = None
+        if workers is not None and shares > 1:
+            task = (choices, by_size, probe, len(settings.sizes), size, shares)
+            keyed = workers.map(_level_keys, [(*task, k) for k in range(shares)])
+        for k, (choice, children) in enumerate(_level(choices, by_size, size)):
+            if keyed is None:
+                key, applied = _keyed(choice, children, len(settings.sizes), probe)
+            else:
+                key, applied = keyed[k % shares][k // shares], ()
+            if key is None:
+                continue
+            if not key:
+                found.constants += 1
+                continue
+            terms += 1
+            term = choice.term([c.term for c in children])
+            same = by_key.get(key)
+            if same is not None:
+                found.candidates.append((term, same.term))
+                continue
+            dtype = ops.dtype_of(choice.op, [c.dtype for c in children], dict(choice.attrs))
+            cls = _Class(term, size, len(by_key), () if last else applied, dtype)
+            by_key[key] = cls
+            level.append(cls)
+        by_size.append(level)
+        found.terms.append(terms)
+        found.classes.append(len(level))
+        if progress is not None:
+            progress(f"size {size}: {terms} terms, {len(level)} new classes, {len(found.candidates)} candidates")
     found.seconds = time.perf_counter() - start
     return found
+
+
+def _level(
+    choices: Sequence[OpChoice], by_size: Sequence[Sequence[_Class]], size: int
+) -> Iterator[tuple[OpChoice, tuple[_Class, ...]]]:
+    """(op, children) of every term of `size` ops, in the enumeration's order: each op over every combination of
+    the smaller classes whose sizes add up, one order of a commutative op's operands (commutativity is a size-1
+    rule)."""
+    for choice in choices:
+        for sizes in _compositions(size - 1, choice.arity):
+            for children in itertools.product(*(by_size[s] for s in sizes)):
+                if not (choice.commutative and size > 1 and children[0].index > children[1].index):
+                    yield choice, children
+
+
+def _keyed(
+    choice: OpChoice, children: Sequence[_Class], sizes: int, probe: dict[str, np.ndarray]
+) -> tuple[bytes | None, tuple[np.ndarray, ...]]:
+    """(fingerprint, values) of `choice` over `children`: None where it does not type-check or a value is not
+    finite, b"" where the term is a constant (`_constant`)."""
+    with np.errstate(all="ignore"):
+        applied = _apply(choice, children, sizes)
+        key = None if applied is None else _fingerprint(applied)
+        if applied is None or key is None:
+            return None, ()
+        if _constant(choice.term([c.term for c in children]), applied, probe):
+            return b"", ()
+    return key, applied
+
+
+def _level_keys(task: tuple[Any, ...]) -> list[bytes | None]:
+    """For a worker: the fingerprints (`_keyed`) of share `k` of `shares` of the terms of one size, every
+    `shares`-th from the `k`-th in the enumeration's order."""
+    choices, by_size, probe, sizes, size, shares, k = task
+    terms = itertools.islice(_level(choices, by_size, size), k, None, shares)
+    return [_keyed(choice, children, sizes, probe)[0] for choice, children in terms]
 
 
 def _one_number(values: Sequence[np.ndarray]) -> bool:
@@ -565,20 +608,33 @@ def _same_shape_guards(rule: Rule) -> Rule:
     return replace(rule, guards=rule.guards + guards)
 
 
-def _refuting(rule: Rule, seed: int) -> dict[str, Any] | None:
+def _refuting(rule: Rule, seed: int, screen: bool = False) -> dict[str, Any] | None:
     """None if the verifier passes `rule` at VERIFY_SEEDS seeds, on VERIFY_TRIALS bindings per combination and
     VERIFY_CASES at least each (a generated rule was found by a coincidence of values, and is checked harder than
     one written by hand); else the binding it failed at ({} where it found none: too few cases, or no valid
     binding). It is first checked as `tensat rules --verify` checks the library's file, so that every rule written
-    passes it."""
-    library = verify_rule(rule)
-    if not library.ok:
-        return dict(library.counterexample)
-    for k in range(VERIFY_SEEDS):
+    passes it. With `screen`, only at the first seed: the check of a variant that `verified` may still refine, whose
+    final rule is checked in full (`_confirmed`)."""
+    if not screen:
+        library = verify_rule(rule)
+        if not library.ok:
+            return dict(library.counterexample)
+    for k in range(1 if screen else VERIFY_SEEDS):
         result = verify_rule(rule, trials=VERIFY_TRIALS, seed=seed + 1000 * k)
         if not (result.ok and result.cases >= VERIFY_CASES):
             return dict(result.counterexample)
     return None
+
+
+def _confirmed(rule: Rule, seed: int) -> bool:
+    """Whether `rule`, which passed the screen (`_refuting` with `screen`), passes the rest of the full check: the
+    library's, and the seeds after the first."""
+    if not verify_rule(rule).ok:
+        return False
+    return all(
+        (result := verify_rule(rule, trials=VERIFY_TRIALS, seed=seed + 1000 * k)).ok and result.cases >= VERIFY_CASES
+        for k in range(1, VERIFY_SEEDS)
+    )
 
 
 def _probe_shapes(name: str, rank: int) -> list[tuple[int, ...]]:
@@ -699,15 +755,15 @@ def _typed_shapes(
     return bind(0)
 
 
-def _counterexample(rule: Rule, seed: int, rank: int) -> dict[str, Any] | None:
+def _counterexample(rule: Rule, seed: int, rank: int, screen: bool = False) -> dict[str, Any] | None:
     """A generated rule's check: None where its shapes agree (`shape_sound`) and the verifier passes it; else the
-    binding the verifier refuted it at (`_refuting`; {} for none)."""
-    return _refuting(rule, seed) if shape_sound(rule, rank) else {}
+    binding the verifier refuted it at (`_refuting`, screened or not; {} for none)."""
+    return _refuting(rule, seed, screen) if shape_sound(rule, rank) else {}
 
 
-def _holds(rule: Rule, seed: int, rank: int) -> bool:
-    """Whether a generated rule passes its check (`_counterexample`)."""
-    return _counterexample(rule, seed, rank) is None
+def _holds(rule: Rule, seed: int, rank: int, screen: bool = False) -> bool:
+    """Whether a generated rule passes its check (`_counterexample`), or its screen."""
+    return _counterexample(rule, seed, rank, screen) is None
 
 
 def _admits(rule: Rule, binding: Mapping[str, Any]) -> bool:
@@ -746,7 +802,12 @@ def verified(rule: Rule, seed: int, rank: int) -> Rule | None:
     not need left out (`_fewer_same_shapes`), then generalized (`generalized`: an attribute lifted where the guards
     kept make it hold vacuously would be a rule of no use). None if none holds. A guarded one
     whose guards hold at a binding that refuted an earlier one is refuted by it too, and is not sampled (where it
-    could pass by luck)."""
+    could pass by luck).
+
+    Each variant on the way is screened (`_holds` at the first seed alone), and the rule returned is checked in full
+    (`_confirmed`): a kept rule takes up to four variants, and most of a generation's time went to checking each in
+    full. Where the refined rule fails the full check, the variant it came from is checked in full and refined with
+    full checks, as without the screen."""
     specific = _rank_specific(rule)
     tries = ([] if specific else [rule]) + [_rank_guards(rule, rank)]
     if len(rule.tensor_vars()) > 1:
@@ -755,15 +816,28 @@ def verified(rule: Rule, seed: int, rank: int) -> Rule | None:
     for attempt in tries:
         if _refuted_by(attempt, refuted):
             continue
-        found = _counterexample(attempt, seed, rank)
+        found = _counterexample(attempt, seed, rank, screen=True)
         if found is None:
-            fewer = _fewer_same_shapes(attempt, seed, rank, refuted)
-            return _unranked(generalized(fewer, seed, rank), seed, rank)
+            final = _refined(attempt, seed, rank, refuted, screen=True)
+            if _confirmed(final, seed):
+                return final
+            found = _counterexample(attempt, seed, rank)
+            if found is None:
+                return _refined(attempt, seed, rank, refuted, screen=False)
         refuted.append(found)
     return None
 
 
-def _fewer_same_shapes(rule: Rule, seed: int, rank: int, refuted: Sequence[Mapping[str, Any]]) -> Rule:
+def _refined(rule: Rule, seed: int, rank: int, refuted: Sequence[Mapping[str, Any]], screen: bool) -> Rule:
+    """A rule that holds, without the same-shape guards it does not need (`_fewer_same_shapes`), generalized
+    (`generalized`) and unranked (`_unranked`), each step's variant checked in full or screened."""
+    fewer = _fewer_same_shapes(rule, seed, rank, refuted, screen)
+    return _unranked(generalized(fewer, seed, rank, screen), seed, rank, screen)
+
+
+def _fewer_same_shapes(
+    rule: Rule, seed: int, rank: int, refuted: Sequence[Mapping[str, Any]], screen: bool = False
+) -> Rule:
     """`rule` without each of its same-shape guards, one at a time, where it still holds (`_holds`; not where a
     binding of `refuted` satisfies the guards left), and each left that it can be made a same-except guard of one
     axis: the enumeration's leaves all had one shape. A conv's weights added need each other's shape, not their
@@ -772,7 +846,7 @@ def _fewer_same_shapes(rule: Rule, seed: int, rank: int, refuted: Sequence[Mappi
     (`same-except ?y ?z 0`). A rule with one same-shape guard was refuted without it."""
 
     def holds(candidate: Rule) -> bool:
-        return not _refuted_by(candidate, refuted) and _holds(candidate, seed, rank)
+        return not _refuted_by(candidate, refuted) and _holds(candidate, seed, rank, screen)
 
     same = [g for g in rule.guards if isinstance(g, Call) and g.fn == "same-shape"]
     if len(same) > 1:
@@ -798,14 +872,14 @@ def _rank_specific(rule: Rule) -> bool:
     return any(dict(ops.get(op).attrs)[k] in ("int", "ints") for op, k in kinds)
 
 
-def _unranked(rule: Rule, seed: int, rank: int) -> Rule:
+def _unranked(rule: Rule, seed: int, rank: int, screen: bool = False) -> Rule:
     """`rule` without the rank guards `_rank_guards` gave it, where generalization left it no integer attribute
     fixed and it holds at every rank (`relu(concat(x, y, ?axis))`); else `rule`."""
     ranked = set(_rank_guard_calls(rule, rank))
     if _rank_specific(rule) or not ranked & set(rule.guards):
         return rule
     free = replace(rule, guards=tuple(g for g in rule.guards if g not in ranked))
-    return free if _holds(free, seed, rank) else rule
+    return free if _holds(free, seed, rank, screen) else rule
 
 
 def _general(op: str, attr: str) -> bool:
@@ -845,7 +919,7 @@ def _lifted(rule: Rule, pairs: Sequence[tuple[str, Any]]) -> Rule:
     return replace(rule, lhs=tuple(lhs), rhs=tuple(rhs), lets=tuple(lets))
 
 
-def generalized(rule: Rule, seed: int, rank: int) -> Rule:
+def generalized(rule: Rule, seed: int, rank: int, screen: bool = False) -> Rule:
     """`rule` with each attribute value its left side fixes made a variable wherever the rule still holds
     (`_holds`): `relu(concat(x, y, axis 0)) = concat(relu(x), relu(y), axis 0)` holds at every axis, and is kept as
     the rule of `?axis`. The enumeration draws attributes from small domains, at one rank; the rule found at one
@@ -853,11 +927,11 @@ def generalized(rule: Rule, seed: int, rank: int) -> Rule:
     that holds (one verification, the common case), else one (attribute, value) at a time. A multi-pattern rule's
     merged term (`:let`) is lifted with its patterns."""
     pairs = list(dict.fromkeys(pair for t in rule.lhs for pair in _liftable(t)))
-    if len(pairs) > 1 and _holds(every := _lifted(rule, pairs), seed, rank):
+    if len(pairs) > 1 and _holds(every := _lifted(rule, pairs), seed, rank, screen):
         return every
     for pair in pairs:
         lifted = _lifted(rule, [pair])
-        if _holds(lifted, seed, rank):
+        if _holds(lifted, seed, rank, screen):
             rule = lifted
     return rule
 
@@ -1045,30 +1119,32 @@ def _verified_orientations(task: tuple[tuple[Rule, ...], int, int]) -> list[Rule
     return [r for r in (verified(r, seed, rank) for r in oriented) if r is not None]
 
 
-class _Workers:
-    """`_verified_orientations` over many candidates, in `jobs` worker processes where there are several (started
-    at the first batch that has work for more than one, spawned: the caller's process runs egglog, whose threads a
-    fork would copy mid-state). The answers come back in order, so a run's rules do not depend on `jobs`."""
+class Workers:
+    """A function over many tasks, in `jobs` worker processes where there are several (started at the first call
+    that has work for more than one, spawned: the caller's process runs egglog, whose threads a fork would copy
+    mid-state), one pool for a whole generation. The answers come back in order, so a run's rules do not depend on
+    `jobs`."""
 
     def __init__(self, jobs: int) -> None:
         self.jobs = jobs
         self.pool: concurrent.futures.ProcessPoolExecutor | None = None
 
-    def __enter__(self) -> _Workers:
+    def __enter__(self) -> Workers:
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.pool is not None:
             self.pool.shutdown(cancel_futures=True)
 
-    def map(self, tasks: Sequence[tuple[tuple[Rule, ...], int, int]]) -> list[list[Rule]]:
+    def map(self, fn: Callable[[Any], Any], tasks: Sequence[Any]) -> list[Any]:
+        """`fn` of each task, in order."""
         if self.jobs <= 1 or len(tasks) <= 1:
-            return [_verified_orientations(t) for t in tasks]
+            return [fn(t) for t in tasks]
         if self.pool is None:
             self.pool = concurrent.futures.ProcessPoolExecutor(
                 self.jobs, mp_context=multiprocessing.get_context("spawn")
             )
-        return list(self.pool.map(_verified_orientations, tasks))
+        return list(self.pool.map(fn, tasks))
 
 
 def minimize(
@@ -1077,7 +1153,7 @@ def minimize(
     shape: tuple[int, ...],
     seed: int = 0,
     progress: Progress | None = None,
-    jobs: int = 1,
+    workers: Workers | None = None,
     prefix: str = "gen",
 ) -> tuple[list[Rule], dict[str, int]]:
     """Keep, smallest first, the candidates the kept rules do not derive, verified; (rules named from `prefix`,
@@ -1090,44 +1166,44 @@ def minimize(
     up to MAX_BATCH: the smallest candidates of a size are kept one at a time (a rule kept can only drop those after
     it), and the larger ones in batches, each candidate checked once.
 
-    A batch's candidates are verified in `jobs` processes, all of them before the sequential check of which a rule
-    of the same batch rewrites: a rule is named by its candidate's place in the minimization's order (the
-    verifier's random draws follow the name), so that what is kept does not depend on `jobs`."""
+    A batch's candidates are verified by `workers` (else in this process), all of them before the sequential check
+    of which a rule of the same batch rewrites: a rule is named by its candidate's place in the minimization's order
+    (the verifier's random draws follow the name), so that what is kept does not depend on the workers."""
     remaining = list(enumerate(sorted(pairs, key=_by_ops)))
     vectors = {name: leaf_shape(name, shape) for name in VECTORS}
     rules: list[Rule] = []
     counts = {"derived": 0, "not_rewrites": 0, "rejected": 0, "guarded": 0, "unsound": 0}
     batch, level = 1, 0
     kept_equations = 0
-    with _Workers(jobs) as workers:
-        while remaining:
-            size = _size(remaining[0][1])
-            if size != level:
-                batch, level = 1, size
-            chosen = [(k, p) for k, p in remaining[:batch] if _size(p) == level]
-            remaining = remaining[len(chosen) :]
-            if rules:
-                proved, sound = proved_by_sound(prove, rules, [p for _, p in chosen], shape, vectors)
-                counts["unsound"] += len(rules) - len(sound)
-                rules = sound
-                counts["derived"] += sum(proved)
-                chosen = [c for c, done in zip(chosen, proved) if not done]
-            oriented = [orientations(a, b, f"{prefix}-{k}") for k, (a, b) in chosen]
-            checked = workers.map([(tuple(o), seed, len(shape)) for o in oriented])
-            for (_, pair), candidate, kept in zip(chosen, oriented, checked):
-                if instance_of(pair, rules):
-                    counts["derived"] += 1
-                elif not candidate:
-                    counts["not_rewrites"] += 1
-                elif not kept:
-                    counts["rejected"] += 1
-                else:
-                    counts["guarded"] += any(r.guards for r in kept)
-                    rules += kept
-                    kept_equations += 1
-            batch = min(2 * batch, MAX_BATCH)
-            if progress is not None:
-                progress(f"minimize: {kept_equations} kept, {len(remaining)} to check, {counts['derived']} derived")
+    workers = workers if workers is not None else Workers(1)
+    while remaining:
+        size = _size(remaining[0][1])
+        if size != level:
+            batch, level = 1, size
+        chosen = [(k, p) for k, p in remaining[:batch] if _size(p) == level]
+        remaining = remaining[len(chosen) :]
+        if rules:
+            proved, sound = proved_by_sound(prove, rules, [p for _, p in chosen], shape, vectors)
+            counts["unsound"] += len(rules) - len(sound)
+            rules = sound
+            counts["derived"] += sum(proved)
+            chosen = [c for c, done in zip(chosen, proved) if not done]
+        oriented = [orientations(a, b, f"{prefix}-{k}") for k, (a, b) in chosen]
+        checked = workers.map(_verified_orientations, [(tuple(o), seed, len(shape)) for o in oriented])
+        for (_, pair), candidate, kept in zip(chosen, oriented, checked):
+            if instance_of(pair, rules):
+                counts["derived"] += 1
+            elif not candidate:
+                counts["not_rewrites"] += 1
+            elif not kept:
+                counts["rejected"] += 1
+            else:
+                counts["guarded"] += any(r.guards for r in kept)
+                rules += kept
+                kept_equations += 1
+        batch = min(2 * batch, MAX_BATCH)
+        if progress is not None:
+            progress(f"minimize: {kept_equations} kept, {len(remaining)} to check, {counts['derived']} derived")
     return rules, counts
 
 
@@ -1144,8 +1220,15 @@ def _size(pair: tuple[Pattern, Pattern]) -> int:
 
 
 def generate(settings: Settings, prove: Prover, progress: Progress | None = None, jobs: int = 1) -> Generated:
-    """The whole generation (see the module docstring), its verification in `jobs` processes."""
-    found = enumerate_terms(settings, progress)
+    """The whole generation (see the module docstring), its largest terms' evaluation and its verification in
+    `jobs` processes."""
+    with Workers(jobs) as workers:
+        return _generate(settings, prove, progress, workers)
+
+
+def _generate(settings: Settings, prove: Prover, progress: Progress | None, workers: Workers) -> Generated:
+    """`generate`'s work, with its worker processes."""
+    found = enumerate_terms(settings, progress, workers)
     t = time.perf_counter()
     pairs, renamings, common = prune(found.candidates)
     pruned = time.perf_counter() - t
@@ -1160,7 +1243,7 @@ def generate(settings: Settings, prove: Prover, progress: Progress | None = None
         progress(f"refuted: {len(pairs) - len(survivors)} candidates differ on float leaves")
     t = time.perf_counter()
     shape = settings.leaf_shape(max(settings.sizes))
-    rules, counts = minimize(survivors, prove, shape, settings.seed, progress, jobs, rule_prefix(settings))
+    rules, counts = minimize(survivors, prove, shape, settings.seed, progress, workers, rule_prefix(settings))
     minimized = time.perf_counter() - t
     t = time.perf_counter()
     multi, multi_found = multi_rules(survivors, settings.rank, settings.seed, rule_prefix(settings))

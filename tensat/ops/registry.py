@@ -38,9 +38,17 @@ class Sized:
     of: Callable[[Sequence[Shape]], Any] = field(compare=False, repr=False)
 
 
+def sized(attrs: Mapping[str, Any]) -> bool:
+    """Whether one of `attrs` is a `Sized` value (a loop: this runs for every op the generator evaluates)."""
+    for v in attrs.values():
+        if isinstance(v, Sized):
+            return True
+    return False
+
+
 def resolved(attrs: Mapping[str, Any], in_shapes: Sequence[Shape]) -> Attrs:
     """`attrs` with each `Sized` value computed for inputs of `in_shapes`."""
-    if not any(isinstance(v, Sized) for v in attrs.values()):
+    if not sized(attrs):
         return attrs if isinstance(attrs, dict) else dict(attrs)
     shapes = [tuple(s) for s in in_shapes]
     return {k: v.of(shapes) if isinstance(v, Sized) else v for k, v in attrs.items()}
@@ -203,8 +211,8 @@ def shape_of(op: str, in_shapes: Sequence[Shape], attrs: Attrs) -> Shape:
     d = get(op)
     if d.inputs is not None and len(in_shapes) != d.inputs:
         raise ShapeError(f"{op} takes {d.inputs} inputs, got {len(in_shapes)}")
-    shapes = [tuple(s) for s in in_shapes]
-    return tuple(int(v) for v in d.shape(shapes, resolved(attrs, shapes)))
+    shapes = [s if type(s) is tuple else tuple(s) for s in in_shapes]
+    return tuple(map(int, d.shape(shapes, resolved(attrs, shapes))))
 
 
 def dtype_of(op: str, in_dtypes: Sequence[str], attrs: Attrs) -> str:
@@ -251,7 +259,9 @@ def evaluate(op: str, arrays: Sequence[np.ndarray], attrs: Attrs) -> np.ndarray:
     d = get(op)
     if d.evaluate is None:
         raise ValueError(f"{op} has no numpy semantics")
-    return np.asarray(d.evaluate(arrays, resolved(attrs, [np.shape(a) for a in arrays])))
+    if sized(attrs):
+        attrs = resolved(attrs, [np.shape(a) for a in arrays])
+    return np.asarray(d.evaluate(arrays, attrs))
 
 
 def egg_declarations() -> str:

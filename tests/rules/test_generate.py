@@ -12,9 +12,11 @@ import pytest
 from tensat import cli, ops
 from tensat.egraph.derive import UnsoundRules, derived, proved
 from tensat.rewrites import GENERATED_DIR, RuleError, all_rules, generated_rules, rule_set
+from tensat.rewrites import generate as generate_mod
 from tensat.rewrites.dsl import Call, Pattern, Rule, Term, Var, canonical_form, format_rule, literal, parse_rules
 from tensat.rewrites.generate import (
     Settings,
+    Workers,
     default_ops,
     enumerate_terms,
     equation_key,
@@ -282,6 +284,30 @@ def test_an_attribute_a_rule_holds_at_every_value_of_becomes_a_variable() -> Non
         found = generalized(_rule(text), seed=0, rank=2)
         assert canonical_form(found) == canonical_form(_rule(general or text)), text
         assert verify_rule(found, seed=3).ok
+
+
+def test_a_rule_refined_on_screened_variants_is_checked_in_full_or_refined_again(monkeypatch) -> None:
+    """The variants on the way to a kept rule are screened at one seed; the rule kept passes the full check, and
+    where it does not, the variant it came from is refined again with full checks, as without the screen."""
+    rule = _rule(
+        "(rule a (slice (matmul ?x ?y) :axis 1 :start 0 :size 1) (matmul ?x (slice ?y :axis 1 :start 0 :size 1)))"
+    )
+    kept = verified(rule, seed=0, rank=2)
+    assert kept is not None and generate_mod._holds(kept, seed=0, rank=2)
+    full: list[Rule] = []
+    monkeypatch.setattr(generate_mod, "_confirmed", lambda r, seed: full.append(r) and False)
+    again = verified(rule, seed=0, rank=2)
+    assert full == [kept] and again is not None and canonical_form(again) == canonical_form(kept)
+
+
+def test_the_largest_terms_evaluated_by_workers_pair_as_in_one_process() -> None:
+    """The enumeration's last size is shared between worker processes, every other term to each: the candidates,
+    in their order, and the counts are those of one process."""
+    alone = enumerate_terms(SMALL)
+    with Workers(2) as workers:
+        shared = enumerate_terms(SMALL, workers=workers)
+    assert shared.candidates == alone.candidates and len(alone.candidates) > 100
+    assert (shared.terms, shared.classes, shared.constants) == (alone.terms, alone.classes, alone.constants)
 
 
 def test_a_rule_true_below_a_bound_only_is_not_kept_under_any_guard() -> None:
