@@ -69,8 +69,9 @@ def _settings(run: str) -> Settings:
 
 
 def generation(run: str, jobs: int = 1, write: bool = False) -> dict[str, Any]:
-    """One generation's counts and times (`run`: its `tensat rules generate` flags), its candidates verified in `jobs`
-    processes; with `write`, its rules written to its library file, as `tensat rules generate` writes them."""
+    """One generation's counts and times (`run`: its `tensat rules generate` flags), its largest terms evaluated and
+    its candidates verified in `jobs` processes; with `write`, its rules written to its library file, as `tensat
+    rules generate` writes them."""
     settings = _settings(run)
     result = generate(settings, Prover(), lambda m: print(f"  {m}", file=sys.stderr, flush=True), jobs)
     if write:
@@ -185,7 +186,8 @@ def markdown(data: dict[str, Any]) -> str:
     jobs = sorted({g.get("jobs", 1) for g in data["generations"]})
     lines += [
         "",
-        f"Candidates verified in {' or '.join(map(str, jobs))} processes (`--jobs`; the rules do not depend on it).",
+        f"Largest terms evaluated and candidates verified in {' or '.join(map(str, jobs))} processes (`--jobs`; the "
+        "rules do not depend on it).",
     ]
     for g in data["generations"]:
         reasons = collections.defaultdict(list)
@@ -255,7 +257,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--jobs",
         type=positive_int,
         default=default_jobs(),
-        help="processes verifying a generation's candidates, as `tensat rules generate --jobs` (default: the cores)",
+        help="processes evaluating a generation's largest terms and verifying its candidates, as `tensat rules "
+        "generate --jobs` (default: the cores)",
     )
     p.add_argument(
         "--library",

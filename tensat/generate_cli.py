@@ -101,8 +101,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--jobs",
         type=positive_int,
         default=default_jobs(),
-        help="processes that verify candidates (default: one per core this process may use); the rules do not "
-        "depend on it",
+        help="processes that evaluate the largest terms and verify candidates (default: one per core this process "
+        "may use); the rules do not depend on it",
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
 
