@@ -190,8 +190,7 @@ def default_ops(rank: int) -> list[str]:
         d = ops.get(name)
         attrs = dict(op_choices([name], rank)[0].attrs)
         boolean = ops.dtype_of(name, ["float32"] * (d.inputs or 0), attrs) == "bool"
-        sized = any(isinstance(v, ops.Sized) for v in attrs.values())
-        if d.standard_since is not None and (d.inputs or 0) <= 2 and not boolean and not sized:
+        if d.standard_since is not None and (d.inputs or 0) <= 2 and not boolean and not ops.registry.sized(attrs):
             out.append(name)
     return out
 
@@ -295,10 +294,8 @@ def enumerate_terms(
         level: list[_Class] = []
         terms = 0
         shares = workers.jobs if workers is not None and last else 1
-        keyed = None
-        if workers is not None and shares > 1:
-            task = (choices, by_size, probe, len(settings.sizes), size, shares)
-            keyed = workers.map(_level_keys, [(*task, k) for k in range(shares)])
+        task = (choices, by_size, probe, len(settings.sizes), size, shares)
+        keyed = workers.map(_level_keys, [(*task, k) for k in range(shares)]) if workers and shares > 1 else None
         for k, (choice, children) in enumerate(_level(choices, by_size, size)):
             if keyed is None:
                 key, applied = _keyed(choice, children, len(settings.sizes), probe)
@@ -608,33 +605,26 @@ def _same_shape_guards(rule: Rule) -> Rule:
     return replace(rule, guards=rule.guards + guards)
 
 
-def _refuting(rule: Rule, seed: int, screen: bool = False) -> dict[str, Any] | None:
-    """None if the verifier passes `rule` at VERIFY_SEEDS seeds, on VERIFY_TRIALS bindings per combination and
-    VERIFY_CASES at least each (a generated rule was found by a coincidence of values, and is checked harder than
-    one written by hand); else the binding it failed at ({} where it found none: too few cases, or no valid
-    binding). It is first checked as `tensat rules --verify` checks the library's file, so that every rule written
-    passes it. With `screen`, only at the first seed: the check of a variant that `verified` may still refine, whose
-    final rule is checked in full (`_confirmed`)."""
-    if not screen:
-        library = verify_rule(rule)
-        if not library.ok:
-            return dict(library.counterexample)
-    for k in range(1 if screen else VERIFY_SEEDS):
+def _refuting(rule: Rule, seed: int, seeds: range = range(VERIFY_SEEDS), library: bool = True) -> dict[str, Any] | None:
+    """None if the verifier passes `rule` at each of `seeds` (offsets of `seed`), on VERIFY_TRIALS bindings per
+    combination and VERIFY_CASES at least each (a generated rule was found by a coincidence of values, and is checked
+    harder than one written by hand); else the binding it failed at ({} where it found none: too few cases, or no
+    valid binding). With `library`, it is first checked as `tensat rules --verify` checks the library's file, so that
+    every rule written passes it. The full check is every seed with the library's; a screen is the first seed alone
+    (`SCREEN_SEEDS`), and the rest of the full check (`CONFIRM_SEEDS`) completes it."""
+    if library:
+        found = verify_rule(rule)
+        if not found.ok:
+            return dict(found.counterexample)
+    for k in seeds:
         result = verify_rule(rule, trials=VERIFY_TRIALS, seed=seed + 1000 * k)
         if not (result.ok and result.cases >= VERIFY_CASES):
             return dict(result.counterexample)
     return None
 
 
-def _confirmed(rule: Rule, seed: int) -> bool:
-    """Whether `rule`, which passed the screen (`_refuting` with `screen`), passes the rest of the full check: the
-    library's, and the seeds after the first."""
-    if not verify_rule(rule).ok:
-        return False
-    return all(
-        (result := verify_rule(rule, trials=VERIFY_TRIALS, seed=seed + 1000 * k)).ok and result.cases >= VERIFY_CASES
-        for k in range(1, VERIFY_SEEDS)
-    )
+SCREEN_SEEDS = range(1)  # the seeds of a variant `verified` may still refine, without the library's check
+CONFIRM_SEEDS = range(1, VERIFY_SEEDS)  # ... of one that passed that screen, with it: the rest of the full check
 
 
 def _probe_shapes(name: str, rank: int) -> list[tuple[int, ...]]:
@@ -758,7 +748,9 @@ def _typed_shapes(
 def _counterexample(rule: Rule, seed: int, rank: int, screen: bool = False) -> dict[str, Any] | None:
     """A generated rule's check: None where its shapes agree (`shape_sound`) and the verifier passes it; else the
     binding the verifier refuted it at (`_refuting`, screened or not; {} for none)."""
-    return _refuting(rule, seed, screen) if shape_sound(rule, rank) else {}
+    if not shape_sound(rule, rank):
+        return {}
+    return _refuting(rule, seed, SCREEN_SEEDS, library=False) if screen else _refuting(rule, seed)
 
 
 def _holds(rule: Rule, seed: int, rank: int, screen: bool = False) -> bool:
@@ -805,9 +797,9 @@ def verified(rule: Rule, seed: int, rank: int) -> Rule | None:
     could pass by luck).
 
     Each variant on the way is screened (`_holds` at the first seed alone), and the rule returned is checked in full
-    (`_confirmed`): a kept rule takes up to four variants, and most of a generation's time went to checking each in
-    full. Where the refined rule fails the full check, the variant it came from is checked in full and refined with
-    full checks, as without the screen."""
+    (the rest of the check, `CONFIRM_SEEDS`): a kept rule takes up to four variants, and most of a generation's time
+    went to checking each in full. Where the refined rule fails the full check, the variant it came from is checked in
+    full and refined with full checks, as without the screen."""
     specific = _rank_specific(rule)
     tries = ([] if specific else [rule]) + [_rank_guards(rule, rank)]
     if len(rule.tensor_vars()) > 1:
@@ -819,9 +811,9 @@ def verified(rule: Rule, seed: int, rank: int) -> Rule | None:
         found = _counterexample(attempt, seed, rank, screen=True)
         if found is None:
             final = _refined(attempt, seed, rank, refuted, screen=True)
-            if _confirmed(final, seed):
+            if _refuting(final, seed, CONFIRM_SEEDS) is None:
                 return final
-            found = _counterexample(attempt, seed, rank)
+            found = _refuting(attempt, seed, CONFIRM_SEEDS)
             if found is None:
                 return _refined(attempt, seed, rank, refuted, screen=False)
         refuted.append(found)

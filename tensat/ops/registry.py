@@ -211,7 +211,7 @@ def shape_of(op: str, in_shapes: Sequence[Shape], attrs: Attrs) -> Shape:
     d = get(op)
     if d.inputs is not None and len(in_shapes) != d.inputs:
         raise ShapeError(f"{op} takes {d.inputs} inputs, got {len(in_shapes)}")
-    shapes = [s if type(s) is tuple else tuple(s) for s in in_shapes]
+    shapes = [tuple(s) for s in in_shapes]
     return tuple(map(int, d.shape(shapes, resolved(attrs, shapes))))
 
 

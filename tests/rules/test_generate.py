@@ -294,10 +294,18 @@ def test_a_rule_refined_on_screened_variants_is_checked_in_full_or_refined_again
     )
     kept = verified(rule, seed=0, rank=2)
     assert kept is not None and generate_mod._holds(kept, seed=0, rank=2)
-    full: list[Rule] = []
-    monkeypatch.setattr(generate_mod, "_confirmed", lambda r, seed: full.append(r) and False)
+    real = generate_mod._refuting
+    failed: list[Rule] = []
+
+    def refuting(r: Rule, seed: int, seeds: range = range(generate_mod.VERIFY_SEEDS), library: bool = True) -> dict:
+        if seeds == generate_mod.CONFIRM_SEEDS and not failed:  # the refined rule's full check fails
+            failed.append(r)
+            return {}
+        return real(r, seed, seeds, library)
+
+    monkeypatch.setattr(generate_mod, "_refuting", refuting)
     again = verified(rule, seed=0, rank=2)
-    assert full == [kept] and again is not None and canonical_form(again) == canonical_form(kept)
+    assert failed == [kept] and again is not None and canonical_form(again) == canonical_form(kept)
 
 
 def test_the_largest_terms_evaluated_by_workers_pair_as_in_one_process() -> None:
