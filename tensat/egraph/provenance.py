@@ -7,7 +7,9 @@ under the same variables, matches what replaced it. Two kinds of change are expl
   the chosen e-nodes from there down, the left side the input's e-node of that e-class (its inner e-nodes first
   the input's own, else any). A new e-class below it that the right side built as chosen is part of that change;
   one chosen otherwise (a later rewrite of a term the first built) is a change of its own, its left side any
-  other e-node of the e-class;
+  other e-node of the e-class. A new e-class of one e-node, built by a rewrite the selection does not use and
+  taken as an operand by a later one (relu(concat(concat(a, b), c)) distributed twice, then the concats
+  reassociated), is explained by the rule whose right side built it there;
 - an input node whose e-class rules merged with an earlier one (a Transpose of a Transpose that is the identity):
   its e-class's choice is the earlier node, so the node is gone without any e-class changing its choice. The left
   side must match the input node, the right side any e-node of its e-class (the first step of the chain).
@@ -135,6 +137,28 @@ def rules_behind(
         else:
             counts[UNEXPLAINED] += 1
 
+    parents: dict[int, list[DecodedNode]] = {}
+    for dn in decoded.values():
+        for child in dn.children:
+            parents.setdefault(child, []).append(dn)
+
+    def built(now: DecodedNode) -> list[str]:
+        """The rules whose right side, matched at an e-node over `now`'s e-class, built that e-class as chosen: a
+        new e-class of one e-node that a later rewrite took as an operand (its left side bound a variable to it), so
+        that no right side the selection uses built it."""
+        for parent in parents.get(now.eclass, ()):
+            others = [dn for dn in everything.of[parent.eclass] if dn is not parent]
+            found = []
+            for m in matchers:
+                rhs = m.explained_by(others, everything, parent, parent.eclass, everything, from_input=False)
+                if rhs is not None and (now.eclass, now.op) in _inner_classes(
+                    rhs, parent, choices, decoded, everything
+                ):
+                    found.append(m.rule.name)
+            if found:
+                return found
+        return []
+
     for name in reversed(changed_classes(choices, original, decoded, roots)):  # parents first
         now = decoded[choices[name]]
         if now.eclass in folded:
@@ -144,7 +168,10 @@ def rules_behind(
             explain([([was], as_written), ([was], everything)], now, now.eclass)
         elif covered.get(now.eclass) != now.op:  # a new e-class the right side above it did not build as chosen
             others = [dn for dn in everything.of[now.eclass] if dn is not now]
-            explain([(others, everything)], now, now.eclass, from_input=False)
+            if others:
+                explain([(others, everything)], now, now.eclass, from_input=False)
+            else:
+                counts.update(built(now) or [UNEXPLAINED])
     for nid, dn in zip(inputs, own):
         if not ops.get(dn.op).leaf and original.get(str(dn.eclass)) not in (None, nid):
             explain([([dn], as_written), ([dn], everything)], None, dn.eclass)

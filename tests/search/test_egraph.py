@@ -679,6 +679,37 @@ def test_the_rules_behind_a_selection_are_read_back() -> None:
     assert te.rules_behind(te.original_selection(decoded), decoded, xg.roots, shapes) == {"transpose-compose-2": 1}
 
 
+def test_an_operand_a_rewrite_built_off_the_selection_is_explained_by_that_rewrite() -> None:
+    """relu(concat(concat(a, b), c)) distributed at both concats, then reassociated: relu(a) is a new e-class of one
+    e-node that the reassociation took as an operand, built by the distribution at relu(concat(a, b)), which the
+    selection does not use. It is that rule's change, not an unexplained one."""
+    n = provenance.DecodedNode
+    nodes = {
+        **{f"in{k}": n("input", {"name": name}, (), k) for k, name in enumerate("abc")},
+        "ab": n("concat", {"axis": 1}, (0, 1), 3),
+        "abc": n("concat", {"axis": 1}, (3, 2), 4),
+        "out": n("relu", {}, (4,), 5),
+        "relu_ab": n("relu", {}, (3,), 6),
+        "relu_c": n("relu", {}, (2,), 7),
+        "out_split": n("concat", {"axis": 1}, (6, 7), 5),
+        "relu_a": n("relu", {}, (0,), 8),
+        "relu_b": n("relu", {}, (1,), 9),
+        "relu_ab_split": n("concat", {"axis": 1}, (8, 9), 6),
+        "bc": n("concat", {"axis": 1}, (9, 7), 10),
+        "out_assoc": n("concat", {"axis": 1}, (8, 10), 5),
+    }
+    inputs = ["in0", "in1", "in2", "ab", "abc", "out"]
+    original = {str(nodes[k].eclass): k for k in inputs}
+    choices = {"0": "in0", "1": "in1", "2": "in2", "5": "out_assoc", "7": "relu_c", "8": "relu_a", "9": "relu_b",
+               "10": "bc"}  # fmt: skip
+    shapes = {0: (1, 2), 1: (1, 2), 2: (1, 2), 3: (1, 4), 4: (1, 6), 5: (1, 6), 6: (1, 4), 7: (1, 2), 8: (1, 2),
+              9: (1, 2), 10: (1, 4)}  # fmt: skip
+    rules = rules_named("relu-concat-distribute", "concat-assoc-right")
+    counted = provenance.rules_behind(choices, original, inputs, nodes, shapes, ["5"], rules)
+    assert provenance.UNEXPLAINED not in counted
+    assert counted["relu-concat-distribute"] >= 2 and counted["concat-assoc-right"] == 1
+
+
 def test_a_change_among_constants_is_no_change_of_the_model() -> None:
     """A change inside weights alone (a concatenation of two weights chosen where the input had a slice of one) is
     folded away at export: it is counted under no rule, and not as unexplained."""
