@@ -420,7 +420,8 @@ CHECK_PAIRS = 40  # pairs of blocks the end-to-end check times at each thread co
 EXTENDED_PAIRS = 100  # ... and up to this many where the first CHECK_PAIRS leave the answer open, ...
 EXTEND_SHARE = 0.35  # ... until this share of the thread count's seconds has passed
 CHECK_SESSIONS = 2  # sessions of each model the end-to-end check times in turns (see `tensat.latency.Interleaved`)
-ONE_SESSION_BYTES = 2**29  # ... one only for a model with more weights than this: each session holds their copy
+ONE_SESSION_BYTES = 2**29  # ... one only for a model with more weights than this: each session holds their copy,
+COPIES_SHARE = 0.1  # ... or where opening the extra sessions would take more than this share of `latency_check`
 
 
 def _not_faster(check: LatencyCheck) -> str:
@@ -447,6 +448,18 @@ def _faster(by_threads: Mapping[int, LatencyComparison]) -> bool:
     return measurably_faster([c.interval[0] for c in by_threads.values()])
 
 
+def check_copies(original: ModelSource, optimized: ModelSource, thread_counts: int, seconds: float) -> int:
+    """Sessions of each model the end-to-end check times in turns at each of `thread_counts` thread counts, in
+    `seconds` at most: `CHECK_SESSIONS`, or one where each session's copy of the weights is over
+    `ONE_SESSION_BYTES`, or where opening the extra sessions, at the time the models' last sessions took to open
+    (`Serialized.opened`), would take more than `COPIES_SHARE` of `seconds`."""
+    models = (original, optimized)
+    weights = max(onnx_io.weight_bytes(m if isinstance(m, (str, os.PathLike)) else proto_of(m)) or 0 for m in models)
+    opening = sum(m.opened or 0.0 for m in models if isinstance(m, Serialized))
+    extra = opening * (CHECK_SESSIONS - 1) * thread_counts
+    return CHECK_SESSIONS if weights <= ONE_SESSION_BYTES and extra <= COPIES_SHARE * seconds else 1
+
+
 def _end_to_end_check(
     original: ModelSource, optimized: ModelSource, device: str, opts: Options, log: RunLog
 ) -> LatencyCheck | None:
@@ -461,17 +474,15 @@ def _end_to_end_check(
     `EXTEND_SHARE` of its share of `latency_check` has passed: gains of a few percent are otherwise decided by the
     noise of a shared machine, and the cap keeps a large model's extension from doubling the run. Each model runs
     in `CHECK_SESSIONS` sessions in turns, so a verdict rests less on where one session's memory happened to lie
-    (in one, for a model of over `ONE_SESSION_BYTES` of weights, since each session holds a copy of them).
+    (in one, for a model of over `ONE_SESSION_BYTES` of weights, since each session holds a copy of them, or one
+    whose sessions, as verification opened them, take so long to open that the copies would cost more than
+    `COPIES_SHARE` of the check's seconds).
     A thread count also stops once `FUTILE_PAIRS` pairs show a gain beyond what it must show by `DECIDED_MARGIN`
     more at 95% confidence (a model several times faster needs no 40 pairs to tell).
     None when the check could not run (with a warning): the verified optimized model is then kept."""
     threads = check_threads()
     by_threads: dict[int, LatencyComparison] = {}
-    weights = max(
-        onnx_io.weight_bytes(m if isinstance(m, (str, os.PathLike)) else proto_of(m)) or 0
-        for m in (original, optimized)
-    )
-    copies = CHECK_SESSIONS if weights <= ONE_SESSION_BYTES else 1
+    copies = check_copies(original, optimized, len(threads), opts.latency_check)
     try:
         for t in threads:
             kept_so_far = _faster(by_threads)  # then any gain here keeps it (`measurably_faster`)

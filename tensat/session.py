@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import tempfile
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,15 +34,16 @@ def onnxruntime_module() -> Any:
 class Serialized:
     """A model proto and its bytes, serialized on first use and then kept: verification and each thread count of
     the end-to-end check open sessions of the same two models, and serializing a large model takes a while
-    (about 0.4 s for 244 MB of weights); with them, the last session `shared_session` opened. The proto must not
-    change once it is wrapped."""
+    (about 0.4 s for 244 MB of weights); with them, the last session `shared_session` opened, and how long it took
+    to open. The proto must not change once it is wrapped."""
 
-    __slots__ = ("_data", "_session", "proto")
+    __slots__ = ("_data", "_session", "opened", "proto")
 
     def __init__(self, proto: ModelProto) -> None:
         self.proto = proto
         self._data: bytes | None = None
         self._session: tuple[tuple[Any, ...], Any] | None = None  # (the settings, the session)
+        self.opened: float | None = None  # seconds the last session `shared_session` opened took to open
 
     @property
     def data(self) -> bytes:
@@ -153,7 +155,9 @@ def shared_session(
     key = (provider if isinstance(provider, str) else tuple(provider), threads, spinning, optimizations)
     if model._session is None or model._session[0] != key:
         model._session = None  # the one it replaces goes before the new one is opened
+        start = time.perf_counter()
         model._session = (key, make_session(model, provider, threads, spinning, optimizations))
+        model.opened = time.perf_counter() - start
     return model._session[1]
 
 

@@ -47,9 +47,9 @@ class _Unsupported(Exception):
 
 def _sample(array: np.ndarray) -> bytes:
     """A few of `array`'s elements, evenly spaced: constants that differ almost always differ there, so only those
-    that agree are compared in full."""
-    flat = array.reshape(-1)
-    return flat[:: max(1, flat.size // SAMPLED)][:SAMPLED].tobytes()
+    that agree are compared in full. Read through `flat`, so that a strided view (a Gemm's transposed weight) is
+    not copied whole to look at a few elements."""
+    return array.flat[np.arange(0, array.size, max(1, array.size // SAMPLED))[:SAMPLED]].tobytes()
 
 
 SAMPLED = 64  # elements `_sample` reads
@@ -58,12 +58,11 @@ SAMPLED = 64  # elements `_sample` reads
 def _uniform(array: np.ndarray) -> float | None:
     """The one value of a constant whose elements are all equal, where a `fill` holds it exactly (an epsilon, an
     exponent, a zero bias: the constants a rule can match by value); else None. A sample is looked at first, so
-    that a weight kept on disk is not read whole to find it varies."""
+    that a weight kept on disk is not read whole to find it varies, nor a strided view copied."""
     if not array.size or str(array.dtype) not in ops.TYPE_CODES:
         return None
-    flat = array.reshape(-1)
-    first = flat[0]
-    if not np.all(np.frombuffer(_sample(array), array.dtype) == first) or not np.all(flat == first):
+    first = array.flat[0]
+    if not np.all(np.frombuffer(_sample(array), array.dtype) == first) or not np.all(array == first):
         return None
     value = float(first)
     try:

@@ -665,6 +665,24 @@ def test_verification_and_the_check_at_one_thread_open_one_session_per_model(mon
     assert opened == [1, 1, 2, 2, 1, 1, 2, 2]
 
 
+def test_the_check_times_one_session_per_model_where_copies_take_too_long_to_open():
+    """The end-to-end check's extra sessions cost their opening time: where the models' sessions, as verification
+    opened them, took long enough that the copies would eat more than COPIES_SHARE of the check's seconds, each
+    model is timed in one session."""
+    from tensat.api import CHECK_SESSIONS, COPIES_SHARE, check_copies
+    from tensat.session import Serialized
+    from tensat.verify import compare_models
+
+    base, cand = Serialized(export_model(relu_chain(3))), Serialized(export_model(relu_chain(1)))
+    assert check_copies(base, cand, 2, 20.0) == CHECK_SESSIONS  # nothing opened yet: no time known
+    assert compare_models(base, cand).ok
+    assert base.opened is not None and cand.opened is not None and base.opened > 0
+    opening = (base.opened + cand.opened) * (CHECK_SESSIONS - 1) * 2
+    assert check_copies(base, cand, 2, 1.01 * opening / COPIES_SHARE) == CHECK_SESSIONS
+    assert check_copies(base, cand, 2, 0.99 * opening / COPIES_SHARE) == 1
+    assert check_copies(base.proto, cand.proto, 2, 0.0) == CHECK_SESSIONS  # protos keep no time
+
+
 def test_copies_of_each_model_take_turns_two_by_two_in_both_orders():
     models = [export_model(relu_chain(2)), export_model(relu_chain(3))]
     timed = Interleaved(models, copies=2, warmup=0)
