@@ -2,14 +2,16 @@
 does, and verified.
 
 1. **Enumeration.** Every term of up to `max_ops` operators over the leaf tensors `?x ?y ?z` (all of rank `rank`,
-   every dim the same size), and the vectors `?b ?c` of that size where asked (a conv's bias), and the registry's
+   every dim the same size), the vectors `?b ?c` of that size where asked (a conv's bias), and the constants where
+   asked (`constant_leaf`: a float32 scalar of shape ones(rank), a power's exponent or a scale), and the registry's
    ops, each attribute drawn from the domain its `OpDef` declares for the verifier, or from the values it declares
    for the generator (`OpDef.generated`: a slice's start and size, valid at every leaf size; a conv's pads that fit
    its n x n kernel). As in Ruler, terms are built from one representative per class of
    equal fingerprints: a term equal to a smaller one is a candidate rule, not a building block, since the rule that
    equates them derives every larger term built from it. A term whose value is one number whatever the leaves
    (x - x) is left out.
-2. **Fingerprints.** Each term is evaluated with numpy (float64) on random leaves (small integers, as TASO's) at
+2. **Fingerprints.** Each term is evaluated with numpy (float64) on random leaves (small integers, as TASO's, of
+   either sign, or positive ones where asked: sqrt of a negative leaf leaves its term out) at
    every size of `sizes`, so that an equality holding at one shape only (a transpose of a 1x1 tensor) is not taken
    for a rule. Values are compared rounded to float32: an equality that float64 rounding blurs is still a
    candidate, and the verifier decides.
@@ -23,7 +25,8 @@ does, and verified.
 6. **Verification.** A candidate not derived becomes the rules of its valid orientations (a left side that is an op,
    a right side whose variables the left binds). Each must keep its shape at every leaf shape of a small set
    (`shape_sound`: broadcasts are where the verifier's samples miss most) and pass `rewrites.verify` at two seeds
-   (each variant on the way, below, is screened at the first; the rule kept is checked at both).
+   (each variant on the way, below, is screened at the first; the rule kept is checked at both). A constant leaf is
+   written for any rank, as the hand-written rules write a scalar (`_broadcast_constants`).
    One that fails is retried with guards of the enumeration's two assumptions, its leaves' rank and their equal
    shapes (`same-shape`), but not where the binding that refuted it satisfies them; one that fails with both is
    rejected. A rule that fixes an integer attribute (an axis, a perm, pads) is only tried guarded to the rank: the
@@ -87,6 +90,9 @@ VERIFY_SEEDS = 2  # ... at each of this many seeds
 # the leaves' elements, as TASO draws its fingerprints' inputs: small nonzero integers, so that comparisons tie and
 # polynomial ops are exact (a division by zero, a root of a negative leave a term out where it occurs)
 LEAF_VALUES = np.array([-3.0, -2.0, -1.0, 1.0, 2.0, 3.0])
+POSITIVE_LEAF_VALUES = np.array(
+    [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+)  # ... where the leaves are positive (`Settings.positive`)
 CONSTANT_TOLERANCE = 1e-12  # relative: a term's value is one number where its elements agree this closely
 REFUTE_TOLERANCE = 1e-6  # relative: float64 evaluations of two equal sides agree far closer
 
@@ -103,6 +109,8 @@ class Settings:
     seed: int = 0
     vectors: int = 0  # rank-1 leaves besides (`VECTORS`), for an op that takes one (a conv's bias)
     name: str = ""  # the set's name in its rules' names and its library file (`rule_prefix`); "" names it by its leaves
+    constants: tuple[float, ...] = ()  # constant leaves besides (`constant_leaf`): a power's exponent, a scale
+    positive: bool = False  # leaves drawn positive: an op defined on positive inputs alone (sqrt, log) is not left out
 
     def __post_init__(self) -> None:
         if self.max_ops < 1:
@@ -117,6 +125,8 @@ class Settings:
             raise ValueError(f"vectors must be 0 to {len(VECTORS)}, got {self.vectors}")
         if self.name and not re.fullmatch(r"[a-z0-9]+", self.name):
             raise ValueError(f"a set's name is lower-case letters and digits, got {self.name!r}")
+        if len(set(self.constants)) != len(self.constants) or not all(np.isfinite(self.constants)):
+            raise ValueError(f"constants must be distinct finite numbers, got {self.constants}")
 
     def leaf_shape(self, size: int) -> tuple[int, ...]:
         return (size,) * self.rank
@@ -124,6 +134,16 @@ class Settings:
     def leaf_names(self) -> tuple[str, ...]:
         """The leaves' variables: the tensors of rank `rank`, then the vectors."""
         return LEAVES[: self.leaves] + VECTORS[: self.vectors]
+
+
+def constant_leaf(value: float, rank: int) -> Term:
+    """A constant leaf of the enumeration: `value` as a float32 tensor of shape ones(rank), which broadcasts against
+    every leaf, as an exporter writes a scalar operand (`orientations` makes its shape any rank's)."""
+    attrs = (("value", literal(float(value))), ("shape", literal((1,) * rank)), ("dtype", literal(FLOAT32_CODE)))
+    return Term("fill", (), attrs)
+
+
+FLOAT32_CODE = ops.TYPE_CODES[ops.registry.FLOAT32]
 
 
 def leaf_rank(name: str, rank: int) -> int:
@@ -230,8 +250,10 @@ class _Class:
 
 
 def term_size(p: Pattern) -> int:
-    """Operators in a pattern."""
-    return 0 if isinstance(p, Var) else 1 + sum(term_size(a) for a in p.args)
+    """Operators in a pattern; a constant (`fill`, a leaf op) is a leaf, as the enumeration counts it."""
+    if isinstance(p, Var) or ops.get(p.op).leaf:
+        return 0
+    return 1 + sum(term_size(a) for a in p.args)
 
 
 def _fingerprint(values: Sequence[np.ndarray]) -> bytes | None:
@@ -282,9 +304,16 @@ def enumerate_terms(
     leaves = [Var(name) for name in settings.leaf_names()]
     by_key: dict[bytes, _Class] = {}
     by_size: list[list[_Class]] = [[]]
+    drawn = POSITIVE_LEAF_VALUES if settings.positive else LEAF_VALUES
     for leaf in leaves:
-        values = tuple(rng.choice(LEAF_VALUES, leaf_shape(leaf.name, settings.leaf_shape(n))) for n in settings.sizes)
+        values = tuple(rng.choice(drawn, leaf_shape(leaf.name, settings.leaf_shape(n))) for n in settings.sizes)
         cls = _Class(leaf, 0, len(by_key), values)
+        by_key[_fingerprint(values) or b""] = cls
+        by_size[0].append(cls)
+    for value in settings.constants:
+        term = constant_leaf(value, settings.rank)
+        values = tuple(np.full((1,) * settings.rank, float(value)) for _ in settings.sizes)
+        cls = _Class(term, 0, len(by_key), values)
         by_key[_fingerprint(values) or b""] = cls
         by_size[0].append(cls)
     probe = {v.name: rng.standard_normal(leaf_shape(v.name, settings.leaf_shape(settings.sizes[-1]))) for v in leaves}
@@ -525,10 +554,51 @@ def orientations(a: Pattern, b: Pattern, name: str) -> list[Rule]:
     for lhs, rhs, suffix in ((a, b, ""), (b, a, "-rev")):
         if not isinstance(lhs, Term) or not _vars(rhs) <= _vars(lhs) or lhs in set(_subterms(rhs)):
             continue
-        rule = Rule(name + suffix, (lhs,), (rhs,))
+        rule = _broadcast_constants(Rule(name + suffix, (lhs,), (rhs,)))
         if not any(canonical_form(r) == canonical_form(rule) for r in out):
             out.append(rule)
     return out
+
+
+def _is_constant_leaf(p: Pattern) -> bool:
+    """Whether `p` is a constant leaf as the enumeration builds it (`constant_leaf`): a fill of all-ones shape."""
+    if not isinstance(p, Term) or p.op != "fill":
+        return False
+    shape = dict(p.attrs)["shape"]
+    return isinstance(shape, Call) and shape.fn == "vec" and all(a == Lit(1) for a in shape.args)
+
+
+def _broadcast_constants(rule: Rule) -> Rule:
+    """`rule` with its constant leaves (`constant_leaf`) of any rank, as the hand-written rules write a scalar
+    operand: on the left, a fill of any element type whose shape is a variable the guard `(= ?s (ones (rank ?x)))`
+    ties to the rank of the left side's first tensor; on the right, a float32 fill of shape `(ones (rank ?x))`.
+    The enumeration saw them at one rank; the verifier checks the rule at others."""
+    if not any(_is_constant_leaf(t) for p in (*rule.lhs, *rule.rhs) for t in _subterms(p)):
+        return rule
+    first = Var(rule.tensor_vars()[0])
+    ones = Call("ones", (Call("rank", (first,)),))
+    taken = {v for p in (*rule.lhs, *rule.rhs) for v in _vars(p)}
+    guards: list[Call] = []
+
+    def left(p: Pattern) -> Pattern:
+        if isinstance(p, Var):
+            return p
+        if _is_constant_leaf(p):
+            shape, dtype = _fresh("s", taken), _fresh("t", taken)
+            taken.update((shape.name, dtype.name))
+            guards.append(Call("=", (shape, ones)))
+            return Term(p.op, (), tuple((k, {"shape": shape, "dtype": dtype}.get(k, e)) for k, e in p.attrs))
+        return Term(p.op, tuple(left(a) for a in p.args), p.attrs)
+
+    def right(p: Pattern) -> Pattern:
+        if isinstance(p, Var):
+            return p
+        if _is_constant_leaf(p):
+            return Term(p.op, (), tuple((k, ones if k == "shape" else e) for k, e in p.attrs))
+        return Term(p.op, tuple(right(a) for a in p.args), p.attrs)
+
+    lhs = tuple(cast(Term, left(t)) for t in rule.lhs)
+    return replace(rule, lhs=lhs, rhs=tuple(right(t) for t in rule.rhs), guards=rule.guards + tuple(guards))
 
 
 def _fresh(attr: str, taken: set[str]) -> Var:
@@ -669,7 +739,8 @@ def _attr_probes(rule: Rule, rank: int) -> list[dict[str, Any]]:
     sampled: dict[str, list[Any]] = {}
     for name, (op, attr) in _attr_vars(rule).items():
         d = ops.get(op)
-        dom = d.domains.get(attr, SOLVED_PROBES)
+        solved = [(1,) * rank, (1,) * (rank - 1)] if d.leaf and dict(d.attrs)[attr] == "ints" else SOLVED_PROBES
+        dom = d.domains.get(attr, solved)
         values = [tuple(v) if isinstance(v, list) else v for v in (dom(rank) if callable(dom) else dom)]
         (sampled if attr in d.sampled else crossed)[name] = values
     base = {name: values[0] for name, values in sampled.items()}
@@ -860,8 +931,23 @@ def _fewer_same_shapes(
 def _rank_specific(rule: Rule) -> bool:
     """Whether `rule` fixes an integer attribute (an axis, a perm, pads, reduced axes): at another rank than the
     enumeration's the value means something else, and the rule is only tried guarded to that rank."""
-    kinds = {(op, k) for p in (*rule.lhs, *rule.rhs) for op, k, e in _op_attrs(p) if not isinstance(e, Var)}
+    kinds = {(op, k) for p in (*rule.lhs, *rule.rhs) for op, k, e in _op_attrs(p) if _per_rank(op, k, e)}
     return any(dict(ops.get(op).attrs)[k] in ("int", "ints") for op, k in kinds)
+
+
+def _per_rank(op: str, attr: str, e: Any) -> bool:
+    """Whether attribute `attr` of `op`, written `e`, may mean something else at another rank: not a variable, nor
+    a constant's element type or its shape computed from a rank (`_broadcast_constants`)."""
+    if isinstance(e, Var):
+        return False
+    return not (ops.get(op).leaf and (attr == "dtype" or "rank" in {c.fn for c in _calls(e)}))
+
+
+def _calls(e: Any) -> Iterator[Call]:
+    if isinstance(e, Call):
+        yield e
+        for a in e.args:
+            yield from _calls(a)
 
 
 def _unranked(rule: Rule, seed: int, rank: int, screen: bool = False) -> Rule:
@@ -882,18 +968,45 @@ def _general(op: str, attr: str) -> bool:
     return attr in d.exhaustive or attr in d.solved or attr in d.sampled
 
 
+def _constant_value(op: str, attr: str) -> bool:
+    """Whether attribute `attr` of `op` is a constant leaf's value (`constant_leaf`)."""
+    return ops.get(op).leaf and attr == "value"
+
+
+def _scalar(value: Any) -> bool:
+    """Whether an attribute's value is a real number: one a constant leaf can hold."""
+    return isinstance(value, Lit) and isinstance(value.value, float)
+
+
 def _lift(p: Pattern, attr: str, value: Any, var: Var) -> Pattern:
-    """`p` with every attribute `attr` of value `value` made `var`, where `_general`."""
+    """`p` with every attribute `attr` of value `value` made `var`, where `_general`; a real `value` is lifted with
+    every constant leaf's value and every real attribute `_general` of that value, whatever its name: a constant
+    that sets a kernel's scale is one variable with it (`mul(matmul(a, b), 0.125)` = `fused_matmul(a, b, alpha
+    0.125)` holds at every alpha)."""
     if isinstance(p, Var):
         return p
-    attrs = tuple((k, var if (k, e) == (attr, value) and _general(p.op, k) else e) for k, e in p.attrs)
+
+    def lifted(k: str, e: Any) -> bool:
+        if e != value:
+            return False
+        if k == attr and _general(p.op, k):
+            return True
+        return _scalar(value) and (_constant_value(p.op, k) or (_general(p.op, k) and _scalar(e)))
+
+    attrs = tuple((k, var if lifted(k, e) else e) for k, e in p.attrs)
     return Term(p.op, tuple(_lift(a, attr, value, var) for a in p.args), attrs)
 
 
 def _liftable(p: Pattern) -> list[tuple[str, Any]]:
     """The (attribute, value) pairs of `p`'s ops, in order, that `_general` says a rule can hold for every value
-    of."""
-    return list(dict.fromkeys((k, e) for op, k, e in _op_attrs(p) if not isinstance(e, Var) and _general(op, k)))
+    of, and the values of its constant leaves (a scale the rule may hold at every value of)."""
+    return list(
+        dict.fromkeys(
+            (k, e)
+            for op, k, e in _op_attrs(p)
+            if not isinstance(e, Var) and (_general(op, k) or (_constant_value(op, k) and _scalar(e)))
+        )
+    )
 
 
 def _lifted(rule: Rule, pairs: Sequence[tuple[str, Any]]) -> Rule:
@@ -1153,10 +1266,11 @@ def minimize(
 
     Each round takes the next batch of candidates (in `_by_ops` order): the prover drops those the rules kept so far
     derive, and the others are verified and kept, but for one that a rule kept in the same batch rewrites at the
-    root. A rule the prover finds unsound (egglog merged terms of different shapes) is dropped, and the batch
-    checked again. Batches double from one at each size of candidate (the larger side's ops)
-    up to MAX_BATCH: the smallest candidates of a size are kept one at a time (a rule kept can only drop those after
-    it), and the larger ones in batches, each candidate checked once.
+    root, or that generalization made a rule kept already (`c * (x * y) = x * (y * c)` at c = 0.5 and at c = 2,
+    both lifted to any constant in one batch). A rule the prover finds unsound (egglog merged terms of different
+    shapes) is dropped, and the batch checked again. Batches double from one at each size of candidate (the larger
+    side's ops) up to MAX_BATCH: the smallest candidates of a size are kept one at a time (a rule kept can only
+    drop those after it), and the larger ones in batches, each candidate checked once.
 
     A batch's candidates are verified by `workers` (else in this process), all of them before the sequential check
     of which a rule of the same batch rewrites: a rule is named by its candidate's place in the minimization's order
@@ -1167,6 +1281,7 @@ def minimize(
     counts = {"derived": 0, "not_rewrites": 0, "rejected": 0, "guarded": 0, "unsound": 0}
     batch, level = 1, 0
     kept_equations = 0
+    forms: set[str] = set()  # the kept rules' canonical forms: two candidates generalized may make one rule
     workers = workers if workers is not None else Workers(1)
     while remaining:
         size = _size(remaining[0][1])
@@ -1183,15 +1298,17 @@ def minimize(
         oriented = [orientations(a, b, f"{prefix}-{k}") for k, (a, b) in chosen]
         checked = workers.map(_verified_orientations, [(tuple(o), seed, len(shape)) for o in oriented])
         for (_, pair), candidate, kept in zip(chosen, oriented, checked):
-            if instance_of(pair, rules):
+            new = [r for r in kept if canonical_form(r) not in forms]
+            if instance_of(pair, rules) or (kept and not new):  # or generalized into a rule kept already
                 counts["derived"] += 1
             elif not candidate:
                 counts["not_rewrites"] += 1
             elif not kept:
                 counts["rejected"] += 1
             else:
-                counts["guarded"] += any(r.guards for r in kept)
-                rules += kept
+                counts["guarded"] += any(r.guards for r in new)
+                forms.update(canonical_form(r) for r in new)
+                rules += new
                 kept_equations += 1
         batch = min(2 * batch, MAX_BATCH)
         if progress is not None:

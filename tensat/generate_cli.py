@@ -4,6 +4,7 @@ equality saturation (`tensat.egraph.derive`), verified, and written as a rule fi
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 import time
@@ -50,6 +51,19 @@ def _sizes(text: str) -> tuple[int, ...]:
     return sizes
 
 
+def _constants(text: str | None) -> tuple[float, ...]:
+    """The values of `--constants`; TensatError (one line) for text that is not distinct finite numbers."""
+    if text is None:
+        return ()
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise TensatError(f"--constants: expected comma-separated numbers, got {text!r}") from None
+    if len(set(values)) != len(values) or not all(math.isfinite(v) for v in values):
+        raise TensatError(f"--constants: constants must be distinct finite numbers, got {text!r}")
+    return values
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `tensat rules generate`."""
     parser.add_argument(
@@ -82,6 +96,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=range(len(VECTORS) + 1),
         default=0,
         help="rank-1 leaves besides the tensors, for an op that takes one, such as a conv's bias (default 0)",
+    )
+    parser.add_argument(
+        "--constants",
+        metavar="V,V...",
+        help="constant leaves besides, each a float32 scalar that broadcasts against the tensors (such as 0.5,1 for "
+        "a power's exponent or a scale; default none); the rules write them for any rank",
+    )
+    parser.add_argument(
+        "--leaf-values",
+        choices=("signed", "positive"),
+        default="signed",
+        help="the leaf tensors' elements in the fingerprints: small nonzero integers of either sign, or positive ones "
+        "for ops defined on positive inputs alone, such as sqrt and a fractional power (default signed)",
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed of the fingerprints and the verifier")
     parser.add_argument(
@@ -134,6 +161,8 @@ def settings_of(args: argparse.Namespace) -> Settings:
             seed=args.seed,
             vectors=args.vectors,
             name=args.name,
+            constants=_constants(args.constants),
+            positive=args.leaf_values == "positive",
         )
     except ValueError as exc:
         raise TensatError(str(exc)) from None
@@ -151,6 +180,8 @@ def command_of(settings: Settings) -> str:
             ("--leaves", settings.leaves if settings.leaves != default.leaves else None),
             ("--sizes", ",".join(map(str, settings.sizes))),
             ("--vectors", settings.vectors or None),
+            ("--constants", ",".join(map(repr, settings.constants)) or None),
+            ("--leaf-values", "positive" if settings.positive else None),
             ("--seed", settings.seed),
             ("--name", settings.name or None),
         )

@@ -17,12 +17,14 @@ from tensat.rewrites.dsl import Call, Pattern, Rule, Term, Var, canonical_form, 
 from tensat.rewrites.generate import (
     Settings,
     Workers,
+    constant_leaf,
     default_ops,
     enumerate_terms,
     equation_key,
     generalized,
     generate,
     instance_of,
+    minimize,
     multi_rule,
     orientations,
     prune,
@@ -387,6 +389,49 @@ def test_a_reshape_is_enumerated_at_targets_computed_from_its_input_and_its_rule
     assert derived(found.rules, targets, rank=2) == {t.name: "derived" for t in targets}
 
 
+def test_two_candidates_generalized_into_one_rule_keep_it_once() -> None:
+    """c * (x * y) = x * (y * c) at c = 0.5 and at c = 2, verified in one batch, are each lifted to any constant:
+    the second is the first rule again (not an instance of its pair, whose constant is written for one rank),
+    counted as derived, not kept twice."""
+    x, y = Var("x"), Var("y")
+
+    def mul(a: Pattern, b: Pattern) -> Term:
+        return Term("mul", (a, b), ())
+
+    def relu(a: Pattern) -> Term:
+        return Term("relu", (a,), ())
+
+    pairs = [(relu(relu(x)), relu(x))]  # first, alone in its batch
+    pairs += [(mul(c, mul(x, y)), mul(x, mul(y, c))) for c in (constant_leaf(0.5, 2), constant_leaf(2.0, 2))]
+    rules, counts = minimize(pairs, proved, (2, 2))
+    forms = [canonical_form(r) for r in rules]
+    assert len(forms) == len(set(forms)) and counts["derived"] == 1
+    general = "(rule a (mul (fill :value ?v :shape ?s :dtype ?t) (mul ?x ?y)) "
+    general += "(mul ?x (mul ?y (fill :value ?v :shape (ones (rank ?x)) :dtype 1))) :when ((= ?s (ones (rank ?x)))))"
+    assert canonical_form(_rule(general)) in forms
+
+
+def test_constant_leaves_give_the_rules_of_a_scalar_operand_at_every_rank() -> None:
+    """Constants are leaves too (TASO's): with 0.25, 0.5 and 1 among them, and positive leaves where sqrt is
+    defined, the generator finds a power of a half as a square root, of a quarter as two, and one over y as its
+    reciprocal. Each is kept as the hand-written rule writes it, its constant of any rank (a variable shape that
+    ones(rank) guards), without a rank guard, and derives the hand-written forms. On signed leaves, sqrt(x) has no
+    fingerprint, and the power of a half is no candidate."""
+    settings = Settings(max_ops=2, ops=("pow", "sqrt", "div", "reciprocal"), constants=(0.25, 0.5, 1.0), positive=True)
+    found = generate(settings, proved)
+    kept = _keys(found.rules)
+    half = "(rule a (pow ?x (fill :value 0.5 :shape ?s :dtype ?t)) (sqrt ?x) :when ((= ?s (ones (rank ?x)))))"
+    assert canonical_form(_rule(half)) in kept
+    assert not any(g.fn == "=" and g.args[0] == Call("rank", (Var("x"),)) for r in found.rules for g in r.guards)
+    assert all(verify_rule(r, seed=1).ok for r in found.rules)
+    hand = {r.name: r for r in all_rules()}
+    targets = [hand[n] for n in ("pow-half-as-sqrt", "pow-quarter-as-sqrt", "one-over-as-reciprocal")]
+    assert derived(found.rules, targets, rank=2) == {t.name: "derived" for t in targets}
+    sqrt_x = Term("sqrt", (Var("x"),), ())
+    assert any(sqrt_x in pair for pair in enumerate_terms(replace(settings, max_ops=1)).candidates)
+    assert not any(sqrt_x in pair for pair in enumerate_terms(replace(settings, max_ops=1, positive=False)).candidates)
+
+
 @pytest.mark.slow
 def test_a_conv_is_enumerated_over_a_bias_vector_and_its_rules_hold_at_every_stride_and_pad() -> None:
     """A conv takes a rank-1 bias: with vector leaves, it is enumerated (at the one stride, pads and group its op
@@ -461,6 +506,8 @@ def test_cli_writes_a_rule_file_that_verifies(tmp_path: Path, capsys: pytest.Cap
         (["--ops", "nope"], "unknown op nope in --ops"),
         (["--ops", "conv2d"], "cannot enumerate conv2d: it takes tensors of other ranks"),
         (["--name", "My Set"], "a set's name is lower-case letters and digits, got 'My Set'"),
+        (["--constants", "0.5,x"], "expected comma-separated numbers, got '0.5,x'"),
+        (["--constants", "1,1.0"], "constants must be distinct finite numbers, got '1,1.0'"),
     ],
 )
 def test_cli_bad_flags_one_line_and_nothing_written(
