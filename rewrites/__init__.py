@@ -6,7 +6,7 @@ The parsed rules serve the egglog explorer (`to_egglog`), the sequential search 
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 from tensat.options import RULE_SETS
@@ -50,9 +50,11 @@ def generated_rules() -> tuple[Rule, ...]:
     return tuple(load_rule_files(sorted(str(p) for p in GENERATED_DIR.glob("*.rules"))))
 
 
+@cache
 def rule_set(name: str) -> tuple[Rule, ...]:
-    """The rules of set `name` (one of `RULE_SETS`): the hand-written library, the generated one, or both;
-    RuleError for an empty generated set."""
+    """The rules of set `name` (one of `RULE_SETS`): the hand-written library, the generated one, or both, each rule
+    once (`distinct`: the generated sets overlap, and a rule the hand-written library has is its); RuleError for an
+    empty generated set. Registering a rule in egglog takes a while, and so does every iteration for each rule."""
     if name not in RULE_SETS:
         raise RuleError(f"unknown rule set {name!r}: one of {', '.join(RULE_SETS)}")
     if name == "hand":
@@ -60,7 +62,7 @@ def rule_set(name: str) -> tuple[Rule, ...]:
     generated = generated_rules()
     if not generated:
         raise RuleError(f"no generated rules in {GENERATED_DIR.name}/: run `tensat rules generate`")
-    return generated if name == "generated" else all_rules() + generated
+    return tuple(distinct(generated if name == "generated" else all_rules() + generated))
 
 
 def select_rules(present_ops: set[str], rules: tuple[Rule, ...] | None = None) -> list[Rule]:

@@ -52,6 +52,7 @@ def test_the_api_reports_every_stage_in_order() -> None:
         "pre_pass",  # run while importing, recorded before it
         "import",
         "forms",
+        "rules",  # the rule set read, before the search's time budget starts
         "lower",
         "explore",
         "price",

@@ -11,7 +11,7 @@ import pytest
 
 from tensat import cli, ops
 from tensat.egraph.derive import UnsoundRules, derived, proved
-from tensat.rewrites import GENERATED_DIR, RuleError, all_rules, generated_rules, rule_set
+from tensat.rewrites import GENERATED_DIR, RuleError, all_rules, distinct, generated_rules, rule_set
 from tensat.rewrites import generate as generate_mod
 from tensat.rewrites.dsl import Call, Pattern, Rule, Term, Var, canonical_form, format_rule, literal, parse_rules
 from tensat.rewrites.generate import (
@@ -531,8 +531,11 @@ def test_rule_sets() -> None:
     assert rule_set("hand") == all_rules()
     generated = generated_rules()
     if generated:
-        assert rule_set("generated") == generated
-        assert rule_set("all") == all_rules() + generated
+        assert rule_set("generated") == tuple(distinct(generated)) and set(rule_set("generated")) <= set(generated)
+        assert rule_set("all") == tuple(distinct(all_rules() + generated))
+        assert rule_set("all")[: len(all_rules())] == all_rules()  # a rule both have is the hand-written one
+        forms = [canonical_form(r) for r in rule_set("all")]
+        assert len(forms) == len(set(forms)) and set(forms) == {canonical_form(r) for r in all_rules() + generated}
     else:
         with pytest.raises(RuleError, match="no generated rules"):
             rule_set("generated")
