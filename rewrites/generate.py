@@ -90,9 +90,8 @@ VERIFY_SEEDS = 2  # ... at each of this many seeds
 # the leaves' elements, as TASO draws its fingerprints' inputs: small nonzero integers, so that comparisons tie and
 # polynomial ops are exact (a division by zero, a root of a negative leave a term out where it occurs)
 LEAF_VALUES = np.array([-3.0, -2.0, -1.0, 1.0, 2.0, 3.0])
-POSITIVE_LEAF_VALUES = np.array(
-    [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
-)  # ... where the leaves are positive (`Settings.positive`)
+# ... where the leaves are positive (`Settings.positive`)
+POSITIVE_LEAF_VALUES = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
 CONSTANT_TOLERANCE = 1e-12  # relative: a term's value is one number where its elements agree this closely
 REFUTE_TOLERANCE = 1e-6  # relative: float64 evaluations of two equal sides agree far closer
 
@@ -136,14 +135,14 @@ class Settings:
         return LEAVES[: self.leaves] + VECTORS[: self.vectors]
 
 
+FLOAT32_CODE = ops.TYPE_CODES[ops.registry.FLOAT32]
+
+
 def constant_leaf(value: float, rank: int) -> Term:
     """A constant leaf of the enumeration: `value` as a float32 tensor of shape ones(rank), which broadcasts against
     every leaf, as an exporter writes a scalar operand (`orientations` makes its shape any rank's)."""
     attrs = (("value", literal(float(value))), ("shape", literal((1,) * rank)), ("dtype", literal(FLOAT32_CODE)))
     return Term("fill", (), attrs)
-
-
-FLOAT32_CODE = ops.TYPE_CODES[ops.registry.FLOAT32]
 
 
 def leaf_rank(name: str, rank: int) -> int:
@@ -580,25 +579,27 @@ def _broadcast_constants(rule: Rule) -> Rule:
     taken = {v for p in (*rule.lhs, *rule.rhs) for v in _vars(p)}
     guards: list[Call] = []
 
-    def left(p: Pattern) -> Pattern:
-        if isinstance(p, Var):
-            return p
-        if _is_constant_leaf(p):
-            shape, dtype = _fresh("s", taken), _fresh("t", taken)
-            taken.update((shape.name, dtype.name))
-            guards.append(Call("=", (shape, ones)))
-            return Term(p.op, (), tuple((k, {"shape": shape, "dtype": dtype}.get(k, e)) for k, e in p.attrs))
-        return Term(p.op, tuple(left(a) for a in p.args), p.attrs)
+    def left(leaf: Term) -> Term:
+        shape, dtype = _fresh("s", taken), _fresh("t", taken)
+        taken.update((shape.name, dtype.name))
+        guards.append(Call("=", (shape, ones)))
+        return Term(leaf.op, (), tuple((k, {"shape": shape, "dtype": dtype}.get(k, e)) for k, e in leaf.attrs))
 
-    def right(p: Pattern) -> Pattern:
-        if isinstance(p, Var):
-            return p
-        if _is_constant_leaf(p):
-            return Term(p.op, (), tuple((k, ones if k == "shape" else e) for k, e in p.attrs))
-        return Term(p.op, tuple(right(a) for a in p.args), p.attrs)
+    def right(leaf: Term) -> Term:
+        return Term(leaf.op, (), tuple((k, ones if k == "shape" else e) for k, e in leaf.attrs))
 
-    lhs = tuple(cast(Term, left(t)) for t in rule.lhs)
-    return replace(rule, lhs=lhs, rhs=tuple(right(t) for t in rule.rhs), guards=rule.guards + tuple(guards))
+    lhs = tuple(cast(Term, _constants_replaced(t, left)) for t in rule.lhs)
+    rhs = tuple(_constants_replaced(t, right) for t in rule.rhs)
+    return replace(rule, lhs=lhs, rhs=rhs, guards=rule.guards + tuple(guards))
+
+
+def _constants_replaced(p: Pattern, new: Callable[[Term], Term]) -> Pattern:
+    """`p` with each of its constant leaves (`_is_constant_leaf`) made `new(leaf)`, in order."""
+    if isinstance(p, Var):
+        return p
+    if _is_constant_leaf(p):
+        return new(p)
+    return Term(p.op, tuple(_constants_replaced(a, new) for a in p.args), p.attrs)
 
 
 def _fresh(attr: str, taken: set[str]) -> Var:
@@ -937,17 +938,11 @@ def _rank_specific(rule: Rule) -> bool:
 
 def _per_rank(op: str, attr: str, e: Any) -> bool:
     """Whether attribute `attr` of `op`, written `e`, may mean something else at another rank: not a variable, nor
-    a constant's element type or its shape computed from a rank (`_broadcast_constants`)."""
+    a constant's element type or its shape computed from a rank (`(ones (rank ?x))`: `_broadcast_constants`)."""
     if isinstance(e, Var):
         return False
-    return not (ops.get(op).leaf and (attr == "dtype" or "rank" in {c.fn for c in _calls(e)}))
-
-
-def _calls(e: Any) -> Iterator[Call]:
-    if isinstance(e, Call):
-        yield e
-        for a in e.args:
-            yield from _calls(a)
+    from_rank = isinstance(e, Call) and e.fn == "ones" and not isinstance(e.args[0], Lit)
+    return not (ops.get(op).leaf and (attr == "dtype" or from_rank))
 
 
 def _unranked(rule: Rule, seed: int, rank: int, screen: bool = False) -> Rule:
@@ -1298,7 +1293,8 @@ def minimize(
         oriented = [orientations(a, b, f"{prefix}-{k}") for k, (a, b) in chosen]
         checked = workers.map(_verified_orientations, [(tuple(o), seed, len(shape)) for o in oriented])
         for (_, pair), candidate, kept in zip(chosen, oriented, checked):
-            new = [r for r in kept if canonical_form(r) not in forms]
+            made = [(canonical_form(r), r) for r in kept]
+            new = [r for form, r in made if form not in forms]
             if instance_of(pair, rules) or (kept and not new):  # or generalized into a rule kept already
                 counts["derived"] += 1
             elif not candidate:
@@ -1307,7 +1303,7 @@ def minimize(
                 counts["rejected"] += 1
             else:
                 counts["guarded"] += any(r.guards for r in new)
-                forms.update(canonical_form(r) for r in new)
+                forms.update(form for form, _ in made)
                 rules += new
                 kept_equations += 1
         batch = min(2 * batch, MAX_BATCH)
