@@ -46,44 +46,41 @@ class RuleError(ValueError):
 # ---------------------------------------------------------------------------------------------------------------
 # S-expressions
 
-_TOKEN = re.compile(r"\s*(?:;[^\n]*\n?\s*)*([()]|[^\s();]+)")
+_COMMENT = re.compile(r";[^\n]*")
+_FLOAT_WORDS = frozenset({"inf", "nan", "infinity"})
+
+
+def _atom(tok: str) -> Any:
+    """An int, a float, or else the symbol itself (a variable, an op, a keyword: most tokens, told by their first
+    character without trying the numbers)."""
+    if tok[0].isalpha() or tok[0] in "?:_":
+        return float(tok) if tok.lower() in _FLOAT_WORDS else tok
+    try:
+        return int(tok)
+    except ValueError:
+        pass
+    try:
+        return float(tok)
+    except ValueError:
+        return tok
 
 
 def parse_sexprs(text: str) -> list[Any]:
-    """Parse text into nested lists of atoms (ints, floats and symbol strings)."""
-    tokens = [m.group(1) for m in _TOKEN.finditer(text) if m.group(1)]
-    pos = 0
-
-    def atom(tok: str) -> Any:
-        try:
-            return int(tok)
-        except ValueError:
-            pass
-        try:
-            return float(tok)
-        except ValueError:
-            return tok
-
-    def parse() -> Any:
-        nonlocal pos
-        tok = tokens[pos]
-        pos += 1
+    """Parse text into nested lists of atoms (ints, floats and symbol strings); `;` starts a comment."""
+    stack: list[list[Any]] = [[]]
+    for tok in _COMMENT.sub(" ", text).replace("(", " ( ").replace(")", " ) ").split():
         if tok == "(":
-            items = []
-            while pos < len(tokens) and tokens[pos] != ")":
-                items.append(parse())
-            if pos >= len(tokens):
-                raise RuleError("unbalanced parentheses: missing ')'")
-            pos += 1
-            return items
-        if tok == ")":
-            raise RuleError("unbalanced parentheses: unexpected ')'")
-        return atom(tok)
-
-    out = []
-    while pos < len(tokens):
-        out.append(parse())
-    return out
+            stack.append([])
+        elif tok == ")":
+            if len(stack) == 1:
+                raise RuleError("unbalanced parentheses: unexpected ')'")
+            done = stack.pop()
+            stack[-1].append(done)
+        else:
+            stack[-1].append(_atom(tok))
+    if len(stack) > 1:
+        raise RuleError("unbalanced parentheses: missing ')'")
+    return stack[0]
 
 
 # ---------------------------------------------------------------------------------------------------------------
