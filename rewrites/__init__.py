@@ -6,6 +6,7 @@ The parsed rules serve the egglog explorer (`to_egglog`), the sequential search 
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from functools import cache, lru_cache
 from pathlib import Path
 
@@ -78,6 +79,15 @@ def select_rules(present_ops: set[str], rules: tuple[Rule, ...] | None = None) -
         if grown == present:
             return chosen
         present = grown
+
+
+def matchable(present_ops: set[str], rules: Sequence[Rule], registered: Collection[str] = ()) -> list[Rule]:
+    """The rules of `rules` not named in `registered` whose left sides use only operators of `present_ops` (those
+    an e-graph holds now): the only ones that can match it. The generated sets are large, registering a rule in
+    egglog takes a while, and most of their rules are over operators a given model never comes to hold, so a search
+    registers them as its e-graph comes to hold their operators, not by what rules could build (`select_rules`)."""
+    taken = set(registered)
+    return [r for r in rules if r.name not in taken and r.ops() <= present_ops]
 
 
 def distinct(rules: tuple[Rule, ...] | list[Rule]) -> list[Rule]:

@@ -787,8 +787,11 @@ def _lower(run: _Run) -> None:
     assert run.graph is not None
     run.log.say("explore", f"lowering {run.graph.op_count()} ops into egglog")
     present = {run.graph.nodes[i].op for i in run.graph.live()}
-    first = "hand" if run.opts.rules == "all" else run.opts.rules  # `all` registers the generated set later
-    run.te = TensorEGraph(run.graph, rewrites.select_rules(present, rewrites.rule_set(first)))
+    if run.opts.rules == "generated":
+        first = rewrites.matchable(present, rewrites.rule_set("generated"))
+    else:  # `all` registers the generated set later (`_explore`)
+        first = rewrites.select_rules(present, rewrites.rule_set("hand"))
+    run.te = TensorEGraph(run.graph, first)
 
 
 def _explore(run: _Run) -> None:
@@ -802,19 +805,26 @@ def _explore(run: _Run) -> None:
     assert run.te is not None
     share = _budget_left(run, EXPLORE_SHARE)
     stats: ExplorationStats | None = None
-    # `all` explores with the hand-written rules first, as `hand` does, then registers the generated set and goes on
-    # with every rule from the e-graph they reached, within what is left of the limits: its e-graph holds what `hand`
-    # finds, however long the generated set takes to register and however much it grows the e-graph
-    for stage_rules in (None, "all") if opts.rules == "all" else (None,):
+    # `all` explores with the hand-written rules first, as `hand` does, then goes on with every rule within what is
+    # left of the limits: its e-graph holds what `hand` finds, however much the generated set grows it. With a
+    # generated set, each later stage registers the rules that the e-graph the last stage reached can match
+    # (`rewrites.matchable`), until none is left
+    while True:
         done = (len(stats.iterations), stats.seconds) if stats is not None else (0, 0.0)
         left = min(opts.time_limit, share) - done[1]
-        if stats is not None and (stats.stop_reason == "error" or done[0] >= opts.iter_limit or left <= 0):
+        if stats is not None and (
+            stats.stop_reason in ("error", "node_limit") or done[0] >= opts.iter_limit or left <= 0
+        ):
             break
         t = time.perf_counter()
-        if stage_rules is not None:
-            assert run.graph is not None
-            present = {run.graph.nodes[i].op for i in run.graph.live()}
-            run.te.add_rules(rewrites.select_rules(present, rewrites.rule_set(stage_rules)))
+        if stats is not None:
+            if opts.rules == "hand":
+                break
+            registered = {r.name for r in run.te.rules}
+            fresh = rewrites.matchable(run.te.ops_present(), rewrites.rule_set(opts.rules), registered)
+            if not fresh:
+                break
+            run.te.add_rules(fresh)
         registering = time.perf_counter() - t
         stage = run.te.explore(
             node_limit=opts.node_limit,

@@ -20,15 +20,20 @@ def rule_of_report(name: str) -> str:
     return name.split(TWIN, 1)[0]
 
 
-def enode_count(egraph: Any) -> int:
-    """E-nodes of tensor constructors in an egglog e-graph, from its table sizes (cheap: no freeze)."""
+def constructor_sizes(egraph: Any) -> dict[str, int]:
+    """Rows of each tensor constructor's table in an egglog e-graph, by op name (cheap: no freeze)."""
     out = run_program(egraph, "(print-size)")
-    total = 0
+    sizes: dict[str, int] = {}
     for line in str(out[-1]).replace("(", " ").replace(")", " ").split("\n"):
         parts = line.split()
         if len(parts) == 2 and parts[0] in ops.BY_EGG:
-            total += int(parts[1])
-    return total
+            sizes[ops.BY_EGG[parts[0]].name] = int(parts[1])
+    return sizes
+
+
+def enode_count(egraph: Any) -> int:
+    """E-nodes of tensor constructors in an egglog e-graph, from its table sizes (cheap: no freeze)."""
+    return sum(constructor_sizes(egraph).values())
 
 
 def egg_value(kind: str, value: Any) -> str:
@@ -137,6 +142,10 @@ class LoweredGraph:
     def enode_count(self) -> int:
         """E-nodes of tensor constructors, from egglog's table sizes (cheap: no freeze)."""
         return enode_count(self.egraph)  # a read: the version stays
+
+    def ops_present(self) -> set[str]:
+        """The ops at least one e-node of the e-graph has (the left sides of rules over other ops cannot match)."""
+        return {op for op, rows in constructor_sizes(self.egraph).items() if rows}
 
     def size(self) -> tuple[int, int]:
         """(e-nodes, e-classes) of tensor constructors, not counting shape rows."""

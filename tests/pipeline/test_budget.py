@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import tensat
+from tensat import rewrites
 from tensat.errors import TensatError
+from tensat.ir import Graph
 from tensat.models import SMALL_SIZES, build_model
 
 
@@ -74,3 +77,21 @@ def test_with_every_rule_the_multi_pattern_rules_run_in_the_first_iterations_of_
     iterations = result.exploration.iterations
     assert [i.multi for i in iterations[:1]] == [True]
     assert len(iterations) > 1 and not any(i.multi for i in iterations[1:])
+
+
+def test_a_generated_set_is_registered_as_the_e_graph_comes_to_hold_its_ops() -> None:
+    """`--rules generated` registers the rules over the input's ops, then, stage by stage, those over the ops the
+    e-graph came to hold: a rule over an op the input lacks is registered once a rule built it, and the closure of
+    what rules could build (`rewrites.select_rules`), most of the set, is not registered up front."""
+    graph = Graph()
+    x = graph.input("x", (4, 8))
+    h = graph.add("relu", [graph.add("matmul", [x, graph.weight(np.ones((8, 8), np.float32))])])
+    graph.output("y", graph.add("add", [h, x]))
+    present = {graph.nodes[i].op for i in graph.live()}
+    result = tensat.optimize_with_details(
+        graph, rules="generated", cost="analytic", latency_check=0, verify=False, iter_limit=4
+    )
+    pool = {r.name: r for r in rewrites.rule_set("generated")}
+    registered = [pool[name] for name in result.exploration.rules]
+    assert any(not r.ops() <= present for r in registered)
+    assert len(registered) < len(rewrites.select_rules(present, rewrites.rule_set("generated")))

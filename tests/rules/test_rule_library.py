@@ -663,3 +663,15 @@ def test_conv_batchnorm_is_folded():
     same_outputs(g, out, feeds_for(g))
     exported = export_model(out)
     assert [n.op_type for n in exported.graph.node] == ["Conv", "Relu"]
+
+
+def test_matchable_rules_are_those_whose_left_sides_use_only_ops_present() -> None:
+    """What a search registers of a generated set: rules over ops the e-graph holds now, not yet registered."""
+    pool = parse_rules(
+        """
+        (rule neg-neg (neg (neg ?x)) ?x)
+        (rule relu-relu (relu (relu ?x)) (relu ?x))
+        (rule add-comm (add ?x ?y) (add ?y ?x))"""
+    )
+    assert [r.name for r in rewrites.matchable({"input", "relu"}, pool)] == ["relu-relu"]
+    assert [r.name for r in rewrites.matchable({"input", "relu", "neg"}, pool, {"relu-relu"})] == ["neg-neg"]

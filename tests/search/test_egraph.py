@@ -116,6 +116,18 @@ def test_original_selection_rebuilds_the_input():
     assert graph_cost(rebuilt, COST) == pytest.approx(graph_cost(g, COST))
 
 
+def test_ops_present_are_the_ops_the_e_graph_holds() -> None:
+    """The ops of the input at first, and the ops a rule's right side built once it has run."""
+    g = Graph()
+    x = g.input("x", (2, 3))
+    g.output("y", g.add("relu", [x]))
+    (rule,) = rewrites.parse_rules("(rule relu-neg-neg (relu ?x) (neg (neg (relu ?x))))")
+    te = TensorEGraph(g, [rule])
+    assert te.ops_present() == {g.nodes[i].op for i in g.live()}
+    te.explore(iter_limit=2)
+    assert te.ops_present() == {g.nodes[i].op for i in g.live()} | {"neg"}
+
+
 def test_matmul_merge_is_discovered_and_rebuilt_correctly():
     g = qkv_graph()
     te = TensorEGraph(g)
