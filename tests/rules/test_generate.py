@@ -156,6 +156,7 @@ def test_a_coincidence_on_integer_leaves_is_refuted_on_float_leaves() -> None:
     )
 
 
+@pytest.mark.slow  # a generation with multi-pattern candidates
 def test_multi_pattern_rules_are_tensat_s_matmul_merges() -> None:
     """Over matmul and concat at 3 ops, the pairs of terms that share an input and concatenate to one term give
     Tensat's two merges of matmuls (a shared input, a shared weight), verified; their instances with a repeated
@@ -230,6 +231,7 @@ def test_a_rule_wrong_only_where_a_leaf_broadcasts_is_caught_at_the_probe_shapes
     assert shape_sound(replace(wrong, guards=(*wrong.guards, Call("same-shape", (Var("x"), Var("y"))))), 4)
 
 
+@pytest.mark.slow  # two generations, one in worker processes
 def test_generation_is_deterministic_for_a_seed_whatever_the_processes_verifying() -> None:
     settings = Settings(max_ops=2, ops=("relu", "add", "neg", "transpose"))
     a, b = generate(settings, proved), generate(settings, proved, jobs=2)
@@ -411,6 +413,7 @@ def test_two_candidates_generalized_into_one_rule_keep_it_once() -> None:
     assert canonical_form(_rule(general)) in forms
 
 
+@pytest.mark.slow  # a generation over constants at two ranks
 def test_constant_leaves_give_the_rules_of_a_scalar_operand_at_every_rank() -> None:
     """Constants are leaves too (TASO's): with 0.25, 0.5 and 1 among them, and positive leaves where sqrt is
     defined, the generator finds a power of a half as a square root, of a quarter as two, and one over y as its
