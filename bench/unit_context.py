@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from onnx import ModelProto
+
 from bench.machine import header, machine_info
 from bench.real_models import DEFAULT_OUT as CORPUS
 from tensat.cost import device_of, runtime_kernels
@@ -33,6 +35,7 @@ from tensat.files import atomic_write_json, atomic_write_text
 from tensat.measure import MeasuredCost, Unit, make_measured_cost, pricing_unit
 from tensat.measure.cache import CostEntry
 from tensat.measure.units import replicate, unit_model
+from tensat.session import make_session
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = ("mobilenet_v2", "efficientnet_b0", "resnet50", "bert", "clip_vision")
@@ -59,17 +62,29 @@ def kernel_times(events: Sequence[dict[str, Any]], skip: int = WARMUP) -> list[t
     return [(n, op_of[n], statistics.median(times[n][skip:] or times[n])) for n in order]
 
 
-def profiled(cost: MeasuredCost, model: Any, before: Callable[[], None] | None = None) -> list[tuple[str, str, float]]:
-    """The kernels of `model` (a proto or a path) as onnxruntime's profiler times them, each run after `before`."""
+def profiled(
+    cost: MeasuredCost,
+    model: ModelProto | bytes,
+    cold: Callable[[Callable[[], None]], Callable[[], None] | None],
+    unit: bool,
+) -> list[tuple[str, str, float]]:
+    """The kernels of `model` as onnxruntime's profiler times them, one intra-op thread, each run preceded by what
+    `cold` gives for the bound run (nothing where it gives None). A unit's timed model runs in a session as units
+    are timed (`Runner.session`: common-subexpression elimination off, which would merge its copies), a whole model
+    in one as a user runs it."""
     r = cost.runner
     with tempfile.TemporaryDirectory(prefix="tensat-profile-") as tmp:
-        data = model.SerializeToString() if hasattr(model, "SerializeToString") else Path(model).read_bytes()
-        sess = r.session(data, profile_prefix=os.path.join(tmp, "p"))
+        data = model if isinstance(model, bytes) else model.SerializeToString()
+        prefix = os.path.join(tmp, "p")
+        if unit:
+            sess = r.session(data, profile_prefix=prefix)
+        else:
+            sess = make_session(data, "cpu", threads=1, log_severity=4, profile_prefix=prefix)
         run = r.bound(sess)
-        cold = before(run) if before is not None else None
+        before = cold(run)
         for _ in range(WARMUP + RUNS):
-            if cold is not None:
-                cold()
+            if before is not None:
+                before()
             run()
         with open(sess.end_profiling(), encoding="utf-8") as f:
             return kernel_times(json.load(f))
@@ -84,7 +99,7 @@ def _copies(cost: MeasuredCost, unit: Unit) -> tuple[float, float]:
     base = plan.model if plan.model is not None else unit_model(unit)
     model = replicate(base, plan.copies) if plan.copies > 1 else base
     try:
-        timed = profiled(cost, model, lambda run: cost.runner.cold_weights(run, plan.evict_bytes))
+        timed = profiled(cost, model, lambda run: cost.runner.cold_weights(run, plan.evict_bytes), unit=True)
     except Exception:  # noqa: BLE001 - onnxruntime raises many types; the unit is priced by its fallback
         return math.nan, math.nan
     extra = (*REORDERS, "MaxPool") if plan.null_model is not None else REORDERS  # a prologue's pools and samples
@@ -100,7 +115,7 @@ def model_record(path: Path) -> dict[str, Any]:
         cost.observe_graph(graph)
         kernels = [k for k in runtime_kernels(graph, device_of(cost)) if k[1][0].op != "opaque"]
         cost.prefetch([item for _, item in kernels])
-        in_graph = profiled(cost, path)
+        in_graph = profiled(cost, path.read_bytes(), lambda run: None, unit=False)
         ran = [k for k in in_graph if k[1] not in REORDERS]
         rows: list[dict[str, Any]] = []
         units: dict[str, tuple[float, float]] = {}
