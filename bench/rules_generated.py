@@ -251,7 +251,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         nargs="*",
         help="generations, each the flags of `tensat rules generate` as one argument (default: "
         + ", ".join(repr(r) for r in GENERATIONS)
-        + ", then each of the library's generated sets as its header says); the results' other generations are kept",
+        + ", then each of the library's generated sets as its header says); the results' other generations of that "
+        "list are kept",
     )
     p.add_argument(
         "--jobs",
@@ -280,7 +281,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         data["generations"].append(generation(run, args.jobs, write=args.library and run in library))
     if args.runs is not None and json_path.exists():  # the runs not made again keep their results, in their order
         made = {g["run"]: g for g in data["generations"]}
-        kept = {g["run"]: g for g in json.loads(json_path.read_text(encoding="utf-8"))["generations"]}
+        current = {*GENERATIONS, *library}  # not a run whose set the library now makes with other flags
+        earlier = json.loads(json_path.read_text(encoding="utf-8"))["generations"]
+        kept = {g["run"]: g for g in earlier if g["run"] in current}
         data["generations"] = [made.get(r, g) for r, g in kept.items()] + [g for r, g in made.items() if r not in kept]
     if rewrites.generated_rules():
         print("[coverage]", file=sys.stderr, flush=True)

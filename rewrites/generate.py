@@ -64,6 +64,7 @@ from tensat import ops
 
 from .dsl import (
     Call,
+    Expr,
     Lit,
     Pattern,
     Rule,
@@ -110,6 +111,9 @@ class Settings:
     name: str = ""  # the set's name in its rules' names and its library file (`rule_prefix`); "" names it by its leaves
     constants: tuple[float, ...] = ()  # constant leaves besides (`constant_leaf`): a power's exponent, a scale
     positive: bool = False  # leaves drawn positive: an op defined on positive inputs alone (sqrt, log) is not left out
+    # (op, attribute, values) in place of the registry's domain (`OpDef.generated`, else `OpDef.domains`): a slice of
+    # sizes 1 and 2, whose two halves concatenate to one slice
+    domains: tuple[tuple[str, str, tuple[Any, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_ops < 1:
@@ -126,6 +130,11 @@ class Settings:
             raise ValueError(f"a set's name is lower-case letters and digits, got {self.name!r}")
         if len(set(self.constants)) != len(self.constants) or not all(np.isfinite(self.constants)):
             raise ValueError(f"constants must be distinct finite numbers, got {self.constants}")
+        for op, attr, values in self.domains:
+            if op not in ops.registry.REGISTRY or attr not in ops.get(op).attr_names:
+                raise ValueError(f"a domain of {op}.{attr}: no such op attribute")
+            if not values or len(set(values)) != len(values):
+                raise ValueError(f"a domain of {op}.{attr} must be distinct values, got {values}")
 
     def leaf_shape(self, size: int) -> tuple[int, ...]:
         return (size,) * self.rank
@@ -214,20 +223,24 @@ def default_ops(rank: int) -> list[str]:
     return out
 
 
-def op_choices(names: Sequence[str], rank: int, vectors: int = 0) -> list[OpChoice]:
-    """Every op of `names` with every combination of its attribute values at `rank` (the generator's, `OpDef.generated`,
-    else the verifier's domain); ValueError (one line) for an op that cannot be enumerated."""
+def op_choices(
+    names: Sequence[str], rank: int, vectors: int = 0, domains: Sequence[tuple[str, str, tuple[Any, ...]]] = ()
+) -> list[OpChoice]:
+    """Every op of `names` with every combination of its attribute values at `rank` (those of `domains`, else the
+    generator's, `OpDef.generated`, else the verifier's domain); ValueError (one line) for an op that cannot be
+    enumerated."""
+    given = {(op, attr): list(values) for op, attr, values in domains}
     out = []
     for name in names:
         why = why_not_enumerable(name, rank, vectors)
         if why is not None:
             raise ValueError(f"cannot enumerate {name}: {why}")
         d = ops.get(name)
-        domains = []
+        values_of = []
         for attr in d.attr_names:
-            dom = d.generated[attr] if attr in d.generated else d.domains[attr]
-            domains.append(list(dom(rank) if callable(dom) else dom))
-        for combo in itertools.product(*domains):
+            dom = given.get((name, attr), d.generated[attr] if attr in d.generated else d.domains.get(attr))
+            values_of.append(list(dom(rank) if callable(dom) else cast(Sequence[Any], dom)))
+        for combo in itertools.product(*values_of):
             attrs = tuple((a, tuple(v) if isinstance(v, list) else v) for a, v in zip(d.attr_names, combo))
             out.append(OpChoice(name, attrs, d.inputs or 0, d.commutative))
     return out
@@ -298,7 +311,7 @@ def enumerate_terms(
     in the enumeration's order, so that the candidates do not depend on the workers."""
     start = time.perf_counter()
     names = settings.ops if settings.ops is not None else default_ops(settings.rank)
-    choices = op_choices(names, settings.rank, settings.vectors)
+    choices = op_choices(names, settings.rank, settings.vectors, settings.domains)
     rng = np.random.default_rng(settings.seed)
     leaves = [Var(name) for name in settings.leaf_names()]
     by_key: dict[bytes, _Class] = {}
@@ -543,17 +556,21 @@ def refuted(pair: tuple[Pattern, Pattern], shape: tuple[int, ...], rng: np.rando
 # Rules of a candidate, verification and minimization
 
 
-def orientations(a: Pattern, b: Pattern, name: str) -> list[Rule]:
+def orientations(a: Pattern, b: Pattern, name: str, shape: tuple[int, ...] | None = None) -> list[Rule]:
     """The rules of equation a = b: each direction whose left side is an op and binds the right side's variables,
     but not one that only wraps its left side (`(relu ?x)` into `(relu (relu ?x))`: it grows the e-graph without
     end and the other direction proves the same), nor the second of two directions that are one rule up to renaming
-    (commutativity)."""
+    (commutativity). With the leaves' `shape`, a value computed from shapes (`ops.Sized`) is guarded equal to each
+    leaf's dim or shape that it equals wherever the enumeration computed it (`_sized_guards`); the verification
+    drops those it does not need (`_fewer_sized`)."""
     out: list[Rule] = []
+    guards = _sized_guards((a, b), shape) if shape is not None else {}
     a, b = _sized_as_vars((a, b))
     for lhs, rhs, suffix in ((a, b, ""), (b, a, "-rev")):
         if not isinstance(lhs, Term) or not _vars(rhs) <= _vars(lhs) or lhs in set(_subterms(rhs)):
             continue
-        rule = _broadcast_constants(Rule(name + suffix, (lhs,), (rhs,)))
+        sized = tuple(g for found in guards.values() for g in found if cast(Var, g.args[0]).name in _vars(lhs))
+        rule = _broadcast_constants(Rule(name + suffix, (lhs,), (rhs,), guards=sized))
         if not any(canonical_form(r) == canonical_form(rule) for r in out):
             out.append(rule)
     return out
@@ -614,16 +631,64 @@ def _sized(p: Pattern) -> Iterator[tuple[str, Lit]]:
             yield k, e
 
 
+def _sized_guards(patterns: Sequence[Pattern], shape: tuple[int, ...]) -> dict[tuple[str, Lit], list[Call]]:
+    """For each (attribute, value computed from shapes) of `patterns`, the guards `(= ?v (dim ?x k))` (an integer)
+    or `(= ?v (shape ?x))` (a shape) of each leaf's dim or shape it equals at the leaves' `shape` and at one more in
+    every dim, where the enumeration computed it first; `?v` is the variable `_sized_as_vars` makes of it. A slice of
+    half a concat of two leaves is a slice of one leaf's size."""
+    names = _sized_var_names(patterns)
+    leaves = sorted({v for p in patterns for v in _vars(p) if v in LEAVES or v in VECTORS})
+    probes = [shape, tuple(d + 1 for d in shape)]
+    seen: dict[tuple[str, Lit], list[Any]] = {}
+    for probe in probes:
+        shapes = {v: leaf_shape(v, probe) for v in leaves}
+        found: dict[tuple[str, Lit], Any] = {}
+        for t in (t for p in patterns for t in _subterms(p)):
+            for k, e in t.attrs:
+                if not (isinstance(e, Lit) and isinstance(e.value, ops.Sized)) or (k, e) in found:
+                    continue
+                try:
+                    ins = [pattern_shape(a, shapes, {}, {}) for a in t.args]
+                    found[(k, e)] = e.value.of(ins, {kk: attr_value(eval_expr(v, {}, {})) for kk, v in t.attrs})
+                except (ops.ShapeError, ValueError, IndexError, KeyError, TypeError):
+                    continue
+        for key, value in found.items():
+            seen.setdefault(key, []).append(value)
+    out: dict[tuple[str, Lit], list[Call]] = {}
+    for key, values in seen.items():
+        if len(values) != len(probes):
+            continue
+        var = Var(names[key])
+        guards = []
+        for leaf in leaves:
+            at = [leaf_shape(leaf, probe) for probe in probes]
+            if all(isinstance(v, tuple) for v in values) and [tuple(v) for v in values] == at:
+                guards.append(Call("=", (var, Call("shape", (Var(leaf),)))))
+            for axis in range(len(at[0])):
+                if [s[axis] for s in at] == values:
+                    guards.append(Call("=", (var, Call("dim", (Var(leaf), literal(axis))))))
+        out[key] = guards
+    return out
+
+
+def _sized_var_names(patterns: Sequence[Pattern]) -> dict[tuple[str, Lit], str]:
+    """The variable `_sized_as_vars` makes of each (attribute, value computed from shapes) of `patterns`."""
+    taken = {v for p in patterns for v in _vars(p)}
+    names: dict[tuple[str, Lit], str] = {}
+    for attr, value in dict.fromkeys(pair for p in patterns for pair in _sized(p)):
+        var = _fresh(attr, taken)
+        taken.add(var.name)
+        names[(attr, value)] = var.name
+    return names
+
+
 def _sized_as_vars(patterns: Sequence[Pattern]) -> list[Pattern]:
     """`patterns` with each attribute value computed from shapes (`ops.Sized`) made a variable, named after its
     attribute, one per value (two reshapes to the flat shape share one): the enumeration computed it wherever its op
     was applied, and the rule claims it for whatever value the variable is bound to, which the verifier checks."""
     out = list(patterns)
-    taken = {v for p in out for v in _vars(p)}
-    for attr, value in dict.fromkeys(pair for p in out for pair in _sized(p)):
-        var = _fresh(attr, taken)
-        taken.add(var.name)
-        out = [_lift(p, attr, value, var) for p in out]
+    for (attr, value), name in _sized_var_names(patterns).items():
+        out = [_lift(p, attr, value, Var(name)) for p in out]
     return out
 
 
@@ -876,6 +941,9 @@ def verified(rule: Rule, seed: int, rank: int) -> Rule | None:
     tries = ([] if specific else [rule]) + [_rank_guards(rule, rank)]
     if len(rule.tensor_vars()) > 1:
         tries += ([] if specific else [_same_shape_guards(rule)]) + [_same_shape_guards(_rank_guards(rule, rank))]
+    bounds = tuple(g for t in rule.rhs for g in _slice_bounds(t, fixed=True))
+    if bounds:
+        tries.append(replace(_rank_guards(rule, rank), guards=_rank_guards(rule, rank).guards + bounds))
     refuted: list[dict[str, Any]] = []
     for attempt in tries:
         if _refuted_by(attempt, refuted):
@@ -894,9 +962,12 @@ def verified(rule: Rule, seed: int, rank: int) -> Rule | None:
 
 def _refined(rule: Rule, seed: int, rank: int, refuted: Sequence[Mapping[str, Any]], screen: bool) -> Rule:
     """A rule that holds, without the same-shape guards it does not need (`_fewer_same_shapes`), generalized
-    (`generalized`) and unranked (`_unranked`), each step's variant checked in full or screened."""
-    fewer = _fewer_same_shapes(rule, seed, rank, refuted, screen)
-    return _unranked(generalized(fewer, seed, rank, screen), seed, rank, screen)
+    (`generalized`: its axes, then its slices' starts and sizes by `arithmetic`, then what is left) and unranked
+    (`_unranked`), each step's variant checked in full or screened."""
+    fewer = _fewer_sized(_fewer_same_shapes(rule, seed, rank, refuted, screen), seed, rank, screen)
+    general = generalized(fewer, seed, rank, screen, solved=False)
+    general = generalized(arithmetic(general, seed, rank, screen), seed, rank, screen)
+    return _unranked(general, seed, rank, screen)
 
 
 def _fewer_same_shapes(
@@ -926,6 +997,36 @@ def _fewer_same_shapes(
             if holds(relaxed):
                 rule = relaxed
                 break
+    return rule
+
+
+SIZED_TIES = 32  # choices of the guards `_fewer_sized` tries, at most
+
+
+def _fewer_sized(rule: Rule, seed: int, rank: int, screen: bool = False) -> Rule:
+    """`rule` with, of the guards that tie an attribute variable to a leaf's dim or shape (`_sized_guards`), one or
+    none per variable, the first choice that holds (`_holds`; the fewest guards first, each variable's in the order
+    `_sized_guards` gives them); `rule` where none does. A slice of half of `concat(x, y)` equals every dim of both
+    leaves in the enumeration; `slice(concat(x, y), start (dim x 0), size (dim y 0)) = y` holds at leaves of any
+    sizes."""
+    ties: dict[str, list[Call]] = {}
+    for g in rule.guards:
+        if (
+            g.fn == "="
+            and isinstance(g.args[0], Var)
+            and isinstance(g.args[1], Call)
+            and g.args[1].fn in ("dim", "shape")
+        ):
+            ties.setdefault(g.args[0].name, []).append(g)
+    if not ties:
+        return rule
+    rest = tuple(g for g in rule.guards if not any(g in found for found in ties.values()))
+    options = [[None, *found] for found in ties.values()]
+    choices = sorted(itertools.product(*options), key=lambda c: sum(g is not None for g in c))
+    for choice in choices[:SIZED_TIES]:
+        candidate = replace(rule, guards=rest + tuple(g for g in choice if g is not None))
+        if _holds(candidate, seed, rank, screen):
+            return candidate
     return rule
 
 
@@ -992,23 +1093,26 @@ def _lift(p: Pattern, attr: str, value: Any, var: Var) -> Pattern:
     return Term(p.op, tuple(_lift(a, attr, value, var) for a in p.args), attrs)
 
 
-def _liftable(p: Pattern) -> list[tuple[str, Any]]:
+def _liftable(p: Pattern, solved: bool = True) -> list[tuple[str, Any]]:
     """The (attribute, value) pairs of `p`'s ops, in order, that `_general` says a rule can hold for every value
-    of, and the values of its constant leaves (a scale the rule may hold at every value of)."""
+    of, and the values of its constant leaves (a scale the rule may hold at every value of); without `solved`, not
+    those of an attribute the verifier solves with the shapes (a slice's start and size: `arithmetic`'s)."""
     return list(
         dict.fromkeys(
             (k, e)
             for op, k, e in _op_attrs(p)
-            if not isinstance(e, Var) and (_general(op, k) or (_constant_value(op, k) and _scalar(e)))
+            if not isinstance(e, Var)
+            and (_general(op, k) or (_constant_value(op, k) and _scalar(e)))
+            and (solved or not _solved_literal(op, k, e))
         )
     )
 
 
 def _lifted(rule: Rule, pairs: Sequence[tuple[str, Any]]) -> Rule:
     """`rule` with each (attribute, value) of `pairs` made a variable of its own (named after the attribute), in its
-    patterns and its `:let` terms (a multi-pattern rule's merged term)."""
+    patterns and its `:let` terms (a multi-pattern rule's merged term), and an axis in its guards' dims too."""
     lhs, rhs = list(rule.lhs), list(rule.rhs)
-    lets = list(rule.lets)
+    lets, guards = list(rule.lets), list(rule.guards)
     for attr, value in pairs:
         terms = (*lhs, *rhs, *(v for _, v in lets if isinstance(v, Term)))
         taken = {v for p in terms for v in _vars(p)} | {n for n, _ in lets}
@@ -1016,17 +1120,40 @@ def _lifted(rule: Rule, pairs: Sequence[tuple[str, Any]]) -> Rule:
         lhs = [cast(Term, _lift(t, attr, value, var)) for t in lhs]
         rhs = [_lift(t, attr, value, var) for t in rhs]
         lets = [(n, _lift(v, attr, value, var) if isinstance(v, Term) else v) for n, v in lets]
-    return replace(rule, lhs=tuple(lhs), rhs=tuple(rhs), lets=tuple(lets))
+        if _axis_attr(rule, attr):
+            guards = [cast(Call, _axis_lifted(g, value, var)) for g in guards]
+    return replace(rule, lhs=tuple(lhs), rhs=tuple(rhs), lets=tuple(lets), guards=tuple(guards))
 
 
-def generalized(rule: Rule, seed: int, rank: int, screen: bool = False) -> Rule:
+def _axis_attr(rule: Rule, attr: str) -> bool:
+    """Whether `attr` is an axis in `rule`: an integer attribute of one of its ops that the verifier checks at
+    every value (`OpDef.exhaustive`)."""
+    for p in (*rule.lhs, *rule.rhs):
+        for op, k, _ in _op_attrs(p):
+            d = ops.get(op)
+            if k == attr and k in d.exhaustive and dict(d.attrs)[k] == "int":
+                return True
+    return False
+
+
+def _axis_lifted(e: Any, value: Any, var: Var) -> Any:
+    """Guard or expression `e` with each dim at axis `value` (`(dim ?x 0)`) made the dim at `var`."""
+    if not isinstance(e, Call):
+        return e
+    if e.fn == "dim" and e.args[1] == value:
+        return Call("dim", (e.args[0], var))
+    return Call(e.fn, tuple(_axis_lifted(a, value, var) for a in e.args))
+
+
+def generalized(rule: Rule, seed: int, rank: int, screen: bool = False, solved: bool = True) -> Rule:
     """`rule` with each attribute value its left side fixes made a variable wherever the rule still holds
     (`_holds`): `relu(concat(x, y, axis 0)) = concat(relu(x), relu(y), axis 0)` holds at every axis, and is kept as
     the rule of `?axis`. The enumeration draws attributes from small domains, at one rank; the rule found at one
     value is a rule of all of them, and derives the candidates of the others. Every value is lifted at once where
     that holds (one verification, the common case), else one (attribute, value) at a time. A multi-pattern rule's
-    merged term (`:let`) is lifted with its patterns."""
-    pairs = list(dict.fromkeys(pair for t in rule.lhs for pair in _liftable(t)))
+    merged term (`:let`) is lifted with its patterns. Without `solved`, a slice's start and size are left to
+    `arithmetic`, which relates them where lifting equal values to one variable would not."""
+    pairs = list(dict.fromkeys(pair for t in rule.lhs for pair in _liftable(t, solved)))
     if len(pairs) > 1 and _holds(every := _lifted(rule, pairs), seed, rank, screen):
         return every
     for pair in pairs:
@@ -1034,6 +1161,208 @@ def generalized(rule: Rule, seed: int, rank: int, screen: bool = False) -> Rule:
         if _holds(lifted, seed, rank, screen):
             rule = lifted
     return rule
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Attribute arithmetic: a slice's start and size related across the two sides
+
+ARITHMETIC_ASSIGNMENTS = 6  # right-side expressions `arithmetic` tries for the literals it relates, at most
+
+
+def _solved_literal(op: str, attr: str, e: Any) -> bool:
+    """Whether `e`, attribute `attr` of `op`, is an integer literal of an attribute the verifier solves with the
+    shapes (a slice's start or size)."""
+    return attr in ops.get(op).solved and isinstance(e, Lit) and type(e.value) is int
+
+
+def _split_solved(p: Pattern, taken: set[str], found: dict[str, tuple[str, int]]) -> Pattern:
+    """`p` with each integer literal of a solved attribute (`_solved_literal`) made a variable of its own, named
+    after the attribute; `found` maps each to (attribute, the literal's value)."""
+    if isinstance(p, Var):
+        return p
+    attrs = []
+    for k, e in p.attrs:
+        if _solved_literal(p.op, k, e):
+            var = _fresh(k, taken)
+            taken.add(var.name)
+            found[var.name] = (k, cast(Lit, e).value)
+            e = var
+        attrs.append((k, e))
+    return Term(p.op, tuple(_split_solved(a, taken, found) for a in p.args), tuple(attrs))
+
+
+def _solved_values(p: Pattern) -> Iterator[tuple[str, int]]:
+    """(attribute, value) of each of `p`'s solved integer literals (`_solved_literal`), in the order
+    `_with_solved` replaces them."""
+    if isinstance(p, Term):
+        for k, e in p.attrs:
+            if _solved_literal(p.op, k, e):
+                yield k, cast(Lit, e).value
+        for a in p.args:
+            yield from _solved_values(a)
+
+
+def _with_solved(p: Pattern, exprs: Iterator[Expr]) -> Pattern:
+    """`p` with its solved integer literals (`_solved_values`' order) replaced by `exprs`, one each."""
+    if isinstance(p, Var):
+        return p
+    attrs = tuple((k, next(exprs) if _solved_literal(p.op, k, e) else e) for k, e in p.attrs)
+    return Term(p.op, tuple(_with_solved(a, exprs) for a in p.args), attrs)
+
+
+def _sums_of(value: int, attr: str, found: Mapping[str, tuple[str, int]], other: str = "") -> list[Expr]:
+    """Expressions of `found`'s variables (not `other`) whose value is `value`: of attribute `attr`'s variables, each
+    alone, then the sums of two; then the same of the others."""
+    names = [n for n in found if n != other]
+    sums = [(a, b) for a, b in itertools.combinations(names, 2) if found[a][1] + found[b][1] == value]
+    alone = [n for n in names if found[n][1] == value]
+
+    def kind(*ns: str) -> bool:
+        return all(found[n][0] == attr for n in ns)
+
+    return [
+        *(Var(n) for n in alone if kind(n)),
+        *(Call("+", (Var(a), Var(b))) for a, b in sums if kind(a, b)),
+        *(Var(n) for n in alone if not kind(n)),
+        *(Call("+", (Var(a), Var(b))) for a, b in sums if not kind(a, b)),
+    ]
+
+
+def _slice_bounds(p: Pattern, fixed: bool = False) -> list[Call]:
+    """The guards that each slice of `p` whose input is a variable stays inside that input: `(<= (+ start size)
+    (dim ?x axis))`, and `(>= start 0)` for a computed start; where its start and size are both values, only with
+    `fixed`."""
+    out: list[Call] = []
+    for t in (t for t in _subterms(p) if t.op == "slice" and isinstance(t.args[0], Var)):
+        at = dict(t.attrs)
+        start, size = at["start"], at["size"]
+        if isinstance(start, Lit) and isinstance(size, Lit) and not fixed:
+            continue
+        out.append(Call("<=", (Call("+", (start, size)), Call("dim", (cast(Var, t.args[0]), at["axis"])))))
+        if isinstance(start, Call):
+            out.append(Call(">=", (start, literal(0))))
+    return out
+
+
+def _fixed(name: str, value: int) -> Call:
+    """The guard that fixes attribute variable `name` to `value`."""
+    return Call("=", (Var(name), literal(value)))
+
+
+def _related(
+    rule: Rule, found: Mapping[str, tuple[str, int]], holds: Callable[[Rule], bool]
+) -> tuple[Rule, tuple[int, int]]:
+    """`rule`, whose guards fix each of `found`'s variables to its value (`(= ?v 1)`), with each such guard dropped
+    where the rule still holds, else replaced by one relating the variable to others (`(= ?start1 (+ ?start
+    ?size))`), the last variables first; then the guards it still holds without, dropped. (the rule, (the variables
+    left fixed, the relations)): the fewer, the more general the rule."""
+    for name in reversed(list(found)):
+        attr, value = found[name]
+        fixing = _fixed(name, value)
+        rest = tuple(g for g in rule.guards if g != fixing)
+        relations = _sums_of(value, attr, found, other=name)
+        relations.sort(key=lambda e: not isinstance(e, Call))  # a sum first: it stays true as the others are freed
+        for relation in [None, *relations]:
+            guards = rest if relation is None else (*rest, Call("=", (Var(name), relation)))
+            candidate = replace(rule, guards=guards)
+            if holds(candidate):
+                rule = candidate
+                break
+    for guard in [g for g in rule.guards if not (g.fn == "=" and isinstance(g.args[1], Lit))]:
+        fewer = replace(rule, guards=tuple(g for g in rule.guards if g != guard))
+        if holds(fewer):
+            rule = fewer
+    fixed = sum(_fixed(n, v) in rule.guards for n, (_, v) in found.items())
+    related = sum(g.fn == "=" and isinstance(g.args[0], Var) and g.args[0].name in found for g in rule.guards)
+    return rule, (fixed, related - fixed)
+
+
+def _unfixed(rule: Rule, found: Mapping[str, tuple[str, int]]) -> Rule:
+    """`rule` with each variable its guards still fix to a value (`_related`) made that value again."""
+    values = {n: v for n, (_, v) in found.items() if _fixed(n, v) in rule.guards}
+    if not values:
+        return rule
+    binding = {n: Lit(v) for n, v in values.items()}
+    dropped = {_fixed(n, v) for n, v in values.items()}
+    return replace(
+        rule,
+        lhs=tuple(cast(Term, _valued(t, binding)) for t in rule.lhs),
+        rhs=tuple(_valued(t, binding) for t in rule.rhs),
+        guards=tuple(cast(Call, _valued(g, binding)) for g in rule.guards if g not in dropped),
+    )
+
+
+def _valued(e: Any, binding: Mapping[str, Lit]) -> Any:
+    """A pattern, expression or guard with the attribute variables of `binding` made its values."""
+    if isinstance(e, Var):
+        return binding.get(e.name, e)
+    if isinstance(e, Call):
+        return _folded(Call(e.fn, tuple(_valued(a, binding) for a in e.args)))
+    if isinstance(e, Term):
+        return Term(
+            e.op, tuple(_valued(a, binding) for a in e.args), tuple((k, _valued(v, binding)) for k, v in e.attrs)
+        )
+    return e
+
+
+def _expression_rank(e: Expr, attr: str, found: Mapping[str, tuple[str, int]]) -> int:
+    """How unlikely `e` is as the value of a right side's attribute `attr`, the likeliest first: a variable of the
+    same attribute, a sum of two, the value itself, a variable of another attribute, a sum of those."""
+    if isinstance(e, Lit):
+        return 2
+    names = list(_vars_of(e))
+    same = all(found[n][0] == attr for n in names)
+    return (0 if same else 3) + (len(names) > 1)
+
+
+def _folded(e: Call) -> Expr:
+    """`e` with a sum or difference of values computed, and a zero added dropped (`(+ 0 ?start)` is `?start`)."""
+    if e.fn not in ("+", "-"):
+        return e
+    a, b = e.args
+    if isinstance(a, Lit) and isinstance(b, Lit):
+        return literal(a.value + b.value if e.fn == "+" else a.value - b.value)
+    if b == Lit(0):
+        return a
+    return b if e.fn == "+" and a == Lit(0) else e
+
+
+def arithmetic(rule: Rule, seed: int, rank: int, screen: bool = False) -> Rule:
+    """`rule` with the slice starts and sizes that generalization left fixed related by arithmetic instead, where
+    it still holds (`_holds`): the enumeration finds `slice(slice(x, start 1, size 1), start 0, size 1) = slice(x,
+    start 1, size 1)`, and the rule of every start is `slice(slice(x, ?start, ?size), ?start1, ?size1) = slice(x,
+    (+ ?start ?start1), ?size1)`. Each fixed value of the left side becomes a variable, each of the right side an
+    expression of those of the same value (a sum of two, or one), and the guards that fix the variables are dropped
+    or made relations (`_related`) where the rule still holds; the guards that keep a computed slice inside its
+    input (`_slice_bounds`) are added, and dropped where not needed. Of the right sides tried
+    (`ARITHMETIC_ASSIGNMENTS`), the one that leaves the fewest values fixed is kept; `rule` where none frees one."""
+    if rule.multi or not any(True for t in rule.lhs for _ in _solved_values(t)):
+        return rule
+    found: dict[str, tuple[str, int]] = {}
+    taken = {v for p in (*rule.lhs, *rule.rhs, *rule.guards) for v in _vars_of(p)}
+    lhs = tuple(cast(Term, _split_solved(t, taken, found)) for t in rule.lhs)
+    options = [_sums_of(value, attr, found) + [literal(value)] for t in rule.rhs for attr, value in _solved_values(t)]
+    fixing = tuple(_fixed(n, v) for n, (_, v) in found.items())
+    best, fewest = rule, (len(found), 0)
+
+    def holds(candidate: Rule) -> bool:
+        return _holds(candidate, seed, rank, screen)
+
+    def order(exprs: tuple[Expr, ...]) -> tuple[int, int]:
+        ranks = [_expression_rank(e, attr, found) for e, (attr, _) in zip(exprs, right)]
+        return max(ranks, default=0), sum(ranks)
+
+    right = [pair for t in rule.rhs for pair in _solved_values(t)]
+    assignments = sorted(itertools.product(*options), key=order)[:ARITHMETIC_ASSIGNMENTS]
+    for exprs in assignments:
+        rhs = tuple(_with_solved(t, iter(exprs)) for t in rule.rhs)
+        bounds = tuple(g for t in rhs for g in _slice_bounds(t))
+        candidate, left = _related(replace(rule, lhs=lhs, rhs=rhs, guards=rule.guards + bounds + fixing), found, holds)
+        if left < fewest:
+            best, fewest = _unfixed(candidate, found), left
+            if left == (0, 0):
+                break
+    return best
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1290,7 +1619,7 @@ def minimize(
             rules = sound
             counts["derived"] += sum(proved)
             chosen = [c for c, done in zip(chosen, proved) if not done]
-        oriented = [orientations(a, b, f"{prefix}-{k}") for k, (a, b) in chosen]
+        oriented = [orientations(a, b, f"{prefix}-{k}", shape) for k, (a, b) in chosen]
         checked = workers.map(_verified_orientations, [(tuple(o), seed, len(shape)) for o in oriented])
         for (_, pair), candidate, kept in zip(chosen, oriented, checked):
             made = [(canonical_form(r), r) for r in kept]

@@ -9,6 +9,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from tensat import ops
 from tensat._version import __version__
@@ -64,6 +65,31 @@ def _constants(text: str | None) -> tuple[float, ...]:
     return values
 
 
+def _domain(text: str) -> tuple[str, str, tuple[Any, ...]]:
+    """`--domain OP.ATTR=V,V...`: (op, attribute, values), each an integer or the name of a value computed from the
+    shapes that the op declares for the attribute (`OpDef.generated` or `OpDef.sized_values`: a slice's `half`, a
+    reshape's `flat` and `same`)."""
+    target, _, values = text.partition("=")
+    op, _, attr = target.partition(".")
+    d = ops.registry.REGISTRY.get(op)
+    if d is None or attr not in d.attr_names or not values:
+        raise TensatError(f"--domain: expected OP.ATTR=V,V... of an op's attribute, got {text!r}")
+    generated = d.generated.get(attr, ())
+    listed = [v for v in (generated if isinstance(generated, (list, tuple)) else ()) if isinstance(v, ops.Sized)]
+    named = {s.name: s for s in (*listed, *d.sized_values.get(attr, ()))}
+    parsed: list[Any] = []
+    for v in values.split(","):
+        if v in named:
+            parsed.append(named[v])
+            continue
+        try:
+            parsed.append(int(v))
+        except ValueError:
+            known = ", ".join(named) or "none"
+            raise TensatError(f"--domain: {op}.{attr} has no value {v!r} (an integer, or one of: {known})") from None
+    return op, attr, tuple(parsed)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `tensat rules generate`."""
     parser.add_argument(
@@ -102,6 +128,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="V,V...",
         help="constant leaves besides, each a float32 scalar that broadcasts against the tensors (such as 0.5,1 for "
         "a power's exponent or a scale; default none); the rules write them for any rank",
+    )
+    parser.add_argument(
+        "--domain",
+        action="append",
+        default=[],
+        metavar="OP.ATTR=V,V...",
+        help="an attribute's values in place of the registry's, such as slice.size=1,2 for slices that concatenate "
+        "to one (repeatable)",
     )
     parser.add_argument(
         "--leaf-values",
@@ -163,9 +197,15 @@ def settings_of(args: argparse.Namespace) -> Settings:
             name=args.name,
             constants=_constants(args.constants),
             positive=args.leaf_values == "positive",
+            domains=tuple(_domain(text) for text in args.domain),
         )
     except ValueError as exc:
         raise TensatError(str(exc)) from None
+
+
+def _value_text(value: Any) -> str:
+    """A `--domain` value as the flag writes it."""
+    return value.name if isinstance(value, ops.Sized) else str(value)
 
 
 def command_of(settings: Settings) -> str:
@@ -181,6 +221,10 @@ def command_of(settings: Settings) -> str:
             ("--sizes", ",".join(map(str, settings.sizes))),
             ("--vectors", settings.vectors or None),
             ("--constants", ",".join(map(repr, settings.constants)) or None),
+            *(
+                ("--domain", f"{op}.{attr}={','.join(map(_value_text, values))}")
+                for op, attr, values in settings.domains
+            ),
             ("--leaf-values", "positive" if settings.positive else None),
             ("--seed", settings.seed),
             ("--name", settings.name or None),

@@ -96,6 +96,19 @@ def _slice_eval(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:
     return xs[0][tuple(index)]
 
 
+def _half(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> int:
+    """Half the input's dim along the slice's axis (rounded down)."""
+    return shapes[0][attrs["axis"]] // 2
+
+
+def _whole(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> int:
+    """The input's dim along the slice's axis."""
+    return shapes[0][attrs["axis"]]
+
+
+HALF, WHOLE = Sized("half", _half), Sized("whole", _whole)
+
+
 def _slice_rules(op: OpDef) -> list[str]:
     query = [
         "(< -1 axis)",
@@ -134,6 +147,7 @@ SLICE = register(
         exhaustive=("axis",),
         solved={"start": lambda s, out: s.sym(0, 3), "size": lambda s, out: s.sym(1, 4)},
         generated={"start": [0, 1], "size": [1]},
+        sized_values={"start": (HALF,), "size": (HALF, WHOLE)},
         int_exact=True,
         accepts=any_data,
         breaks_layout=True,
@@ -241,13 +255,18 @@ def _reshape_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping
         s.eq(out[-1], s.quotient(s.prod(ins[0]), s.prod(out[:-1])))
 
 
-def _flat(shapes: Sequence[Shape]) -> Shape:
+def _flat(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> Shape:
     """Every element along the last axis, at the input's rank."""
     x = shapes[0]
     return (*(1,) * (len(x) - 1), numel(x)) if x else ()
 
 
-def _column(shapes: Sequence[Shape]) -> Shape:
+def _same(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> Shape:
+    """The input's own shape: a reshape that changes nothing."""
+    return tuple(shapes[0])
+
+
+def _column(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> Shape:
     """Every element along the first axis, at the input's rank."""
     x = shapes[0]
     return (numel(x), *(1,) * (len(x) - 1)) if x else ()
@@ -268,6 +287,7 @@ RESHAPE = register(
         equations=_reshape_equations,
         solved={"shape": lambda s, out: out},
         generated={"shape": [Sized("flat", _flat), Sized("column", _column)]},
+        sized_values={"shape": (Sized("same", _same),)},
         int_exact=True,
         accepts=any_data,
         view=True,

@@ -35,7 +35,8 @@ class Sized:
     are the same value where their names are; a rule the generator keeps has a variable in its place."""
 
     name: str
-    of: Callable[[Sequence[Shape]], Any] = field(compare=False, repr=False)
+    # the value from the op's input shapes and its other attributes (a slice's axis)
+    of: Callable[[Sequence[Shape], Mapping[str, Any]], Any] = field(compare=False, repr=False)
 
 
 def sized(attrs: Mapping[str, Any]) -> bool:
@@ -51,7 +52,7 @@ def resolved(attrs: Mapping[str, Any], in_shapes: Sequence[Shape]) -> Attrs:
     if not sized(attrs):
         return attrs if isinstance(attrs, dict) else dict(attrs)
     shapes = [tuple(s) for s in in_shapes]
-    return {k: v.of(shapes) if isinstance(v, Sized) else v for k, v in attrs.items()}
+    return {k: v.of(shapes, attrs) if isinstance(v, Sized) else v for k, v in attrs.items()}
 
 
 class Equations(Protocol):
@@ -140,6 +141,9 @@ class OpDef:
     # the verifier solves with shapes: valid at every size of leaf it fingerprints (a slice's start 0 or 1, of size
     # 1; a conv's pads that fit its n x n kernel), or computed from the op's input shapes (`Sized`: a reshape's target)
     generated: Mapping[str, Domain] = field(default_factory=dict)
+    # values computed from the input shapes that a generation may enumerate besides (`tensat rules generate --domain
+    # slice.size=1,half`), by name: a slice of half its input, which a slice of a concat of two leaves relates to them
+    sized_values: Mapping[str, tuple[Sized, ...]] = field(default_factory=dict)
     # attributes whose domain holds every value the op takes (every axis, every permutation, every flag): a rule
     # the verifier passes at each value holds with the attribute as a variable (the generator's generalization)
     exhaustive: tuple[str, ...] = ()

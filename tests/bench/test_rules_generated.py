@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bench.rules_generated import _run_name, _settings, library_runs, why_not
+from tensat import ops
 from tensat.generate_cli import command_of, library_file
 from tensat.rewrites import GENERATED_DIR, all_rules
 from tensat.rewrites.generate import Settings
@@ -27,6 +28,10 @@ def test_a_run_s_settings_and_name_are_its_flags() -> None:
     named = "--max-ops 3 --ops add,concat --rank 2 --leaves 4 --sizes 2,3 --seed 0 --name sums"
     assert _settings(named) == Settings(max_ops=3, ops=("add", "concat"), leaves=4, name="sums")
     assert _run_name({"run": named}) == "`--max-ops 3 --ops add,concat --rank 2 --leaves 4 --name sums`"
+    sliced = "--max-ops 3 --ops slice,concat --rank 2 --sizes 2,3 --domain slice.size=1,half --seed 0 --name cuts"
+    settings = _settings(sliced)
+    assert settings.domains == (("slice", "size", (1, ops.get("slice").sized_values["size"][0])),)
+    assert command_of(settings) == f"tensat rules generate {sliced}"
 
 
 def test_the_bench_makes_each_library_set_again_with_the_flags_its_header_gives() -> None:

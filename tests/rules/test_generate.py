@@ -391,6 +391,77 @@ def test_a_reshape_is_enumerated_at_targets_computed_from_its_input_and_its_rule
     assert derived(found.rules, targets, rank=2) == {t.name: "derived" for t in targets}
 
 
+def _slice(p: Pattern, start: object, size: object, axis: int = 0) -> Term:
+    return Term("slice", (p,), (("axis", literal(axis)), ("start", literal(start)), ("size", literal(size))))
+
+
+def _kept_as_written(found: dict[str, tuple[Pattern, Pattern]], expected: dict[str, str]) -> None:
+    """Each candidate of `found` (named after the hand-written rule it should give), verified from its first
+    orientation at leaves of 3 x 3, is the rule of `expected`, and the rules kept derive the hand-written ones."""
+    kept = []
+    for name, (left, right) in found.items():
+        rule = verified(orientations(left, right, name, (3, 3))[0], seed=0, rank=2)
+        assert rule is not None and canonical_form(rule) == canonical_form(_rule(expected[name])), name
+        kept.append(rule)
+    hand = {r.name: r for r in all_rules()}
+    assert derived(kept, [hand[n] for n in found], rank=2) == {n: "derived" for n in found}
+
+
+def test_slice_starts_and_sizes_are_related_by_arithmetic() -> None:
+    """The enumeration finds slices at a few starts and sizes; a rule whose right side's start or size is a sum of
+    its left side's, or whose left side's are related, is kept with those values as variables, the sums written
+    out, and the relations as guards (`arithmetic`), and guarded to stay inside its input where its right side
+    slices a leaf. The rules kept are the hand-written ones, and derive them at the verifier's bindings."""
+    x, y = Var("x"), Var("y")
+    concat = Term("concat", (x, y), (("axis", literal(0)),))
+    found = {
+        "slice-slice": (_slice(_slice(x, 1, 1), 0, 1), _slice(x, 1, 1)),
+        "concat-adjacent-slices": (
+            Term("concat", (_slice(x, 0, 1), _slice(x, 1, 1)), (("axis", literal(0)),)),
+            _slice(x, 0, 2),
+        ),
+        "slice-within-concat-left": (_slice(concat, 1, 1), _slice(x, 1, 1)),
+    }
+    expected = {
+        "slice-slice": "(rule a (slice (slice ?x :axis ?a :start ?s1 :size ?n1) :axis ?a :start ?s :size ?n)"
+        " (slice ?x :axis ?a :start (+ ?s ?s1) :size ?n) :when ((= (rank ?x) 2)))",
+        "concat-adjacent-slices": "(rule a (concat (slice ?x :axis ?a :start ?s :size ?n)"
+        " (slice ?x :axis ?a :start ?s1 :size ?n1) :axis ?a) (slice ?x :axis ?a :start ?s :size (+ ?n ?n1))"
+        " :when ((= (rank ?x) 2) (= ?s1 (+ ?s ?n))))",
+        "slice-within-concat-left": "(rule a (slice (concat ?x ?y :axis ?a) :axis ?a :start ?s :size ?n)"
+        " (slice ?x :axis ?a :start ?s :size ?n) :when ((<= (+ ?s ?n) (dim ?x ?a))))",
+    }
+    _kept_as_written(found, expected)
+
+
+def test_a_value_computed_from_shapes_is_guarded_by_the_dim_it_equals() -> None:
+    """A slice of half a concat of two leaves (`--domain slice.size=half`), of a whole leaf, and a reshape to its
+    input's shape (`reshape.shape=same`) are enumerated as values computed from the shapes (`ops.Sized`); the rule
+    kept ties each to the leaf's dim or shape it equals (`_sized_guards`, `_fewer_sized`): the hand-written rules
+    of a concat sliced to one of its halves, of a slice of everything, and of a reshape to the same shape."""
+    x, y = Var("x"), Var("y")
+    half, whole = ops.get("slice").sized_values["size"]
+    same = ops.get("reshape").sized_values["shape"][0]
+    concat = Term("concat", (x, y), (("axis", literal(0)),))
+    found = {
+        "slice-concat-left": (_slice(concat, 0, half), x),
+        "slice-concat-right": (_slice(concat, half, half), y),
+        "slice-full": (_slice(x, 0, whole), x),
+        "reshape-identity": (Term("reshape", (x,), (("shape", literal(same)),)), x),
+    }
+    expected = {
+        "slice-concat-left": "(rule a (slice (concat ?x ?y :axis ?a) :axis ?a :start 0 :size ?n) ?x"
+        " :when ((= (rank ?x) 2) (= (rank ?y) 2) (= ?n (dim ?x ?a))))",
+        "slice-concat-right": "(rule a (slice (concat ?x ?y :axis ?a) :axis ?a :start ?s :size ?n) ?y"
+        " :when ((= ?s (dim ?x ?a)) (= ?n (dim ?y ?a))))",
+        "slice-full": "(rule a (slice ?x :axis ?a :start ?s :size ?n) ?x :when ((= ?n (dim ?x ?a))))",
+        "reshape-identity": "(rule a (reshape ?x :shape ?s) ?x :when ((= ?s (shape ?x))))",
+    }
+    _kept_as_written(found, expected)
+    unguarded = orientations(*found["slice-concat-right"], "u")[0]  # without the leaves' shape: no tie, refuted
+    assert verified(unguarded, seed=0, rank=2) is None
+
+
 def test_two_candidates_generalized_into_one_rule_keep_it_once() -> None:
     """c * (x * y) = x * (y * c) at c = 0.5 and at c = 2, verified in one batch, are each lifted to any constant:
     the second is the first rule again (not an instance of its pair, whose constant is written for one rank),
@@ -511,6 +582,9 @@ def test_cli_writes_a_rule_file_that_verifies(tmp_path: Path, capsys: pytest.Cap
         (["--name", "My Set"], "a set's name is lower-case letters and digits, got 'My Set'"),
         (["--constants", "0.5,x"], "expected comma-separated numbers, got '0.5,x'"),
         (["--constants", "1,1.0"], "constants must be distinct finite numbers, got '1,1.0'"),
+        (["--domain", "slice.size"], "--domain: expected OP.ATTR=V,V... of an op's attribute, got 'slice.size'"),
+        (["--domain", "slice.step=1"], "expected OP.ATTR=V,V... of an op's attribute, got 'slice.step=1'"),
+        (["--domain", "slice.size=1,third"], "slice.size has no value 'third' (an integer, or one of: half, whole)"),
     ],
 )
 def test_cli_bad_flags_one_line_and_nothing_written(
