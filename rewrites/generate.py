@@ -965,6 +965,7 @@ def _refined(rule: Rule, seed: int, rank: int, refuted: Sequence[Mapping[str, An
     (`generalized`: its axes, then its slices' starts and sizes by `arithmetic`, then what is left) and unranked
     (`_unranked`), each step's variant checked in full or screened."""
     fewer = _fewer_sized(_fewer_same_shapes(rule, seed, rank, refuted, screen), seed, rank, screen)
+    fewer = _dim_equalities(fewer, seed, rank, screen)
     general = generalized(fewer, seed, rank, screen, solved=False)
     general = generalized(arithmetic(general, seed, rank, screen), seed, rank, screen)
     return _unranked(general, seed, rank, screen)
@@ -997,6 +998,58 @@ def _fewer_same_shapes(
             if holds(relaxed):
                 rule = relaxed
                 break
+    return rule
+
+
+DIM_TENSORS = 4  # tensors a rule relates by equal shapes from which `_dim_equalities` looks for the dims it needs
+DIM_BLOCKS = 6  # dims `_dim_equalities` partitions, at most (the partitions of more are too many to try)
+
+
+def _set_partitions(items: Sequence[Any]) -> Iterator[list[list[Any]]]:
+    """Every partition of `items` into blocks, each block in `items`' order."""
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for partition in _set_partitions(rest):
+        yield [[first], *partition]
+        for k in range(len(partition)):
+            yield [*partition[:k], [first, *partition[k]], *partition[k + 1 :]]
+
+
+def _dim_equalities(rule: Rule, seed: int, rank: int, screen: bool = False) -> Rule:
+    """`rule`, over at least DIM_TENSORS tensors, with its equal-shape guards (`same-shape`, `same-except`) made the
+    equalities of the dims it needs, where it holds with them (`_holds`): the enumeration's leaves were of one
+    shape, and `matmul(concat(x, y, 1), concat(z, w, 0)) = matmul(x, z) + matmul(y, w)` needs only x's columns as
+    many as z's rows, not the four of one shape. Every dim of the guarded tensors starts equal to every other; each
+    dim is set free where the rule holds without it, and the dims left are split into the most blocks of equal dims
+    (no block of one) that the rule holds with."""
+    shaped = [g for g in rule.guards if g.fn in ("same-shape", "same-except")]
+    names = list(dict.fromkeys(cast(Var, a).name for g in shaped for a in g.args[:2]))
+    if len(rule.tensor_vars()) < DIM_TENSORS or not shaped:
+        return rule
+    rest = tuple(g for g in rule.guards if g not in shaped)
+
+    def dim(d: tuple[str, int]) -> Call:
+        return Call("dim", (Var(d[0]), literal(d[1])))
+
+    def with_blocks(blocks: Sequence[Sequence[tuple[str, int]]]) -> Rule:
+        equal = tuple(Call("=", (dim(b[0]), dim(d))) for b in blocks for d in b[1:])
+        return replace(rule, guards=rest + equal)
+
+    bound = [(n, k) for n in names for k in range(leaf_rank(n, rank))]
+    for d in list(bound):
+        fewer = [e for e in bound if e != d]
+        if _holds(with_blocks([fewer]), seed, rank, screen):
+            bound = fewer
+    if not bound:
+        return with_blocks([])
+    if len(bound) > DIM_BLOCKS:
+        return rule if not _holds(with_blocks([bound]), seed, rank, screen) else with_blocks([bound])
+    partitions = [p for p in _set_partitions(bound) if all(len(b) > 1 for b in p)]
+    for partition in sorted(partitions, key=len, reverse=True):
+        if _holds(with_blocks(partition), seed, rank, screen):
+            return with_blocks(partition)
     return rule
 
 

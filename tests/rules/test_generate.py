@@ -13,7 +13,18 @@ from tensat import cli, ops
 from tensat.egraph.derive import UnsoundRules, derived, proved
 from tensat.rewrites import GENERATED_DIR, RuleError, all_rules, distinct, generated_rules, rule_set
 from tensat.rewrites import generate as generate_mod
-from tensat.rewrites.dsl import Call, Pattern, Rule, Term, Var, canonical_form, format_rule, literal, parse_rules
+from tensat.rewrites.dsl import (
+    Call,
+    Pattern,
+    Rule,
+    Term,
+    Var,
+    canonical_form,
+    format_pattern,
+    format_rule,
+    literal,
+    parse_rules,
+)
 from tensat.rewrites.generate import (
     Settings,
     Workers,
@@ -432,6 +443,31 @@ def test_slice_starts_and_sizes_are_related_by_arithmetic() -> None:
         " (slice ?x :axis ?a :start ?s :size ?n) :when ((<= (+ ?s ?n) (dim ?x ?a))))",
     }
     _kept_as_written(found, expected)
+
+
+def test_a_rule_over_four_tensors_keeps_only_the_equal_dims_it_needs() -> None:
+    """The enumeration's four leaves are of one shape: a product of two concats split into a sum of products is
+    kept guarded by x's columns equal to z's rows alone (each dim set free where the rule holds without it), and the
+    sum of products merged into one by the rows of the two left operands equal and the columns of the right ones
+    (two blocks of equal dims). They derive the hand-written rules, whose tensors are of four shapes."""
+    split = _rule("(rule a (matmul (concat ?w ?x :axis 1) (concat ?y ?z :axis 0)) (add (matmul ?x ?z) (matmul ?w ?y)))")
+    merge = _rule("(rule a (add (matmul ?x ?z) (matmul ?w ?y)) (matmul (concat ?w ?x :axis 1) (concat ?y ?z :axis 0)))")
+    ranks = "(= (rank ?w) 2) (= (rank ?x) 2) (= (rank ?y) 2) (= (rank ?z) 2)"
+    expected = [
+        _rule(
+            f"(rule a {format_pattern(split.lhs[0])} {format_pattern(split.rhs[0])}"
+            f" :when ({ranks} (= (dim ?z 0) (dim ?x 1))))"
+        ),
+        _rule(
+            f"(rule b {format_pattern(merge.lhs[0])} {format_pattern(merge.rhs[0])}"
+            f" :when ({ranks} (= (dim ?y 1) (dim ?z 1)) (= (dim ?x 0) (dim ?w 0))))"
+        ),
+    ]
+    kept = [verified(r, seed=0, rank=2) for r in (split, merge)]
+    assert [canonical_form(r) for r in kept if r] == [canonical_form(r) for r in expected]
+    hand = {r.name: r for r in all_rules()}
+    targets = [hand["matmul-concat-inner-split"], hand["add-matmul-concat-inner"]]
+    assert derived([*expected, hand["add-comm"]], targets, rank=2) == {t.name: "derived" for t in targets}
 
 
 def test_a_value_computed_from_shapes_is_guarded_by_the_dim_it_equals() -> None:
