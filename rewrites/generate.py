@@ -85,6 +85,9 @@ from .verify import SPREADS, close, draw_leaves, kept_from_zero, pattern_shape, 
 
 LEAVES = ("x", "y", "z", "w")  # the tensor leaves, of which a generation takes the first `Settings.leaves`
 VECTORS = ("b", "c")  # rank-1 leaves of the leaves' size (`Settings.vectors`): a conv's bias
+# a leaf of the tensors' rank, 1 in every dim but the second (`Settings.channels`): a per-channel scale or shift of an
+# NCHW tensor, a row at rank 2
+CHANNELS = ("r",)
 MAX_BATCH = 64  # candidates checked, verified and kept in one minimization round, at most
 VERIFY_TRIALS, VERIFY_CASES = 8, 8  # bindings per combination, and in all, a generated rule is verified on
 VERIFY_SEEDS = 2  # ... at each of this many seeds
@@ -108,6 +111,7 @@ class Settings:
     sizes: tuple[int, ...] = (2, 3)  # every dim of every leaf, one fingerprint per size
     seed: int = 0
     vectors: int = 0  # rank-1 leaves besides (`VECTORS`), for an op that takes one (a conv's bias)
+    channels: int = 0  # leaves besides that broadcast but along their second dim (`CHANNELS`): a per-channel scale
     name: str = ""  # the set's name in its rules' names and its library file (`rule_prefix`); "" names it by its leaves
     constants: tuple[float, ...] = ()  # constant leaves besides (`constant_leaf`): a power's exponent, a scale
     positive: bool = False  # leaves drawn positive: an op defined on positive inputs alone (sqrt, log) is not left out
@@ -126,6 +130,8 @@ class Settings:
             raise ValueError(f"sizes must be positive, got {self.sizes}")
         if not 0 <= self.vectors <= len(VECTORS):
             raise ValueError(f"vectors must be 0 to {len(VECTORS)}, got {self.vectors}")
+        if not 0 <= self.channels <= len(CHANNELS) or (self.channels and self.rank < 2):
+            raise ValueError(f"channels must be 0 to {len(CHANNELS)}, at rank 2 or more, got {self.channels}")
         if self.name and not re.fullmatch(r"[a-z0-9]+", self.name):
             raise ValueError(f"a set's name is lower-case letters and digits, got {self.name!r}")
         if len(set(self.constants)) != len(self.constants) or not all(np.isfinite(self.constants)):
@@ -140,8 +146,8 @@ class Settings:
         return (size,) * self.rank
 
     def leaf_names(self) -> tuple[str, ...]:
-        """The leaves' variables: the tensors of rank `rank`, then the vectors."""
-        return LEAVES[: self.leaves] + VECTORS[: self.vectors]
+        """The leaves' variables: the tensors of rank `rank`, then the vectors, then the per-channel leaves."""
+        return LEAVES[: self.leaves] + VECTORS[: self.vectors] + CHANNELS[: self.channels]
 
 
 FLOAT32_CODE = ops.TYPE_CODES[ops.registry.FLOAT32]
@@ -160,8 +166,16 @@ def leaf_rank(name: str, rank: int) -> int:
 
 
 def leaf_shape(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The shape of leaf `name` where the tensors are of `shape`: a vector's is its first dim."""
+    """The shape of leaf `name` where the tensors are of `shape`: a vector's is its first dim; a per-channel leaf's
+    is 1 but in its second (`CHANNELS`)."""
+    if name in CHANNELS:
+        return tuple(d if i == 1 else 1 for i, d in enumerate(shape))
     return shape[:1] if name in VECTORS else shape
+
+
+def _leaf_kind(name: str) -> str:
+    """A leaf's kind: of the tensors' shape, a vector, or per-channel; two leaves of one kind had one shape."""
+    return "vector" if name in VECTORS else "channel" if name in CHANNELS else "tensor"
 
 
 @dataclass(frozen=True)
@@ -637,7 +651,7 @@ def _sized_guards(patterns: Sequence[Pattern], shape: tuple[int, ...]) -> dict[t
     every dim, where the enumeration computed it first; `?v` is the variable `_sized_as_vars` makes of it. A slice of
     half a concat of two leaves is a slice of one leaf's size."""
     names = _sized_var_names(patterns)
-    leaves = sorted({v for p in patterns for v in _vars(p) if v in LEAVES or v in VECTORS})
+    leaves = sorted({v for p in patterns for v in _vars(p) if v in (*LEAVES, *VECTORS, *CHANNELS)})
     probes = [shape, tuple(d + 1 for d in shape)]
     seen: dict[tuple[str, Lit], list[Any]] = {}
     for probe in probes:
@@ -736,7 +750,7 @@ def _same_shape_guards(rule: Rule) -> Rule:
     """`rule` guarded by its left side's tensor variables having equal shapes, those of one leaf rank (as the
     enumeration's leaves had)."""
     names = rule.tensor_vars()
-    pairs = [(a, b) for a, b in itertools.combinations(names, 2) if (a in VECTORS) == (b in VECTORS)]
+    pairs = [(a, b) for a, b in itertools.combinations(names, 2) if _leaf_kind(a) == _leaf_kind(b)]
     guards = tuple(Call("same-shape", (Var(a), Var(b))) for a, b in pairs)
     return replace(rule, guards=rule.guards + guards)
 
@@ -769,6 +783,8 @@ def _probe_shapes(name: str, rank: int) -> list[tuple[int, ...]]:
     if name in VECTORS:
         return [(3,), (2,), (1,)]
     full = (3,) * rank
+    if name in CHANNELS:
+        return [leaf_shape(name, full), leaf_shape(name, (2,) * rank), (1,) * rank, full]
     probes = [full, (2, *full[1:]), (*full[:-1], 2), (1,) * rank, full[1:]]
     probes += [tuple(1 if i == k else 3 for i in range(rank)) for k in range(rank)]
     return list(dict.fromkeys(p for p in probes if p))
@@ -915,8 +931,18 @@ def _refuted_by(rule: Rule, bindings: Sequence[Mapping[str, Any]]) -> bool:
 
 
 def _rank_guard_calls(rule: Rule, rank: int) -> tuple[Call, ...]:
-    """The guards that `rule`'s left side's tensor variables have their leaf's rank (`leaf_rank`)."""
-    return tuple(Call("=", (Call("rank", (Var(v),)), literal(leaf_rank(v, rank)))) for v in rule.tensor_vars())
+    """The guards that `rule`'s left side's tensor variables have their leaf's rank (`leaf_rank`), and a per-channel
+    leaf its dims of 1 (`CHANNELS`)."""
+    names = rule.tensor_vars()
+    ranks = tuple(Call("=", (Call("rank", (Var(v),)), literal(leaf_rank(v, rank)))) for v in names)
+    ones = tuple(
+        Call("=", (Call("dim", (Var(v), literal(k))), literal(1)))
+        for v in names
+        if v in CHANNELS
+        for k in range(rank)
+        if k != 1
+    )
+    return ranks + ones
 
 
 def _rank_guards(rule: Rule, rank: int) -> Rule:
@@ -1520,12 +1546,14 @@ def multi_rules(
 
 def rule_prefix(settings: Settings) -> str:
     """The start of the names of the rules a generation makes: `gen-NAME` for a named set, else by its leaves: `gen`
-    over the default ones, `gen-r4` over leaves of rank 4, `gen-r4v2` with two vectors besides, so that the library's
-    sets name their rules apart."""
+    over the default ones, `gen-r4` over leaves of rank 4, `gen-r4v2` with two vectors besides (`c1` with a
+    per-channel leaf), so that the library's sets name their rules apart."""
     if settings.name:
         return f"gen-{settings.name}"
-    vectors = f"v{settings.vectors}" if settings.vectors else ""
-    return "gen" if (settings.rank, vectors) == (Settings.rank, "") else f"gen-r{settings.rank}{vectors}"
+    extra = (f"v{settings.vectors}" if settings.vectors else "") + (
+        f"c{settings.channels}" if settings.channels else ""
+    )
+    return "gen" if (settings.rank, extra) == (Settings.rank, "") else f"gen-r{settings.rank}{extra}"
 
 
 class Prover(Protocol):
@@ -1653,7 +1681,7 @@ def minimize(
     of which a rule of the same batch rewrites: a rule is named by its candidate's place in the minimization's order
     (the verifier's random draws follow the name), so that what is kept does not depend on the workers."""
     remaining = list(enumerate(sorted(pairs, key=_by_ops)))
-    vectors = {name: leaf_shape(name, shape) for name in VECTORS}
+    vectors = {name: leaf_shape(name, shape) for name in (*VECTORS, *CHANNELS)}
     rules: list[Rule] = []
     counts = {"derived": 0, "not_rewrites": 0, "rejected": 0, "guarded": 0, "unsound": 0}
     batch, level = 1, 0

@@ -20,6 +20,7 @@ from tensat.options import positive_int
 from tensat.rewrites import GENERATED_DIR
 from tensat.rewrites.dsl import parse_rules
 from tensat.rewrites.generate import (
+    CHANNELS,
     LEAVES,
     VECTORS,
     Generated,
@@ -124,6 +125,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="rank-1 leaves besides the tensors, for an op that takes one, such as a conv's bias (default 0)",
     )
     parser.add_argument(
+        "--channels",
+        type=int,
+        choices=range(len(CHANNELS) + 1),
+        default=0,
+        help="leaves besides of the tensors' rank that are 1 in every dim but the second: a per-channel scale of an "
+        "NCHW tensor, a row at rank 2 (default 0)",
+    )
+    parser.add_argument(
         "--constants",
         metavar="V,V...",
         help="constant leaves besides, each a float32 scalar that broadcasts against the tensors (such as 0.5,1 for "
@@ -194,6 +203,7 @@ def settings_of(args: argparse.Namespace) -> Settings:
             sizes=args.sizes,
             seed=args.seed,
             vectors=args.vectors,
+            channels=args.channels,
             name=args.name,
             constants=_constants(args.constants),
             positive=args.leaf_values == "positive",
@@ -220,6 +230,7 @@ def command_of(settings: Settings) -> str:
             ("--leaves", settings.leaves if settings.leaves != default.leaves else None),
             ("--sizes", ",".join(map(str, settings.sizes))),
             ("--vectors", settings.vectors or None),
+            ("--channels", settings.channels or None),
             ("--constants", ",".join(map(repr, settings.constants)) or None),
             *(
                 ("--domain", f"{op}.{attr}={','.join(map(_value_text, values))}")

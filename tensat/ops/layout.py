@@ -261,6 +261,11 @@ def _flat(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> Shape:
     return (*(1,) * (len(x) - 1), numel(x)) if x else ()
 
 
+def _vector(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> Shape:
+    """Every element along one axis, at rank 1: a per-channel scale as a conv's bias."""
+    return (numel(shapes[0]),)
+
+
 def _same(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> Shape:
     """The input's own shape: a reshape that changes nothing."""
     return tuple(shapes[0])
@@ -287,7 +292,7 @@ RESHAPE = register(
         equations=_reshape_equations,
         solved={"shape": lambda s, out: out},
         generated={"shape": [Sized("flat", _flat), Sized("column", _column)]},
-        sized_values={"shape": (Sized("same", _same),)},
+        sized_values={"shape": (Sized("same", _same), Sized("vector", _vector))},
         int_exact=True,
         accepts=any_data,
         view=True,

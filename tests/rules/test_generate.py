@@ -3,6 +3,8 @@ saturation, verification, and the rule file it writes."""
 
 from __future__ import annotations
 
+import argparse
+import shlex
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import pytest
 
 from tensat import cli, ops
 from tensat.egraph.derive import UnsoundRules, derived, proved
+from tensat.generate_cli import add_arguments, settings_of
 from tensat.rewrites import GENERATED_DIR, RuleError, all_rules, distinct, generated_rules, rule_set
 from tensat.rewrites import generate as generate_mod
 from tensat.rewrites.dsl import (
@@ -40,6 +43,7 @@ from tensat.rewrites.generate import (
     orientations,
     prune,
     refuted,
+    rule_prefix,
     rules_text,
     shape_sound,
     verified,
@@ -470,6 +474,21 @@ def test_a_rule_over_four_tensors_keeps_only_the_equal_dims_it_needs() -> None:
     assert derived([*expected, hand["add-comm"]], targets, rank=2) == {t.name: "derived" for t in targets}
 
 
+def test_a_per_channel_leaf_gives_the_rules_of_a_row_scale() -> None:
+    """A leaf 1 in every dim but its second (`--channels 1`: a row at rank 2) scales a product's columns: the rule
+    kept moves it onto the right operand, guarded by its one row, and derives the hand-written fold of a scale into
+    a weight. Without the leaf, the leaves of one shape find no such rule."""
+    found = generate(Settings(max_ops=2, ops=("matmul", "mul"), leaves=2, channels=1), proved)
+    moved = "(rule a (mul ?r (matmul ?x ?y)) (matmul ?x (mul ?y ?r))"
+    moved += " :when ((= (rank ?r) 2) (= (rank ?x) 2) (= (rank ?y) 2) (= (dim ?r 0) 1)))"
+    assert canonical_form(_rule(moved)) in _keys(found.rules)
+    hand = {r.name: r for r in all_rules()}
+    target = hand["matmul-scale-mul-fold"]
+    assert derived([*found.rules, hand["mul-comm"]], [target], rank=2) == {target.name: "derived"}
+    plain = generate(Settings(max_ops=2, ops=("matmul", "mul"), leaves=2), proved)
+    assert derived([*plain.rules, hand["mul-comm"]], [target], rank=2) == {target.name: "not derived"}
+
+
 def test_a_value_computed_from_shapes_is_guarded_by_the_dim_it_equals() -> None:
     """A slice of half a concat of two leaves (`--domain slice.size=half`), of a whole leaf, and a reshape to its
     input's shape (`reshape.shape=same`) are enumerated as values computed from the shapes (`ops.Sized`); the rule
@@ -702,8 +721,16 @@ SHAPE_SAMPLE = 45  # the default run checks one in this many of the library's ge
 
 
 def _leaf_rank(rule: Rule) -> int:
-    """The rank of the leaves of the library's set that made `rule` (by the prefix of its name)."""
-    return 4 if rule.name.startswith(("gen-r4", "gen-pools")) else 3 if rule.name.startswith("gen-r3") else 2
+    """The rank of the leaves of the library's set that made `rule`: its file's header's `--rank`, found by the
+    prefix of the rule's name (`rule_prefix`)."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    ranks = {}
+    for path in GENERATED_DIR.glob("*.rules"):
+        command = path.read_text(encoding="utf-8").partition("\n")[0].split("`")[1]
+        settings = settings_of(parser.parse_args(shlex.split(command)[3:]))
+        ranks[rule_prefix(settings) + "-"] = settings.rank
+    return ranks[max((p for p in ranks if rule.name.startswith(p)), key=len)]
 
 
 @pytest.mark.parametrize("every", [pytest.param(SHAPE_SAMPLE, id="sample"), pytest.param(1, marks=pytest.mark.slow)])
