@@ -988,13 +988,28 @@ def verified(rule: Rule, seed: int, rank: int) -> Rule | None:
 
 def _refined(rule: Rule, seed: int, rank: int, refuted: Sequence[Mapping[str, Any]], screen: bool) -> Rule:
     """A rule that holds, without the same-shape guards it does not need (`_fewer_same_shapes`), generalized
-    (`generalized`: its axes, then its slices' starts and sizes by `arithmetic`, then what is left) and unranked
-    (`_unranked`), each step's variant checked in full or screened."""
+    (`generalized`; where that leaves a slice's start or size a value, or one variable for two of them, its axes
+    first, then its slices' starts and sizes by `arithmetic`, then what is left) and unranked (`_unranked`), each
+    step's variant checked in full or screened."""
     fewer = _fewer_sized(_fewer_same_shapes(rule, seed, rank, refuted, screen), seed, rank, screen)
     fewer = _dim_equalities(fewer, seed, rank, screen)
-    general = generalized(fewer, seed, rank, screen, solved=False)
-    general = generalized(arithmetic(general, seed, rank, screen), seed, rank, screen)
+    general = generalized(fewer, seed, rank, screen)
+    if _solved_left(fewer, general):
+        general = generalized(fewer, seed, rank, screen, solved=False)
+        general = generalized(arithmetic(general, seed, rank, screen), seed, rank, screen)
     return _unranked(general, seed, rank, screen)
+
+
+def _solved_left(rule: Rule, general: Rule) -> bool:
+    """Whether generalizing `rule` into `general` left one of its slices' starts or sizes a value, or made two of them
+    one variable (`slice(slice(x, ?start1, ?size), ?start, ?size)`: a rule of equal sizes alone): `arithmetic`
+    may relate them instead. Most rules lift them to variables of their own, and are not tried again."""
+    before = sum(1 for t in rule.lhs for _ in _solved_values(t))
+    if not before:
+        return False
+    solved = [e for t in general.lhs for op, k, e in _op_attrs(t) if k in ops.get(op).solved]
+    names = [e.name for e in solved if isinstance(e, Var)]
+    return len(names) < len(solved) or len(set(names)) < len(names)
 
 
 def _fewer_same_shapes(
