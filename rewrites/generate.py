@@ -1348,8 +1348,8 @@ def _related(
 ) -> tuple[Rule, tuple[int, int]]:
     """`rule`, whose guards fix each of `found`'s variables to its value (`(= ?v 1)`), with each such guard dropped
     where the rule still holds, else replaced by one relating the variable to others (`(= ?start1 (+ ?start
-    ?size))`), the last variables first; then the guards it still holds without, dropped. (the rule, (the variables
-    left fixed, the relations)): the fewer, the more general the rule."""
+    ?size))`), the last variables first; then the relations and bounds it still holds without, dropped (its rank
+    guards are `_unranked`'s). (the rule, (the variables left fixed, the relations)): the fewer, the more general."""
     for name in reversed(list(found)):
         attr, value = found[name]
         fixing = _fixed(name, value)
@@ -1362,13 +1362,18 @@ def _related(
             if holds(candidate):
                 rule = candidate
                 break
-    for guard in [g for g in rule.guards if not (g.fn == "=" and isinstance(g.args[1], Lit))]:
+    for guard in [g for g in rule.guards if g.fn in ("<=", ">=") or g.fn == "=" and _relates(g, found)]:
         fewer = replace(rule, guards=tuple(g for g in rule.guards if g != guard))
         if holds(fewer):
             rule = fewer
     fixed = sum(_fixed(n, v) in rule.guards for n, (_, v) in found.items())
     related = sum(g.fn == "=" and isinstance(g.args[0], Var) and g.args[0].name in found for g in rule.guards)
     return rule, (fixed, related - fixed)
+
+
+def _relates(guard: Call, found: Mapping[str, tuple[str, int]]) -> bool:
+    """Whether `guard` relates one of `found`'s variables to others (`(= ?start1 (+ ?start ?size))`)."""
+    return isinstance(guard.args[0], Var) and guard.args[0].name in found and not isinstance(guard.args[1], Lit)
 
 
 def _unfixed(rule: Rule, found: Mapping[str, tuple[str, int]]) -> Rule:
@@ -1429,7 +1434,8 @@ def arithmetic(rule: Rule, seed: int, rank: int, screen: bool = False) -> Rule:
     expression of those of the same value (a sum of two, or one), and the guards that fix the variables are dropped
     or made relations (`_related`) where the rule still holds; the guards that keep a computed slice inside its
     input (`_slice_bounds`) are added, and dropped where not needed. Of the right sides tried
-    (`ARITHMETIC_ASSIGNMENTS`), the one that leaves the fewest values fixed is kept; `rule` where none frees one."""
+    (`ARITHMETIC_ASSIGNMENTS`, the likeliest first), the first that leaves no value fixed is kept, else the one that
+    leaves the fewest; `rule` where none frees one."""
     if rule.multi or not any(True for t in rule.lhs for _ in _solved_values(t)):
         return rule
     found: dict[str, tuple[str, int]] = {}
@@ -1454,7 +1460,7 @@ def arithmetic(rule: Rule, seed: int, rank: int, screen: bool = False) -> Rule:
         candidate, left = _related(replace(rule, lhs=lhs, rhs=rhs, guards=rule.guards + bounds + fixing), found, holds)
         if left < fewest:
             best, fewest = _unfixed(candidate, found), left
-            if left == (0, 0):
+            if not left[0]:  # no value left fixed: the likeliest right side that frees them all
                 break
     return best
 
