@@ -651,6 +651,8 @@ def _sized_guards(patterns: Sequence[Pattern], shape: tuple[int, ...]) -> dict[t
     every dim, where the enumeration computed it first; `?v` is the variable `_sized_as_vars` makes of it. A slice of
     half a concat of two leaves is a slice of one leaf's size."""
     names = _sized_var_names(patterns)
+    if not names:  # most candidates: nothing computed from shapes
+        return {}
     leaves = sorted({v for p in patterns for v in _vars(p) if v in (*LEAVES, *VECTORS, *CHANNELS)})
     probes = [shape, tuple(d + 1 for d in shape)]
     seen: dict[tuple[str, Lit], list[Any]] = {}
@@ -964,12 +966,13 @@ def verified(rule: Rule, seed: int, rank: int) -> Rule | None:
     went to checking each in full. Where the refined rule fails the full check, the variant it came from is checked in
     full and refined with full checks, as without the screen."""
     specific = _rank_specific(rule)
-    tries = ([] if specific else [rule]) + [_rank_guards(rule, rank)]
+    ranked = _rank_guards(rule, rank)
+    tries = ([] if specific else [rule]) + [ranked]
     if len(rule.tensor_vars()) > 1:
-        tries += ([] if specific else [_same_shape_guards(rule)]) + [_same_shape_guards(_rank_guards(rule, rank))]
+        tries += ([] if specific else [_same_shape_guards(rule)]) + [_same_shape_guards(ranked)]
     bounds = tuple(g for t in rule.rhs for g in _slice_bounds(t, fixed=True))
     if bounds:
-        tries.append(replace(_rank_guards(rule, rank), guards=_rank_guards(rule, rank).guards + bounds))
+        tries.append(replace(ranked, guards=ranked.guards + bounds))
     refuted: list[dict[str, Any]] = []
     for attempt in tries:
         if _refuted_by(attempt, refuted):
@@ -1066,9 +1069,9 @@ def _dim_equalities(rule: Rule, seed: int, rank: int, screen: bool = False) -> R
     dim is set free where the rule holds without it, and the dims left are split into the most blocks of equal dims
     (no block of one) that the rule holds with."""
     shaped = [g for g in rule.guards if g.fn in ("same-shape", "same-except")]
-    names = list(dict.fromkeys(cast(Var, a).name for g in shaped for a in g.args[:2]))
     if len(rule.tensor_vars()) < DIM_TENSORS or not shaped:
         return rule
+    names = list(dict.fromkeys(cast(Var, a).name for g in shaped for a in g.args[:2]))
     rest = tuple(g for g in rule.guards if g not in shaped)
 
     def dim(d: tuple[str, int]) -> Call:
@@ -1086,7 +1089,7 @@ def _dim_equalities(rule: Rule, seed: int, rank: int, screen: bool = False) -> R
     if not bound:
         return with_blocks([])
     if len(bound) > DIM_BLOCKS:
-        return rule if not _holds(with_blocks([bound]), seed, rank, screen) else with_blocks([bound])
+        return with_blocks([bound]) if _holds(with_blocks([bound]), seed, rank, screen) else rule
     partitions = [p for p in _set_partitions(bound) if all(len(b) > 1 for b in p)]
     for partition in sorted(partitions, key=len, reverse=True):
         if _holds(with_blocks(partition), seed, rank, screen):
@@ -1367,8 +1370,7 @@ def _related(
         if holds(fewer):
             rule = fewer
     fixed = sum(_fixed(n, v) in rule.guards for n, (_, v) in found.items())
-    related = sum(g.fn == "=" and isinstance(g.args[0], Var) and g.args[0].name in found for g in rule.guards)
-    return rule, (fixed, related - fixed)
+    return rule, (fixed, sum(g.fn == "=" and _relates(g, found) for g in rule.guards))
 
 
 def _relates(guard: Call, found: Mapping[str, tuple[str, int]]) -> bool:
@@ -1441,7 +1443,8 @@ def arithmetic(rule: Rule, seed: int, rank: int, screen: bool = False) -> Rule:
     found: dict[str, tuple[str, int]] = {}
     taken = {v for p in (*rule.lhs, *rule.rhs, *rule.guards) for v in _vars_of(p)}
     lhs = tuple(cast(Term, _split_solved(t, taken, found)) for t in rule.lhs)
-    options = [_sums_of(value, attr, found) + [literal(value)] for t in rule.rhs for attr, value in _solved_values(t)]
+    right = [pair for t in rule.rhs for pair in _solved_values(t)]
+    options = [_sums_of(value, attr, found) + [literal(value)] for attr, value in right]
     fixing = tuple(_fixed(n, v) for n, (_, v) in found.items())
     best, fewest = rule, (len(found), 0)
 
@@ -1452,7 +1455,6 @@ def arithmetic(rule: Rule, seed: int, rank: int, screen: bool = False) -> Rule:
         ranks = [_expression_rank(e, attr, found) for e, (attr, _) in zip(exprs, right)]
         return max(ranks, default=0), sum(ranks)
 
-    right = [pair for t in rule.rhs for pair in _solved_values(t)]
     assignments = sorted(itertools.product(*options), key=order)[:ARITHMETIC_ASSIGNMENTS]
     for exprs in assignments:
         rhs = tuple(_with_solved(t, iter(exprs)) for t in rule.rhs)
