@@ -549,6 +549,7 @@ class _Run:
     exported: Exported | None = None
     last_export: tuple[int, Exported] | None = None  # the e-graph's version when exported, and the export
     sampled: tuple[Exported, extraction.ExtractionResult] | None = None  # the last sample's export and selection
+    checkpoint: tuple[Exported, extraction.ExtractionResult] | None = None  # `all`: the hand-written rules' graph
     guided: extraction.ExtractionResult | None = None  # the guided rounds' selection, in `exported`
     chosen: extraction.ExtractionResult | None = None
     # the optimized graph while it goes through the checks: as written to ONNX, read back, and priced
@@ -806,7 +807,8 @@ def _explore(run: _Run) -> None:
     share = _budget_left(run, EXPLORE_SHARE)
     stats: ExplorationStats | None = None
     # `all` explores with the hand-written rules first, as `hand` does, then goes on with every rule within what is
-    # left of the limits: its e-graph holds what `hand` finds, however much the generated set grows it. With a
+    # left of the limits: its e-graph holds what `hand` finds, however much the generated set grows it, and the graph
+    # `hand` would extract is a start of the extraction (`_hand_checkpoint`). With a
     # generated set, each later stage registers the rules that the e-graph the last stage reached can match
     # (`rewrites.matchable`), until none is left
     while True:
@@ -824,6 +826,8 @@ def _explore(run: _Run) -> None:
             fresh = rewrites.matchable(run.te.ops_present(), rewrites.rule_set(opts.rules), registered)
             if not fresh:
                 break
+            if opts.rules == "all" and run.checkpoint is None:
+                _hand_checkpoint(run)
             run.te.add_rules(fresh)
         registering = time.perf_counter() - t
         stage = run.te.explore(
@@ -855,6 +859,25 @@ def _explore(run: _Run) -> None:
             f"exploration stopped at {where} before saturation ({stats.enodes} e-nodes); raising {reason} "
             f"(--{reason.replace('_', '-')}) may find a better graph"
         )
+
+
+def _hand_checkpoint(run: _Run) -> None:
+    """`all`, once the hand-written rules have run: their e-graph priced as `hand` prices it, and a graph extracted
+    from it by a local search (`run.checkpoint`), carried into the final export as a start of the extraction. The
+    generated set can grow the e-graph tenfold; without this, a measured cost model spends its pricing window on
+    the new e-nodes, leaves the ones a `hand` run chose priced by estimate, and extracts a costlier graph than
+    `hand` from an e-graph that holds `hand`'s. The prices measured here are cached, so the final export has them."""
+    x = _export(run)
+    start = extraction.greedy_dag(x.egraph, forbidden=x.forbidden)
+    initial = x.priced(x.input_choices, "input")
+    found = extraction.local_search(
+        x.egraph,
+        initial if initial.cost <= start.cost else start,
+        forbidden=x.forbidden,
+        time_limit=min(extraction.portfolio.local_search_seconds(run.opts.ilp_time_limit), _budget_left(run)),
+    )
+    run.checkpoint = (x, found)
+    run.log.say("explore", f"the hand-written rules' graph: cost {found.cost:.6g} ms; going on with every rule")
 
 
 class _Sampler:
@@ -1067,9 +1090,10 @@ def _extract(run: _Run) -> None:
     x, opts = run.exported, run.opts
     assert x is not None
     starts = [run.guided] if run.guided is not None else []
-    sampled = _carried(run, run.sampled, x)  # often the best start there is, and already a local optimum
-    if sampled is not None:
-        starts.append(sampled)
+    for earlier in (run.sampled, run.checkpoint):  # the sample: often the best start there is, a local optimum
+        carried = _carried(run, earlier, x)
+        if carried is not None:
+            starts.append(carried)
     run.chosen = extraction.extract_best(
         x.egraph,
         x.priced(x.input_choices, "input"),

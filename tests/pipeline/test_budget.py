@@ -95,3 +95,42 @@ def test_a_generated_set_is_registered_as_the_e_graph_comes_to_hold_its_ops() ->
     registered = [pool[name] for name in result.exploration.rules]
     assert any(not r.ops() <= present for r in registered)
     assert len(registered) < len(rewrites.select_rules(present, rewrites.rule_set("generated")))
+
+
+def test_all_carries_the_graph_of_the_hand_written_rules_into_its_extraction() -> None:
+    """`--rules all` explores with the hand-written rules first, extracts a graph from their e-graph, and carries it
+    into the final extraction as a start: what `all` extracts costs no more than that graph, however much the
+    generated set grew the e-graph after it."""
+    said: list[str] = []
+    result = tensat.optimize_with_details(
+        build_model("squeezenet", **SMALL_SIZES["squeezenet"]),
+        rules="all",
+        cost="analytic",
+        latency_check=0,
+        verify=False,
+        progress=lambda stage, detail: said.append(detail),
+    )
+    line = next(d for d in said if d.startswith("the hand-written rules' graph: cost "))
+    checkpoint = float(line.removeprefix("the hand-written rules' graph: cost ").split()[0])
+    assert any(not rule.startswith("gen-") for rule in result.exploration.rules)
+    assert any(rule.startswith("gen-") for rule in result.exploration.rules)
+    assert result.extraction is not None and result.extraction.cost <= checkpoint * (1 + 1e-6)
+
+
+@pytest.mark.slow  # four searches with measured costs, each on an empty cost cache
+def test_with_measured_costs_all_finds_what_hand_finds(tmp_path, monkeypatch) -> None:
+    """With a cold cost cache the generated set's e-nodes would take the pricing window that the graph `hand`
+    chooses needs (SqueezeNet's MaxPools moved over their Concat): `all` prices the hand-written rules' e-graph
+    first, as `hand` does, and finds that graph too."""
+    from bench.zoo_models import build_zoo_model
+
+    model = build_zoo_model("squeezenet10")
+    found: dict[str, list[dict[str, int]]] = {"hand": [], "all": []}
+    for k in range(2):
+        for rules in found:
+            monkeypatch.setenv("TENSAT_CACHE_DIR", str(tmp_path / f"{rules}{k}"))
+            result = tensat.optimize_with_details(model, rules=rules, cost="measured", latency_check=0, verify=False)
+            found[rules].append(result.rules)
+    distributed = ["maxpool-concat-distribute" in r for r in found["hand"]]
+    assert any(distributed)
+    assert all("maxpool-concat-distribute" in r for r, d in zip(found["all"], distributed) if d)
