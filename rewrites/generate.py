@@ -48,6 +48,7 @@ The result is written as a rule file (`rules_text`) whose header says how to mak
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import hashlib
 import itertools
 import multiprocessing
@@ -843,9 +844,8 @@ def shape_sound(rule: Rule, rank: int) -> bool:
     names = rule.tensor_vars()
     rng = np.random.default_rng(int.from_bytes(hashlib.blake2b(rule.name.encode(), digest_size=4).digest(), "big"))
     positive, nonzero = kept_from_zero(rule.lhs)
-    for attrs, shapes in ((a, s) for a in _attr_probes(rule, rank) for s in _typed_shapes(rule.lhs, names, rank, a)):
+    for attrs, shapes, left in _left_bindings(rule.lhs, rank):
         try:
-            left = [pattern_shape(t, shapes, attrs, {}) for t in rule.lhs]
             env, lets = bind_lets(rule, attrs, shapes)
             if not all(eval_expr(g, env, shapes) for g in rule.guards):
                 continue
@@ -866,6 +866,48 @@ def shape_sound(rule: Rule, rank: int) -> bool:
             if not all(close(a, b, max(1e-9, rule.tolerance)) for a, b in sides):
                 return False
     return True
+
+
+class _Replay:
+    """An iterator's items, computed once, as it is first read, and read again from there by every later reader."""
+
+    def __init__(self, items: Iterator[Any]) -> None:
+        self._items = items
+        self._seen: list[Any] = []
+
+    def __iter__(self) -> Iterator[Any]:
+        k = 0
+        while True:
+            if k == len(self._seen):
+                try:
+                    self._seen.append(next(self._items))
+                except StopIteration:
+                    return
+            yield self._seen[k]
+            k += 1
+
+
+LEFT_BINDINGS = 64  # left sides whose bindings `shape_sound` keeps: the variants of one candidate check the same one
+
+
+@functools.lru_cache(maxsize=LEFT_BINDINGS)
+def _left_bindings(lhs: tuple[Term, ...], rank: int) -> _Replay:
+    """Every binding `shape_sound` checks a rule with left side `lhs` at: (attributes, shapes, the left side's
+    shapes), where the left side is well-typed. They depend on the left side alone, and the generator checks many
+    rules with one left side (each guard set and right side of a candidate, `verified` and `arithmetic`): they are
+    made once, as first read (a rule that fails stops the reading early)."""
+    probe = Rule("probe", lhs, lhs)
+    names = probe.tensor_vars()
+
+    def made() -> Iterator[tuple[dict[str, Any], dict[str, tuple[int, ...]], list[tuple[int, ...]]]]:
+        for attrs in _attr_probes(probe, rank):
+            for shapes in _typed_shapes(lhs, names, rank, attrs):
+                try:
+                    yield attrs, shapes, [pattern_shape(t, shapes, attrs, {}) for t in lhs]
+                except (ops.ShapeError, ValueError, IndexError, KeyError, TypeError):
+                    continue
+
+    return _Replay(made())
 
 
 def _typed_shapes(
