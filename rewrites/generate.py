@@ -802,10 +802,10 @@ def _op_attrs(p: Pattern) -> Iterator[tuple[str, str, Any]]:
             yield from _op_attrs(a)
 
 
-def _attr_vars(rule: Rule) -> dict[str, tuple[str, str]]:
-    """The left side's attribute variables, each with the (op, attribute) it first sets."""
+def _attr_vars(lhs: Sequence[Term]) -> dict[str, tuple[str, str]]:
+    """The attribute variables of a left side `lhs`, each with the (op, attribute) it first sets."""
     found: dict[str, tuple[str, str]] = {}
-    for op, k, e in (item for t in rule.lhs for item in _op_attrs(t)):
+    for op, k, e in (item for t in lhs for item in _op_attrs(t)):
         if isinstance(e, Var):
             found.setdefault(e.name, (op, k))
     return found
@@ -814,15 +814,15 @@ def _attr_vars(rule: Rule) -> dict[str, tuple[str, str]]:
 SOLVED_PROBES = (0, 1, 2)  # values an attribute solved with shapes takes in `shape_sound` (a slice's start, size)
 
 
-def _attr_probes(rule: Rule, rank: int) -> list[dict[str, Any]]:
-    """The bindings of the left side's attribute variables `shape_sound` checks, each from its op's domain at
+def _attr_probes(lhs: Sequence[Term], rank: int) -> list[dict[str, Any]]:
+    """The bindings of a left side's attribute variables `shape_sound` checks, each from its op's domain at
     `rank`, or from SOLVED_PROBES for one the verifier solves with shapes: every combination of those, each with the
     first value of the attributes whose domain samples cases (`OpDef.sampled`: a conv's strides, pads, dilations,
     group) and with each other value of one of them at a time (their product, times the leaves' shapes, is more
     than a rule's check can afford)."""
     crossed: dict[str, list[Any]] = {}
     sampled: dict[str, list[Any]] = {}
-    for name, (op, attr) in _attr_vars(rule).items():
+    for name, (op, attr) in _attr_vars(lhs).items():
         d = ops.get(op)
         solved = [(1,) * rank, (1,) * (rank - 1)] if d.leaf and dict(d.attrs)[attr] == "ints" else SOLVED_PROBES
         dom = d.domains.get(attr, solved)
@@ -844,7 +844,7 @@ def shape_sound(rule: Rule, rank: int) -> bool:
     names = rule.tensor_vars()
     rng = np.random.default_rng(int.from_bytes(hashlib.blake2b(rule.name.encode(), digest_size=4).digest(), "big"))
     positive, nonzero = kept_from_zero(rule.lhs)
-    for attrs, shapes, left in _left_bindings(rule.lhs, rank):
+    for attrs, shapes, left in _left_bindings(rule.lhs, tuple(names), rank):
         try:
             env, lets = bind_lets(rule, attrs, shapes)
             if not all(eval_expr(g, env, shapes) for g in rule.guards):
@@ -891,16 +891,14 @@ LEFT_BINDINGS = 64  # left sides whose bindings `shape_sound` keeps: the variant
 
 
 @functools.lru_cache(maxsize=LEFT_BINDINGS)
-def _left_bindings(lhs: tuple[Term, ...], rank: int) -> _Replay:
-    """Every binding `shape_sound` checks a rule with left side `lhs` at: (attributes, shapes, the left side's
-    shapes), where the left side is well-typed. They depend on the left side alone, and the generator checks many
-    rules with one left side (each guard set and right side of a candidate, `verified` and `arithmetic`): they are
-    made once, as first read (a rule that fails stops the reading early)."""
-    probe = Rule("probe", lhs, lhs)
-    names = probe.tensor_vars()
+def _left_bindings(lhs: tuple[Term, ...], names: tuple[str, ...], rank: int) -> _Replay:
+    """Every binding `shape_sound` checks a rule with left side `lhs` (its tensor variables `names`) at: (attributes,
+    shapes, the left side's shapes), where the left side is well-typed. They depend on the left side alone, and the
+    generator checks many rules with one left side (each guard set and right side of a candidate, `verified` and
+    `arithmetic`): they are made once, as first read (a rule that fails stops the reading early)."""
 
     def made() -> Iterator[tuple[dict[str, Any], dict[str, tuple[int, ...]], list[tuple[int, ...]]]]:
-        for attrs in _attr_probes(probe, rank):
+        for attrs in _attr_probes(lhs, rank):
             for shapes in _typed_shapes(lhs, names, rank, attrs):
                 try:
                     yield attrs, shapes, [pattern_shape(t, shapes, attrs, {}) for t in lhs]

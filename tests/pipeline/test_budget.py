@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import tensat
+from bench.zoo_models import build_zoo_model
 from tensat import rewrites
 from tensat.errors import TensatError
 from tensat.ir import Graph
@@ -122,8 +123,6 @@ def test_with_measured_costs_all_finds_what_hand_finds(tmp_path, monkeypatch) ->
     """With a cold cost cache the generated set's e-nodes would take the pricing window that the graph `hand`
     chooses needs (SqueezeNet's MaxPools moved over their Concat): `all` prices the hand-written rules' e-graph
     first, as `hand` does, and finds that graph too."""
-    from bench.zoo_models import build_zoo_model
-
     model = build_zoo_model("squeezenet10")
     found: dict[str, list[dict[str, int]]] = {"hand": [], "all": []}
     for k in range(2):
