@@ -345,8 +345,10 @@ def cost_report(
 def load_graph(
     source: str | os.PathLike[str] | ModelProto | Graph, input_shapes: Mapping[str, Sequence[int]] | None = None
 ) -> Graph:
-    """An IR graph from a Graph, ModelProto or .onnx path."""
+    """An IR graph from a Graph, ModelProto or .onnx path; a model is read as `tensat optimize` reads its input, as
+    the kernels onnxruntime runs it as (a GELU or a LayerNorm written out is the kernel onnxruntime fuses it into),
+    so that its price is the price the search starts from."""
     if isinstance(source, Graph):
         return source.compact()
     model = onnx_io.load_model(source, input_shapes)
-    return onnx_io.import_model(model).compact()
+    return onnx_io.import_model(model, runtime_fusions=True).compact()

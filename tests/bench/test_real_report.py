@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import onnx
+
 from bench import real_report
 from bench.machine import machine_info
+from tensat.models import SMALL_SIZES, build_model
 
 
 def _record(name: str, rules: dict[str, int], *, returned_input: str | None = None, **extra: Any) -> dict[str, Any]:
@@ -48,23 +51,40 @@ def test_a_change_is_explained_by_rules_only_where_every_change_is_a_rules() -> 
 
 
 def test_the_prediction_is_read_against_the_time_of_the_model_returned() -> None:
-    assert real_report.predicted_ratio(_record("a", {"r": 1})) == 9.0 / 10.0
+    assert real_report.optimize_ratio(_record("a", {"r": 1})) == 9.0 / 10.0
     returned = _record("b", {}, returned_input="not faster")
-    assert real_report.predicted_ratio(returned) == 9.0 / 11.0  # the input itself, as the peers' timings saw it
+    assert real_report.optimize_ratio(returned) == 9.0 / 11.0  # the input itself, as the peers' timings saw it
+    assert real_report.predicted_ratio(returned) is None  # not priced under the same load
+    assert real_report.predicted_ratio(_record("c", {}, same_load={"ratio": 0.95})) == 0.95
+
+
+def test_a_model_is_priced_and_timed_under_the_same_load(tmp_path) -> None:
+    """The same-load figure of a real (small) model: its kernels priced afresh and its end-to-end time, both
+    positive, their ratio theirs; a file that is no model gets an error, not a ratio."""
+    path = tmp_path / "m.onnx"
+    onnx.save(build_model("squeezenet", **SMALL_SIZES["squeezenet"]), str(path))
+    figures = real_report.same_load(path)
+    assert figures["predicted_ms"] > 0 and figures["run_ms"] > 0
+    assert figures["ratio"] == figures["predicted_ms"] / figures["run_ms"]
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model")
+    assert "error" in real_report.same_load(bad)
 
 
 def test_the_report_shows_the_new_columns_and_the_targets() -> None:
     kernels = {"written": {"LayerNormalization": 9}, "run": {"LayerNormalization": 9}, "match": True}
     wrong = {"written": {"LayerNormalization": 1}, "run": {"SkipLayerNormalization": 1}, "match": False}
     records = [
-        _record("bert", {"skip-layernorm-unfuse": 9}, kernels=kernels),
+        _record("bert", {"skip-layernorm-unfuse": 9}, kernels=kernels, same_load={"ratio": 0.8}),
         _record("odd", {"(unexplained)": 2}, kernels=wrong),
     ]
     text = real_report.markdown(records, machine_info())
-    assert "| modelled | predicted | predicted / run | kernels run = chosen | rules explain the change |" in text
-    assert "| 99.0% | 1.100 | 0.90 | yes (LayerNormalization 9) | yes |" in text
+    head = "| predicted | predicted / run | at optimize / run | kernels run = chosen | rules explain the change |"
+    assert head in text
+    assert "| 99.0% | 1.100 | 0.80 | 0.90 | yes (LayerNormalization 9) | yes |" in text
     assert "no (LayerNormalization 1; runs {'SkipLayerNormalization': 1}) | no |" in text
     s = real_report.summary(records)
     assert s["changed_unexplained"] == ["odd"] and s["kernels_not_run_as_chosen"] == ["odd"]
-    assert s["modelled_min"] == 0.99 and s["predicted_over_run_outside_10pct"] == []
+    assert s["modelled_min"] == 0.99 and s["at_optimize_over_run_outside_10pct"] == []
+    assert s["predicted_over_run_outside_10pct"] == ["bert"] and s["same_load_missing"] == ["odd"]
     assert "Models returned changed where a change is no rule's: odd." in text

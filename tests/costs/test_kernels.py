@@ -16,6 +16,7 @@ from onnx import helper, numpy_helper
 
 import tensat
 from tensat import api, onnx_io, ops
+from tensat.cost_report import load_graph
 from tensat.ir import Graph, Node
 from tensat.measure import MeasuredCost
 from tensat.onnx import fusions
@@ -106,6 +107,15 @@ def test_a_residual_add_and_its_layernorm_are_read_as_the_kernel_onnxruntime_run
     x = RNG.standard_normal((1, SEQ, HIDDEN)).astype(np.float32)
     np.testing.assert_allclose(_run(onnx_io.export_model(graph), x), _run(model, x), rtol=1e-4, atol=1e-4)
     assert "skip_layernorm" not in onnx_io.import_model(model).summary()  # without asking onnxruntime: as written
+
+
+def test_the_cost_report_reads_a_model_as_the_kernels_onnxruntime_runs(tmp_path) -> None:
+    """`tensat cost-report` and `tensat profile` price a model file as `tensat optimize` reads it: a residual Add
+    and its LayerNormalization as the one kernel onnxruntime runs, not as two ops priced apart."""
+    path = tmp_path / "post_norm.onnx"
+    onnx.save(_post_norm(), str(path))
+    graph = load_graph(path)
+    assert graph.summary()["skip_layernorm"] == 1 and "layernorm" not in graph.summary()
 
 
 def test_an_rms_norm_onnxruntime_fuses_is_read_as_its_kernel_and_one_it_does_not_as_written() -> None:
