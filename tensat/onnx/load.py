@@ -249,9 +249,21 @@ def _runtime_ops(model: ModelProto) -> list[int]:
 
 
 def _checkable(model: ModelProto, nodes: Sequence[int]) -> ModelProto:
-    """A copy of `model` (weights shared by reference where large) whose nodes `nodes` are in `RUNTIME_DOMAIN`: the
-    checker checks everything else about them, and does not reject an op it does not define."""
+    """A copy of `model` whose nodes `nodes` are in `RUNTIME_DOMAIN`: the checker checks everything else about them,
+    and does not reject an op it does not define. It is checked in memory, so its weights with data elsewhere (large
+    ones left out of the copy, external ones) are graph inputs of their type and shape in it: the checker checks the
+    nodes reading them, where it would look for their data in files."""
     copy = light_copy(model)
+    graph = copy.graph
+    inputs = {vi.name for vi in graph.input}
+    kept = []
+    for tensor in graph.initializer:
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            kept.append(tensor)
+        elif tensor.name not in inputs:
+            graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
     for k in nodes:
         copy.graph.node[k].domain = RUNTIME_DOMAIN
     if RUNTIME_DOMAIN not in opset_versions(copy):

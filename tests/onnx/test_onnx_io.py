@@ -507,6 +507,26 @@ def test_external_data_missing_file(tmp_path) -> None:
     assert "weights.bin" in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("external", [False, True])
+def test_a_runtime_op_beside_a_large_weight_passes_the_checker(tmp_path, external: bool) -> None:
+    """tensat writes onnxruntime's SimplifiedLayerNormalization in the default domain: a model of it with a weight
+    over 1 MiB (tensat's own output for a T5 encoder) loads, with its weight in the file or beside it."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"]),
+        helper.make_node("SimplifiedLayerNormalization", ["m", "g"], ["y"], axis=-1, epsilon=1e-6),
+    ]
+    inits = [
+        numpy_helper.from_array(np.full((512, 1024), 0.01, np.float32), "w"),
+        numpy_helper.from_array(np.ones(1024, np.float32), "g"),
+    ]
+    path = str(tmp_path / "m.onnx")
+    model = make(nodes, [vi("x", [1, 8, 512])], [vi("y", [1, 8, 1024])], inits)
+    onnx.save_model(model, path, save_as_external_data=external, location="m.data", size_threshold=0)
+    loaded = load_model(path, keep_external=external)
+    assert [n.op_type for n in loaded.graph.node] == ["MatMul", "SimplifiedLayerNormalization"]
+    assert {t.name for t in loaded.graph.initializer} == {"w", "g"}
+
+
 @pytest.mark.slow  # a 2.25 GiB write and read back: most of a minute where the disk is slow
 @pytest.mark.skipif(os.environ.get("TENSAT_SKIP_2GIB") == "1", reason="TENSAT_SKIP_2GIB=1: no 2.3 GiB disk to spare")
 def test_model_over_2gib_with_external_data(tmp_path) -> None:
