@@ -460,6 +460,15 @@ def check_copies(original: ModelSource, optimized: ModelSource, thread_counts: i
     return CHECK_SESSIONS if weights <= ONE_SESSION_BYTES and extra <= COPIES_SHARE * seconds else 1
 
 
+def _check_share(seconds: float, deadline: float, counts: int, counts_left: int) -> float:
+    """The seconds of the end-to-end check's next thread count: an equal part of what is left until `deadline`
+    among the `counts_left` thread counts still to time, and no less than an equal part of all `seconds` among all
+    `counts`. A thread
+    count decided early (a large gain beyond doubt stops its timing) leaves its seconds to the next, where a
+    shared machine's bursts of load can leave a gain as clear in the median undecided at the equal share."""
+    return max(seconds / counts, (deadline - time.perf_counter()) / counts_left)
+
+
 def _end_to_end_check(
     original: ModelSource, optimized: ModelSource, device: str, opts: Options, log: RunLog
 ) -> LatencyCheck | None:
@@ -478,27 +487,30 @@ def _end_to_end_check(
     whose sessions, as verification opened them, take so long to open that the copies would cost more than
     `COPIES_SHARE` of the check's seconds).
     A thread count also stops once `FUTILE_PAIRS` pairs show a gain beyond what it must show by `DECIDED_MARGIN`
-    more at 95% confidence (a model several times faster needs no 40 pairs to tell).
+    more at 95% confidence (a model several times faster needs no 40 pairs to tell), and leaves the seconds it did not
+    use to the thread counts after it (`_check_share`).
     None when the check could not run (with a warning): the verified optimized model is then kept."""
     threads = check_threads()
     by_threads: dict[int, LatencyComparison] = {}
     copies = check_copies(original, optimized, len(threads), opts.latency_check)
+    deadline = time.perf_counter() + opts.latency_check
     try:
-        for t in threads:
+        for k, t in enumerate(threads):
             kept_so_far = _faster(by_threads)  # then any gain here keeps it (`measurably_faster`)
             keep_above = 1.0 if kept_so_far else 1.0 + LATENCY_RESOLUTION
+            share = _check_share(opts.latency_check, deadline, len(threads), len(threads) - k)
             by_threads[t] = compare_latency(
                 original,
                 optimized,
                 provider=device,
                 threads=t,
                 clock=default_clock(device, t),
-                max_seconds=opts.latency_check / len(threads),
+                max_seconds=share,
                 seed=opts.seed,
                 pairs=CHECK_PAIRS,
                 futile_after=FUTILE_PAIRS,
                 extend_to=EXTENDED_PAIRS,
-                extend_seconds=EXTEND_SHARE * opts.latency_check / len(threads),
+                extend_seconds=EXTEND_SHARE * share,
                 keep_above=keep_above,
                 decided_above=keep_above + DECIDED_MARGIN,
                 copies=copies,

@@ -625,6 +625,25 @@ def test_after_a_thread_count_shows_a_gain_beyond_resolution_the_next_needs_only
     assert seen == [1.0 + api.LATENCY_RESOLUTION] + [1.0] * (len(seen) - 1) and len(seen) > 1
 
 
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one thread count to time at")
+def test_a_thread_count_decided_early_leaves_its_seconds_to_the_next(monkeypatch):
+    """A gain beyond doubt stops the first thread count's timing after a few pairs; the next thread count may use
+    what is left of the check's seconds, not only its equal part."""
+    seconds: list[float] = []
+
+    def spy(*args, **kwargs):
+        seconds.append(kwargs["max_seconds"])
+        return compare_latency(*args, **kwargs)
+
+    monkeypatch.setattr(api, "compare_latency", spy)
+    fast, slow = export_model(relu_chain(1)), export_model(relu_chain(300))
+    budget, counts = 20.0, len(api.check_threads())
+    check = api._end_to_end_check(slow, fast, "cpu", api.Options(latency_check=budget), api.RunLog())
+    assert check is not None and check.kept and len(seconds) == counts
+    assert seconds[0] == budget / counts and seconds[1] > budget / counts
+    assert sum(c.seconds for c in check.by_threads.values()) < budget
+
+
 def test_multi_threaded_interleaved_sessions_do_not_spin_between_runs():
     model = export_model(relu_chain(2))
     entry = "session.intra_op.allow_spinning"
