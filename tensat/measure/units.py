@@ -51,7 +51,8 @@ class Unit:
     def single(node: Node, in_shapes: Sequence[Sequence[int]], const: Sequence[bool]) -> Unit:
         """The unit of one node."""
         flags = list(const) + [False] * (len(in_shapes) - len(const))
-        ext = tuple((tuple(int(d) for d in s), bool(c), node.dtype) for s, c in zip(in_shapes, flags))
+        dtypes = ops.operand_dtypes(node.op, node.dtype, len(in_shapes))
+        ext = tuple((tuple(int(d) for d in s), bool(c), t) for s, c, t in zip(in_shapes, flags, dtypes))
         un = UnitNode(node.op, tuple(node.attrs), tuple(("x", k) for k in range(len(in_shapes))))
         return Unit((un,), ext)
 
@@ -78,7 +79,12 @@ class Unit:
 
     @property
     def dtype(self) -> str:
-        return self.externals[0][2] if self.externals else "float32"
+        """The element type of the unit's output."""
+        types: list[str] = []
+        for n in self.nodes:
+            ins = [self.externals[i][2] if kind == "x" else types[i] for kind, i in n.inputs]
+            types.append(ops.dtype_of(n.op, ins, dict(n.attrs)))
+        return types[-1] if types else "float32"
 
     def weight_bytes(self) -> int:
         return sum(_nbytes(s, d) for s, c, d in self.externals if c)

@@ -386,5 +386,6 @@ WHERE = register(
         onnx="Where",
         dtype=lambda dtypes, _: dtypes[1],
         accepts=_where_accepts,
+        operand_dtypes={0: "bool"},
     )
 )

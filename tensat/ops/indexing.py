@@ -82,6 +82,7 @@ GATHER = register(
         solved={"shape": lambda s, out: out},
         int_exact=True,
         breaks_layout=True,
+        operand_dtypes={1: "int64"},
         symbolic_shape=symbolic_where_static,
     )
 )
@@ -133,6 +134,7 @@ GATHER_ND = register(
         solved={"shape": lambda s, out: out},
         int_exact=True,
         breaks_layout=True,
+        operand_dtypes={1: "int64"},
         symbolic_shape=symbolic_where_static,
     )
 )

@@ -161,6 +161,9 @@ class OpDef:
     commutative: bool = False  # its two inputs can be swapped: one computation, priced once
     breaks_layout: bool = False  # runs in, or forces reorders around, the blocked layout of a measured conv graph
     # (the others, element-wise ops and concat, run on whatever layout their inputs have)
+    # the element types of the inputs its unit is timed with, by input, where ONNX fixes one apart from the output's
+    # (a Gather's indices, a Where's condition); the others are the output's
+    operand_dtypes: Mapping[int, str] = field(default_factory=dict)
 
     # Symbolic dims. The egglog rules of `symbolic_shape` (`sym-shape-of`: a tensor's dims with each symbolic dim at
     # a size no static dim takes, for rule guards to tell a dim that varies from one that happens to match): None
@@ -225,6 +228,13 @@ def dtype_of(op: str, in_dtypes: Sequence[str], attrs: Attrs) -> str:
     if d.dtype is not None:
         return d.dtype(list(in_dtypes), attrs)
     return in_dtypes[0] if in_dtypes else FLOAT32
+
+
+def operand_dtypes(op: str, out_dtype: str, count: int) -> tuple[str, ...]:
+    """The element types of `count` inputs of `op` whose output is of `out_dtype`, as its unit is timed: the output's,
+    but where the op fixes an input's (`OpDef.operand_dtypes`)."""
+    fixed = get(op).operand_dtypes
+    return tuple(fixed.get(k, out_dtype) for k in range(count))
 
 
 FLOAT32 = "float32"

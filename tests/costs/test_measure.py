@@ -175,6 +175,24 @@ def test_one_elementwise_computation_written_two_ways_is_priced_once(tmp_path):
     assert len(prices) == 1 and cost.stats.measured == 1
 
 
+def test_a_gather_and_a_where_are_timed_with_the_operand_types_onnx_gives_them(tmp_path):
+    """A Gather's indices are integers and a Where's condition boolean whatever the output's type: their units are
+    timed with those (`OpDef.operand_dtypes`), where a unit of the output's type for every input would not load in
+    onnxruntime and fall back to the analytic estimate (which read a whole embedding table for each lookup)."""
+    gather = Node("gather", (), (("axis", 0), ("shape", (1, 64, 256))), (1, 64, 256), "float32")
+    where = Node("where", (), (), (1, 1, 64, 64), "float32")
+    units = [
+        pricing_unit(gather, [(8192, 256), (1, 64)], [True, False]),
+        pricing_unit(where, [(1, 1, 64, 64), (1, 1, 1, 1), (1, 1, 1, 1)], [False, True, True]),
+    ]
+    assert [t for _, _, t in units[0].externals] == ["float32", "int64"]
+    assert [t for _, _, t in units[1].externals][0] == "bool" and units[1].dtype == "float32"
+    cost = cost_model(tmp_path)
+    for unit in units:
+        assert cost.unit_cost(unit) > 0 and "fallback" not in cost.detail(unit)
+    assert cost.stats.failed == 0 and cost.stats.measured == 2
+
+
 def test_replicated_unit_model_runs_with_distinct_weights():
     node, shapes, const = items(small_cnn())[0]
     base = unit_model(Unit.single(node, shapes, const))
