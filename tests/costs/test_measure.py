@@ -626,20 +626,27 @@ def test_an_undecided_candidate_is_timed_on_to_the_extended_pairs_and_a_decided_
     assert compare_latency(slow, fast, max_seconds=30.0, pairs=8).pairs == 8  # no extension asked for
 
 
-@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one thread count to time at")
-def test_after_a_thread_count_shows_a_gain_beyond_resolution_the_next_needs_only_some_gain(monkeypatch):
-    """The keep rule (`api.measurably_faster`) asks for a gain beyond the timing's resolution at one thread count
-    and for some gain at the others: the check's futility stop and extension at the later thread counts use that."""
-    seen: list[float] = []
+def _check_a_clear_gain(monkeypatch, budget: float) -> tuple[api.LatencyCheck | None, list[dict]]:
+    """The end-to-end check of a model 300 times shorter against the longer one, with the keyword arguments it
+    timed each thread count with."""
+    calls: list[dict] = []
 
     def spy(*args, **kwargs):
-        seen.append(kwargs["keep_above"])
+        calls.append(kwargs)
         return compare_latency(*args, **kwargs)
 
     monkeypatch.setattr(api, "compare_latency", spy)
     fast, slow = export_model(relu_chain(1)), export_model(relu_chain(300))
-    check = api._end_to_end_check(slow, fast, "cpu", api.Options(latency_check=20.0), api.RunLog())
+    return api._end_to_end_check(slow, fast, "cpu", api.Options(latency_check=budget), api.RunLog()), calls
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one thread count to time at")
+def test_after_a_thread_count_shows_a_gain_beyond_resolution_the_next_needs_only_some_gain(monkeypatch):
+    """The keep rule (`api.measurably_faster`) asks for a gain beyond the timing's resolution at one thread count
+    and for some gain at the others: the check's futility stop and extension at the later thread counts use that."""
+    check, calls = _check_a_clear_gain(monkeypatch, 20.0)
     assert check is not None and check.kept and list(check.by_threads) == list(api.check_threads())
+    seen = [c["keep_above"] for c in calls]
     assert seen == [1.0 + api.LATENCY_RESOLUTION] + [1.0] * (len(seen) - 1) and len(seen) > 1
 
 
@@ -647,16 +654,9 @@ def test_after_a_thread_count_shows_a_gain_beyond_resolution_the_next_needs_only
 def test_a_thread_count_decided_early_leaves_its_seconds_to_the_next(monkeypatch):
     """A gain beyond doubt stops the first thread count's timing after a few pairs; the next thread count may use
     what is left of the check's seconds, not only its equal part."""
-    seconds: list[float] = []
-
-    def spy(*args, **kwargs):
-        seconds.append(kwargs["max_seconds"])
-        return compare_latency(*args, **kwargs)
-
-    monkeypatch.setattr(api, "compare_latency", spy)
-    fast, slow = export_model(relu_chain(1)), export_model(relu_chain(300))
     budget, counts = 20.0, len(api.check_threads())
-    check = api._end_to_end_check(slow, fast, "cpu", api.Options(latency_check=budget), api.RunLog())
+    check, calls = _check_a_clear_gain(monkeypatch, budget)
+    seconds = [c["max_seconds"] for c in calls]
     assert check is not None and check.kept and len(seconds) == counts
     assert seconds[0] == budget / counts and seconds[1] > budget / counts
     assert sum(c.seconds for c in check.by_threads.values()) < budget
