@@ -258,14 +258,14 @@ def _checkable(model: ModelProto, nodes: Sequence[int]) -> ModelProto:
     inputs = {vi.name for vi in graph.input}
     kept = []
     for tensor in graph.initializer:
-        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+        if not has_external(tensor):
             kept.append(tensor)
         elif tensor.name not in inputs:
             graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
     del graph.initializer[:]
     graph.initializer.extend(kept)
     for k in nodes:
-        copy.graph.node[k].domain = RUNTIME_DOMAIN
+        graph.node[k].domain = RUNTIME_DOMAIN
     if RUNTIME_DOMAIN not in opset_versions(copy):
         copy.opset_import.add(domain=RUNTIME_DOMAIN, version=1)
     return copy
