@@ -22,7 +22,7 @@ import onnx
 
 from tensat import extraction, onnx_io, ops, rewrites
 from tensat import verify as verify_mod
-from tensat.cost import AnalyticCost, CostModel, Shape, runtime_cost
+from tensat.cost import AnalyticCost, Const, CostModel, Shape, runtime_cost
 from tensat.egraph import DecodedNode, ExplorationStats, IterationStats, TensorEGraph
 from tensat.errors import (
     BUG,
@@ -271,7 +271,7 @@ class _FallbackCost:
         return getattr(self.inner, attr)
 
     def prefetch(
-        self, items: Sequence[tuple[Node, Sequence[Shape], Sequence[bool]]], deadline: float | None = None
+        self, items: Sequence[tuple[Node, Sequence[Shape], Sequence[Const]]], deadline: float | None = None
     ) -> list[int]:
         """Forward to the inner model's prefetch; a failure there only means nodes are priced one by one."""
         prefetch = getattr(self.inner, "prefetch", None)
@@ -288,7 +288,7 @@ class _FallbackCost:
             self.prefetch_failed = True
             return []
 
-    def __call__(self, node: Node, in_shapes: Sequence[Shape], const: Sequence[bool] = ()) -> float:
+    def __call__(self, node: Node, in_shapes: Sequence[Shape], const: Sequence[Const] = ()) -> float:
         key = (node.op, node.attrs, node.shape, tuple(tuple(s) for s in in_shapes), tuple(bool(c) for c in const))
         if key not in self.failed:
             try:

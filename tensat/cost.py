@@ -19,6 +19,20 @@ from tensat.session import nchwc_block
 Shape = tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class Scalar:
+    """A weight operand holding one repeated value (a `fill`) where that value decides the kernel onnxruntime runs
+    (`OpDef.value_operands`): it counts as a weight, and a measuring model times its unit with the value."""
+
+    value: float
+
+    def __bool__(self) -> bool:
+        return True
+
+
+Const = bool | Scalar  # per operand: whether it is computable from weights alone (a `Scalar` where its value counts)
+
+
 class CostModel(Protocol):
     """Anything that prices one node, in milliseconds, given its input shapes and which inputs are weights.
 
@@ -32,7 +46,7 @@ class CostModel(Protocol):
     @property
     def name(self) -> str: ...  # read only, so a frozen dataclass's field satisfies it
 
-    def __call__(self, node: Node, in_shapes: Sequence[Shape], const: Sequence[bool] = ()) -> float: ...
+    def __call__(self, node: Node, in_shapes: Sequence[Shape], const: Sequence[Const] = ()) -> float: ...
 
 
 class Resolution(NamedTuple):
@@ -65,7 +79,7 @@ class AnalyticCost:
     overhead_us: float = 3.0
     name: str = "analytic"
 
-    def __call__(self, node: Node, in_shapes: Sequence[Shape], const: Sequence[bool] = ()) -> float:
+    def __call__(self, node: Node, in_shapes: Sequence[Shape], const: Sequence[Const] = ()) -> float:
         d = ops.get(node.op)
         if d.leaf or d.view:  # a view op: onnxruntime runs it without touching the data
             return 0.0
@@ -75,7 +89,18 @@ class AnalyticCost:
         return seconds * 1e3 + self.overhead_us * 1e-3
 
 
-Item = tuple[Node, list[Shape], list[bool]]
+Item = tuple[Node, list[Shape], list[Const]]
+
+
+def item_of(graph: Graph, node: Node, const: set[int]) -> Item:
+    """How `node` of `graph` is priced: its operands' shapes, and whether each is a weight (of `const`, the graph's
+    weight-only nodes), a `Scalar` for a `fill` operand whose value decides the kernel."""
+    values = ops.get(node.op).value_operands
+    flags: list[Const] = []
+    for k, j in enumerate(node.inputs):
+        src = graph.nodes[j]
+        flags.append(Scalar(float(src.attr["value"])) if k in values and src.op == "fill" else j in const)
+    return node, [graph.nodes[j].shape for j in node.inputs], flags
 
 
 def _priced(items: Sequence[Item], cost: CostModel) -> float:
@@ -88,11 +113,7 @@ def _priced(items: Sequence[Item], cost: CostModel) -> float:
 def graph_cost(graph: Graph, cost: CostModel) -> float:
     """Summed cost of the graph's live nodes that run at inference (weight-only nodes are folded away)."""
     const = graph.weight_only()
-    items = [
-        (n, [graph.nodes[j].shape for j in n.inputs], [j in const for j in n.inputs])
-        for i in graph.live()
-        if not (n := graph.nodes[i]).is_leaf and i not in const
-    ]
+    items = [item_of(graph, n, const) for i in graph.live() if not (n := graph.nodes[i]).is_leaf and i not in const]
     return _priced(items, cost)
 
 
@@ -235,6 +256,21 @@ def blocked(graph: Graph, live: Sequence[int], const: set[int], block: int) -> d
     return out
 
 
+Extent = tuple[int, int, int]  # a 4-D tensor's batch, height and width
+
+
+def blocked_extents(graph: Graph, block: int) -> frozenset[Extent]:
+    """The extents of the tensors onnxruntime's CPU session holds in its blocked layout of channel block `block` while
+    running `graph`: each tensor `blocked` names, and each input of a blocked convolution (reordered into the layout).
+    A 4-D tensor of another extent (the heads x tokens x features of an attention) stays in NCHW beside them."""
+    const = graph.weight_only()
+    live = [i for i in graph.live() if not graph.nodes[i].is_leaf and i not in const]
+    layout = blocked(graph, live, const, block) if block else {}
+    tensors = [graph.nodes[i].shape for i in layout]
+    tensors += [graph.nodes[graph.nodes[i].inputs[0]].shape for i in layout if graph.nodes[i].op == "conv2d"]
+    return frozenset((s[0], s[2], s[3]) for s in tensors if len(s) == 4)
+
+
 def runtime_fusions(graph: Graph, device: str = "cpu") -> tuple[dict[int, int], dict[int, int]]:
     """What onnxruntime runs `graph` as on `device`, beyond the kernels that are ops of the graph: each node it
     folds, fuses or merges into a kernel -> the node whose kernel runs it, and each convolution, MatMul or
@@ -345,8 +381,7 @@ def runtime_kernels(graph: Graph, device: str = "cpu") -> list[Kernel]:
             continue
         if i in act:
             n = Node(n.op, n.inputs, tuple((k, act[i] if k == "act" else v) for k, v in n.attrs), n.shape, n.dtype)
-        item = (n, [graph.nodes[j].shape for j in n.inputs], [j in const for j in n.inputs])
-        kernels.append((sorted([i, *absorbed.get(i, ())]), item))
+        kernels.append((sorted([i, *absorbed.get(i, ())]), item_of(graph, n, const)))
     return kernels
 
 

@@ -23,7 +23,7 @@ from typing import Any
 from onnx import ModelProto
 
 from tensat import onnx_io
-from tensat.cost import Kernel, device_of, runtime_kernels
+from tensat.cost import Kernel, device_of, item_of, runtime_kernels
 from tensat.ir import Graph
 from tensat.latency import Interleaved, time_models
 from tensat.measure import MeasuredCost, Unit, UnitNode, pricing_unit
@@ -94,14 +94,7 @@ class GraphCost:
 def per_node_cost(graph: Graph, cost: MeasuredCost) -> float:
     """Every runtime node priced alone (what the extractor sums; no fusion), plus one session's fixed overhead."""
     const = graph.weight_only()
-    singles = [
-        (
-            graph.nodes[i],
-            [graph.nodes[j].shape for j in graph.nodes[i].inputs],
-            [j in const for j in graph.nodes[i].inputs],
-        )
-        for i in runtime_nodes(graph)
-    ]
+    singles = [item_of(graph, graph.nodes[i], const) for i in runtime_nodes(graph)]
     cost.prefetch(singles)
     return sum(cost(n, s, c) for n, s, c in singles) + cost.baseline_ms
 

@@ -18,8 +18,10 @@ from tensat.cost import (
     FUSION_PRODUCERS,
     FUSION_READERS,
     AnalyticCost,
+    Const,
     Operand,
     Resolution,
+    Scalar,
     device_of,
     fuses_into,
 )
@@ -36,7 +38,7 @@ AVOIDED_MS = 1e6  # added to the cost of an e-node of an op to avoid (see `Expor
 PROMISING_ROUNDS = 8  # rounds of pricing the alternatives that could win against the e-nodes priced so far
 PROMISING_SHARE = 0.5  # ... each round those whose gain is at least this share of the round's largest (`_Promising`)
 
-CostFn = Callable[[Node, Sequence[tuple[int, ...]], Sequence[bool]], float]
+CostFn = Callable[[Node, Sequence[tuple[int, ...]], Sequence[Const]], float]
 
 
 @contextmanager
@@ -62,7 +64,7 @@ class _ExportMemo:
     shape_ids: dict[tuple[int, ...], int] = field(default_factory=dict)  # shapes numbered as first met
     shape_list: list[tuple[int, ...]] = field(default_factory=list)  # the shape of each id
     shapes: dict[tuple[Any, ...], int | None] = field(default_factory=dict)  # the shape id a check gives; None: error
-    items: dict[tuple[Any, ...], tuple[Node, list[tuple[int, ...]], list[bool]]] = field(default_factory=dict)
+    items: dict[tuple[Any, ...], tuple[Node, list[tuple[int, ...]], list[Const]]] = field(default_factory=dict)
     estimates: dict[tuple[Any, ...], float] = field(default_factory=dict)  # analytic, for `competitive`
     prices: dict[tuple[Any, ...], float] = field(default_factory=dict)  # by `price_model`
     price_model: Any = None
@@ -162,9 +164,10 @@ class Export(LoweredGraph):
         decoded, attr_items = self._decode_rows(frozen, setdefault, class_ids)
         memo.shapes_for, memo.class_shapes = decoded, {c: shape_list[sid] for c, sid in shape_id.items()}
         const = self._constant_classes(decoded)
+        fills = {dn.eclass: float(dn.attrs["value"]) for dn in decoded.values() if dn.op == "fill"}
         forbidden: set[str] = set()
         costs: dict[str, float] = {}
-        to_price: dict[str, tuple[Node, list[tuple[int, ...]], list[bool]]] = {}
+        to_price: dict[str, tuple[Node, list[tuple[int, ...]], list[Const]]] = {}
         keys: dict[str, tuple[Any, ...]] = {}
         index: dict[tuple[Any, ...], str] = {}
         checked, items = memo.shapes, memo.items
@@ -198,7 +201,12 @@ class Export(LoweredGraph):
                 forbidden.add(nid)
                 costs[nid] = 0.0
                 continue
-            flags = tuple([c in const for c in children])
+            flags: tuple[Const, ...] = tuple([c in const for c in children])
+            if defs[op].value_operands:  # a constant whose value decides the kernel: priced with it (Pow's exponent)
+                flags = tuple(
+                    Scalar(fills[c]) if k in defs[op].value_operands and c in fills else f
+                    for k, (c, f) in enumerate(zip(children, flags))
+                )
             if op in leaves or (op != "opaque" and children and False not in flags):
                 costs[nid] = 0.0
             else:
@@ -351,7 +359,7 @@ class Export(LoweredGraph):
     def _dominated(
         self,
         decoded: dict[str, DecodedNode],
-        to_price: dict[str, tuple[Node, list[tuple[int, ...]], list[bool]]],
+        to_price: dict[str, tuple[Node, list[tuple[int, ...]], list[Const]]],
         keys: dict[str, tuple[Any, ...]],
         costs: dict[str, float],
         forbidden: set[str],
@@ -409,7 +417,7 @@ class Export(LoweredGraph):
     def _prefetch(
         prefetch: Callable[..., Any],
         order: Sequence[str],
-        to_price: dict[str, tuple[Node, list[tuple[int, ...]], list[bool]]],
+        to_price: dict[str, tuple[Node, list[tuple[int, ...]], list[Const]]],
         deadline: float | None,
     ) -> list[str]:
         """Prefetch the prices of `order`, most wanted first, until `deadline` (a `time.perf_counter()` value); the

@@ -11,7 +11,8 @@ How a unit's cost is taken:
 - Clock: a single-threaded CPU session is timed by the CPU time of the thread running it (on a shared machine wall
   time also counts the time other processes had the core); other settings (CUDA, several threads) by wall time.
   `tensat.latency.time_models(clock=...)` times end-to-end runs the same way.
-- The timed model holds K copies of the unit, sharing the non-weight inputs, each with its own weights. K is chosen
+- The timed model holds K copies of the unit, each with its own inputs, weights and output: inside a graph no
+  kernel reads a tensor the one before it has just read, as a copy would read an input shared with it. K is chosen
   so the copies' weights span the working set of the graph being optimized (`observe_graph`), bounded by a per-round
   time budget, by the bytes of the copies' outputs and by memory. Inputs and outputs are buffers bound once, 64-byte
   aligned as onnxruntime's own buffers are.
@@ -36,7 +37,9 @@ How a unit's cost is taken:
   graph; the pool and a one-pixel pool reading the output then form the null model. Conversely an op that cannot
   run blocked (slice, transpose, reshape, matmul, a grouped conv or pool onnxruntime keeps in NCHW) on a 4-D
   tensor is charged the reorders it causes between blocked neighbours: splitting a merged conv's output costs what
-  it costs.
+  it costs. A tensor counts as blocked where the graph being optimized holds tensors of its batch, height and width
+  in the blocked layout (`observe_graph`): a transformer's 4-D attention tensors stay in NCHW, and no reorder is
+  charged at them.
 - Reshape runs as a view inside a graph (onnxruntime aliases its buffer): it costs one node's dispatch, plus the
   reorder out of the blocked layout where that applies.
 - Opaque ops (the cost model does not see their definition) and units onnxruntime cannot build fall back to the

@@ -18,7 +18,7 @@ import onnx
 from onnx import ModelProto
 
 from tensat import ops
-from tensat.cost import AnalyticCost, Resolution
+from tensat.cost import AnalyticCost, Const, Extent, Resolution, blocked_extents
 from tensat.errors import TensatError, one_line
 from tensat.ir import Graph, Node
 from tensat.measure.bar import Progress
@@ -42,12 +42,13 @@ from tensat.measure.units import (
     unit_model,
 )
 from tensat.progress import ProgressFn
+from tensat.session import nchwc_block
 
 MAX_COPIES = 64
 ROUND_BUDGET_US = 5_000.0  # aim for at most this much unit time per round
 LONG_ROUND_US = 10_000.0  # units slower than this per round, or with more weights than LONG_WEIGHTS, get one window
 LONG_WEIGHTS = 64 * 2**20
-MEMORY_CAP = 256 * 2**20  # bytes of weights + outputs over all copies
+MEMORY_CAP = 256 * 2**20  # bytes of weights, inputs and outputs over all copies
 OUT_BUDGET = 4 * 2**20  # bytes of outputs over all copies (an end-to-end run reuses warm buffers)
 DEFAULT_WORKING_SET = 64 * 2**20
 WINDOWS = 2  # timing windows per unit, separated in time by the other units of its chunk
@@ -146,12 +147,33 @@ class MeasuredCost:
         self._calibration: Calibration | None = None
         self._analytic = AnalyticCost()
         self._flagged: set[str] = set()
+        # the extents of the tensors the observed graph holds in the blocked layout (`observe_graph`); before one is
+        # observed, every 4-D tensor whose channels the layout accepts counts as blocked
+        self.blocked_extents: frozenset[Extent] | None = None
 
     # -- configuration ------------------------------------------------------------------------------------------
 
     def observe_graph(self, graph: Graph) -> None:
-        """Take the working set (bytes of weights one inference reads) from the graph being optimized."""
+        """Take the working set (bytes of weights one inference reads) from the graph being optimized, and the
+        extents of the tensors it holds in the blocked layout (`tensat.cost.blocked_extents`)."""
         self.working_set = graph_working_set(graph)
+        self.blocked_extents = blocked_extents(graph, nchwc_block() if self.device == "cpu" else 0)
+
+    def _blocked(self, shape: Sequence[int], dtype: str) -> bool:
+        """Whether a computed tensor of `shape` is in the blocked layout inside the graph: a 4-D float tensor whose
+        channels the layout accepts, of an extent the observed graph holds blocked."""
+        if not _is_plausibly_blocked(shape, dtype):
+            return False
+        return self.blocked_extents is None or (shape[0], shape[2], shape[3]) in self.blocked_extents
+
+    def _plain(self, unit: Unit) -> list[int]:
+        """The computed tensors of a unit that runs in NCHW (its externals by index, its output as -1) that could be
+        blocked but are not in the observed graph: no reorder is charged at them, and the unit's key says so."""
+        if unit.ops != ("reshape",) and not any(ops.get(op).breaks_layout for op in unit.ops):
+            return []
+        tensors = [(k, s, d) for k, (s, c, d) in enumerate(unit.externals) if not c]
+        tensors.append((-1, unit.out_shape, unit.dtype))
+        return [k for k, s, d in tensors if _is_plausibly_blocked(s, d) and not self._blocked(s, d)]
 
     @property
     def runner(self) -> Runner:
@@ -185,6 +207,9 @@ class MeasuredCost:
         sig = unit.signature()
         if unit.weighted:
             sig = f"{sig}|ws={self._ws_bucket()}MiB"
+        plain = self._plain(unit)
+        if plain:
+            sig = f"{sig}|nchw={','.join(map(str, plain))}"
         return sig
 
     @staticmethod
@@ -193,14 +218,14 @@ class MeasuredCost:
 
     # -- pricing ------------------------------------------------------------------------------------------------
 
-    def __call__(self, node: Node, in_shapes: Sequence[Shape], const: Sequence[bool] = ()) -> float:
+    def __call__(self, node: Node, in_shapes: Sequence[Shape], const: Sequence[Const] = ()) -> float:
         if node.is_leaf or (node.op != "opaque" and in_shapes and len(const) == len(in_shapes) and all(const)):
             return 0.0
         if node.op == "opaque":
             return self._opaque(node, in_shapes, const)
         return self.unit_cost(pricing_unit(node, in_shapes, const))
 
-    def _opaque(self, node: Node, in_shapes: Sequence[Shape], const: Sequence[bool]) -> float:
+    def _opaque(self, node: Node, in_shapes: Sequence[Shape], const: Sequence[Const]) -> float:
         key = f"opaque|{node.attr.get('key')}|{json.dumps(_jsonable(list(in_shapes)))}"
         if key not in self._flagged:
             self._flagged.add(key)
@@ -220,7 +245,7 @@ class MeasuredCost:
         return self._details.get(self._key(unit), {})
 
     def prefetch(
-        self, items: Iterable[tuple[Node, Sequence[Shape], Sequence[bool]]], deadline: float | None = None
+        self, items: Iterable[tuple[Node, Sequence[Shape], Sequence[Const]]], deadline: float | None = None
     ) -> list[int]:
         """Measure (or load from the cache) the cost of every item not yet known, behind one progress bar, in the
         order given; with `deadline` (a `time.perf_counter()` value) no timing window starts after it. The indices
@@ -237,7 +262,7 @@ class MeasuredCost:
         return [i for i, u in units.items() if self._key(u) in left]
 
     @staticmethod
-    def _estimate_working_set(items: Sequence[tuple[Node, Sequence[Shape], Sequence[bool]]]) -> int:
+    def _estimate_working_set(items: Sequence[tuple[Node, Sequence[Shape], Sequence[Const]]]) -> int:
         """Without `observe_graph`: the bytes of every weight operand priced (shared weights counted per use)."""
         total = 0
         for node, shapes, const in items:
@@ -367,7 +392,8 @@ class MeasuredCost:
             k = math.ceil(_bucket(ws) * 2**20 / wbytes)
         else:
             k = 8
-        k_mem = max(1, MEMORY_CAP // max(wbytes + out_bytes, 1))
+        in_bytes = sum(_nbytes(s, d) for s, c, d in unit.externals if not c)
+        k_mem = max(1, MEMORY_CAP // max(wbytes + in_bytes + out_bytes, 1))
         k_out = max(1, OUT_BUDGET // max(out_bytes, 1))
         return int(max(1, min(k, k_time, k_mem, k_out, MAX_COPIES)))
 
@@ -485,7 +511,7 @@ class MeasuredCost:
         us = cal.node_us
         boundary = 0.0
         shape, const, dtype = unit.externals[0]
-        if cal.block and not const and _is_plausibly_blocked(shape, dtype):
+        if cal.block and not const and self._blocked(shape, dtype):
             boundary = self._reorder_us("out", shape)
         detail = {"view": True, "node_us": cal.node_us, "boundary_us": boundary}
         self.stats.measured += 1
@@ -508,6 +534,7 @@ class MeasuredCost:
             chunk=self.chunk if chunk is None else chunk,
         )
         fresh._calibration = self.calibration
+        fresh.blocked_extents = self.blocked_extents
         return fresh
 
     def _blocked_model(self, unit: Unit) -> tuple[ModelProto, ModelProto | None] | None:
@@ -538,14 +565,14 @@ class MeasuredCost:
         total = 0.0
         head = unit.nodes[0]
         for shape, const, dtype in unit.externals:
-            if const or not _is_plausibly_blocked(shape, dtype):
+            if const or not self._blocked(shape, dtype):
                 continue
             share = 1.0
             if unit.ops == ("slice",):
                 a = dict(head.attrs)
                 share = a["size"] / shape[a["axis"]]
             total += share * self._reorder_us("out", shape)
-        if _is_plausibly_blocked(unit.out_shape, unit.dtype):
+        if self._blocked(unit.out_shape, unit.dtype):
             total += self._reorder_us("in", unit.out_shape)
         return total
 

@@ -15,6 +15,7 @@ import onnx
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 from tensat import ops
+from tensat.cost import Const, Scalar
 from tensat.ir import Graph, Node
 from tensat.onnx_io import export_model
 from tensat.session import NCHWC_DOMAIN
@@ -42,19 +43,20 @@ class UnitNode:
 @dataclass(frozen=True)
 class Unit:
     """A small subgraph timed as one: nodes in topological order (the last is the output), external inputs as
-    (shape, is_weight, dtype)."""
+    (shape, is_weight, dtype), and the weights timed with one repeated value, as (external, value)."""
 
     nodes: tuple[UnitNode, ...]
     externals: tuple[tuple[Shape, bool, str], ...]
+    values: tuple[tuple[int, float], ...] = ()
 
     @staticmethod
-    def single(node: Node, in_shapes: Sequence[Sequence[int]], const: Sequence[bool]) -> Unit:
-        """The unit of one node."""
+    def single(node: Node, in_shapes: Sequence[Sequence[int]], const: Sequence[Const]) -> Unit:
+        """The unit of one node (a `Scalar` operand timed with its value)."""
         flags = list(const) + [False] * (len(in_shapes) - len(const))
         dtypes = ops.operand_dtypes(node.op, node.dtype, len(in_shapes))
         ext = tuple((tuple(int(d) for d in s), bool(c), t) for s, c, t in zip(in_shapes, flags, dtypes))
         un = UnitNode(node.op, tuple(node.attrs), tuple(("x", k) for k in range(len(in_shapes))))
-        return Unit((un,), ext)
+        return Unit((un,), ext, tuple((k, c.value) for k, c in enumerate(flags) if isinstance(c, Scalar)))
 
     @property
     def ops(self) -> tuple[str, ...]:
@@ -93,13 +95,16 @@ class Unit:
         """Canonical JSON text naming what is timed."""
         nodes = [[n.op, [[k, _jsonable(v)] for k, v in n.attrs], [list(i) for i in n.inputs]] for n in self.nodes]
         ext = [[list(s), int(c), d] for s, c, d in self.externals]
-        return json.dumps({"nodes": nodes, "ext": ext}, sort_keys=True, separators=(",", ":"))
+        named: dict[str, Any] = {"nodes": nodes, "ext": ext}
+        if self.values:
+            named["values"] = [list(v) for v in self.values]
+        return json.dumps(named, sort_keys=True, separators=(",", ":"))
 
     def label(self) -> str:
         return "+".join(self.ops)
 
 
-def pricing_unit(node: Node, in_shapes: Sequence[Sequence[int]], const: Sequence[bool]) -> Unit:
+def pricing_unit(node: Node, in_shapes: Sequence[Sequence[int]], const: Sequence[Const]) -> Unit:
     """The unit that prices one node: `Unit.single` of the node as onnxruntime computes it, so that one
     computation written two ways is timed once. Two separate measurements of it would differ by noise alone (or by
     when each was taken), and the extractor would prefer the cheaper-looking form, which can undo what onnxruntime
@@ -110,7 +115,7 @@ def pricing_unit(node: Node, in_shapes: Sequence[Sequence[int]], const: Sequence
       on 64x1024 run the same loop);
     - a commutative op is timed with its operands in one order (variables before weights, then by shape)."""
     d = ops.get(node.op)
-    flags = [bool(c) for c in const] + [False] * (len(in_shapes) - len(const))
+    flags = list(const) + [False] * (len(in_shapes) - len(const))
     shapes = [tuple(int(x) for x in s) for s in in_shapes]
     if d.kind in ("unary", "broadcast"):
         rank = len(node.shape)
@@ -118,14 +123,14 @@ def pricing_unit(node: Node, in_shapes: Sequence[Sequence[int]], const: Sequence
         padded = [(1,) * (rank - len(s)) + s for s in shapes]
         shapes = [s[drop:] for s in padded]
     if d.commutative and len(shapes) == 2:
-        ordered = sorted(zip(shapes, flags), key=lambda sf: (sf[1], sf[0]))
+        ordered = sorted(zip(shapes, flags), key=lambda sf: (bool(sf[1]), sf[0]))
         shapes, flags = [s for s, _ in ordered], [f for _, f in ordered]
     unit = Unit.single(node, shapes, flags)
     if node.op != "conv2d" or node.attr.get("act", ops.ACT_NONE) == ops.ACT_NONE:
         return unit
     head = unit.nodes[0]
     attrs = tuple((k, ops.ACT_NONE if k == "act" else v) for k, v in head.attrs)
-    return Unit((UnitNode(head.op, attrs, head.inputs),), unit.externals)
+    return Unit((UnitNode(head.op, attrs, head.inputs),), unit.externals, unit.values)
 
 
 def _nbytes(shape: Sequence[int], dtype: str = "float32") -> int:
@@ -151,9 +156,12 @@ def unit_model(unit: Unit, seed: int = 0) -> ModelProto:
     """The one-copy ONNX model of `unit`: weights as initializers, other inputs as graph inputs x0, x1, ..."""
     rng = np.random.default_rng(seed)
     g = Graph(opset_imports={"": 17}, name="unit")
+    values = dict(unit.values)
     ext_ids = []
     for k, (shape, const, dtype) in enumerate(unit.externals):
-        if const:
+        if const and k in values:
+            ext_ids.append(g.weight(np.full(shape, values[k], dtype=dtype), f"w{k}"))
+        elif const:
             ext_ids.append(g.weight(_random_array(rng, shape, dtype), f"w{k}"))
         else:
             ext_ids.append(g.input(f"x{k}", shape, dtype))
@@ -170,20 +178,32 @@ _FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, Tens
 
 
 def replicate(model: ModelProto, copies: int) -> ModelProto:
-    """`copies` copies of a one-output model side by side: graph inputs and integer initializers shared, float
-    initializers (the weights) distinct per copy, outputs y__0, y__1, ..."""
+    """`copies` copies of a one-output model side by side: integer initializers shared; graph inputs, float
+    initializers (the weights) and outputs distinct per copy (x__0, ..., y__0, ...). Inside a graph no kernel reads
+    a tensor the kernel before it has just read: copies sharing an input would each find it in the nearest caches.
+    Each copy's weights are the first's scaled a little, so that no two are equal, but for one-element weights:
+    their value may decide the kernel (Pow's exponent)."""
     g1 = model.graph
-    shared = {i.name for i in g1.input} | {t.name for t in g1.initializer if t.data_type not in _FLOAT_TYPES}
+    shared = {t.name for t in g1.initializer if t.data_type not in _FLOAT_TYPES}
     inits = [t for t in g1.initializer if t.data_type not in _FLOAT_TYPES]
     floats = [(t, numpy_helper.to_array(t)) for t in g1.initializer if t.data_type in _FLOAT_TYPES]
-    nodes, outputs = [], []
+    nodes: list[onnx.NodeProto] = []
+    inputs: list[onnx.ValueInfoProto] = []
+    outputs: list[onnx.ValueInfoProto] = []
     for k in range(copies):
 
         def rn(name: str) -> str:
             return name if not name or name in shared else f"{name}__{k}"
 
+        def renamed(value: onnx.ValueInfoProto) -> onnx.ValueInfoProto:
+            v = onnx.ValueInfoProto()
+            v.CopyFrom(value)
+            v.name = rn(value.name)
+            return v
+
         for t, arr in floats:
-            value = arr if k == 0 else (arr * np.asarray(1.0 + k / 1024.0, dtype=arr.dtype)).astype(arr.dtype)
+            scaled = k > 0 and arr.size > 1
+            value = (arr * np.asarray(1.0 + k / 1024.0, dtype=arr.dtype)).astype(arr.dtype) if scaled else arr
             inits.append(numpy_helper.from_array(value, rn(t.name)))
         for n in g1.node:
             c = onnx.NodeProto()
@@ -195,12 +215,9 @@ def replicate(model: ModelProto, copies: int) -> ModelProto:
             if n.name:
                 c.name = f"{n.name}__{k}"
             nodes.append(c)
-        for o in g1.output:
-            v = onnx.ValueInfoProto()
-            v.CopyFrom(o)
-            v.name = rn(o.name)
-            outputs.append(v)
-    graph = helper.make_graph(nodes, g1.name, list(g1.input), outputs, initializer=inits)
+        inputs.extend(renamed(i) for i in g1.input)
+        outputs.extend(renamed(o) for o in g1.output)
+    graph = helper.make_graph(nodes, g1.name, inputs, outputs, initializer=inits)
     out = helper.make_model(graph, opset_imports=list(model.opset_import), producer_name="tensat-measure")
     out.ir_version = model.ir_version
     return out

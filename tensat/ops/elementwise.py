@@ -176,7 +176,7 @@ def _divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 SUB = register(binary("sub", "Sub", operator.sub, onnx="Sub", int_exact=True))
 DIV = register(binary("div", "Div", _divide, onnx="Div", nonzero=(1,)))
-POW = register(binary("pow", "Pow", np.power, onnx="Pow", nonzero=(0,)))
+POW = register(binary("pow", "Pow", np.power, onnx="Pow", nonzero=(0,), value_operands=frozenset({1})))
 SQRT = register(unary("sqrt", "Sqrt", np.sqrt, onnx="Sqrt", positive=(0,)))
 RECIPROCAL = register(unary("reciprocal", "Reciprocal", lambda x: 1.0 / x, onnx="Reciprocal", nonzero=(0,)))
 EXP = register(unary("exp", "Exp", np.exp, onnx="Exp"))

@@ -164,6 +164,9 @@ class OpDef:
     # the element types of the inputs its unit is timed with, by input, where ONNX fixes one apart from the output's
     # (a Gather's indices, a Where's condition); the others are the output's
     operand_dtypes: Mapping[int, str] = field(default_factory=dict)
+    # the inputs whose value, where it is a constant of one repeated value, decides the kernel onnxruntime runs (Pow's
+    # exponent: 2 and 3 are computed by multiplication): its unit is timed with that value
+    value_operands: frozenset[int] = frozenset()
 
     # Symbolic dims. The egglog rules of `symbolic_shape` (`sym-shape-of`: a tensor's dims with each symbolic dim at
     # a size no static dim takes, for rule guards to tell a dim that varies from one that happens to match): None

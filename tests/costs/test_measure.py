@@ -24,7 +24,7 @@ import pytest
 import tensat
 import tensat.api as api
 from tensat import ops
-from tensat.cost import AnalyticCost, graph_cost, runtime_kernels
+from tensat.cost import AnalyticCost, Scalar, graph_cost, runtime_kernels
 from tensat.cost_report import (
     cost_report,
     fused_graph_cost,
@@ -193,13 +193,30 @@ def test_a_gather_and_a_where_are_timed_with_the_operand_types_onnx_gives_them(t
     assert cost.stats.failed == 0 and cost.stats.measured == 2
 
 
+def test_a_constant_exponent_is_timed_with_its_value(tmp_path):
+    """onnxruntime computes Pow by multiplication where the exponent is 2 or 3: a unit timed with a random exponent
+    priced an RMSNorm's square at several times its kernel."""
+    node = Node("pow", (), (), (64, 256), "float32")
+    square, cube = (pricing_unit(node, [(64, 256), (1, 1)], [False, Scalar(v)]) for v in (2.0, 3.0))
+    assert square.values == ((1, 2.0),) and square.signature() != cube.signature()
+    model = unit_model(square)
+    (exponent,) = [onnx.numpy_helper.to_array(t) for t in model.graph.initializer]
+    assert exponent.size == 1 and exponent.item() == 2.0
+    copies = [onnx.numpy_helper.to_array(t).item() for t in replicate(model, 3).graph.initializer]
+    assert copies == [2.0] * 3  # a weight of one value is not made distinct per copy
+    cost = cost_model(tmp_path)
+    assert cost.unit_cost(square) > 0 and "fallback" not in cost.detail(square)
+    plain = pricing_unit(node, [(64, 256), (1, 1)], [False, True])
+    assert plain.values == () and '"values"' not in plain.signature()
+
+
 def test_replicated_unit_model_runs_with_distinct_weights():
     node, shapes, const = items(small_cnn())[0]
     base = unit_model(Unit.single(node, shapes, const))
     model = replicate(base, 3)
     onnx.checker.check_model(model)
     assert [o.name for o in model.graph.output] == ["y__0", "y__1", "y__2"]
-    assert len(model.graph.input) == 1  # the non-weight input is shared
+    assert [i.name for i in model.graph.input] == ["x0__0", "x0__1", "x0__2"]  # each copy reads its own input
     floats = [onnx.numpy_helper.to_array(t) for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT]
     assert len(floats) == 6 and not np.array_equal(floats[0], floats[2])
     outs = make_session(model, "cpu", 1).run(None, random_inputs(model))
@@ -410,6 +427,31 @@ def test_blocked_unit_is_timed_without_its_boundary_reorders(tmp_path):
     run = cost.runner.bound(cost.runner.session(model))
     run()
     assert run._keep[3][0].shape == tuple(out) and np.abs(run._keep[3][0]).sum() > 0
+
+
+def test_reorders_are_charged_only_at_tensors_the_graph_holds_blocked(tmp_path):
+    g = Graph()
+    x = g.input("x", (1, 8, 16, 16))
+    conv = g.add("conv2d", [x, g.weight(w(16, 8, 3, 3)), g.weight(w(16))], **conv_attrs())
+    fm = g.add("transpose", [conv], perm=(0, 2, 3, 1))
+    q = g.input("q", (1, 4, 32, 8))
+    kt = g.add("transpose", [q], perm=(0, 1, 3, 2))
+    qk = g.add("matmul", [q, kt])
+    g.output("y", fm)
+    g.output("s", qk)
+    cost = cost_model(tmp_path)
+    _blocked_or_skip(cost)
+
+    def unit(i: int) -> Unit:
+        return pricing_unit(g.nodes[i], [g.nodes[j].shape for j in g.nodes[i].inputs], [False] * 2)
+
+    feature_map, scores = unit(fm), unit(qk)
+    # before a graph is observed, any 4-D tensor of aligned channels may be blocked
+    assert cost._plan(scores).add_us > 0
+    cost.observe_graph(g)
+    assert cost.blocked_extents == {(1, 16, 16)}  # the convolution's input and output; not the attention's
+    assert cost._plan(feature_map).add_us > 0 and "|nchw=" not in cost._key(feature_map)
+    assert cost._plan(scores).add_us == 0 and cost._key(scores).endswith("|nchw=0,1,-1")
 
 
 def test_residual_add_is_fused_in_place_and_its_prologue_cancels(tmp_path):

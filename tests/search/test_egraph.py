@@ -10,7 +10,7 @@ import pytest
 
 import tensat.egraph as egraph_mod
 from tensat import extraction, rewrites
-from tensat.cost import AnalyticCost, Resolution, graph_cost
+from tensat.cost import AnalyticCost, Resolution, Scalar, graph_cost, runtime_items
 from tensat.egraph import TensorEGraph, provenance
 from tensat.ir import Graph, OpaqueSpec
 
@@ -253,6 +253,34 @@ def test_pricing_time_limit_prices_the_input_first_and_the_rest_pessimistically(
             assert node.cost == pytest.approx(xg_all.nodes[nid].cost)
         else:  # the others at their estimate or above
             assert node.cost >= xg_all.nodes[nid].cost - 1e-9
+
+
+class _Operands:
+    """A cost model recording the operands each op is priced with."""
+
+    name = "operands"
+
+    def __init__(self) -> None:
+        self.const: dict[str, list[tuple[object, ...]]] = {}
+
+    def __call__(self, node, shapes, const=()) -> float:
+        self.const.setdefault(node.op, []).append(tuple(const))
+        return COST(node, shapes, const)
+
+
+def test_a_constant_exponent_is_priced_with_its_value_in_the_graph_and_in_the_egraph():
+    """onnxruntime squares by multiplication: Pow's unit must be timed with the exponent the model has, where a Mul
+    by a constant is priced whatever the constant."""
+    g = Graph()
+    x = g.input("x", (1, 64, 256))
+    two, half = (g.add("fill", [], value=v, shape=(1, 1, 1), dtype=1) for v in (2.0, 0.5))
+    g.output("y", g.add("mul", [g.add("pow", [x, two]), half]))
+    assert [flags for node, _, flags in runtime_items(g) if node.op == "pow"] == [[False, Scalar(2.0)]]
+    assert [flags for node, _, flags in runtime_items(g) if node.op == "mul"] == [[False, True]]
+    seen = _Operands()
+    TensorEGraph(g).export(seen)
+    assert (False, Scalar(2.0)) in seen.const["pow"]
+    assert all(Scalar(0.5) not in flags for flags in seen.const["mul"])
 
 
 class _SlowLRN(_Counting):
