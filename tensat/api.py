@@ -1170,17 +1170,18 @@ def _search(run: _Run) -> None:
 # -- the checks: the candidate is returned only if it passes each
 
 
-def _written(graph: Graph) -> tuple[onnx.ModelProto, Graph]:
+def _written(graph: Graph, standard_onnx: bool) -> tuple[onnx.ModelProto, Graph]:
     """`graph` written as ONNX, and read back: a candidate is priced as written (the file is what runs); tensat's
-    own export needs no onnx.checker pass."""
-    model = onnx_io.export_model(graph, keep_external=True)
+    own export needs no onnx.checker pass. Unless kept to standard ops, a MatMul onnxruntime runs as a FusedMatMul
+    is written as one: the model names the kernels that run."""
+    model = onnx_io.export_model(graph, keep_external=True, fuse_matmuls=not standard_onnx)
     return model, onnx_io.import_model(model, check=False).compact()
 
 
 def _export_candidate(run: _Run) -> None:
     assert run.candidate is not None
     run.log.say("export", "writing the optimized graph as ONNX")
-    run.candidate_model, run.written = _written(run.candidate)
+    run.candidate_model, run.written = _written(run.candidate, run.opts.standard_onnx)
 
 
 def _unexportable(run: _Run, exc: BaseException) -> None:

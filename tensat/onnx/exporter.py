@@ -56,6 +56,7 @@ class _Exporter:
 
     graph: Graph
     keep_external: bool = False  # weights mapped from a file stay there (see `export_model`)
+    fuse_matmuls: bool = False  # MatMuls onnxruntime folds a Transpose or a scale into written as FusedMatMul
     opset: int = 17
     nodes: list[NodeProto] = field(default_factory=list)
     initializers: list[tuple[np.ndarray, str]] = field(default_factory=list)  # written into the model at the end
@@ -112,6 +113,7 @@ class _Exporter:
         self.output_ids = {n for _, n in g.outputs}
         self.readers = self._consumers(emitted)
         self.gemms = self._find_gemms(emitted)
+        self.fused_matmuls = self._find_fused_matmuls(emitted) if self.fuse_matmuls else {}
         self.summed = self._find_summed(emitted)
         self.transposed_b = self._find_transposed_b()
         self.squeezed = self._find_squeezable(emitted)
@@ -135,13 +137,16 @@ class _Exporter:
             n = g.nodes[i]
             if n.op == "opaque":
                 self.opaque_groups.setdefault((n.attr["key"], n.inputs), {})[n.attr["index"]] = i
-        fused = set(self.gemms.values())
+        fused = set(self.gemms.values()).union(*(folded for _, folded, _ in self.fused_matmuls.values()))
         for i in emitted:
             n = g.nodes[i]
             if i in self.absorbed or i in fused or (n.op == "slice" and i in self.splits and self.splits[i] is None):
                 continue
             if i in self.gemms:
                 _ex_gemm(self, i)
+                continue
+            if i in self.fused_matmuls:
+                _ex_matmul_as_fused(self, i)
                 continue
             EXPORTERS["sum" if i in self.summed else n.op](self, i)
         self._emit_output_aliases()
@@ -319,6 +324,43 @@ class _Exporter:
                 ):
                     out[i] = m
                     break
+        return out
+
+    def _find_fused_matmuls(self, emitted: Sequence[int]) -> dict[int, tuple[dict[int, int], set[int], dict[str, Any]]]:
+        """MatMuls onnxruntime's CPU session runs as a FusedMatMul, with what it folds into them: matmul id ->
+        ({operand index: the tensor the FusedMatMul reads there}, the nodes folded, FusedMatMul's attributes). It
+        folds into an operand a Transpose of the last two axes (`tensat.cost.transposes_into_matmul`'s swap) and a
+        Mul by a one-element constant (its MatMulScaleFusion), each read by nothing else, in either order. Written as
+        the FusedMatMul it runs, the model asks for the kernel it gets (`tensat.onnx.fusions.check_kernels`)."""
+        g = self.graph
+        in_gemm = set(self.gemms.values())
+        out: dict[int, tuple[dict[int, int], set[int], dict[str, Any]]] = {}
+        for i in emitted:
+            n = g.nodes[i]
+            if n.op != "matmul" or i in in_gemm or n.dtype != FLOAT:
+                continue
+            reads: dict[int, int] = {}
+            folded: set[int] = set()
+            attrs: dict[str, Any] = {"transA": 0, "transB": 0, "alpha": 1.0}
+            for k, j in enumerate(n.inputs):
+                trans = "transA" if k == 0 else "transB"
+                while j not in self.consts and self.uses.get(j) == 1 and j not in self.output_ids:
+                    src = g.nodes[j]
+                    rank = len(src.shape)
+                    scales = [x for x in src.inputs if x in self.consts and self.consts[x].size == 1]
+                    if src.op == "transpose" and not attrs[trans]:
+                        if tuple(src.attr["perm"]) != (*range(rank - 2), rank - 1, rank - 2):
+                            break
+                        attrs[trans] = 1
+                    elif src.op == "mul" and len(scales) == 1 and len(src.inputs) == 2 and len(set(src.inputs)) == 2:
+                        attrs["alpha"] *= float(self.consts[scales[0]].reshape(()))
+                    else:
+                        break
+                    folded.add(j)
+                    j = next(x for x in src.inputs if x not in scales)
+                    reads[k] = j
+            if folded:
+                out[i] = (reads, folded, attrs)
         return out
 
     def _find_transposed_b(self) -> set[int]:
@@ -877,6 +919,14 @@ def _ex_stride(e: _Exporter, i: int) -> None:
     e.emit("Slice", ins, [e.tensor(i)], f"stride_{i}")
 
 
+def _ex_matmul_as_fused(e: _Exporter, i: int) -> None:
+    """A MatMul written as the FusedMatMul onnxruntime runs it as (`_Exporter._find_fused_matmuls`)."""
+    reads, _, attrs = e.fused_matmuls[i]
+    operands = [e.tensor(reads.get(k, j)) for k, j in enumerate(e.graph.nodes[i].inputs)]
+    e.emit("FusedMatMul", operands, [e.tensor(i)], f"fused_matmul_{i}", domain=ops.CONTRIB, **attrs)
+    e.domains.add(ops.CONTRIB)
+
+
 @_emitter("fused_matmul")
 def _ex_fused_matmul(e: _Exporter, i: int) -> None:
     n = e.graph.nodes[i]
@@ -933,12 +983,15 @@ EXPORTERS: dict[str, Emitter] = _exporters()
 """IR op name -> ONNX emission, for every op in tensat.ops.REGISTRY."""
 
 
-def export_model(graph: Graph, *, keep_external: bool = False) -> ModelProto:
+def export_model(graph: Graph, *, keep_external: bool = False, fuse_matmuls: bool = False) -> ModelProto:
     """Export `graph` as an ONNX model for its source opset: weight-only subgraphs folded into initializers,
     slices partitioning a tensor as one Split, names deterministic (the same graph exports byte-identically).
 
     With `keep_external`, a weight mapped from a model's external data file (`import_model` keeps it on disk) is
     written as a reference to where it lies, with the directory recorded in the model
     (`tensat.onnx.external.external_dir`): tensat's sessions and `save_model` read it from there, and the weights
-    never pass through Python. Without it, every weight is written into the model."""
-    return _Exporter(graph, keep_external).run()
+    never pass through Python. Without it, every weight is written into the model.
+
+    With `fuse_matmuls`, a MatMul onnxruntime would run as a FusedMatMul (a Transpose or a scale of an operand
+    folded in) is written as that FusedMatMul, onnxruntime's contrib op: the kernel the cost model priced it as."""
+    return _Exporter(graph, keep_external, fuse_matmuls).run()

@@ -280,3 +280,31 @@ def test_with_standard_onnx_a_kernel_no_rule_rewrote_returns_the_input() -> None
     )
     assert result.returned_input == "no graph of ONNX standard ops was found"
     assert any("skip_layernorm" in w for w in result.warnings)
+
+
+def test_a_matmul_onnxruntime_runs_as_a_fused_matmul_is_written_as_one() -> None:
+    """Attention's scale moved onto the keys and their transpose, chosen as a Mul, a Transpose and a MatMul, run as
+    one FusedMatMul (onnxruntime folds both into it): that kernel is what the model is written with, unless it is
+    kept to standard ops. The outputs are the same either way."""
+    g = Graph()
+    q = g.input("q", (1, 4, 64, 16))
+    k = g.input("k", (1, 4, 64, 16))
+    scaled = g.add(
+        "mul", [g.add("transpose", [k], perm=(0, 1, 3, 2)), g.add("fill", [], value=0.25, shape=(1, 1, 1, 1), dtype=1)]
+    )
+    g.output("s", g.add("softmax", [g.add("matmul", [q, scaled])], axis=3))
+    plain = onnx_io.export_model(g)
+    assert not fusions.check_kernels(plain).match  # Mul + Transpose + MatMul written, FusedMatMul run
+    fused = onnx_io.export_model(g, fuse_matmuls=True)
+    (node,) = [n for n in fused.graph.node if n.op_type == "FusedMatMul"]
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs["transB"] == 1 and attrs["transA"] == 0 and attrs["alpha"] == pytest.approx(0.25)
+    assert not {"Mul", "Transpose", "MatMul"} & {n.op_type for n in fused.graph.node}
+    assert fusions.check_kernels(fused).match
+    feeds = {
+        "q": RNG.standard_normal((1, 4, 64, 16)).astype(np.float32),
+        "k": RNG.standard_normal((1, 4, 64, 16)).astype(np.float32),
+    }
+    got, want = (make_session(m, "cpu", 1).run(None, feeds)[0] for m in (fused, plain))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert onnx_io.import_model(fused).compact().nodes  # tensat reads back what it wrote
