@@ -30,7 +30,7 @@ from tensat.egraph.lower import LoweredGraph
 from tensat.egraph.provenance import DecodedNode
 from tensat.extraction import EGraph as XGraph
 from tensat.extraction import ENode, tree_costs
-from tensat.ir import Graph, Node
+from tensat.ir import FLOAT, Graph, Node
 
 UNCHOSEN_MS = 1e-9  # added to the cost of e-nodes the input graph does not use: a tie-break, not a price
 COMPETITIVE_SLACK_MS = 0.005  # an estimate this close to its e-class's cheapest is competitive whatever the ratio
@@ -165,6 +165,8 @@ class Export(LoweredGraph):
         memo.shapes_for, memo.class_shapes = decoded, {c: shape_list[sid] for c, sid in shape_id.items()}
         const = self._constant_classes(decoded)
         fills = {dn.eclass: float(dn.attrs["value"]) for dn in decoded.values() if dn.op == "fill"}
+        node_of = {to_i64(r.inputs[0]): setdefault(r.output, len(class_ids)) for r in frozen.functions["node-of"].rows}
+        dtype_of = self._class_dtypes(decoded, node_of)
         forbidden: set[str] = set()
         costs: dict[str, float] = {}
         to_price: dict[str, tuple[Node, list[tuple[int, ...]], list[Const]]] = {}
@@ -210,17 +212,16 @@ class Export(LoweredGraph):
             if op in leaves or (op != "opaque" and children and False not in flags):
                 costs[nid] = 0.0
             else:
-                key = (attrs_key, out, child_ids, flags)
+                dtype = dtype_of(dn.eclass)
+                key = (attrs_key, out, child_ids, flags, dtype)
                 item = items.get(key)
                 if item is None:
-                    dtype = dn.attrs.get("dtype", "float32")
                     node = Node(op, (), attrs_items, shape_list[out], dtype)  # type: ignore[index]
                     in_shapes = [shape_list[i] for i in child_ids]  # type: ignore[index]
                     item = items[key] = (node, in_shapes, list(flags))
                 to_price[nid] = item
                 keys[nid] = key
         memo.index_for, memo.index = decoded, index
-        node_of = {to_i64(r.inputs[0]): setdefault(r.output, len(class_ids)) for r in frozen.functions["node-of"].rows}
         self._node_of = node_of
         self._chosen_of = {
             to_i64(r.inputs[0]): setdefault(r.output, len(class_ids)) for r in frozen.functions["chosen-of"].rows
@@ -424,6 +425,40 @@ class Export(LoweredGraph):
         ids left unpriced."""
         left = prefetch([to_price[nid] for nid in order], deadline) or ()
         return [order[i] for i in left]
+
+    def _class_dtypes(self, decoded: dict[str, DecodedNode], node_of: dict[int, int]) -> Callable[[int], str]:
+        """The element type of an e-class's tensors: its input node's where it holds one, else its first e-node's
+        (`ops.dtype_of` over the children's), float32 where none can be told (a cycle of new e-classes)."""
+        known = {c: self.graph.nodes[i].dtype for i, c in node_of.items()}
+        members: dict[int, list[DecodedNode]] = {}
+        for dn in decoded.values():
+            members.setdefault(dn.eclass, []).append(dn)
+        visiting: set[int] = set()
+
+        def dtype(c: int) -> str:
+            found = known.get(c)
+            if found is not None:
+                return found
+            if c in visiting:
+                return FLOAT
+            visiting.add(c)
+            for dn in members.get(c, ()):
+                try:
+                    found = ops.dtype_of(dn.op, [dtype(x) for x in dn.children], dn.attrs)
+                except (KeyError, TypeError, ValueError):
+                    continue
+                break
+            visiting.discard(c)
+            known[c] = found or FLOAT
+            return known[c]
+
+        def safe(c: int) -> str:
+            try:
+                return dtype(c)
+            except RecursionError:  # a chain of new e-classes deeper than Python's stack
+                return FLOAT
+
+        return safe
 
     @staticmethod
     def _constant_classes(decoded: dict[str, DecodedNode]) -> set[int]:

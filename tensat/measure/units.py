@@ -51,12 +51,20 @@ class Unit:
 
     @staticmethod
     def single(node: Node, in_shapes: Sequence[Sequence[int]], const: Sequence[Const]) -> Unit:
-        """The unit of one node (a `Scalar` operand timed with its value)."""
+        """The unit of one node: a `Scalar` operand timed with its value, and an integer operand the op types
+        (`OpDef.operand_dtypes`: a Gather's or a GatherND's indices) that is a weight as zeros, indices in range
+        whatever the data's dims."""
         flags = list(const) + [False] * (len(in_shapes) - len(const))
         dtypes = ops.operand_dtypes(node.op, node.dtype, len(in_shapes))
         ext = tuple((tuple(int(d) for d in s), bool(c), t) for s, c, t in zip(in_shapes, flags, dtypes))
         un = UnitNode(node.op, tuple(node.attrs), tuple(("x", k) for k in range(len(in_shapes))))
-        return Unit((un,), ext, tuple((k, c.value) for k, c in enumerate(flags) if isinstance(c, Scalar)))
+        indices = ops.get(node.op).operand_dtypes
+        values = [
+            (k, c.value if isinstance(c, Scalar) else 0.0)
+            for k, c in enumerate(flags)
+            if isinstance(c, Scalar) or (c and k in indices and np.dtype(indices[k]).kind in "iu")
+        ]
+        return Unit((un,), ext, tuple(values))
 
     @property
     def ops(self) -> tuple[str, ...]:

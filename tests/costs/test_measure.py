@@ -210,6 +210,22 @@ def test_a_constant_exponent_is_timed_with_its_value(tmp_path):
     assert plain.values == () and '"values"' not in plain.signature()
 
 
+def test_constant_indices_are_timed_in_range_and_a_mask_op_as_booleans(tmp_path):
+    """A GatherND's constant indices drawn at random fell outside a dim of 1 and the unit failed; a logical And
+    priced from the e-graph was built on floats. Both fell back to the analytic estimate."""
+    gather = Node("gather_nd", (), (("batch_dims", 0), ("shape", (1, 1, 1, 128))), (1, 1, 1, 128), "bool")
+    mask = Node("and", (), (), (1, 1, 128, 128), "bool")
+    units = [
+        pricing_unit(gather, [(1, 128), (1, 1, 1, 128, 2)], [False, True]),
+        pricing_unit(mask, [(1, 1, 128, 1), (1, 1, 1, 128)], [False, False]),
+    ]
+    assert units[0].values == ((1, 0.0),) and units[1].dtype == "bool"
+    cost = cost_model(tmp_path)
+    for unit in units:
+        assert cost.unit_cost(unit) > 0 and "fallback" not in cost.detail(unit)
+    assert cost.stats.failed == 0
+
+
 def test_replicated_unit_model_runs_with_distinct_weights():
     node, shapes, const = items(small_cnn())[0]
     base = unit_model(Unit.single(node, shapes, const))

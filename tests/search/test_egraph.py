@@ -262,9 +262,11 @@ class _Operands:
 
     def __init__(self) -> None:
         self.const: dict[str, list[tuple[object, ...]]] = {}
+        self.dtypes: dict[str, set[str]] = {}
 
     def __call__(self, node, shapes, const=()) -> float:
         self.const.setdefault(node.op, []).append(tuple(const))
+        self.dtypes.setdefault(node.op, set()).add(node.dtype)
         return COST(node, shapes, const)
 
 
@@ -281,6 +283,20 @@ def test_a_constant_exponent_is_priced_with_its_value_in_the_graph_and_in_the_eg
     TensorEGraph(g).export(seen)
     assert (False, Scalar(2.0)) in seen.const["pow"]
     assert all(Scalar(0.5) not in flags for flags in seen.const["mul"])
+
+
+def test_enodes_are_priced_with_their_element_types():
+    """An attention mask's And and the Where it feeds are priced on booleans, as the model computes them: the
+    e-graph's e-classes take their type from the input graph's nodes."""
+    g = Graph()
+    x = g.input("x", (1, 4, 16, 16))
+    a = g.input("a", (1, 1, 16, 1), "bool")
+    b = g.input("b", (1, 1, 1, 16), "bool")
+    keep = g.add("and", [a, b])
+    g.output("y", g.add("where", [keep, x, g.add("fill", [], value=-1e4, shape=(1, 1, 1, 1), dtype=1)]))
+    seen = _Operands()
+    TensorEGraph(g).export(seen)
+    assert seen.dtypes["and"] == {"bool"} and seen.dtypes["where"] == {"float32"}
 
 
 class _SlowLRN(_Counting):
