@@ -289,7 +289,7 @@ class _FallbackCost:
             return []
 
     def __call__(self, node: Node, in_shapes: Sequence[Shape], const: Sequence[Const] = ()) -> float:
-        key = (node.op, node.attrs, node.shape, tuple(tuple(s) for s in in_shapes), tuple(bool(c) for c in const))
+        key = (node.op, node.attrs, node.shape, tuple(tuple(s) for s in in_shapes), tuple(const))
         if key not in self.failed:
             try:
                 value = float(self.inner(node, in_shapes, const))

@@ -22,12 +22,10 @@ Shape = tuple[int, ...]
 @dataclass(frozen=True)
 class Scalar:
     """A weight operand holding one repeated value (a `fill`) where that value decides the kernel onnxruntime runs
-    (`OpDef.value_operands`): it counts as a weight, and a measuring model times its unit with the value."""
+    (`OpDef.value_operands`): it counts as a weight (it is truthy, as `True` is), and a measuring model times its
+    unit with the value."""
 
     value: float
-
-    def __bool__(self) -> bool:
-        return True
 
 
 Const = bool | Scalar  # per operand: whether it is computable from weights alone (a `Scalar` where its value counts)

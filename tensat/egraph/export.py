@@ -166,7 +166,7 @@ class Export(LoweredGraph):
         const = self._constant_classes(decoded)
         fills = {dn.eclass: float(dn.attrs["value"]) for dn in decoded.values() if dn.op == "fill"}
         node_of = {to_i64(r.inputs[0]): setdefault(r.output, len(class_ids)) for r in frozen.functions["node-of"].rows}
-        dtype_of = self._class_dtypes(decoded, node_of)
+        class_dtype = self._class_dtypes(decoded, node_of)
         forbidden: set[str] = set()
         costs: dict[str, float] = {}
         to_price: dict[str, tuple[Node, list[tuple[int, ...]], list[Const]]] = {}
@@ -212,7 +212,7 @@ class Export(LoweredGraph):
             if op in leaves or (op != "opaque" and children and False not in flags):
                 costs[nid] = 0.0
             else:
-                dtype = dtype_of(dn.eclass)
+                dtype = class_dtype(dn.eclass)
                 key = (attrs_key, out, child_ids, flags, dtype)
                 item = items.get(key)
                 if item is None:
