@@ -40,6 +40,7 @@ from tensat.ir import Graph, Node
 from tensat.latency import RESOLUTION as LATENCY_RESOLUTION
 from tensat.latency import LatencyComparison, compare_latency
 from tensat.measure import MeasuredCost, default_clock, make_measured_cost, resolve_device
+from tensat.measure.cache import default_cache_dir
 from tensat.onnx.symbolic import declared, fixed_shapes, generalize, other_shapes, sizes_to_try, unsized
 from tensat.options import Options
 from tensat.progress import ProgressFn, report
@@ -338,6 +339,8 @@ COMPETITIVE_RATIO = 4.0  # with measured costs, e-nodes estimated above this man
 # are not measured (see TensorEGraph.export): only alternatives far costlier than another, not ones whose order the
 # estimate's error could reverse
 
+
+PRE_PASS_DIR = "pre-pass"  # where in the cache directory the pre-pass's results are kept (`onnx_io.cached_pre_pass`)
 
 PRICE_SECONDS = 8.0  # with measured costs, one export measures new prices for at most about this long (a later
 # run measures the next ones: the cache fills over runs, and no run spends more than this on it)
@@ -745,11 +748,12 @@ def _read_pre_passed(run: _Run) -> Graph | None:
     t = time.perf_counter()
     try:
         dims = onnx_io.symbolic_dims(run.model)
+        kept = default_cache_dir() / PRE_PASS_DIR  # a warm run reads the result instead of running the pre-pass
         if dims is None:
-            model = onnx_io.pre_pass(run.model, name)
+            model = onnx_io.cached_pre_pass(run.model, name, kept)
             shapes = None
         else:  # at the symbolic dims, so that what it folds holds at every size of them
-            model = onnx_io.pre_pass(declared(run.model, dims), name)
+            model = onnx_io.cached_pre_pass(declared(run.model, dims), name, kept)
             shapes = fixed_shapes(run.model)
         graph = onnx_io.import_model(model, shapes, check=False, runtime_fusions=True)  # loads it: sorted, inferred
     except TensatError as exc:

@@ -30,7 +30,8 @@ def _add_optimize(sub: Any) -> None:
         help="optimize an ONNX model by equality saturation",
         description="Optimize an ONNX model: explore rewrites in an e-graph, extract the cheapest "
         "graph, verify it against the input in onnxruntime, write it out. Measured op costs are cached in "
-        f"{default_cache_path()} (set TENSAT_CACHE_DIR to keep them elsewhere).",
+        f"{default_cache_path()}, and the pre-pass's results beside it (set TENSAT_CACHE_DIR to keep them "
+        "elsewhere).",
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("input", nargs="?", help="the ONNX model to optimize")

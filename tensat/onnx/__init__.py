@@ -18,7 +18,7 @@ from tensat.onnx.exporter import EXPORTERS, export_model
 from tensat.onnx.external import PROTO_LIMIT, materialize, weight_bytes
 from tensat.onnx.importer import IMPORTERS, import_model
 from tensat.onnx.load import MIN_OPSET, given_model, load_model, symbolic_dims
-from tensat.onnx.prepass import pre_pass
+from tensat.onnx.prepass import cached_pre_pass, pre_pass
 from tensat.onnx.save import save_model
 from tensat.onnx.symbolic import symbolic_inputs
 
@@ -34,6 +34,7 @@ __all__ = [
     "ir_version_for",
     "load_model",
     "materialize",
+    "cached_pre_pass",
     "pre_pass",
     "run_node",
     "save_model",

@@ -9,14 +9,26 @@ Weights tensat keeps on disk (a model's external data, see `tensat.onnx.load.loa
 as graph inputs of their type and shape, and put back after it: the pre-pass folds what the small constants compute
 (shapes, masks) and never holds the weights in memory, which for a model of several GB would take several times
 their size; what it would fold over a weight, onnxruntime folds when it loads the model.
+
+`cached_pre_pass` keeps each result in a directory, under a digest of the model and the pre-pass's version: a second
+run on one model reads it instead of running the pre-pass again. Only what the pre-pass made is stored; the weights
+it left as they were are taken from the model again.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+from importlib import metadata
+from pathlib import Path
+
+import onnx
 from onnx import ModelProto, TensorProto, helper
 
 from tensat.errors import ModelError, TensatError
-from tensat.onnx.external import external_dir, has_external, set_external_dir
+from tensat.files import atomic_write_bytes
+from tensat.onnx.external import external_dir, has_external, set_external_dir, weight_bytes
 
 
 def pre_pass(model: ModelProto, name: str) -> ModelProto:
@@ -85,3 +97,86 @@ def _same_interface(model: ModelProto, out: ModelProto, name: str) -> ModelProto
     del out.graph.input[:]
     out.graph.input.extend([*inputs, *listed])
     return out
+
+
+CACHE_ENTRIES = 16  # pre-pass results kept (the least recently used go first) ...
+CACHE_BYTES = 2**30  # ... and bytes of them
+CACHE_MAX_WEIGHT_BYTES = 2**29  # models with more weights than this are not cached (their copy would cost memory)
+CACHE_FORMAT = "1"
+_ORDER_KEY = "tensat.pre_pass.initializers"  # the stored result's initializers in order, those taken from the model
+
+
+def cached_pre_pass(model: ModelProto, name: str, directory: Path | None) -> ModelProto:
+    """`pre_pass(model, name)`, kept in `directory` (None: not kept) under a digest of `model`, the pre-pass and its
+    version, and read from there when a run meets the same model again. A model with weights on disk, or more than
+    `CACHE_MAX_WEIGHT_BYTES` of them, is pre-passed every time. A stored result that cannot be read is made again."""
+    if name == "none" or directory is None or external_dir(model) is not None:
+        return pre_pass(model, name)
+    if (weight_bytes(model) or 0) > CACHE_MAX_WEIGHT_BYTES:
+        return pre_pass(model, name)
+    path = directory / f"{_digest(model, name)}.onnx"
+    cached = _read_cached(path, model)
+    if cached is not None:
+        return cached
+    out = pre_pass(model, name)
+    try:
+        _write_cached(path, out, model)
+    except (OSError, TensatError):  # a cache that cannot be written only costs the next run the pre-pass
+        return out
+    return out
+
+
+def _digest(model: ModelProto, name: str) -> str:
+    """A digest of the model's bytes, the pre-pass and its version, and this cache's format."""
+    version = metadata.version(name) if name == "onnxslim" else ""
+    h = hashlib.sha256(f"{name} {version} {CACHE_FORMAT}\n".encode())
+    h.update(model.SerializeToString(deterministic=True))
+    return h.hexdigest()[:32]
+
+
+def _write_cached(path: Path, out: ModelProto, model: ModelProto) -> None:
+    """`out` stored at `path` without the initializers it shares with `model` (same name, same bytes), which
+    `_read_cached` takes from the model again; the least recently used entries past `CACHE_ENTRIES`, or past
+    `CACHE_BYTES` in all, are removed."""
+    given = {t.name: t for t in model.graph.initializer}
+    order = []
+    stored = ModelProto()
+    stored.CopyFrom(out)
+    kept = []
+    for t in out.graph.initializer:
+        same = t.name in given and given[t.name] == t
+        order.append([t.name, same])
+        if not same:
+            kept.append(t)
+    del stored.graph.initializer[:]
+    stored.graph.initializer.extend(kept)
+    stored.metadata_props.add(key=_ORDER_KEY, value=json.dumps(order))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, stored.SerializeToString())
+    entries = sorted(path.parent.glob("*.onnx"), key=lambda p: p.stat().st_mtime, reverse=True)
+    total = 0
+    for k, entry in enumerate(entries):
+        total += entry.stat().st_size
+        if k >= CACHE_ENTRIES or (total > CACHE_BYTES and entry != path):
+            entry.unlink(missing_ok=True)
+
+
+def _read_cached(path: Path, model: ModelProto) -> ModelProto | None:
+    """The result stored at `path` with its shared initializers taken from `model` again; None where there is none
+    or it cannot be read."""
+    try:
+        stored = onnx.load_model_from_string(path.read_bytes())
+        props = {p.key: p.value for p in stored.metadata_props}
+        order = json.loads(props[_ORDER_KEY])
+        own = {t.name: t for t in stored.graph.initializer}
+        given = {t.name: t for t in model.graph.initializer}
+        tensors = [given[n] if shared else own[n] for n, shared in order]
+    except Exception:  # noqa: BLE001 - none stored, or damaged (protobuf's DecodeError, a missing key): made again
+        return None
+    del stored.graph.initializer[:]
+    stored.graph.initializer.extend(tensors)
+    props_kept = [p for p in stored.metadata_props if p.key != _ORDER_KEY]
+    del stored.metadata_props[:]
+    stored.metadata_props.extend(props_kept)
+    os.utime(path)
+    return stored

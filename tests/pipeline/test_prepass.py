@@ -25,6 +25,13 @@ from tests.helpers import make, vi
 FAST = {"cost": "analytic", "latency_check": 0, "time_limit": 5, "ilp_time_limit": 5}
 
 
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test its own cache directory: a pre-pass result kept by one (or by a detour standing in for onnxslim)
+    is not read by another."""
+    monkeypatch.setenv("TENSAT_CACHE_DIR", str(tmp_path / "cache"))
+
+
 def _model() -> onnx.ModelProto:
     """x[1,8,16] @ W + b, Relu, then @ V1 @ V2: onnxslim writes the 3-D MatMul+Add as Reshape, Gemm, Reshape;
     tensat folds the product of the two weights V1 @ V2 (onnxslim does not)."""
@@ -157,3 +164,29 @@ def test_the_command_line_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert main([*argv, "--latency-check", "0"]) == 0
     assert "read after the onnxslim pre-pass" in capsys.readouterr().out
     assert "Gemm" in _ops(onnx.load(str(out)))
+
+
+def test_a_second_run_reads_the_pre_pass_result_kept_by_the_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The result is kept under a digest of the model: the same model again is read from there, with the weights the
+    pre-pass left taken from the model (not stored twice); another model, or a damaged entry, runs the pre-pass."""
+    kept = tmp_path / "kept"
+    model = _model()
+    first = onnx_io.cached_pre_pass(model, "onnxslim", kept)
+    (entry,) = kept.glob("*.onnx")
+    assert entry.stat().st_size < model.ByteSize() / 2  # its weights are the model's: only the graph is stored
+    calls = []
+    real = onnxslim.slim
+    monkeypatch.setattr(onnxslim, "slim", lambda m: calls.append(1) or real(m))
+    again = onnx_io.cached_pre_pass(model, "onnxslim", kept)
+    assert not calls and again.SerializeToString(deterministic=True) == first.SerializeToString(deterministic=True)
+    other = _model()
+    other.graph.initializer[0].raw_data = bytes(len(other.graph.initializer[0].raw_data))
+    onnx_io.cached_pre_pass(other, "onnxslim", kept)
+    assert calls == [1] and len(list(kept.glob("*.onnx"))) == 2
+    entry.write_bytes(b"damaged")
+    again = onnx_io.cached_pre_pass(model, "onnxslim", kept)
+    assert calls == [1, 1] and again.SerializeToString(deterministic=True) == first.SerializeToString(
+        deterministic=True
+    )
