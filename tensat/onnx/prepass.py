@@ -17,6 +17,7 @@ it left as they were are taken from the model again.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -119,10 +120,8 @@ def cached_pre_pass(model: ModelProto, name: str, directory: Path | None) -> Mod
     if cached is not None:
         return cached
     out = pre_pass(model, name)
-    try:
+    with contextlib.suppress(OSError, TensatError):  # a cache that cannot be written costs the next run the pre-pass
         _write_cached(path, out, model)
-    except (OSError, TensatError):  # a cache that cannot be written only costs the next run the pre-pass
-        return out
     return out
 
 
