@@ -16,10 +16,11 @@ How a unit's cost is taken:
   so the copies' weights span the working set of the graph being optimized (`observe_graph`), bounded by a per-round
   time budget, by the bytes of the copies' outputs and by memory. Inputs and outputs are buffers bound once, 64-byte
   aligned as onnxruntime's own buffers are.
-- Cache state as inside a graph: between two runs of one op, the graph's other weights pass through the caches, so
-  its weights are cold; its input has just been computed and its output goes to a recycled buffer. Where the K
-  copies' weights do not span the working set, the rest is evicted before every timed run (a scratch buffer is
-  read), and then the inputs are read and the output buffers written again.
+- Cache state as inside a graph: between two runs of one op, the graph's other weights and every tensor it computes
+  pass through the caches (the working set, `graph_working_set`: its weights alone left MobileNet-V2's classifier
+  warm in its unit and cold in the graph), so its weights are cold; its input has just been computed and its output
+  goes to a recycled buffer. Where the K copies' weights do not span the working set, the rest is evicted before
+  every timed run (a scratch buffer is read), and then the inputs are read and the output buffers written again.
 - Rounds alternate the unit model with a null model (K one-element Relus, same number of inputs and outputs); a
   round's sample is (t_unit - t_null) / K, plus the per-node dispatch cost of a near-empty node (`node_us`,
   calibrated per device from a chain of 64 tiny nodes), so the session's fixed per-run overhead and the per-output

@@ -89,15 +89,19 @@ def _bucket(nbytes: float) -> int:
 
 
 def graph_working_set(graph: Graph) -> int:
-    """Bytes of the distinct weights the graph's inference reads (after weight-only subgraphs are folded)."""
+    """Bytes one inference streams through the caches: the distinct weights it reads (after weight-only subgraphs
+    are folded) and every tensor it computes. Between two runs of one op all of them pass through the caches, and
+    their sum, not the weights' alone, decides whether the op's weights are still there."""
     const = graph.weight_only()
     seen: set[int] = set()
+    computed = 0
     for i in graph.live():
         n = graph.nodes[i]
         if n.is_leaf or i in const:
             continue
         seen.update(j for j in n.inputs if j in const)
-    return sum(_nbytes(graph.nodes[j].shape, graph.nodes[j].dtype) for j in seen)
+        computed += _nbytes(n.shape, n.dtype)
+    return computed + sum(_nbytes(graph.nodes[j].shape, graph.nodes[j].dtype) for j in seen)
 
 
 class MeasuredCost:
@@ -154,8 +158,8 @@ class MeasuredCost:
     # -- configuration ------------------------------------------------------------------------------------------
 
     def observe_graph(self, graph: Graph) -> None:
-        """Take the working set (bytes of weights one inference reads) from the graph being optimized, and the
-        extents of the tensors it holds in the blocked layout (`tensat.cost.blocked_extents`)."""
+        """Take the working set (bytes one inference streams through the caches) from the graph being optimized,
+        and the extents of the tensors it holds in the blocked layout (`tensat.cost.blocked_extents`)."""
         self.working_set = graph_working_set(graph)
         self.blocked_extents = blocked_extents(graph, nchwc_block() if self.device == "cpu" else 0)
 
@@ -263,10 +267,11 @@ class MeasuredCost:
 
     @staticmethod
     def _estimate_working_set(items: Sequence[tuple[Node, Sequence[Shape], Sequence[Const]]]) -> int:
-        """Without `observe_graph`: the bytes of every weight operand priced (shared weights counted per use)."""
+        """Without `observe_graph`: the bytes of every weight operand priced (shared weights counted per use) and of
+        every output."""
         total = 0
         for node, shapes, const in items:
-            total += sum(_nbytes(s, node.dtype) for s, c in zip(shapes, const) if c)
+            total += sum(_nbytes(s, node.dtype) for s, c in zip(shapes, const) if c) + _nbytes(node.shape, node.dtype)
         return total or DEFAULT_WORKING_SET
 
     def prefetch_units(

@@ -239,12 +239,12 @@ def test_replicated_unit_model_runs_with_distinct_weights():
     assert len(outs) == 3 and all(o.shape == (1, 16, 8, 8) for o in outs)
 
 
-def test_working_set_counts_each_weight_once():
+def test_working_set_counts_each_weight_once_and_every_computed_tensor():
     g = Graph()
     x = g.input("x", (1, 64))
     wt = g.weight(w(64, 64))
     g.output("y", g.add("matmul", [g.add("matmul", [x, wt]), wt]))
-    assert graph_working_set(g) == 64 * 64 * 4
+    assert graph_working_set(g) == 64 * 64 * 4 + 2 * 64 * 4
 
 
 # -- the cost model ----------------------------------------------------------------------------------------------
