@@ -35,7 +35,8 @@ How a unit's cost is taken:
   timed as onnxruntime's own optimized model of it with the reorders at its inputs and outputs cut off
   (`strip_reorders`): it takes and gives blocked tensors. A residual operand of Conv+Add enters through a 1x1 max
   pool so that onnxruntime fuses the Add into the convolution (updating the operand in place), as it does inside a
-  graph; the pool and a one-pixel pool reading the output then form the null model. Conversely an op that cannot
+  graph, and so does a BatchNormalization's input, which onnxruntime runs as a blocked Conv only when it arrives
+  blocked; the pool and a one-pixel pool reading the output then form the null model. Conversely an op that cannot
   run blocked (slice, transpose, reshape, matmul, a grouped conv or pool onnxruntime keeps in NCHW) on a 4-D
   tensor is charged the reorders it causes between blocked neighbours: splitting a merged conv's output costs what
   it costs. A tensor counts as blocked where the graph being optimized holds tensors of its batch, height and width

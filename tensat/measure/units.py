@@ -378,16 +378,17 @@ def _is_plausibly_blocked(shape: Sequence[int], dtype: str = "float32") -> bool:
 
 
 def _with_prologue(unit: Unit) -> tuple[Unit, list[Unit]]:
-    """Inside a graph, the residual operand of a Conv+Add arrives in the blocked layout and onnxruntime fuses the
-    Add into the convolution; a graph input would not. So feed such operands through a 1x1 max pool (which runs
-    blocked), returning the unit to optimize and the prologue pools (one unit each)."""
-    if "conv2d" not in unit.ops:
-        return unit, []
+    """Inside a graph, some operands arrive in the blocked layout, and onnxruntime runs what reads them blocked only
+    then: it fuses the residual Add of a Conv+Add into the convolution, and runs a BatchNormalization (DenseNet's,
+    before its convolution) as a blocked Conv; from a graph input it would do neither. So feed such operands
+    through a 1x1 max pool (which runs blocked), returning the unit to optimize and the prologue pools (one unit
+    each)."""
+    fed = {"add"} if "conv2d" in unit.ops else {"batchnorm"} if unit.ops == ("batchnorm",) else set()
     targets: list[int] = []
     for n in unit.nodes:
-        if n.op != "add":
+        if n.op not in fed:
             continue
-        for kind, i in n.inputs:
+        for kind, i in n.inputs[:1] if n.op == "batchnorm" else n.inputs:
             shape, const, dtype = unit.externals[i] if kind == "x" else ((), True, "")
             if kind == "x" and not const and _is_plausibly_blocked(shape, dtype) and i not in targets:
                 targets.append(i)
@@ -401,7 +402,7 @@ def _with_prologue(unit: Unit) -> tuple[Unit, list[Unit]]:
         for kind, i in n.inputs:
             if kind == "n":
                 refs.append(("n", i + len(head)))
-            elif n.op == "add" and i in where:
+            elif n.op in fed and i in where:
                 refs.append(("n", where[i]))
             else:
                 refs.append((kind, i))

@@ -487,6 +487,26 @@ def test_residual_add_is_fused_in_place_and_its_prologue_cancels(tmp_path):
     assert entry.ms > 0 and entry.detail["nchwc"]
 
 
+def test_a_batchnorm_on_a_blocked_input_is_timed_as_the_blocked_conv_onnxruntime_runs_it(tmp_path):
+    # DenseNet's BatchNormalization before a convolution: from a blocked producer onnxruntime runs it as a blocked
+    # Conv; from a graph input it would run plain BatchNormalization between two reorders
+    cost = cost_model(tmp_path)
+    _blocked_or_skip(cost)
+    g = Graph()
+    x = g.input("x", (1, 32, 14, 14))
+    c = g.add("conv2d", [x, g.weight(w(32, 32, 1, 1)), g.weight(w(32))], **conv_attrs(1))
+    bn = g.add("batchnorm", [c, *(g.weight(w(32)) for _ in range(3)), g.weight(np.abs(w(32)) + 1)], epsilon=1e-5)
+    g.output("y", g.add("conv2d", [bn, g.weight(w(32, 32, 1, 1)), g.weight(w(32))], **conv_attrs(1)))
+    cost.observe_graph(g)
+    unit = pricing_unit(g.nodes[bn], [g.nodes[j].shape for j in g.nodes[bn].inputs], [False] + [True] * 4)
+    model, null = cost._blocked_model(unit)
+    assert [(n.op_type, n.domain) for n in model.graph.node][:2] == [("MaxPool", NCHWC_DOMAIN), ("Conv", NCHWC_DOMAIN)]
+    assert [n.op_type for n in null.graph.node] == ["MaxPool", "MaxPool"]  # the prologue pool and the sampling
+    plan = cost._plan(unit)
+    assert plan.blocked and plan.add_us == 0  # no reorders charged around it
+    assert cost._measure(unit).detail["nchwc"]
+
+
 def test_weights_are_evicted_only_where_the_copies_do_not_span_the_working_set(tmp_path):
     cost = cost_model(tmp_path, working_set=8 * 2**20)
     assert cost.evict_bytes(0, 4) == 0
