@@ -28,8 +28,9 @@ How a unit's cost is taken:
   IO binding; on CUDA both live on the device and every run ends in a synchronization.
 - Noise: rounds continue until the median is stable (two successive medians within 2%), with caps on rounds and
   time. Each unit is timed in two windows, separated in time by the other units of its chunk (a third window when
-  they disagree by more than 5%; one window for long units); the cost is the median of the window medians and the
-  largest (p90 - p10) / median is recorded as its spread.
+  they disagree by more than 5%; one window for long units, and for units evicting at least `LONG_EVICT` before
+  each run, whose rounds are long); the cost is the median of the window medians and the largest (p90 - p10) /
+  median is recorded as its spread.
 - CPU layout: onnxruntime runs convolutions and pools in a blocked layout (NCHWc) and reorders tensors where they
   enter or leave it. Inside a graph a chain of blocked ops needs no reorders, so a unit onnxruntime runs blocked is
   timed as onnxruntime's own optimized model of it with the reorders at its inputs and outputs cut off

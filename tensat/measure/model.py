@@ -48,6 +48,7 @@ MAX_COPIES = 64
 ROUND_BUDGET_US = 5_000.0  # aim for at most this much unit time per round
 LONG_ROUND_US = 10_000.0  # units slower than this per round, or with more weights than LONG_WEIGHTS, get one window
 LONG_WEIGHTS = 64 * 2**20
+LONG_EVICT = 32 * 2**20  # units evicting this much before each timed run (two reads of it a round) get one window
 MEMORY_CAP = 256 * 2**20  # bytes of weights, inputs and outputs over all copies
 OUT_BUDGET = 4 * 2**20  # bytes of outputs over all copies (an end-to-end run reuses warm buffers)
 DEFAULT_WORKING_SET = 64 * 2**20
@@ -429,7 +430,11 @@ class MeasuredCost:
                 plan.evict_bytes = self.evict_bytes(unit.weight_bytes(), plan.copies)
                 if self.windows is not None:
                     plan.windows_wanted = self.windows
-                elif self._analytic_us(unit) * plan.copies > LONG_ROUND_US or unit.weight_bytes() > LONG_WEIGHTS:
+                elif (
+                    self._analytic_us(unit) * plan.copies > LONG_ROUND_US
+                    or unit.weight_bytes() > LONG_WEIGHTS
+                    or plan.evict_bytes >= LONG_EVICT
+                ):
                     plan.windows_wanted = 1
                 tensors = [*(e[0] for e in unit.externals), unit.out_shape]
                 if self.device == "cpu" and cal.block and any(len(s) == 4 for s in tensors):
