@@ -383,12 +383,16 @@ def _with_prologue(unit: Unit) -> tuple[Unit, list[Unit]]:
     before its convolution) as a blocked Conv; from a graph input it would do neither. So feed such operands
     through a 1x1 max pool (which runs blocked), returning the unit to optimize and the prologue pools (one unit
     each)."""
-    fed = {"add"} if "conv2d" in unit.ops else {"batchnorm"} if unit.ops == ("batchnorm",) else set()
+    fed: dict[str, slice] = {}  # op -> its operands fed so
+    if "conv2d" in unit.ops:
+        fed["add"] = slice(None)
+    elif unit.ops == ("batchnorm",):
+        fed["batchnorm"] = slice(0, 1)  # the data; not the statistics
     targets: list[int] = []
     for n in unit.nodes:
         if n.op not in fed:
             continue
-        for kind, i in n.inputs[:1] if n.op == "batchnorm" else n.inputs:
+        for kind, i in n.inputs[fed[n.op]]:
             shape, const, dtype = unit.externals[i] if kind == "x" else ((), True, "")
             if kind == "x" and not const and _is_plausibly_blocked(shape, dtype) and i not in targets:
                 targets.append(i)
