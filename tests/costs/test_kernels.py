@@ -80,6 +80,29 @@ def _lrn_net(lrn_shape: tuple[int, int, int, int] = (1, 16, 14, 14), opset: int 
     return make(nodes, [vi("x", [n, 3, h, w])], [vi("y", [n, c, h // 2, w // 2])], [_w("w", c, 3, 3, 3)], opset=opset)
 
 
+def _squeeze_excite(keepdims: int = 1) -> onnx.ModelProto:
+    """An EfficientNet-style squeeze-and-excitation block as a dynamo export writes it: the squeeze is a ReduceMean
+    over the spatial axes (keepdims 1), not a GlobalAveragePool; with keepdims 0, a head's pooled features."""
+    c = 64
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("ReduceMean", ["r"], ["m"], axes=[-1, -2], keepdims=keepdims),
+    ]
+    if not keepdims:
+        return make(nodes, [vi("x", [1, 3, 56, 56])], [vi("m", [1, c])], [_w("w", c, 3, 3, 3)])
+    nodes += [
+        helper.make_node("Conv", ["m", "w1"], ["s1"], kernel_shape=[1, 1]),
+        helper.make_node("Relu", ["s1"], ["s2"]),
+        helper.make_node("Conv", ["s2", "w2"], ["s3"], kernel_shape=[1, 1]),
+        helper.make_node("Sigmoid", ["s3"], ["g"]),
+        helper.make_node("Mul", ["r", "g"], ["e"]),
+        helper.make_node("Conv", ["e", "w3"], ["y"], kernel_shape=[1, 1]),
+    ]
+    inits = [_w("w", c, 3, 3, 3), _w("w1", 16, c, 1, 1), _w("w2", c, 16, 1, 1), _w("w3", c, c, 1, 1)]
+    return make(nodes, [vi("x", [1, 3, 56, 56])], [vi("y", [1, c, 56, 56])], inits)
+
+
 def _cost(tmp_path) -> MeasuredCost:
     return MeasuredCost("cpu", cache_path=tmp_path / "costs.sqlite3", progress=False, max_seconds=0.3)
 
@@ -219,6 +242,34 @@ def test_an_lrn_onnxruntime_runs_slower_is_written_as_its_definition_and_timed_f
     assert result.latency.by_threads[1].speedup > 1.5
     x = RNG.standard_normal((1, 3, 56, 56)).astype(np.float32)
     np.testing.assert_allclose(_run(result.output, x), _run(model, x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("keepdims", [1, 0])
+def test_a_spatial_mean_becomes_a_global_average_pool_where_that_prices_lower(
+    keepdims: int, tmp_path, monkeypatch
+) -> None:
+    """onnxruntime runs a GlobalAveragePool in its blocked layout and a ReduceMean over the same axes behind a
+    reorder of its whole input: the rules offer the pool, and the extraction takes it where it prices lower."""
+    model = _squeeze_excite(keepdims)
+    result = _optimize(model, tmp_path, monkeypatch)
+    x = RNG.standard_normal((1, 3, 56, 56)).astype(np.float32)
+    np.testing.assert_allclose(_run(result.output, x), _run(model, x), rtol=1e-4, atol=1e-5)
+    rule = "reducemean-spatial-as-globalavgpool" if keepdims else "reducemean-spatial-drop-as-globalavgpool"
+    pooled = rule in result.rules
+    assert pooled == (result.returned_input is None and result.cost_after < result.cost_before)
+    written = {n.op_type for n in result.output.graph.node}
+    assert ("GlobalAveragePool" in written, "ReduceMean" in written) == (pooled, not pooled)
+    cost = _cost(tmp_path)  # the prices the run measured, from its cache
+    shape, out = (1, 64, 56, 56), (1, 64, 1, 1)
+    mean = cost(
+        Node("reducemean", (), (("axes", (2, 3)), ("keepdims", keepdims)), out if keepdims else out[:2], "float32"),
+        [shape],
+    )
+    pool = cost(Node("globalavgpool", (), (), out, "float32"), [shape])
+    tolerance = cost.resolution
+    if keepdims and pool * (1 + tolerance.relative) + tolerance.ms < mean:
+        assert pooled
+    assert fusions.check_kernels(result.output).match
 
 
 def test_the_kernels_check_sees_a_fusion_the_model_did_not_write() -> None:
