@@ -417,7 +417,9 @@ def _latency_line(timed: LatencyComparison, threads: int, where: str = "") -> st
     )
 
 
-FUTILE_PAIRS = 10  # the end-to-end check stops timing a thread count once this many pairs show no gain at all,
+FUTILE_PAIRS = 10  # the end-to-end check stops timing a thread count once this many pairs show no gain at all
+# (CHECK_PAIRS where the cost model predicts a gain beyond the timing's resolution: a gain of a few percent is
+# within the spread of ten pairs on a shared machine),
 DECIDED_MARGIN = 0.05  # or a gain beyond this much more than it must show
 CHECK_PAIRS = 40  # pairs of blocks the end-to-end check times at each thread count ...
 EXTENDED_PAIRS = 100  # ... and up to this many where the first CHECK_PAIRS leave the answer open, ...
@@ -473,7 +475,7 @@ def _check_share(seconds: float, deadline: float, counts: int, counts_left: int)
 
 
 def _end_to_end_check(
-    original: ModelSource, optimized: ModelSource, device: str, opts: Options, log: RunLog
+    original: ModelSource, optimized: ModelSource, device: str, opts: Options, log: RunLog, predicted: float = 1.0
 ) -> LatencyCheck | None:
     """Time the optimized model against the input (the user's own model) end to end, interleaved, at one thread
     and at every core (`tensat.latency.compare_latency`, `latency_check` seconds in all); the optimized model is
@@ -489,6 +491,9 @@ def _end_to_end_check(
     (in one, for a model of over `ONE_SESSION_BYTES` of weights, since each session holds a copy of them, or one
     whose sessions, as verification opened them, take so long to open that the copies would cost more than
     `COPIES_SHARE` of the check's seconds).
+    Where the cost model predicts a gain (`predicted`, the input's cost over the candidate's) beyond the timing's
+    resolution, no thread count stops as futile before `CHECK_PAIRS` pairs: ten pairs on a shared machine span a
+    few percent, and a predicted gain of that size was otherwise rejected in one run and kept in the next.
     A thread count also stops once `FUTILE_PAIRS` pairs show a gain beyond what it must show by `DECIDED_MARGIN`
     more at 95% confidence (a model several times faster needs no 40 pairs to tell), and leaves the seconds it did not
     use to the thread counts after it (`_check_share`).
@@ -496,6 +501,7 @@ def _end_to_end_check(
     threads = check_threads()
     by_threads: dict[int, LatencyComparison] = {}
     copies = check_copies(original, optimized, len(threads), opts.latency_check)
+    futile = CHECK_PAIRS if predicted > 1.0 + LATENCY_RESOLUTION else FUTILE_PAIRS
     deadline = time.perf_counter() + opts.latency_check
     try:
         for k, t in enumerate(threads):
@@ -511,11 +517,12 @@ def _end_to_end_check(
                 max_seconds=share,
                 seed=opts.seed,
                 pairs=CHECK_PAIRS,
-                futile_after=FUTILE_PAIRS,
+                futile_after=futile,
                 extend_to=EXTENDED_PAIRS,
                 extend_seconds=EXTEND_SHARE * share,
                 keep_above=keep_above,
                 decided_above=keep_above + DECIDED_MARGIN,
+                decided_after=FUTILE_PAIRS,
                 copies=copies,
             )
             if by_threads[t].interval[0] <= 1.0:  # rejected whatever the other thread counts show
@@ -1231,7 +1238,8 @@ def _latency_check(run: _Run) -> None:
     opts = run.opts
     run.log.say("latency", f"timing both models end to end (at most {opts.latency_check:g} s)")
     device = run.measured.device if run.measured is not None else _check_device(opts)
-    run.check = _end_to_end_check(*_checked(run), device, opts, run.log)
+    predicted = run.cost_before / run.candidate_cost if run.candidate_cost > 0 else 1.0
+    run.check = _end_to_end_check(*_checked(run), device, opts, run.log, predicted)
     if run.check is not None and not run.check.kept:
         _reject(run, _not_faster(run.check))
 

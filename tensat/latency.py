@@ -305,6 +305,7 @@ def compare_latency(
     extend_seconds: float | None = None,
     keep_above: float = 1.0 + RESOLUTION,
     decided_above: float | None = None,
+    decided_after: int | None = None,
     copies: int = 1,
     shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> LatencyComparison:
@@ -319,8 +320,9 @@ def compare_latency(
     undecided after `pairs` pairs (`_undecided`, against `keep_above` too) is timed on to
     `extend_to` pairs: one more look, within `max_seconds`, and with `extend_seconds` only until that many seconds
     have passed since the timing began (the extension is the part of the timing a caller can cut short). With
-    `decided_above` too, the timing stops once `futile_after` pairs are taken and the candidate is faster than that
-    beyond doubt (`_decided`): a model several times faster needs no 40 pairs to tell. `copies` sessions of each
+    `decided_above`, the timing stops once `decided_after` pairs (by default `futile_after`) are taken and the
+    candidate is faster than that beyond doubt (`_decided`): a model several times faster needs no 40 pairs to
+    tell. `copies` sessions of each
     model take turns (`Interleaved`); `shapes` gives the inputs' shapes where the models' inputs have symbolic
     dims."""
     return compare_many(
@@ -338,6 +340,7 @@ def compare_latency(
         extend_seconds=extend_seconds,
         keep_above=keep_above,
         decided_above=decided_above,
+        decided_after=decided_after,
         copies=copies,
         shapes=shapes,
     )[0]
@@ -359,13 +362,15 @@ def compare_many(
     extend_seconds: float | None = None,
     keep_above: float = 1.0 + RESOLUTION,
     decided_above: float | None = None,
+    decided_after: int | None = None,
     copies: int = 1,
     shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> list[LatencyComparison]:
     """`compare_latency` for several candidates at once: the baseline and every candidate take turns, block by
     block, so each candidate's ratio to the baseline comes from blocks taken back to back (`futile_after` stops
     the timing once no candidate is faster than `keep_above`, or, with `decided_above`, once every one is faster
-    than that beyond doubt; `extend_to` times an undecided one on, for at most `extend_seconds` since the start)."""
+    than that beyond doubt, after `decided_after` pairs; `extend_to` times an undecided one on, for at most
+    `extend_seconds` since the start)."""
     start = time.perf_counter()
     models = [baseline, *candidates]
     timed = Interleaved(
@@ -382,8 +387,11 @@ def compare_many(
         timed.turn()
         if timed.runs >= min_pairs * timed.block and time.perf_counter() - start > limit:
             break
-        if futile_after is not None and timed.runs >= futile_after * timed.block:
-            if _futile(timed, keep_above) or (decided_above is not None and _decided(timed, decided_above)):
+        if futile_after is not None and timed.runs >= futile_after * timed.block and _futile(timed, keep_above):
+            break
+        decided_at = decided_after if decided_after is not None else futile_after
+        if decided_above is not None and decided_at is not None and timed.runs >= decided_at * timed.block:
+            if _decided(timed, decided_above):
                 break
         at_cap = timed.runs >= cap * timed.block
         if extend_to is not None and cap < extend_to and at_cap and _undecided(timed, keep_above):

@@ -833,6 +833,18 @@ def test_the_latency_check_keeps_the_input_unless_the_optimized_model_runs_faste
     assert set(check.to_dict()) == {"kept", *(f"threads={t}" for t in api.check_threads())}
 
 
+def test_a_candidate_predicted_faster_is_timed_for_the_check_s_pairs_before_it_is_rejected():
+    """Ten pairs on a shared machine span a few percent: where the cost model predicts a gain beyond the timing's
+    resolution, a thread count is not stopped as futile before `CHECK_PAIRS` pairs."""
+    opts = api.Options(latency_check=20.0)
+    fast, slow = export_model(relu_chain(1)), export_model(relu_chain(300))
+    check = api._end_to_end_check(fast, slow, "cpu", opts, api.RunLog(), predicted=1.03)
+    assert check is not None and not check.kept and list(check.by_threads) == [1]
+    assert check.by_threads[1].pairs == api.CHECK_PAIRS
+    within = api._end_to_end_check(fast, slow, "cpu", opts, api.RunLog(), predicted=1.005)
+    assert within is not None and within.by_threads[1].pairs == api.FUTILE_PAIRS
+
+
 def test_optimizing_with_measured_costs_times_the_result_against_the_input(monkeypatch, tmp_path):
     monkeypatch.setattr(api, "make_cost_model", lambda name, device="auto", progress=False: cost_model(tmp_path))
     g = Graph()
