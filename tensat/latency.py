@@ -322,9 +322,8 @@ def compare_latency(
     have passed since the timing began (the extension is the part of the timing a caller can cut short). With
     `decided_above`, the timing stops once `decided_after` pairs (by default `futile_after`) are taken and the
     candidate is faster than that beyond doubt (`_decided`): a model several times faster needs no 40 pairs to
-    tell. `copies` sessions of each
-    model take turns (`Interleaved`); `shapes` gives the inputs' shapes where the models' inputs have symbolic
-    dims."""
+    tell. `copies` sessions of each model take turns (`Interleaved`); `shapes` gives the inputs' shapes where the
+    models' inputs have symbolic dims."""
     return compare_many(
         baseline,
         [candidate],
