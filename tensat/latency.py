@@ -382,13 +382,13 @@ def compare_many(
     timed.block = max(1, min(MAX_BLOCK, int(BLOCK_SECONDS / max(single, 1e-9))))
     cap = pairs
     limit = max_seconds
+    decided_at = decided_after if decided_after is not None else futile_after
     while timed.runs < cap * timed.block:
         timed.turn()
         if timed.runs >= min_pairs * timed.block and time.perf_counter() - start > limit:
             break
         if futile_after is not None and timed.runs >= futile_after * timed.block and _futile(timed, keep_above):
             break
-        decided_at = decided_after if decided_after is not None else futile_after
         if decided_above is not None and decided_at is not None and timed.runs >= decided_at * timed.block:
             if _decided(timed, decided_above):
                 break
