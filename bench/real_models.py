@@ -33,9 +33,41 @@ from typing import Any
 import numpy as np
 import onnx
 
+from bench.machine import machine_info
+from tensat.files import atomic_write_json, atomic_write_text
 from tensat.session import make_session
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "corpus"
+
+
+def per_model_report(
+    prog: str,
+    stem: str,
+    corpus: Path,
+    names: str,
+    out_dir: Path,
+    record: Callable[[Path], dict[str, Any]],
+    render: Callable[[Sequence[dict[str, Any]], dict[str, Any]], str],
+) -> int:
+    """Run `record` on each of the comma-separated corpus models `names` and write `stem`.json (the machine beside
+    the records) and `stem`.md (`render` of both) to `out_dir`; the exit status, 1 with nothing written where a
+    model is not in the corpus."""
+    paths = [corpus / f"{name}.onnx" for name in names.split(",") if name]
+    missing = [p.name for p in paths if not p.exists()]
+    if missing:
+        print(f"{prog}: error: not in the corpus: {', '.join(missing)}", file=sys.stderr)
+        return 1
+    info = machine_info()
+    records = []
+    for path in paths:
+        print(f"[{path.stem}]", flush=True)
+        records.append(record(path))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out_dir / f"{stem}.json", {"machine": info, "results": records})
+    atomic_write_text(out_dir / f"{stem}.md", render(records, info))
+    return 0
+
+
 MANIFEST = "manifest.json"
 SEED = 0
 VOCAB = 8192

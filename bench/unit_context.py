@@ -27,11 +27,11 @@ from typing import Any
 
 from onnx import ModelProto
 
-from bench.machine import header, machine_info
+from bench.machine import header
 from bench.real_models import DEFAULT_OUT as CORPUS
+from bench.real_models import per_model_report
 from tensat.cost import device_of, runtime_kernels
 from tensat.cost_report import load_graph
-from tensat.files import atomic_write_json, atomic_write_text
 from tensat.measure import MeasuredCost, Unit, make_measured_cost, pricing_unit
 from tensat.measure.cache import CostEntry
 from tensat.measure.units import replicate, unit_model
@@ -185,20 +185,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", default=",".join(MODELS), help="comma-separated model names")
     parser.add_argument("--out-dir", type=Path, default=RESULTS, help="where to write unit_context.md/.json")
     args = parser.parse_args(argv)
-    paths = [args.corpus / f"{name}.onnx" for name in args.only.split(",") if name]
-    missing = [p.name for p in paths if not p.exists()]
-    if missing:
-        print(f"bench.unit_context: error: not in the corpus: {', '.join(missing)}", file=sys.stderr)
-        return 1
-    info = machine_info()
-    records = []
-    for path in paths:
-        print(f"[{path.stem}]", flush=True)
-        records.append(model_record(path))
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(args.out_dir / "unit_context.json", {"machine": info, "results": records})
-    atomic_write_text(args.out_dir / "unit_context.md", render(records, info))
-    return 0
+    return per_model_report(
+        "python -m bench.unit_context", "unit_context", args.corpus, args.only, args.out_dir, model_record, render
+    )
 
 
 if __name__ == "__main__":
