@@ -8,7 +8,7 @@ per-op launch overhead). It is deterministic, so tests and `--cost analytic` can
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -179,6 +179,32 @@ def fuses_into(
     (_, a_const), (weight, w_const) = producer_operands
     bias, b_const = operands[1 - k]
     return not a_const and w_const and b_const and gemm_bias(product, weight, bias)
+
+
+def fused_item(reader: Item, k: int, producer: Item) -> Item | None:
+    """The item that prices the kernel of `producer` with `reader` fused into it (reading the product as its operand
+    `k`, see `fuses_into`), where that kernel does work the producer's own item does not price: an Add fused into a
+    MatMul is a Gemm, which writes its addend into the output before it accumulates the product there, a pass over
+    the output a MatMul does not make; it is priced as the MatMul with the addend as a third operand (timed as the
+    MatMul and the Add, which onnxruntime fuses as in the graph, see `tensat.measure.pricing_unit`). None where the
+    producer's price counts the reader: a BatchNormalization folded into a convolution's weights, an activation in
+    its output loop."""
+    r_node, r_shapes, r_const = reader
+    p_node, p_shapes, p_const = producer
+    if r_node.op != "add" or p_node.op != "matmul" or len(p_shapes) != 2 or len(r_shapes) != 2:
+        return None
+    addend = 1 - k
+    flags = list(p_const) + [False] * (2 - len(p_const))
+    return p_node, [*p_shapes, r_shapes[addend]], [*flags, r_const[addend] if addend < len(r_const) else False]
+
+
+def fused_cost(
+    cost: Callable[[Node, Sequence[Shape], Sequence[Const]], float], reader: Item, k: int, producer: Item
+) -> float:
+    """What `reader`, fused into the kernel of `producer` (see `fused_item`), adds to that kernel's price: the fused
+    kernel's price less the producer's alone, never below nothing; nothing where the producer's price counts it."""
+    item = fused_item(reader, k, producer)
+    return 0.0 if item is None else max(0.0, cost(*item) - cost(*producer))
 
 
 def pads_into_conv(pad: Node) -> bool:
@@ -365,7 +391,8 @@ def runtime_kernels(graph: Graph, device: str = "cpu") -> list[Kernel]:
     """The kernels onnxruntime runs the graph as on `device`, in topological order, by tensat's catalogue of what it
     fuses on its own (`runtime_fusions`; the kernels it makes of larger patterns are ops of the graph, see
     `tensat.ops.KERNELS`): each runtime node no other absorbs, with the nodes it absorbs (all sorted), and the item
-    pricing the kernel (a convolution with its fused activation code). Every price of a graph as it runs is the sum
+    pricing the kernel (a convolution with its fused activation code, a MatMul with the addend of its Gemm, see
+    `fused_item`). Every price of a graph as it runs is the sum
     of these items, so the cost report's kernels are the ones the search priced."""
     const = graph.weight_only()
     owner, act = runtime_fusions(graph, device)
@@ -379,7 +406,12 @@ def runtime_kernels(graph: Graph, device: str = "cpu") -> list[Kernel]:
             continue
         if i in act:
             n = Node(n.op, n.inputs, tuple((k, act[i] if k == "act" else v) for k, v in n.attrs), n.shape, n.dtype)
-        kernels.append((sorted([i, *absorbed.get(i, ())]), item_of(graph, n, const)))
+        item = item_of(graph, n, const)
+        for m in absorbed.get(i, ()):
+            reader = graph.nodes[m]
+            if i in reader.inputs:
+                item = fused_item(item_of(graph, reader, const), reader.inputs.index(i), item) or item
+        kernels.append((sorted([i, *absorbed.get(i, ())]), item))
     return kernels
 
 

@@ -42,9 +42,13 @@ from tensat.cost import (
     FUSED_THROUGH,
     FUSION_PRODUCERS,
     FUSION_READERS,
+    Const,
     CostModel,
+    Item,
     Operand,
+    Shape,
     device_of,
+    fused_cost,
     fuses_into,
     runtime_cost,
 )
@@ -130,7 +134,7 @@ class _Rhs:
 
 
 # a node as pricing sees it: op, attributes, shape, whether it is weight-only, inputs
-_NodeView = tuple[str, tuple[tuple[str, Any], ...], tuple[int, ...], bool, tuple[int, ...]]
+_NodeView = tuple[str, tuple[tuple[str, Any], ...], tuple[int, ...], bool, tuple[int, ...], str]
 FUSED_INTO = FUSION_PRODUCERS | FUSED_THROUGH  # ops a reader may be fused into (an activation through the latter)
 
 
@@ -210,7 +214,8 @@ class SequentialSearch:
                 self._cost.append(0.0)
                 self._isop.append(False)
                 continue
-            self._cost.append(0.0 if self._fused(i) else self._price_alone(i))
+            fused = self._fused_price(i)
+            self._cost.append(self._price_alone(i) if fused is None else fused)
             self._isop.append(True)
 
     def _price_alone(self, i: int) -> float:
@@ -223,35 +228,61 @@ class SequentialSearch:
 
     def _store_node(self, i: int) -> _NodeView:
         s = self.store
-        return s.op[i], s.attrs[i], s.shape[i], s.const[i], s.inputs[i]
+        return s.op[i], s.attrs[i], s.shape[i], s.const[i], s.inputs[i], s.dtype[i]
 
     def _fused(self, i: int, view: Callable[[int], _NodeView] | None = None) -> bool:
         """Whether onnxruntime runs node `i` (a store node, or any `view` describes) fused into the node computing
-        one of its operands (`tensat.cost.fuses_into`; an activation also through a BatchNormalization or an Add
-        fused into the node before it), so it costs nothing, as in tensat's extraction."""
+        one of its operands (`_fused_into`)."""
+        return self._fused_into(i, view) is not None
+
+    def _fused_price(self, i: int, view: Callable[[int], _NodeView] | None = None) -> float | None:
+        """What node `i` costs fused into the node computing one of its operands, as in tensat's extraction
+        (`tensat.cost.fused_cost`: nothing, but the Gemm's price less the MatMul's for an Add fused into a MatMul);
+        None where it is not fused."""
+        found = self._fused_into(i, view)
+        if found is None:
+            return None
         look = view or self._store_node
-        op, _, _, _, ins = look(i)
+
+        def item(n: int) -> Item:
+            op, attrs, shape, _, ins, dtype = look(n)
+            return Node(op, (), attrs, shape, dtype), [look(j)[2] for j in ins], [look(j)[3] for j in ins]
+
+        def price(node: Node, in_shapes: Sequence[Shape], in_const: Sequence[Const]) -> float:
+            flags = tuple(bool(c) for c in in_const)
+            return self._price(node.op, tuple(node.attrs), node.shape, node.dtype, tuple(in_shapes), flags)
+
+        k, producer = found
+        return fused_cost(price, item(i), k, item(producer))
+
+    def _fused_into(self, i: int, view: Callable[[int], _NodeView] | None = None) -> tuple[int, int] | None:
+        """The operand of node `i` (a store node, or any `view` describes) and the node onnxruntime runs it fused
+        into, the one computing that operand (`tensat.cost.fuses_into`; an activation also through a
+        BatchNormalization or an Add fused into the node before it, the node below them); None where it runs on its
+        own."""
+        look = view or self._store_node
+        op, _, _, _, ins, _ = look(i)
         if op not in FUSION_READERS:
-            return False
+            return None
 
         def operands(n: int) -> list[Operand]:
             return [(look(j)[2], look(j)[3]) for j in look(n)[4]]
 
         def fuses(n: int, k: int, p: int, through: str | None = None) -> bool:
-            op, _, shape, _, _ = look(n)
-            p_op, p_attrs, _, _, _ = look(p)
+            op, _, shape, _, _, _ = look(n)
+            p_op, p_attrs, _, _, _, _ = look(p)
             return fuses_into(op, shape, operands(n), k, p_op, dict(p_attrs), operands(p), self.device, through)
 
         for k, j in enumerate(ins):
-            j_op, _, _, j_const, j_ins = look(j)
+            j_op, _, _, j_const, j_ins, _ = look(j)
             if j_const or ins.count(j) > 1:  # an operand read twice is not fused into (an Add of a product to itself)
                 continue
             if fuses(i, k, j):
-                return True
+                return k, j
             if j_op in FUSED_THROUGH and op in FUSED_ACTIVATIONS:
                 below = next((q for kq, q in enumerate(j_ins) if not look(q)[3] and fuses(j, kq, q)), None)
-                return below is not None and fuses(i, k, below, j_op)
-        return False
+                return (k, below) if below is not None and fuses(i, k, below, j_op) else None
+        return None
 
     def _refused(self, ctx: Context, roots: tuple[int, ...], new_roots: tuple[int, ...]) -> float:
         """How much the readers of `roots` cost more once they read `new_roots` instead (the same shapes and
@@ -265,16 +296,16 @@ class SequentialSearch:
         readers += [d for c in readers if s.op[c] in FUSED_THROUGH for d in ctx.consumers.get(c, ())]
 
         def view(i: int) -> _NodeView:
-            op, attrs, shape, const, ins = self._store_node(i)
-            return op, attrs, shape, const, tuple(sub.get(j, j) for j in ins)
+            op, attrs, shape, const, ins, dtype = self._store_node(i)
+            return op, attrs, shape, const, tuple(sub.get(j, j) for j in ins), dtype
 
         more = 0.0
         for c in dict.fromkeys(readers):
-            was, now = self._cost[c], self._fused(c, view)
-            if now:
-                more -= was
-            elif was == 0.0 and self._fused(c):
-                more += self._price_alone(c)
+            was, now = self._cost[c], self._fused_price(c, view)
+            if now is not None:
+                more += now - was
+            elif self._fused(c):
+                more += self._price_alone(c) - was
         return more
 
     def _materialize(self, st: _State) -> None:
@@ -476,7 +507,7 @@ class SequentialSearch:
             if i >= 0:
                 return self._store_node(i)
             a, ins = tmp_node[i]
-            return s.op[a], s.attrs[a], s.shape[a], tmp_const[i], ins
+            return s.op[a], s.attrs[a], s.shape[a], tmp_const[i], ins, s.dtype[a]
 
         for a in sorted(replaced):
             if a in sub:
@@ -495,11 +526,11 @@ class SequentialSearch:
                 tmp_const[new_id] = is_const
                 tmp_mh[new_id] = hash((sig[a], tuple([tmp_mh[i] if i < 0 else mh[i] for i in ins])))
                 tmp_node[new_id] = (a, ins)
-                fused = not is_const and self._fused(new_id, view)
+                fused = None if is_const else self._fused_price(new_id, view)
                 if is_const:
                     c, k = 0.0, False
-                elif fused:
-                    c, k = 0.0, True
+                elif fused is not None:
+                    c, k = fused, True
                 elif in_const == tuple(const[i] for i in inputs[a]) and not self._fused(a):
                     c, k = costs[a], isop[a]
                 else:

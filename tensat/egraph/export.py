@@ -23,6 +23,8 @@ from tensat.cost import (
     Resolution,
     Scalar,
     device_of,
+    fused_cost,
+    fused_item,
     fuses_into,
 )
 from tensat.egraph import provenance
@@ -105,9 +107,11 @@ class Export(LoweredGraph):
         change is chosen only where it gains more than two measurements can tell apart, not where two equal
         computations (a Mul before or after a Reshape) measured a hair apart. An e-node priced like an input node
         shares that node's measurement, so a graph that drops an Add and keeps its MatMuls' prices still wins.
-        An e-node onnxruntime fuses into the e-node below it costs nothing (`_runtime_fused`), as the runtime runs it:
-        a BatchNormalization, an activation or a Clip over an e-class that holds a convolution, and on the CPU an Add
-        over one that holds a MatMul (a Gemm: any addend of a 2-D product, a constant bias of an N-D one). The
+        An e-node onnxruntime fuses into the e-node below it costs what it adds to that e-node's kernel
+        (`_runtime_fused`, `tensat.cost.fused_cost`), as the runtime runs it: nothing for a BatchNormalization, an
+        activation or a Clip over an e-class that holds a convolution; on the CPU, for an Add over one that holds a
+        MatMul (a Gemm: any addend of a 2-D product, a constant bias of an N-D one), the Gemm's price less the
+        MatMul's. The
         fusions only a whole graph shows (an activation through the node it fuses after, a Transpose folded into a
         MatMul, onnxruntime's blocked layout) are left to the graph's price. So writing a fusion the runtime
         makes anyway gains nothing (a convolution's fused activation is priced as the plain convolution, see
@@ -278,8 +282,17 @@ class Export(LoweredGraph):
                     scale = max(scale, price / estimate[nid])
         for nid in dominated:
             costs[nid] = estimate[nid] * scale
-        for nid in _runtime_fused(decoded, const, memo.class_shapes, device_of(node_cost)):
-            costs[nid] = 0.0
+        fused = list(_runtime_fused(decoded, const, memo.class_shapes, device_of(node_cost)))
+        gemms = {  # the fused kernels whose price the producer's misses: a MatMul with its Gemm's addend
+            nid: item
+            for nid, k, pid in fused
+            if nid in to_price and pid in to_price and pid not in dominated
+            if (item := fused_item(to_price[nid], k, to_price[pid])) is not None
+        }
+        if prefetch is not None and gemms:
+            prefetch(list(gemms.values()))
+        for nid, k, pid in fused:
+            costs[nid] = fused_cost(node_cost, to_price[nid], k, to_price[pid]) if nid in gemms else 0.0
         egg = {op: d.egg for op, d in defs.items()}
         resolution: Resolution = getattr(node_cost, "resolution", EXACT)
         relative, margin = 1.0 + resolution.relative, resolution.ms + UNCHOSEN_MS
@@ -698,14 +711,15 @@ def _chosen_post_order(
 
 def _runtime_fused(
     decoded: dict[str, DecodedNode], const: set[int], shapes: dict[int, tuple[int, ...]], device: str
-) -> Iterator[str]:
+) -> Iterator[tuple[str, int, str]]:
     """The e-nodes onnxruntime on `device` fuses into an e-node of an e-class they read (`tensat.cost.fuses_into`,
     with the e-classes' shapes `shapes`): a BatchNormalization, an activation or a Clip over an e-class holding a
-    convolution, an Add over one holding a MatMul."""
-    producers: dict[int, list[DecodedNode]] = {}  # e-class -> its convolutions and MatMuls
-    for dn in decoded.values():
+    convolution, an Add over one holding a MatMul; each with the operand it reads that e-class as, and the first
+    e-node there it fuses into."""
+    producers: dict[int, list[tuple[str, DecodedNode]]] = {}  # e-class -> its convolutions and MatMuls
+    for pid, dn in decoded.items():
         if dn.op in FUSION_PRODUCERS and dn.eclass not in const:
-            producers.setdefault(dn.eclass, []).append(dn)
+            producers.setdefault(dn.eclass, []).append((pid, dn))
 
     def operands(dn: DecodedNode) -> list[Operand] | None:
         found: list[Operand] = []
@@ -722,11 +736,16 @@ def _runtime_fused(
         mine = operands(dn)
         if mine is None:
             continue
-        if any(
-            fuses_into(dn.op, shapes[dn.eclass], mine, k, p.op, p.attrs, theirs, device)
-            for k, c in enumerate(dn.children)
-            if c not in const and dn.children.count(c) == 1
-            for p in producers.get(c, ())
-            if (theirs := operands(p)) is not None
-        ):
-            yield nid
+        found = next(
+            (
+                (nid, k, pid)
+                for k, c in enumerate(dn.children)
+                if c not in const and dn.children.count(c) == 1
+                for pid, p in producers.get(c, ())
+                if (theirs := operands(p)) is not None
+                and fuses_into(dn.op, shapes[dn.eclass], mine, k, p.op, p.attrs, theirs, device)
+            ),
+            None,
+        )
+        if found is not None:
+            yield found

@@ -121,10 +121,17 @@ def pricing_unit(node: Node, in_shapes: Sequence[Sequence[int]], const: Sequence
       its output loop (see `tensat.cost.FUSED_ACTIVATIONS`), so the fused and the unfused pair price the same;
     - an element-wise op is timed without the leading dimensions of size 1 its output has (a Mul on 1x64x1024 and
       on 64x1024 run the same loop);
-    - a commutative op is timed with its operands in one order (variables before weights, then by shape)."""
+    - a commutative op is timed with its operands in one order (variables before weights, then by shape);
+    - a MatMul given a third operand, the addend of the Gemm onnxruntime fuses it into (`tensat.cost.fused_item`),
+      is timed as the MatMul and the Add, which onnxruntime fuses in the unit as in the graph."""
     d = ops.get(node.op)
     flags = list(const) + [False] * (len(in_shapes) - len(const))
     shapes = [tuple(int(x) for x in s) for s in in_shapes]
+    if node.op == "matmul" and len(shapes) == 3:
+        product = Unit.single(node, shapes[:2], flags[:2])
+        addend = (shapes[2], bool(flags[2]), node.dtype)
+        add = UnitNode("add", (), (("n", 0), ("x", 2)))
+        return Unit((*product.nodes, add), (*product.externals, addend), product.values)
     if d.kind in ("unary", "broadcast"):
         rank = len(node.shape)
         drop = next((k for k, dim in enumerate(node.shape) if dim != 1), max(rank - 1, 0))

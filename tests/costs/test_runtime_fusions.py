@@ -16,7 +16,9 @@ import tensat
 from tensat import api, onnx_io
 from tensat.cost import AnalyticCost, runtime_fusions, runtime_items
 from tensat.egraph import export
+from tensat.measure.units import pricing_unit, unit_model
 from tensat.onnx_io import import_model
+from tensat.sequential import SequentialSearch
 from tests.helpers import make, vi
 from tests.onnx.test_fusions import runtime_ops
 
@@ -103,6 +105,34 @@ def test_a_fused_bias_is_priced_on_the_cpu_only() -> None:
     assert on_cuda == {"matmul": 1, "add": 1}
 
 
+class _GemmDearer(AnalyticCost):
+    """The analytic cost, but a MatMul priced 2 alone and 3 with the addend of the Gemm it runs as."""
+
+    def __call__(self, node, in_shapes, const=()):  # type: ignore[no-untyped-def]
+        if node.op == "matmul":
+            return 3.0 if len(in_shapes) == 3 else 2.0
+        return super().__call__(node, in_shapes, const)
+
+
+@pytest.mark.parametrize("case", ["3-D bias", "2-D"])
+def test_a_gemm_is_priced_as_its_matmul_and_addend_and_its_add_at_what_that_adds(case: str, monkeypatch) -> None:
+    """onnxruntime's Gemm writes its addend into the output before it accumulates the product there, a pass a MatMul
+    does not make. The kernel is priced by the MatMul with the addend as a third operand, timed as the MatMul and
+    the Add (one Gemm in the unit's session, as in the graph), and the extraction prices the fused Add at the
+    Gemm's price less the MatMul's: the graph's price and the extraction's agree."""
+    graph = import_model(CASES[case]).compact()
+    ((node, shapes, const),) = runtime_items(graph, "cpu")
+    assert node.op == "matmul" and len(shapes) == 3 and shapes[2][-1] == OUT and const == [False, True, True]
+    unit = pricing_unit(node, shapes, const)
+    assert unit.ops == ("matmul", "add")
+    assert runtime_ops(unit_model(unit))["Gemm"] == 1
+    monkeypatch.setattr(api, "make_cost_model", lambda name, device="auto", progress=False: _GemmDearer())
+    result = tensat.optimize_with_details(CASES[case], latency_check=0, pre_pass="none")
+    assert result.egraph is not None
+    assert min(n.cost for n in result.egraph.nodes.values() if n.op == "Add") == pytest.approx(1.0)
+    assert result.cost_before == pytest.approx(3.0) and result.cost_after == pytest.approx(3.0)
+
+
 class _TransposedAddsCheaper(AnalyticCost):
     """The analytic cost, except that an Add whose rows are shorter than its columns prices at half: the way two
     measurements of one computation in two layouts can differ. Op by op, moving the Transpose between the MatMul
@@ -133,6 +163,15 @@ FUSIBLE = {
     ),
     "conv-relu": (_conv_relu_pool, AnalyticCost, "conv-relu-fuse", "FusedConv"),
 }
+
+
+def test_the_sequential_search_prices_a_gemm_as_the_extraction_does() -> None:
+    """The sequential search's own price of a graph (each node's, a fused Add at what it adds to its MatMul's
+    kernel) is the graph's price as onnxruntime runs it."""
+    graph = import_model(FUSIBLE["gemm"][0]()).compact()
+    result = SequentialSearch(graph, _GemmDearer(), budget=5).run()
+    assert result.trace[0]["cost"] == pytest.approx(result.cost_before)
+    assert result.cost_before == pytest.approx(3.0 + AnalyticCost()(*runtime_items(graph)[1]))
 
 
 @pytest.mark.parametrize("discount", [True, False], ids=["fused-priced", "without"])
