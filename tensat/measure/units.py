@@ -123,11 +123,16 @@ def pricing_unit(node: Node, in_shapes: Sequence[Sequence[int]], const: Sequence
       on 64x1024 run the same loop);
     - a commutative op is timed with its operands in one order (variables before weights, then by shape);
     - a MatMul given a third operand, the addend of the Gemm onnxruntime fuses it into (`tensat.cost.fused_item`),
-      is timed as the MatMul and the Add, which onnxruntime fuses in the unit as in the graph."""
+      is timed as the MatMul and the Add, which onnxruntime fuses in the unit as in the graph; an N-D product as the
+      2-D one the Gemm computes: in the graph the Reshapes onnxruntime puts around it are views, where in a unit the
+      one into the unit's output would copy it."""
     d = ops.get(node.op)
     flags = list(const) + [False] * (len(in_shapes) - len(const))
     shapes = [tuple(int(x) for x in s) for s in in_shapes]
     if node.op == "matmul" and len(shapes) == 3:
+        a, w, b = shapes
+        if len(a) > 2 and all(d == 1 for d in (*w[:-2], *b[:-2])):  # a Gemm's operands as it multiplies them
+            shapes = [(math.prod(a[:-1]), a[-1]), tuple(w[-2:]), (1,) * (2 - len(b[-2:])) + tuple(b[-2:])]
         product = Unit.single(node, shapes[:2], flags[:2])
         addend = (shapes[2], bool(flags[2]), node.dtype)
         add = UnitNode("add", (), (("n", 0), ("x", 2)))

@@ -118,14 +118,15 @@ class _GemmDearer(AnalyticCost):
 def test_a_gemm_is_priced_as_its_matmul_and_addend_and_its_add_at_what_that_adds(case: str, monkeypatch) -> None:
     """onnxruntime's Gemm writes its addend into the output before it accumulates the product there, a pass a MatMul
     does not make. The kernel is priced by the MatMul with the addend as a third operand, timed as the MatMul and
-    the Add (one Gemm in the unit's session, as in the graph), and the extraction prices the fused Add at the
-    Gemm's price less the MatMul's: the graph's price and the extraction's agree."""
+    the Add (one Gemm in the unit's session, as in the graph; a 3-D product as the 2-D one the Gemm computes, the
+    Reshapes around it being views in the graph), and the extraction prices the fused Add at the Gemm's price less
+    the MatMul's: the graph's price and the extraction's agree."""
     graph = import_model(CASES[case]).compact()
     ((node, shapes, const),) = runtime_items(graph, "cpu")
     assert node.op == "matmul" and len(shapes) == 3 and shapes[2][-1] == OUT and const == [False, True, True]
     unit = pricing_unit(node, shapes, const)
-    assert unit.ops == ("matmul", "add")
-    assert runtime_ops(unit_model(unit))["Gemm"] == 1
+    assert unit.ops == ("matmul", "add") and unit.externals[0][0] == (SEQ, HIDDEN)
+    assert runtime_ops(unit_model(unit)) == {"Gemm": 1}  # 2-D: no Reshape copying the Gemm into the unit's output
     monkeypatch.setattr(api, "make_cost_model", lambda name, device="auto", progress=False: _GemmDearer())
     result = tensat.optimize_with_details(CASES[case], latency_check=0, pre_pass="none")
     assert result.egraph is not None
