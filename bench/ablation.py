@@ -36,8 +36,7 @@ from tensat.cost_report import fused_graph_cost, load_graph
 from tensat.latency import compare_many
 from tensat.measure import make_measured_cost
 from tensat.onnx_io import export_model
-from tensat.session import make_session
-from tensat.verify import random_inputs
+from tensat.verify import random_inputs, run_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = ("clip_vision", "bert", "convnext", "swin")
@@ -54,8 +53,7 @@ def value_shapes(model: ModelProto) -> dict[str, tuple[tuple[int, ...], str]]:
     del probe.graph.output[:]
     probe.graph.output.extend(helper.make_empty_tensor_value_info(o) for o in names)
     feeds = random_inputs(model)
-    sess = make_session(probe.SerializeToString(), "cpu", threads=1, log_severity=4)
-    values = {name: np.asarray(v) for name, v in zip(names, sess.run(None, feeds))}
+    values = {name: np.asarray(v) for name, v in run_model(probe, feeds, threads=1, keep=False).items()}
     values.update(feeds)
     values.update({t.name: numpy_helper.to_array(t) for t in model.graph.initializer})
     return {name: (tuple(v.shape), str(v.dtype)) for name, v in values.items()}

@@ -193,9 +193,7 @@ def fused_item(reader: Item, k: int, producer: Item) -> Item | None:
     p_node, p_shapes, p_const = producer
     if r_node.op != "add" or p_node.op != "matmul" or len(p_shapes) != 2 or len(r_shapes) != 2:
         return None
-    addend = 1 - k
-    flags = list(p_const) + [False] * (2 - len(p_const))
-    return p_node, [*p_shapes, r_shapes[addend]], [*flags, r_const[addend] if addend < len(r_const) else False]
+    return p_node, [*p_shapes, r_shapes[1 - k]], [*p_const, r_const[1 - k]]
 
 
 def fused_cost(
@@ -392,8 +390,8 @@ def runtime_kernels(graph: Graph, device: str = "cpu") -> list[Kernel]:
     fuses on its own (`runtime_fusions`; the kernels it makes of larger patterns are ops of the graph, see
     `tensat.ops.KERNELS`): each runtime node no other absorbs, with the nodes it absorbs (all sorted), and the item
     pricing the kernel (a convolution with its fused activation code, a MatMul with the addend of its Gemm, see
-    `fused_item`). Every price of a graph as it runs is the sum
-    of these items, so the cost report's kernels are the ones the search priced."""
+    `fused_item`). Every price of a graph as it runs is the sum of these items, so the cost report's kernels are
+    the ones the search priced."""
     const = graph.weight_only()
     owner, act = runtime_fusions(graph, device)
     absorbed: dict[int, list[int]] = {}

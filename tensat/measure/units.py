@@ -131,7 +131,7 @@ def pricing_unit(node: Node, in_shapes: Sequence[Sequence[int]], const: Sequence
     shapes = [tuple(int(x) for x in s) for s in in_shapes]
     if node.op == "matmul" and len(shapes) == 3:
         a, w, b = shapes
-        if len(a) > 2 and all(d == 1 for d in (*w[:-2], *b[:-2])):  # a Gemm's operands as it multiplies them
+        if len(a) > 2 and all(dim == 1 for dim in (*w[:-2], *b[:-2])):  # a Gemm's operands as it multiplies them
             shapes = [(math.prod(a[:-1]), a[-1]), tuple(w[-2:]), (1,) * (2 - len(b[-2:])) + tuple(b[-2:])]
         product = Unit.single(node, shapes[:2], flags[:2])
         addend = (shapes[2], bool(flags[2]), node.dtype)
