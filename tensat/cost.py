@@ -200,9 +200,12 @@ def fused_cost(
     cost: Callable[[Node, Sequence[Shape], Sequence[Const]], float], reader: Item, k: int, producer: Item
 ) -> float:
     """What `reader`, fused into the kernel of `producer` (see `fused_item`), adds to that kernel's price: the fused
-    kernel's price less the producer's alone, never below nothing; nothing where the producer's price counts it."""
+    kernel's price less the producer's alone, never below nothing and never above the reader's own price (the pass
+    a Gemm adds writes the addend where a plain Add reads the product and the addend and writes the sum, so a
+    difference beyond that is the two timings' noise: a memory-bound product timed twice differs by more than its
+    bias costs); nothing where the producer's price counts it."""
     item = fused_item(reader, k, producer)
-    return 0.0 if item is None else max(0.0, cost(*item) - cost(*producer))
+    return 0.0 if item is None else min(max(0.0, cost(*item) - cost(*producer)), cost(*reader))
 
 
 def pads_into_conv(pad: Node) -> bool:

@@ -111,11 +111,12 @@ class Export(LoweredGraph):
         (`_runtime_fused`, `tensat.cost.fused_cost`), as the runtime runs it: nothing for a BatchNormalization, an
         activation or a Clip over an e-class that holds a convolution; on the CPU, for an Add over one that holds a
         MatMul (a Gemm: any addend of a 2-D product, a constant bias of an N-D one), the Gemm's price less the
-        MatMul's. The fusions only a whole graph shows (an activation through the node it fuses after, a Transpose
-        folded into a MatMul, onnxruntime's blocked layout) are left to the graph's price. So writing a fusion the
-        runtime makes anyway gains nothing (a convolution's fused activation is priced as the plain convolution, see
-        `tensat.cost.FUSED_ACTIVATIONS`), and a rewrite that takes one apart (a Relu moved past a MaxPool, a
-        Transpose moved between a MatMul and its bias) pays for the node it leaves on its own. The price assumes
+        MatMul's, at most the Add's own. The fusions only a whole graph shows (an activation through the node it
+        fuses after, a Transpose folded into a MatMul, onnxruntime's blocked layout) are left to the graph's price.
+        So writing a fusion the runtime makes anyway gains nothing (a convolution's fused activation is priced as
+        the plain convolution, see `tensat.cost.FUSED_ACTIVATIONS`), and a rewrite that takes one apart (a Relu
+        moved past a MaxPool, a Transpose moved between a MatMul and its bias) pays for the node it leaves on its
+        own. The price assumes
         the convolution or MatMul is chosen, and read by that node alone; where the extracted graph differs, its
         price as written (`tensat.cost.runtime_cost`) tells.
 
@@ -289,7 +290,7 @@ class Export(LoweredGraph):
             if (item := fused_item(to_price[nid], k, to_price[pid])) is not None
         }
         if prefetch is not None and gemms:
-            prefetch(list(gemms.values()))
+            prefetch([*gemms.values(), *(to_price[nid] for nid in gemms)])
         for nid, k, pid in fused:
             costs[nid] = fused_cost(node_cost, to_price[nid], k, to_price[pid]) if nid in gemms else 0.0
         egg = {op: d.egg for op, d in defs.items()}
