@@ -101,18 +101,25 @@ def rules_behind(
         from_input: bool,
     ) -> list[str]:
         """The rules that explain one rewrite into `right` (None: any e-node of `eclass`), covering the e-classes
-        their right sides built below it."""
+        their right sides built below it. Of the rules that explain it, those whose right sides built the most below
+        it: in a new e-class, a commuted copy of the chosen e-node explains it as well as the rule that built it
+        (and its terms below), and only the latter traces the terms below to a rule. Of those, the ones matched on
+        the chosen e-nodes below it, where any are."""
         for lefts, lhs_classes in tiers:
-            for rhs_classes in (chosen, everything) if right is not None else (everything,):
-                found = []
+            found: list[tuple[int, str, list[tuple[int, str]]]] = []
+            for tier, rhs_classes in enumerate((chosen, everything) if right is not None else (everything,)):
                 for m in matchers:
                     rhs = m.explained_by(lefts, lhs_classes, right, eclass, rhs_classes, from_input)
-                    if rhs is not None:
-                        found.append(m.rule.name)
-                        if right is not None:
-                            covered.update(_inner_classes(rhs, right, choices, decoded, everything))
-                if found:
-                    return found
+                    if rhs is not None and all(name != m.rule.name for _, name, _ in found):
+                        inner = [] if right is None else list(_inner_classes(rhs, right, choices, decoded, everything))
+                        found.append((tier, m.rule.name, inner))
+            if found:
+                most = max(len(inner) for _, _, inner in found)
+                first = min(tier for tier, _, inner in found if len(inner) == most)
+                best = [(name, inner) for tier, name, inner in found if len(inner) == most and tier == first]
+                for _, inner in best:
+                    covered.update(inner)
+                return [name for name, _ in best]
         return []
 
     def explain(
