@@ -707,17 +707,19 @@ def _gemm(c: _Importer, node: NodeProto) -> list[Any]:
 
 def _spatial_pads(
     c: _Importer, x: tuple[int, ...], kernel: Sequence[int], strides: Sequence[int], dilations: Sequence[int]
-) -> tuple[int, int, int, int]:
-    """Explicit (top, left, bottom, right) pads, resolving auto_pad."""
+) -> tuple[int, ...]:
+    """Explicit pads of the spatial axes of `x` (after N and C), their beginnings then their ends (top, left, bottom,
+    right in 2-D), resolving auto_pad."""
+    spatial = len(x) - 2
     auto = c.attrs.get("auto_pad", b"NOTSET")
     auto = auto.decode() if isinstance(auto, bytes) else str(auto)
     if auto == "NOTSET":
-        pads = [int(p) for p in c.attrs.get("pads", [0, 0, 0, 0])]
-        if len(pads) != 4:
+        pads = tuple(int(p) for p in c.attrs.get("pads", [0] * 2 * spatial))
+        if len(pads) != 2 * spatial:
             raise _Unsupported("pads rank")
-        return pads[0], pads[1], pads[2], pads[3]
+        return pads
     if auto == "VALID":
-        return 0, 0, 0, 0
+        return (0,) * 2 * spatial
     if auto not in ("SAME_UPPER", "SAME_LOWER"):
         raise _Unsupported(f"auto_pad {auto}")
     begin, end = [], []
@@ -727,7 +729,7 @@ def _spatial_pads(
         small, big = total // 2, total - total // 2
         begin.append(small if auto == "SAME_UPPER" else big)
         end.append(big if auto == "SAME_UPPER" else small)
-    return begin[0], begin[1], end[0], end[1]
+    return (*begin, *end)
 
 
 def _conv1d(c: _Importer, x: int, w: int) -> int:
@@ -744,7 +746,7 @@ def _conv1d(c: _Importer, x: int, w: int) -> int:
     auto = c.attrs.get("auto_pad", b"NOTSET")
     if (auto.decode() if isinstance(auto, bytes) else str(auto)) == "NOTSET":
         begin, end = (int(p) for p in c.attrs.get("pads", [0, 0]))
-        pads: tuple[int, int, int, int] = (0, begin, 0, end)
+        pads: tuple[int, ...] = (0, begin, 0, end)
     else:
         pads = _spatial_pads(c, x4, [1, kernel[0]], strides, dilations)
     b = c.data(2) if c.present(2) else c.graph.weight(np.zeros(sw[0], dtype=np.float32), "zero_bias")
@@ -786,15 +788,15 @@ def _pool(c: _Importer, node: NodeProto) -> list[Any]:
         raise _Unsupported("MaxPool indices")
     if c.attrs.get("ceil_mode", 0) or c.attrs.get("storage_order", 0):
         raise _Unsupported("ceil_mode / storage_order")
-    if any(int(d) != 1 for d in c.attrs.get("dilations", [1, 1])):
+    if any(int(d) != 1 for d in c.attrs.get("dilations", [])):
         raise _Unsupported("dilated pooling")
     x = c.data(0)
     sx = c.shape(x)
     kernel = [int(k) for k in c.attrs["kernel_shape"]]
-    if len(sx) != 4 or len(kernel) != 2:
-        raise _Unsupported("non-2-D pooling")
-    strides = [int(s) for s in c.attrs.get("strides", [1, 1])]
-    pads = _spatial_pads(c, sx, kernel, strides, [1, 1])
+    if len(sx) not in ops.POOL_RANKS or len(kernel) != len(sx) - 2:
+        raise _Unsupported("pooling over other than 2 or 3 spatial axes")
+    strides = [int(s) for s in c.attrs.get("strides", [1] * len(kernel))]
+    pads = _spatial_pads(c, sx, kernel, strides, [1] * len(kernel))
     if node.op_type == "MaxPool":
         return [c.op("maxpool", [x], kernel=kernel, strides=strides, pads=pads)]
     cip = int(c.attrs.get("count_include_pad", 0))

@@ -40,6 +40,7 @@ from tensat.ops.conv import (
 )
 from tensat.ops.elementwise import GELU_APPROXIMATIONS
 from tensat.ops.kernels import CONTRIB, KERNELS
+from tensat.ops.pool import POOL_RANKS
 from tensat.ops.registry import (
     BY_EGG,
     EGG_SORT,
@@ -85,6 +86,7 @@ __all__ = [
     "TYPE_NAMES",
     "EGG_SORT",
     "MAX_RANK",
+    "POOL_RANKS",
     "REGISTRY",
     "SAME",
     "Attrs",

@@ -33,31 +33,31 @@ def window_out(size: int, k: int, stride: int, pad_begin: int, pad_end: int, dil
     return (size + pad_begin + pad_end - (dilation * (k - 1) + 1)) // stride + 1
 
 
-def check_window(op: str, attrs: Attrs) -> None:
-    """Strides and dilations positive, pads non-negative (ONNX's rules; numpy and onnxruntime assume them)."""
-    check(len(attrs["strides"]) == 2 and min(attrs["strides"]) >= 1, f"{op} strides {attrs['strides']} invalid")
-    check(len(attrs["pads"]) == 4 and min(attrs["pads"]) >= 0, f"{op} pads {attrs['pads']} invalid")
+def check_window(op: str, attrs: Attrs, spatial: int = 2) -> None:
+    """Strides and dilations positive, pads non-negative (ONNX's rules; numpy and onnxruntime assume them), each
+    given for the `spatial` axes (pads at their beginnings, then their ends)."""
+    check(len(attrs["strides"]) == spatial and min(attrs["strides"]) >= 1, f"{op} strides {attrs['strides']} invalid")
+    check(len(attrs["pads"]) == 2 * spatial and min(attrs["pads"]) >= 0, f"{op} pads {attrs['pads']} invalid")
     if "dilations" in attrs:
         check(
-            len(attrs["dilations"]) == 2 and min(attrs["dilations"]) >= 1,
+            len(attrs["dilations"]) == spatial and min(attrs["dilations"]) >= 1,
             f"{op} dilations {attrs['dilations']} invalid",
         )
     if "kernel" in attrs:
-        check(len(attrs["kernel"]) == 2 and min(attrs["kernel"]) >= 1, f"{op} kernel {attrs['kernel']} invalid")
+        check(len(attrs["kernel"]) == spatial and min(attrs["kernel"]) >= 1, f"{op} kernel {attrs['kernel']} invalid")
 
 
 def windows(x: np.ndarray, kernel: Sequence[int], strides: Sequence[int], dilations: Sequence[int]) -> np.ndarray:
-    """Sliding windows (N, C, OH, OW, KH, KW) over an already padded NCHW array: a read-only view (strides of the
-    array's own, which numpy's `sliding_window_view` computes too, at many times the cost on the small tensors the
-    verifier and the rule generator evaluate)."""
-    (kh, kw), (sh, sw), (dh, dw) = kernel, strides, dilations
-    n, c, h, w = x.shape
-    oh, ow = window_out(h, kh, sh, 0, 0, dh), window_out(w, kw, sw, 0, 0, dw)
-    if oh < 1 or ow < 1:
-        raise ValueError(f"window {kernel} dilated by {dilations} larger than {x.shape[2:]}")
-    b0, b1, b2, b3 = x.strides
-    shape = (n, c, oh, ow, kh, kw)
-    return as_strided(x, shape, (b0, b1, b2 * sh, b3 * sw, b2 * dh, b3 * dw), writeable=False)
+    """Sliding windows (N, C, *out, *kernel) over an already padded array of `len(kernel)` spatial axes after N and
+    C: a read-only view (strides of the array's own, which numpy's `sliding_window_view` computes too, at many
+    times the cost on the small tensors the verifier and the rule generator evaluate)."""
+    sizes, steps = x.shape[2:], x.strides[2:]
+    out = [window_out(n, k, st, 0, 0, d) for n, k, st, d in zip(sizes, kernel, strides, dilations)]
+    if min(out) < 1:
+        raise ValueError(f"window {tuple(kernel)} dilated by {tuple(dilations)} larger than {x.shape[2:]}")
+    shape = (*x.shape[:2], *out, *kernel)
+    at = (*x.strides[:2], *(b * st for b, st in zip(steps, strides)), *(b * d for b, d in zip(steps, dilations)))
+    return as_strided(x, shape, at, writeable=False)
 
 
 def _conv_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
@@ -77,12 +77,13 @@ def _conv_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
 
 
 def spatial_padded(x: np.ndarray, pads: Sequence[int], value: float = 0.0) -> np.ndarray:
-    """NCHW array `x` padded with `value` by pads (top, left, bottom, right): `np.pad`'s result, without its cost
-    on the small tensors the verifier and the rule generator evaluate."""
-    pt, pl, pb, pr = pads
-    n, c, h, w = x.shape
-    out = np.full((n, c, h + pt + pb, w + pl + pr), value, dtype=x.dtype)
-    out[:, :, pt : pt + h, pl : pl + w] = x
+    """Array `x` (N, C, spatial axes...) padded with `value` by ONNX's `pads` (the spatial axes' beginnings, then
+    their ends; for 2-D top, left, bottom, right): `np.pad`'s result, without its cost on the small tensors the
+    verifier and the rule generator evaluate."""
+    k = x.ndim - 2
+    begin, end = pads[:k], pads[k:]
+    out = np.full((*x.shape[:2], *(n + b + e for n, b, e in zip(x.shape[2:], begin, end))), value, dtype=x.dtype)
+    out[(slice(None), slice(None)) + tuple(slice(b, b + n) for n, b in zip(x.shape[2:], begin))] = x
     return out
 
 

@@ -1,4 +1,5 @@
-"""Pooling: max and average over 2-D windows (pads as conv2d's), and global average pooling."""
+"""Pooling: max and average over 2-D and 3-D windows (pads as ONNX's: the beginnings, then the ends), and global
+average pooling."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 
 from tensat.ops.conv import check_window, spatial_padded, window_out, windows
 from tensat.ops.registry import (
+    SAME,
     Attrs,
     Dims,
     Domain,
@@ -23,43 +25,51 @@ from tensat.ops.registry import (
     register,
 )
 
+POOL_RANKS = (4, 5)  # pools over 2 and 3 spatial axes: NCHW, and NCDHW (LRN's window sum as a pool down the channels)
+
 
 def _pool_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
     x = shapes[0]
-    check(len(x) == 4, f"pooling needs a 4-D input, got {x}")
-    check_window("pooling", attrs)
-    (kh, kw), (sh, sw), (pt, pl, pb, pr) = attrs["kernel"], attrs["strides"], attrs["pads"]
-    check(pt < kh and pb < kh and pl < kw and pr < kw, f"pooling pads {attrs['pads']} not smaller than kernel")
-    oh, ow = window_out(x[2], kh, sh, pt, pb), window_out(x[3], kw, sw, pl, pr)
-    check(oh >= 1 and ow >= 1, f"pooling kernel {attrs['kernel']} larger than padded input {x[2:]}")
-    return (x[0], x[1], oh, ow)
+    check(len(x) in POOL_RANKS, f"pooling needs a 4-D or 5-D input, got {x}")
+    k = len(x) - 2
+    check_window("pooling", attrs, k)
+    kernel, strides, pads = attrs["kernel"], attrs["strides"], attrs["pads"]
+    check(
+        all(pads[i] < kernel[i] and pads[k + i] < kernel[i] for i in range(k)),
+        f"pooling pads {pads} not smaller than kernel",
+    )
+    out = tuple(window_out(x[2 + i], kernel[i], strides[i], pads[i], pads[k + i]) for i in range(k))
+    check(min(out) >= 1, f"pooling kernel {kernel} larger than padded input {x[2:]}")
+    return (x[0], x[1], *out)
 
 
 def _pool_rules(op: OpDef) -> list[str]:
-    oh = (
-        f"(+ (/ (- (+ {egg_dim('s0', 2)} (+ (vec-get pads 0) (vec-get pads 2))) (vec-get kernel 0)) "
-        f"(vec-get strides 0)) 1)"
-    )
-    ow = (
-        f"(+ (/ (- (+ {egg_dim('s0', 3)} (+ (vec-get pads 1) (vec-get pads 3))) (vec-get kernel 1)) "
-        f"(vec-get strides 1)) 1)"
-    )
-    return [egg_rule(op, ["(= (vec-length s0) 4)"], egg_vec([egg_dim("s0", 0), egg_dim("s0", 1), oh, ow]))]
+    rules = []
+    for rank in POOL_RANKS:
+        k = rank - 2
+        out = [
+            f"(+ (/ (- (+ {egg_dim('s0', 2 + i)} (+ (vec-get pads {i}) (vec-get pads {k + i}))) (vec-get kernel {i})) "
+            f"(vec-get strides {i})) 1)"
+            for i in range(k)
+        ]
+        shape = egg_vec([egg_dim("s0", 0), egg_dim("s0", 1), *out])
+        rules.append(egg_rule(op, [f"(= (vec-length s0) {rank})", f"(= (vec-length kernel) {k})"], shape))
+    return rules
 
 
 def _pool_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[str, Any]) -> None:
     (x,) = ins
+    k = len(x) - 2
     s.eq(out[0], x[0])
     s.eq(out[1], x[1])
     s.hint(x[0], 1, 2)
-    for i, (lo, hi) in ((2, (0, 2)), (3, (1, 3))):
-        j = i - 2
-        s.hint(x[i], 3, 8)
+    for j in range(k):
+        s.hint(x[2 + j], 3, 8)
         s.eq(
-            out[i],
+            out[2 + j],
             s.apply(
-                lambda size, k, st, p, j=j, lo=lo, hi=hi: window_out(size, k[j], st[j], p[lo], p[hi]),
-                x[i],
+                lambda size, kernel, st, p, j=j: window_out(size, kernel[j], st[j], p[j], p[k + j]),
+                x[2 + j],
                 at["kernel"],
                 at["strides"],
                 at["pads"],
@@ -68,21 +78,24 @@ def _pool_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[st
 
 
 def _pool(x: np.ndarray, attrs: Attrs, kind: str) -> np.ndarray:
+    k = x.ndim - 2
+    axes = tuple(range(-k, 0))
+    ones = (1,) * k
     xp = spatial_padded(x, attrs["pads"], -np.inf if kind == "max" else 0.0)
-    win = windows(xp, attrs["kernel"], attrs["strides"], (1, 1))
+    win = windows(xp, attrs["kernel"], attrs["strides"], ones)
     if kind == "max":
-        return win.max(axis=(-2, -1)).astype(x.dtype, copy=False)
-    total = win.sum(axis=(-2, -1))
+        return win.max(axis=axes).astype(x.dtype, copy=False)
+    total = win.sum(axis=axes)
     if attrs["count_include_pad"]:
-        count = float(attrs["kernel"][0] * attrs["kernel"][1])
+        count = float(np.prod(attrs["kernel"]))
     else:
-        ones = spatial_padded(np.ones((1, 1) + x.shape[2:], dtype=x.dtype), attrs["pads"])
-        count = windows(ones, attrs["kernel"], attrs["strides"], (1, 1)).sum(axis=(-2, -1))
+        padded = spatial_padded(np.ones((1, 1) + x.shape[2:], dtype=x.dtype), attrs["pads"])
+        count = windows(padded, attrs["kernel"], attrs["strides"], ones).sum(axis=axes)
     return (total / count).astype(x.dtype, copy=False)
 
 
 def _pool_flops(shapes: Sequence[Shape], out: Shape, a: Attrs) -> float:
-    return float(numel(out) * a["kernel"][0] * a["kernel"][1])
+    return float(numel(out) * np.prod(a["kernel"]))
 
 
 _POOL_ATTRS = (("kernel", "ints"), ("strides", "ints"), ("pads", "ints"))
@@ -120,7 +133,8 @@ AVGPOOL = register(
         _pool_rules,
         _pool_flops,
         onnx="AveragePool",
-        ranks=(4, 4),
+        ranks=(None, SAME),
+        min_rank=4,
         equations=_pool_equations,
         domains={**_POOL_DOMAINS, "count_include_pad": [0, 1]},
         breaks_layout=True,

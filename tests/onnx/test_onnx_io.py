@@ -299,6 +299,24 @@ def test_conv_and_pool_variants() -> None:
     assert op_types(out).count("Tanh") == 1  # activation after conv stays a separate node
 
 
+def test_3d_pools_are_modelled_and_the_numpy_semantics_match_onnxruntime() -> None:
+    """Pools over three spatial axes (NCDHW) are read as the pool ops, with pads and auto_pad per axis; a 3-D pool
+    the rules use (LRN's window sum down the channels) checks against onnxruntime's, each padding counted or not."""
+    nodes = [
+        helper.make_node(
+            "AveragePool", ["x"], ["a1"], kernel_shape=[3, 1, 2], pads=[1, 0, 0, 1, 0, 1], count_include_pad=1
+        ),
+        helper.make_node(
+            "AveragePool", ["x"], ["a2"], kernel_shape=[3, 2, 2], auto_pad="SAME_UPPER", strides=[1, 2, 2]
+        ),
+        helper.make_node("MaxPool", ["x"], ["m"], kernel_shape=[2, 2, 2], strides=[2, 2, 2]),
+    ]
+    outs = [vi("a1", [1, 2, 7, 5, 4]), vi("a2", [1, 2, 7, 3, 2]), vi("m", [1, 2, 3, 2, 2])]
+    graph, _ = roundtrip(make(nodes, [vi("x", [1, 2, 7, 5, 4])], outs, [], opset=13))
+    counts = ops_of(graph)
+    assert counts["avgpool"] == 2 and counts["maxpool"] == 1 and "opaque" not in counts
+
+
 def test_multi_input_multi_output() -> None:
     inits = [init("w", randn(5))]
     nodes = [
