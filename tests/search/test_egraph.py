@@ -241,12 +241,16 @@ def test_measured_export_prices_only_competitive_enodes():
 
 
 def test_pricing_time_limit_prices_the_input_first_and_the_rest_pessimistically():
+    """The input's own e-nodes are priced first; where they take the whole time limit, the others are priced for
+    as long again (the input's two take 1 s of the 0.7 s, then two others are priced), and the rest
+    pessimistically."""
     te = TensorEGraph(_depthwise_graph())
     te.explore(k_multi=1, iter_limit=4)
     xg_all, decoded, _ = te.export(_Counting())
     timed = _Counting(seconds_each=0.5)
-    xg, decoded, _ = te.export(timed, competitive=1e9, price_seconds=0.7)  # nothing dominated; 2 priced in time
-    assert len(timed.priced) == 2 < sum(1 for n in xg_all.nodes.values() if n.cost > 0)
+    xg, decoded, _ = te.export(timed, competitive=1e9, price_seconds=0.7)  # nothing dominated
+    assert len(timed.priced) == 4 < sum(1 for n in xg_all.nodes.values() if n.cost > 0)
+    assert [op for op, _, _ in timed.priced[:2]] == ["relu", "conv2d"]
     original = set(te.original_selection(decoded).values())
     for nid, node in xg.nodes.items():
         if nid in original:  # the input's own e-nodes are priced first, at their price
