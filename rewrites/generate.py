@@ -209,6 +209,8 @@ def why_not_enumerable(name: str, rank: int, vectors: int = 0) -> str | None:
     if d.ranks is not None and any(r not in ranks for r in d.ranks):
         vector = not vectors and 1 in d.ranks
         return f"it takes tensors of other ranks than {rank}" + (" (and 1: give vectors)" if vector else "")
+    if d.min_rank > rank:
+        return f"it takes tensors of rank {d.min_rank} or more"
     missing = [a for a in d.attr_names if a not in d.domains and a not in d.generated]
     if missing:
         return f"its attributes {', '.join(missing)} have no domain"

@@ -47,6 +47,7 @@ from tensat.rewrites.generate import (
     rules_text,
     shape_sound,
     verified,
+    why_not_enumerable,
 )
 from tensat.rewrites.verify import verify_rule
 
@@ -78,6 +79,15 @@ def small() -> object:
 @pytest.fixture(scope="module")
 def small_slices() -> object:
     return generate(Settings(max_ops=2, ops=("relu", "slice")), proved)
+
+
+def test_a_pool_is_enumerated_at_the_ranks_it_takes_only() -> None:
+    """Pools take 4-D and 5-D tensors: a generation over rank-4 leaves enumerates them, one over rank 3 does not
+    (each of its terms would fail the shape check)."""
+    for pool in ("avgpool", "maxpool"):
+        assert why_not_enumerable(pool, 4) is None
+        assert why_not_enumerable(pool, 3) is not None
+    assert "avgpool" in default_ops(4) and "avgpool" not in default_ops(3)
 
 
 def test_format_rule_reads_back_as_the_same_rule() -> None:
