@@ -127,11 +127,11 @@ class Export(LoweredGraph):
         its groups) are priced at their estimate times the largest ratio of price to estimate among the priced
         ones: dominated in their own e-class, never worth a measurement.
         With `price_seconds` as well, pricing (through `node_cost.prefetch`, with a deadline) starts no
-        measurement after that long: the input graph's own e-nodes come first, then the others, costliest
-        estimate first (where a wrong price would cost most), for that long again where the input's took most of
-        it (CaffeNet's fully connected layers, each timed cold, left no time to price the three forms of its LRN's
-        window sum, and the first form priced won); those left are priced like the dominated ones, so they are
-        chosen only where they win by far.
+        measurement after that long: the input graph's own e-nodes come first, then, once they are all priced,
+        the others for that long again, costliest estimate first (where a wrong price would cost most): where the
+        input's took most of the time (CaffeNet's fully connected layers, each timed cold) the three forms of its
+        LRN's window sum were otherwise left unpriced but the first, and that one won. Those left are priced like
+        the dominated ones, so they are chosen only where they win by far.
 
         Shape checks, pricing items and prices are kept in `_ExportMemo` by the e-node's op, attributes and
         shapes (values that mean the same in every export, unlike e-class ids), so a later export of this e-graph
@@ -245,8 +245,8 @@ class Export(LoweredGraph):
                 own_items = [nid for nid in to_price if nid in original]
                 left = set(self._prefetch(prefetch, own_items, to_price, deadline))
                 measured = {nid: float(node_cost(*to_price[nid])) for nid in own_items if nid not in left}
-                if deadline is not None and price_seconds is not None and not left:
-                    deadline = max(deadline, time.perf_counter() + price_seconds)
+                if price_seconds is not None and not left:  # the others get as long from here
+                    deadline = time.perf_counter() + price_seconds
             estimate, dominated, order, promising = self._dominated(
                 decoded, to_price, keys, costs, forbidden, competitive, original, names, measured
             )

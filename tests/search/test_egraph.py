@@ -241,9 +241,8 @@ def test_measured_export_prices_only_competitive_enodes():
 
 
 def test_pricing_time_limit_prices_the_input_first_and_the_rest_pessimistically():
-    """The input's own e-nodes are priced first; where they take the whole time limit, the others are priced for
-    as long again (the input's two take 1 s of the 0.7 s, then two others are priced), and the rest
-    pessimistically."""
+    """The input's own e-nodes are priced first; once they are all priced, the others are priced for as long again
+    (the input's two take 1 s against the 0.7 s, then two others are priced), and the rest pessimistically."""
     te = TensorEGraph(_depthwise_graph())
     te.explore(k_multi=1, iter_limit=4)
     xg_all, decoded, _ = te.export(_Counting())
