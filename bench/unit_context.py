@@ -6,10 +6,13 @@
 For each model, on a cold cost cache: every kernel tensat prices (`tensat.cost.runtime_kernels`, measured as a
 search measures it), the time onnxruntime's profiler gives that kernel inside the whole graph (one thread, its
 median over the runs), and, inside the kernel's own timed model (`MeasuredCost.copies_for` copies, evicted before
-each run as when it is priced), the profiler's time of the first copy and the median of the later ones. The graph's
+each run as when it is priced), the profiler's time of the first copy and the median of the later ones; and the
+later copies' median once more with the output buffers left cold: the graph's working set evicted before each run
+(the rest of it, beside the copies' weights, for a kernel with weights) and only the inputs read again. The graph's
 kernels are matched to tensat's in order, where both list as many (the NCHWc reorders onnxruntime puts around
-blocked kernels are counted apart; each row keeps the op type onnxruntime ran); a model where they differ gets its
-totals only.
+blocked kernels are counted apart, and Reshapes, views on both sides, are left out of the match: onnxruntime puts
+its own around the Gemms it makes of N-D MatMuls; each row keeps the op type onnxruntime ran); a model where they
+differ gets its totals only.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from tensat.measure.units import replicate, unit_model
 from tensat.session import make_session
 
 RESULTS = Path(__file__).resolve().parent / "results"
-MODELS = ("mobilenet_v2", "efficientnet_b0", "resnet50", "bert", "clip_vision")
+MODELS = ("mobilenet_v2", "resnet50", "bert", "clip_vision", "swin", "convnext", "mobilevit")
 RUNS = 200  # profiled runs of a graph or a unit's model
 WARMUP = 20
 REORDERS = ("ReorderInput", "ReorderOutput")
@@ -90,21 +93,60 @@ def profiled(
             return kernel_times(json.load(f))
 
 
-def _copies(cost: MeasuredCost, unit: Unit) -> tuple[float, float]:
-    """The profiler's time of the first copy of `unit` in its timed model, and the later copies' median (NaN for a
-    unit priced without timing, a view or one onnxruntime cannot run alone, and for one it runs as reorders only)."""
+def _copies(cost: MeasuredCost, unit: Unit) -> tuple[float, float, float]:
+    """The profiler's time of the first copy of `unit` in its timed model, the later copies' median, and their
+    median with the output buffers left cold (NaN for a unit priced without timing, a view or one onnxruntime
+    cannot run alone, and for one it runs as reorders only)."""
+    nan = (math.nan, math.nan, math.nan)
     plan = cost._plan(unit)
     if isinstance(plan, CostEntry) or unit.ops == ("reshape",):
-        return math.nan, math.nan
+        return nan
     base = plan.model if plan.model is not None else unit_model(unit)
     model = replicate(base, plan.copies) if plan.copies > 1 else base
-    try:
-        timed = profiled(cost, model, lambda run: cost.runner.cold_weights(run, plan.evict_bytes), unit=True)
-    except Exception:  # noqa: BLE001 - onnxruntime raises many types; the unit is priced by its fallback
-        return math.nan, math.nan
+    cold = plan.evict_bytes if unit.weight_bytes() > 0 else cost.working_set or 0
+    r = cost.runner
     extra = (*REORDERS, "MaxPool") if plan.null_model is not None else REORDERS  # a prologue's pools and samples
-    own = [t for _, op, t in timed if op not in extra]
-    return (own[0], statistics.median(own[1:] or own)) if own else (math.nan, math.nan)
+    try:
+        warm = profiled(cost, model, lambda run: r.cold_weights(run, plan.evict_bytes), unit=True)
+        outs = profiled(cost, model, lambda run: r.cold_weights(run, cold, warm_outputs=False), unit=True)
+    except Exception:  # noqa: BLE001 - onnxruntime raises many types; the unit is priced by its fallback
+        return nan
+    own = [t for _, op, t in warm if op not in extra]
+    own_cold = [t for _, op, t in outs if op not in extra]
+    if not own:
+        return nan
+    return own[0], statistics.median(own[1:] or own), statistics.median(own_cold[1:] or own_cold)
+
+
+# tensat's kernel labels whose op onnxruntime names otherwise (a fused label is named by its first op)
+RAN_AS = {"matmul+add": "gemm", "conv2d": "conv", "layernorm": "layernormalization"}
+RAN_AS["skip_layernorm"] = "skiplayernormalization"
+
+
+def _kind(name: str) -> str:
+    """An op's name as both sides can compare it: lower case, no underscores, a fused group by its first op."""
+    name = name.lower()
+    name = RAN_AS.get(name, name.split("+")[0])
+    return RAN_AS.get(name, name).replace("_", "")
+
+
+def match_kernels(rows: Sequence[dict[str, Any]], ran: Sequence[tuple[str, str, float]]) -> bool:
+    """Give each of tensat's kernels (`rows`) the time of the graph's kernel it is, in order within each kind of
+    op (`ran_as`, `in_graph_us`), for every kind both sides list as many of (Reshapes, views, apart: onnxruntime
+    puts its own around the Gemms it makes of N-D MatMuls); whether every kind matched."""
+    ours: dict[str, list[dict[str, Any]]] = {}
+    theirs: dict[str, list[tuple[str, float]]] = {}
+    for row in rows:
+        if row["kernel"] != "reshape":
+            ours.setdefault(_kind(row["kernel"]), []).append(row)
+    for _, op, t in ran:
+        if op != "Reshape":
+            theirs.setdefault(_kind(op), []).append((op, t))
+    for kind, group in ours.items():
+        if len(group) == len(theirs.get(kind, ())):
+            for row, (op, t) in zip(group, theirs[kind]):
+                row["ran_as"], row["in_graph_us"] = op, t
+    return ours.keys() == theirs.keys() and all(len(ours[k]) == len(theirs[k]) for k in ours)
 
 
 def model_record(path: Path) -> dict[str, Any]:
@@ -118,13 +160,13 @@ def model_record(path: Path) -> dict[str, Any]:
         in_graph = profiled(cost, path.read_bytes(), lambda run: None, unit=False)
         ran = [k for k in in_graph if k[1] not in REORDERS]
         rows: list[dict[str, Any]] = []
-        units: dict[str, tuple[float, float]] = {}
+        units: dict[str, tuple[float, float, float]] = {}
         for _, (node, shapes, const) in kernels:
             unit = pricing_unit(node, shapes, const)
             key = unit.signature()
             if key not in units:
                 units[key] = _copies(cost, unit)
-            first, later = units[key]
+            first, later, cold = units[key]
             rows.append(
                 {
                     "kernel": unit.label(),
@@ -132,15 +174,15 @@ def model_record(path: Path) -> dict[str, Any]:
                     "price_us": cost(node, shapes, const) * 1e3,
                     "first_copy_us": first,
                     "later_copies_us": later,
+                    "cold_outputs_us": cold,
                 }
             )
-        matched = len(ran) == len(rows)
-        for row, (_, op, t) in zip(rows, ran) if matched else ():
-            row["ran_as"], row["in_graph_us"] = op, t
+        matched = match_kernels(rows, ran)
         return {
             "model": path.stem,
             "matched": matched,
             "kernels": rows,
+            "working_set_mib": round((cost.working_set or 0) / 2**20, 1),
             "price_ms": sum(r["price_us"] for r in rows) / 1e3,
             "in_graph_ms": sum(t for _, _, t in ran) / 1e3,
             "reorders_ms": sum(t for _, op, t in in_graph if op in REORDERS) / 1e3,
@@ -148,8 +190,18 @@ def model_record(path: Path) -> dict[str, Any]:
         }
 
 
+def _sums(rows: Sequence[dict[str, Any]]) -> tuple[float, ...]:
+    """In graph, priced, first copy, later copies and later copies with cold outputs, summed in milliseconds."""
+    keys = ("in_graph_us", "price_us", "first_copy_us", "later_copies_us", "cold_outputs_us")
+    return tuple(sum(k.get(key, math.nan) for k in rows) / 1e3 for key in keys)
+
+
+def _ratios(values: Sequence[float], base: float) -> str:
+    return " | ".join(f"{v / base:.2f}" if base and not math.isnan(v) else "—" for v in values)
+
+
 def render(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
-    """The markdown report."""
+    """The markdown report: per model, then per op type over the models whose kernels matched."""
     lines = [
         "# Unit prices and the same kernels inside the graph",
         "",
@@ -158,24 +210,40 @@ def render(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
         "One intra-op thread, CPU, each model on a cold cost cache. `priced`: the kernels' measured prices summed "
         "(what a search sums); `in graph`: onnxruntime's profiler times of the same kernels in a run of the whole "
         "model (the NCHWc reorders apart); `first copy` and `later copies`: inside each kernel's own timed model, "
-        "evicted before each run as when it is priced, the first copy's time and the later copies' median, summed "
-        "over the kernels matched. See `bench/unit_context.py`.",
+        "evicted before each run as when it is priced, the first copy's time and the later copies' median; `cold "
+        "outputs`: the later copies' median with the graph's working set evicted before each run and only the "
+        "inputs read again, the output buffers left cold. `priced` and `in graph` sum every kernel; the ratios, "
+        "the kernels matched (in order within each kind of op both list as many of; Reshapes, views, apart); the "
+        "profiler adds its own microsecond or two to every kernel, in the graph and in the units alike. "
+        "See `bench/unit_context.py`.",
         "",
-        "| model | kernels | priced (ms) | in graph (ms) | reorders in graph (ms) | first copy (ms) "
-        "| later copies (ms) | priced / in graph | first copy / in graph | later copies / in graph |",
+        "| model | working set (MiB) | kernels | priced (ms) | in graph (ms) | reorders in graph (ms) "
+        "| priced / in graph | first copy / in graph | later copies / in graph | cold outputs / in graph |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    by_op: dict[str, list[dict[str, Any]]] = {}
     for r in records:
         rows = [k for k in r["kernels"] if "in_graph_us" in k and not math.isnan(k["first_copy_us"])]
-        g = sum(k["in_graph_us"] for k in rows) / 1e3
-        first = sum(k["first_copy_us"] for k in rows) / 1e3
-        later = sum(k["later_copies_us"] for k in rows) / 1e3
-        priced = sum(k["price_us"] for k in rows) / 1e3
-        ratios = [f"{v / g:.2f}" if g else "—" for v in (priced, first, later)] if r["matched"] else ["—"] * 3
+        g, priced, first, later, cold = _sums(rows)
+        ratios = _ratios((priced, first, later, cold), g)
         lines.append(
-            f"| {r['model']} | {len(r['kernels'])}{'' if r['matched'] else ' (not matched)'} | {r['price_ms']:.2f} | "
-            f"{r['in_graph_ms']:.2f} | {r['reorders_ms']:.2f} | {first:.2f} | {later:.2f} | {' | '.join(ratios)} |"
+            f"| {r['model']} | {r.get('working_set_mib', math.nan):.0f} | {len(r['kernels'])}"
+            f"{'' if r['matched'] else f' ({len(rows)} matched)'} | {r['price_ms']:.2f} | {r['in_graph_ms']:.2f} | "
+            f"{r['reorders_ms']:.2f} | {ratios} |"
         )
+        for k in rows:
+            by_op.setdefault(k["ran_as"], []).append(k)
+    if by_op:
+        lines += [
+            "",
+            "By the op type onnxruntime ran, over the kernels matched:",
+            "",
+            "| op | kernels | in graph (ms) | priced / in graph | later copies / in graph | cold outputs / in graph |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for op, rows in sorted(by_op.items(), key=lambda item: -_sums(item[1])[0]):
+            g, priced, _, later, cold = _sums(rows)
+            lines.append(f"| {op} | {len(rows)} | {g:.2f} | {_ratios((priced, later, cold), g)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from bench.unit_context import kernel_times, render
+from bench.unit_context import kernel_times, match_kernels, render
 
 
 def _event(name: str, op: str, dur: float) -> dict[str, object]:
@@ -28,16 +28,51 @@ def test_kernel_times_are_medians_in_the_order_the_first_run_ran_them() -> None:
 def test_the_report_sets_each_sum_against_the_kernels_in_the_graph() -> None:
     info = {"cpu": "cpu", "cores": 2, "memory_gib": 1, "gpus": [], "python": "3", "versions": {}, "highs": "1"}
     info["date"] = "today"
-    kernel = {"kernel": "conv2d", "shapes": [], "price_us": 80.0, "first_copy_us": 110.0, "later_copies_us": 70.0}
+    kernel = {
+        "kernel": "conv2d",
+        "shapes": [],
+        "price_us": 80.0,
+        "first_copy_us": 110.0,
+        "later_copies_us": 70.0,
+        "cold_outputs_us": 90.0,
+    }
     matched = {
         "model": "m",
         "matched": True,
-        "kernels": [{**kernel, "in_graph_us": 100.0}, {**kernel, "first_copy_us": math.nan, "in_graph_us": 5.0}],
-        "price_ms": 0.16,
-        "in_graph_ms": 0.105,
+        "working_set_mib": 12.0,
+        "kernels": [
+            {**kernel, "ran_as": "Conv", "in_graph_us": 100.0},
+            {**kernel, "first_copy_us": math.nan, "ran_as": "Conv", "in_graph_us": 5.0},
+            {**kernel, "kernel": "transpose", "price_us": 10.0, "cold_outputs_us": 20.0, "ran_as": "Transpose"}
+            | {"first_copy_us": 11.0, "later_copies_us": 10.0, "in_graph_us": 25.0},
+        ],
+        "price_ms": 0.17,
+        "in_graph_ms": 0.13,
         "reorders_ms": 0.0,
     }
     other = {**matched, "model": "n", "matched": False, "kernels": [kernel]}
     table = render([matched, other], info)
-    assert "| m | 2 | 0.16 | 0.10 | 0.00 | 0.11 | 0.07 | 0.80 | 1.10 | 0.70 |" in table
-    assert "| n | 1 (not matched) |" in table and table.rstrip().endswith("| — | — | — |")
+    assert "| m | 12 | 3 | 0.17 | 0.13 | 0.00 | 0.72 | 0.97 | 0.64 | 0.88 |" in table
+    assert "| n | 12 | 1 (0 matched) |" in table and "| — | — | — | — |" in table
+    # per op type, over the matched model's timed kernels only, the dearest first
+    assert table.index("| Conv | 1 | 0.10 | 0.80 | 0.70 | 0.90 |") < table.index(
+        "| Transpose | 1 | 0.03 | 0.40 | 0.40 | 0.80 |"
+    )
+
+
+def test_kernels_are_matched_in_order_within_each_kind_of_op() -> None:
+    rows = [{"kernel": k} for k in ("matmul+add", "transpose", "reshape", "matmul+add", "layernorm", "softmax")]
+    ran = [
+        ("t", "Transpose", 5.0),
+        ("r", "Reshape", 1.0),
+        ("g1", "Gemm", 60.0),
+        ("r2", "Reshape", 1.0),
+        ("g2", "Gemm", 70.0),
+        ("ln", "LayerNormalization", 9.0),
+        ("s1", "Softmax", 8.0),
+        ("s2", "Softmax", 8.0),
+    ]
+    assert not match_kernels(rows, ran)  # two Softmaxes ran, one was priced
+    assert [r.get("in_graph_us") for r in rows] == [60.0, 5.0, None, 70.0, 9.0, None]
+    assert rows[0]["ran_as"] == "Gemm" and "ran_as" not in rows[2]
+    assert match_kernels(rows, ran[:-1])
