@@ -1,6 +1,6 @@
 """Unit prices beside the same kernels timed inside the graph: where a summed cost misses end-to-end time.
 
-    python -m bench.unit_context                           # five models of the corpus
+    python -m bench.unit_context                           # seven models of the corpus
     python -m bench.unit_context --only mobilenet_v2 --out-dir DIR
 
 For each model, on a cold cost cache: every kernel tensat prices (`tensat.cost.runtime_kernels`, measured as a
@@ -9,10 +9,10 @@ median over the runs), and, inside the kernel's own timed model (`MeasuredCost.c
 each run as when it is priced), the profiler's time of the first copy and the median of the later ones; and the
 later copies' median once more with the output buffers left cold: the graph's working set evicted before each run
 (the rest of it, beside the copies' weights, for a kernel with weights) and only the inputs read again. The graph's
-kernels are matched to tensat's in order, where both list as many (the NCHWc reorders onnxruntime puts around
-blocked kernels are counted apart, and Reshapes, views on both sides, are left out of the match: onnxruntime puts
-its own around the Gemms it makes of N-D MatMuls; each row keeps the op type onnxruntime ran); a model where they
-differ gets its totals only.
+kernels are matched to tensat's in order within each op type both list as many of (`ran_as`; the NCHWc reorders
+onnxruntime puts around blocked kernels are counted apart, and Reshapes, views on both sides, are left out of the
+match: onnxruntime puts its own around the Gemms it makes of N-D MatMuls); the ratios are over the kernels
+matched.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from onnx import ModelProto
 from bench.machine import header
 from bench.real_models import DEFAULT_OUT as CORPUS
 from bench.real_models import per_model_report
+from tensat import ops
 from tensat.cost import device_of, runtime_kernels
 from tensat.cost_report import load_graph
 from tensat.measure import MeasuredCost, Unit, make_measured_cost, pricing_unit
@@ -118,35 +119,36 @@ def _copies(cost: MeasuredCost, unit: Unit) -> tuple[float, float, float]:
     return own[0], statistics.median(own[1:] or own), statistics.median(own_cold[1:] or own_cold)
 
 
-# tensat's kernel labels whose op onnxruntime names otherwise (a fused label is named by its first op)
-RAN_AS = {"matmul+add": "gemm", "conv2d": "conv", "layernorm": "layernormalization"}
-RAN_AS["skip_layernorm"] = "skiplayernormalization"
+GEMM = "matmul+add"  # the one fused label onnxruntime runs as an op of its own, a Gemm
 
 
-def _kind(name: str) -> str:
-    """An op's name as both sides can compare it: lower case, no underscores, a fused group by its first op."""
-    name = name.lower()
-    name = RAN_AS.get(name, name.split("+")[0])
-    return RAN_AS.get(name, name).replace("_", "")
+def ran_as(label: str) -> str:
+    """The op type onnxruntime's profiler names a kernel of tensat's `label` by: its first op's ONNX op type
+    (`OpDef.onnx`, the domain dropped), a MatMul with its bias a Gemm."""
+    if label == GEMM:
+        return "Gemm"
+    first = label.split("+")[0]
+    onnx_op = ops.get(first).onnx
+    return onnx_op.split(":")[-1] if onnx_op else first
 
 
 def match_kernels(rows: Sequence[dict[str, Any]], ran: Sequence[tuple[str, str, float]]) -> bool:
-    """Give each of tensat's kernels (`rows`) the time of the graph's kernel it is, in order within each kind of
-    op (`ran_as`, `in_graph_us`), for every kind both sides list as many of (Reshapes, views, apart: onnxruntime
-    puts its own around the Gemms it makes of N-D MatMuls); whether every kind matched."""
+    """Give each of tensat's kernels (`rows`) the time of the graph's kernel it is, in order within each op type
+    (`ran_as`, `in_graph_us`), for every op type both sides list as many of (Reshapes, views, apart: onnxruntime
+    puts its own around the Gemms it makes of N-D MatMuls); whether every op type matched."""
     ours: dict[str, list[dict[str, Any]]] = {}
-    theirs: dict[str, list[tuple[str, float]]] = {}
+    theirs: dict[str, list[float]] = {}
     for row in rows:
-        if row["kernel"] != "reshape":
-            ours.setdefault(_kind(row["kernel"]), []).append(row)
+        ours.setdefault(ran_as(row["kernel"]), []).append(row)
     for _, op, t in ran:
-        if op != "Reshape":
-            theirs.setdefault(_kind(op), []).append((op, t))
-    for kind, group in ours.items():
-        if len(group) == len(theirs.get(kind, ())):
-            for row, (op, t) in zip(group, theirs[kind]):
+        theirs.setdefault(op, []).append(t)
+    ours.pop("Reshape", None)
+    theirs.pop("Reshape", None)
+    for op, group in ours.items():
+        if len(group) == len(theirs.get(op, ())):
+            for row, t in zip(group, theirs[op]):
                 row["ran_as"], row["in_graph_us"] = op, t
-    return ours.keys() == theirs.keys() and all(len(ours[k]) == len(theirs[k]) for k in ours)
+    return ours.keys() == theirs.keys() and all(len(ours[op]) == len(theirs[op]) for op in ours)
 
 
 def model_record(path: Path) -> dict[str, Any]:
@@ -201,7 +203,7 @@ def _ratios(values: Sequence[float], base: float) -> str:
 
 
 def render(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
-    """The markdown report: per model, then per op type over the models whose kernels matched."""
+    """The markdown report: per model, then per op type, over the kernels matched."""
     lines = [
         "# Unit prices and the same kernels inside the graph",
         "",

@@ -116,9 +116,8 @@ class Export(LoweredGraph):
         So writing a fusion the runtime makes anyway gains nothing (a convolution's fused activation is priced as
         the plain convolution, see `tensat.cost.FUSED_ACTIVATIONS`), and a rewrite that takes one apart (a Relu
         moved past a MaxPool, a Transpose moved between a MatMul and its bias) pays for the node it leaves on its
-        own. The price assumes
-        the convolution or MatMul is chosen, and read by that node alone; where the extracted graph differs, its
-        price as written (`tensat.cost.runtime_cost`) tells.
+        own. The price assumes the convolution or MatMul is chosen, and read by that node alone; where the
+        extracted graph differs, its price as written (`tensat.cost.runtime_cost`) tells.
 
         With `competitive` (for a cost model that measures, where every price takes time), only e-nodes that can
         appear in a competitive selection are priced by `node_cost`: those whose cheapest tree under the analytic
