@@ -426,3 +426,19 @@ def test_an_attention_block_is_offered_as_onnxruntimes_multihead_attention(bias:
     got = make_session(model, "cpu", 1).run(None, feeds)[0]
     want = make_session(onnx_io.export_model(g), "cpu", 1).run(None, feeds)[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_an_attention_without_a_bias_is_timed_as_the_kernel_written_without_one() -> None:
+    """The exporter leaves a bias of zeros out of the MultiHeadAttention it writes, and onnxruntime then runs the
+    kernel without one: the unit is timed with the bias's value, so it is the same kernel."""
+    from tensat.cost import item_of
+    from tensat.measure.units import Unit, unit_model
+
+    g = Graph()
+    q = g.input("q", (1, SEQ, HIDDEN))
+    zeros = g.add("fill", [], value=0.0, shape=(1, 1, SEQ, SEQ), dtype=1)
+    mha = g.add("multihead_attention", [q, q, q, zeros], num_heads=4, scale=0.125)
+    g.output("y", mha)
+    model = unit_model(Unit.single(*item_of(g, g.nodes[mha], {zeros})))
+    (written,) = [n for n in model.graph.node if n.op_type == "MultiHeadAttention"]
+    assert len(written.input) == 3
