@@ -9,7 +9,7 @@ from tensat.options import RULE_SETS, Options
 
 from . import TENSAT_MULTI, TENSAT_SINGLE, rule_counts, rule_set
 from .dsl import Rule, RuleError, load_rule_files
-from .verify import verify_rule
+from .verify import verify_written
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     if args.verify:
         start = time.perf_counter()
         for r in rules:
-            result = verify_rule(r, trials=args.trials, seed=args.seed)
+            result = verify_written(r, trials=args.trials, seed=args.seed)
             failures += not result.ok
             print(result.line(), flush=True)
         print(

@@ -964,6 +964,19 @@ def _ex_norm_kernel(e: _Exporter, i: int) -> None:
     e.domains.add(domain)
 
 
+@_emitter("multihead_attention")
+def _ex_multihead_attention(e: _Exporter, i: int) -> None:
+    """onnxruntime's MultiHeadAttention: queries, keys, values, and the scores' bias as its attention_bias (left
+    out where it is all zeros)."""
+    n = e.graph.nodes[i]
+    q, k, v, bias = n.inputs
+    zero = bias in e.consts and not np.any(e.consts[bias])
+    ins = [e.tensor(q), e.tensor(k), e.tensor(v), *([] if zero else ["", "", e.tensor(bias)])]
+    attrs = {"num_heads": int(n.attr["num_heads"]), "scale": float(n.attr["scale"])}
+    e.emit("MultiHeadAttention", ins, [e.tensor(i)], f"multihead_attention_{i}", domain=ops.CONTRIB, **attrs)
+    e.domains.add(ops.CONTRIB)
+
+
 def _exporters() -> dict[str, Emitter]:
     """Every op's emission: none for leaves, registered for ops with attributes, plain (its `onnx` op) otherwise."""
     table: dict[str, Emitter] = {}

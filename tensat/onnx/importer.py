@@ -1206,6 +1206,21 @@ def _fused_matmul(c: _Importer, node: NodeProto) -> list[Any]:
     return [c.op("fused_matmul", [a, b], alpha=float(c.attrs.get("alpha", 1.0)), **attrs)]
 
 
+@_lowering(f"{ops.CONTRIB}:MultiHeadAttention")
+def _multihead_attention(c: _Importer, node: NodeProto) -> list[Any]:
+    _first_output_only(c, node)
+    if any(c.present(j) for j in (3, 4, *range(6, len(node.input)))) or int(c.attrs.get("unidirectional", 0)):
+        raise _Unsupported("MultiHeadAttention with a projection bias, a padding mask, past state or causal masking")
+    q, k, v = c.data(0), c.data(1), c.data(2)
+    (_, s, dq), t = c.shape(q), c.shape(k)[1]
+    heads = int(c.attrs.get("num_heads", 0))
+    if len(c.shape(k)) != 3 or len(c.shape(v)) != 3 or heads < 1 or dq % heads:
+        raise _Unsupported("MultiHeadAttention of packed or 4-D inputs")
+    bias = c.data(5) if c.present(5) else c.weight(np.zeros((1, 1, s, t), np.float32))
+    scale = float(c.attrs.get("scale", 1.0 / float(np.sqrt(dq // heads))))
+    return [c.op("multihead_attention", [q, k, v, bias], num_heads=heads, scale=scale)]
+
+
 @_lowering(f"{ops.CONTRIB}:QuickGelu")
 def _quick_gelu(c: _Importer, node: NodeProto) -> list[Any]:
     return [c.op("quick_gelu", [c.data(0)], alpha=float(c.attrs.get("alpha", 1.702)))]

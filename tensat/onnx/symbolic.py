@@ -363,6 +363,12 @@ def _shape_twin(model: ModelProto) -> ModelProto:
             right = "kj" if flags.get("transB") else "jk"
             equation = f"...{left},...{right}->...ik"
             nodes.append(onnx.helper.make_node("Einsum", list(node.input[:2]), [node.output[0]], equation=equation))
+        elif node.op_type == "MultiHeadAttention" and node.domain == CONTRIB:  # (B, S, Dq), (B, T, Dv) -> (B, S, Dv)
+            nodes.append(
+                onnx.helper.make_node(
+                    "Einsum", [node.input[0], node.input[2]], [node.output[0]], equation="bsd,bte->bse"
+                )
+            )
         else:
             nodes.append(node)
     del twin.graph.node[:]

@@ -233,7 +233,7 @@ GELU = register(
 )
 
 
-def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
+def softmax(x: np.ndarray, axis: int) -> np.ndarray:
     shifted = x - np.max(x, axis=axis, keepdims=True)
     e = np.exp(shifted)
     return e / np.sum(e, axis=axis, keepdims=True)
@@ -259,7 +259,7 @@ SOFTMAX = register(
         "softmax",
         "Softmax",
         None,
-        evaluate=lambda xs, a: _softmax(xs[0], a["axis"]),
+        evaluate=lambda xs, a: softmax(xs[0], a["axis"]),
         attrs=(("axis", "int"),),
         kind="custom",
         shape=_along_axis_shape,

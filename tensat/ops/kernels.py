@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from tensat.ops.elementwise import unary
+from tensat.ops.elementwise import softmax, unary
 from tensat.ops.matmul import matmul_shape
 from tensat.ops.reduce import layer_norm
 from tensat.ops.registry import (
@@ -234,8 +234,97 @@ FUSED_MATMUL = register(
     )
 )
 
+
+def multihead_attention(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray, heads: int, scale: float
+) -> np.ndarray:
+    """softmax(Q K^T * scale + bias) V over `heads` heads: q (B, S, Dq), k (B, T, Dq), v (B, T, Dv) split into
+    heads along their last axis, bias (B or 1, heads or 1, S, T); the heads' results joined again, (B, S, Dv)."""
+    b, s, dq = q.shape
+    t, dv = k.shape[1], v.shape[2]
+    qh = q.reshape(b, s, heads, dq // heads).transpose(0, 2, 1, 3)
+    kh = k.reshape(b, t, heads, dq // heads).transpose(0, 2, 3, 1)
+    vh = v.reshape(b, t, heads, dv // heads).transpose(0, 2, 1, 3)
+    scores = np.matmul(qh, kh) * np.asarray(scale, q.dtype) + bias
+    return np.matmul(softmax(scores, 3), vh).transpose(0, 2, 1, 3).reshape(b, s, dv).astype(q.dtype, copy=False)
+
+
+def _mha_shape(shapes: Sequence[Shape], a: Attrs) -> Shape:
+    q, k, v, bias = (tuple(x) for x in shapes)
+    h = a["num_heads"]
+    check(len(q) == 3 and len(k) == 3 and len(v) == 3 and len(bias) == 4, f"attention of {q}, {k}, {v}, {bias}")
+    b, s, dq = q
+    check(k[0] == b and v[0] == b and k[2] == dq and v[1] == k[1], f"attention of {q}, {k}, {v}")
+    check(h >= 1 and dq % h == 0 and v[2] % h == 0, f"attention of {dq} and {v[2]} features in {h} heads")
+    check(bias[0] in (1, b) and bias[1] in (1, h) and bias[2:] == (s, k[1]), f"attention bias {bias} for {q}, {k}")
+    return (b, s, v[2])
+
+
+def _mha_rules(op: OpDef) -> list[str]:
+    b, heads = egg_dim("s0", 0), "num_heads"
+    query = [
+        "(= (vec-length s0) 3)",
+        "(= (vec-length s1) 3)",
+        "(= (vec-length s2) 3)",
+        "(= (vec-length s3) 4)",
+        f"(= {egg_dim('s1', 0)} {b})",
+        f"(= {egg_dim('s2', 0)} {b})",
+        f"(= {egg_dim('s1', 2)} {egg_dim('s0', 2)})",
+        f"(= {egg_dim('s2', 1)} {egg_dim('s1', 1)})",
+        f"(< 0 {heads})",
+        f"(= 0 (% {egg_dim('s0', 2)} {heads}))",
+        f"(= 0 (% {egg_dim('s2', 2)} {heads}))",
+        f"(= 0 (* (- {egg_dim('s3', 0)} 1) (- {egg_dim('s3', 0)} {b})))",
+        f"(= 0 (* (- {egg_dim('s3', 1)} 1) (- {egg_dim('s3', 1)} {heads})))",
+        f"(= {egg_dim('s3', 2)} {egg_dim('s0', 1)})",
+        f"(= {egg_dim('s3', 3)} {egg_dim('s1', 1)})",
+    ]
+    return [egg_rule(op, query, egg_vec([b, egg_dim("s0", 1), egg_dim("s2", 2)]))]
+
+
+def _mha_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[str, Any]) -> None:
+    q, k, v, bias = ins
+    heads = at["num_heads"]
+    s.eq(out, (q[0], q[1], v[2]))
+    s.eq((k[0], k[2], v[0], v[1]), (q[0], q[2], q[0], k[1]))
+    s.eq((bias[2], bias[3]), (q[1], k[1]))
+    s.quotient(q[2], heads)
+    s.quotient(v[2], heads)
+    s.broadcast((q[0], heads), (bias[0], bias[1]), (q[0], heads), range(2))
+
+
+def _mha_flops(shapes: Sequence[Shape], out: Shape, a: Attrs) -> float:
+    (b, s, dq), (_, t, _), (_, _, dv) = shapes[:3]
+    return 2.0 * b * s * t * (dq + dv) + 5.0 * b * a["num_heads"] * s * t
+
+
+# onnxruntime's MultiHeadAttention: attention over heads split from the last axis of 3-D queries, keys and values,
+# with an additive bias on the scores (a mask, a position bias; zeros where there is none)
+MULTIHEAD_ATTENTION = register(
+    OpDef(
+        "multihead_attention",
+        "MultiHeadAttention",
+        4,
+        (("num_heads", "int"), ("scale", "float")),
+        _mha_shape,
+        lambda xs, a: multihead_attention(xs[0], xs[1], xs[2], xs[3], a["num_heads"], a["scale"]),
+        _mha_rules,
+        _mha_flops,
+        onnx=f"{CONTRIB}:MultiHeadAttention",
+        standard_since=None,
+        ranks=(3, 3, 3, 3, 4),
+        min_rank=3,
+        equations=_mha_equations,
+        domains={"num_heads": [1, 2], "scale": [0.125, 1.0]},
+        breaks_layout=True,
+        # a bias of zeros is left out of the kernel written (`_ex_multihead_attention`), and onnxruntime runs it
+        # without the bias: timed with its value
+        value_operands=frozenset({3}),
+    )
+)
+
 KERNELS: dict[str, tuple[str, ...]] = {
-    CONTRIB: ("SkipLayerNormalization", "Gelu", "FastGelu", "QuickGelu", "FusedMatMul"),
+    CONTRIB: ("SkipLayerNormalization", "Gelu", "FastGelu", "QuickGelu", "FusedMatMul", "MultiHeadAttention"),
     "": ("SimplifiedLayerNormalization", "LayerNormalization", "Gelu"),
 }
 """The onnxruntime kernels tensat models, by domain: the fused ops its graph optimizer makes that are ops here

@@ -109,6 +109,11 @@ SAMPLES: dict[str, tuple[list[tuple[np.ndarray, bool]], dict[str, Any], int]] = 
         {"trans_a": 0, "trans_b": 1, "alpha": 0.125},
         17,
     ),
+    "multihead_attention": (
+        [(real(2, 4, 8), False), (real(2, 5, 8), False), (real(2, 5, 6), False), (real(1, 2, 4, 5), False)],
+        {"num_heads": 2, "scale": 0.3},
+        17,
+    ),
 }
 
 # leaves and constants their attributes define: evaluated from attributes, not run

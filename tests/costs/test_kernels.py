@@ -17,8 +17,10 @@ import pytest
 from onnx import helper, numpy_helper
 
 import tensat
-from tensat import api, onnx_io, ops
+from tensat import api, onnx_io, ops, rewrites
+from tensat.cost import AnalyticCost
 from tensat.cost_report import load_graph
+from tensat.egraph import TensorEGraph
 from tensat.ir import Graph, Node
 from tensat.measure import MeasuredCost
 from tensat.onnx import fusions
@@ -181,12 +183,14 @@ def test_a_pre_norm_sum_read_again_stays_plain_ops() -> None:
         ("gelu", [(1, SEQ, HIDDEN)], {"approximate": 0}),
         ("lrn", [(1, 16, 14, 14)], {"size": 5, "alpha": 1e-4, "beta": 0.75, "bias": 1.0}),
         ("band", [], {"channels": 16, "size": 5, "alpha": 1e-4}),
+        ("multihead_attention", [(1, SEQ, HIDDEN)] * 3 + [(1, 1, SEQ, SEQ)], {"num_heads": 4, "scale": 0.125}),
     ],
 )
 def test_each_kernel_and_form_is_timed_as_onnxruntime_runs_it(op: str, shapes: list, attrs: dict, tmp_path) -> None:
     cost = _cost(tmp_path)
     out = ops.shape_of(op, shapes, attrs)
-    const = [k > 0 for k in range(len(shapes))] if op != "skip_layernorm" else [False, False, True, True]
+    activations = {"skip_layernorm": 2, "multihead_attention": 4}.get(op, 1)  # the inputs that are not weights
+    const = [k >= activations for k in range(len(shapes))]
     price = cost(Node(op, (), tuple(attrs.items()), out, "float32"), shapes, const)
     if ops.constant_leaf(op):
         assert price == 0.0 and cost.stats.measured == 0  # a constant costs nothing: it is folded
@@ -384,3 +388,82 @@ def test_a_matmul_onnxruntime_runs_as_a_fused_matmul_is_written_as_one() -> None
     got, want = (make_session(m, "cpu", 1).run(None, feeds)[0] for m in (fused, plain))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert onnx_io.import_model(fused).compact().nodes  # tensat reads back what it wrote
+
+
+# -- attention
+
+
+HEADS = 4
+
+
+def _attention(g: Graph, bias: bool = True) -> int:
+    """A BERT-style attention block as the transformers exporter writes it: projections of the flattened tokens
+    split into heads by a Reshape and a Transpose each, scores scaled and masked, Softmax, the heads joined again."""
+    x = g.input("x", (SEQ, HIDDEN))
+    head = HIDDEN // HEADS
+
+    def split(name: str, perm: tuple[int, ...]) -> int:
+        proj = g.add("matmul", [x, g.weight((0.1 * RNG.standard_normal((HIDDEN, HIDDEN))).astype(np.float32), name)])
+        return g.add("transpose", [g.reshape(proj, (1, SEQ, HEADS, head))], perm=perm)
+
+    q, k, v = split("wq", (0, 2, 1, 3)), split("wk", (0, 2, 3, 1)), split("wv", (0, 2, 1, 3))
+    scale = g.add("fill", [], value=1.0 / np.sqrt(head), shape=(1, 1, 1, 1), dtype=1)
+    scores = g.add("mul", [g.add("matmul", [q, k]), scale])
+    if bias:
+        mask = np.where(RNG.random((1, 1, SEQ, SEQ)) < 0.2, -1e4, 0.0).astype(np.float32)
+        scores = g.add("add", [scores, g.weight(mask, "mask")])
+    context = g.add("transpose", [g.add("matmul", [g.add("softmax", [scores], axis=3), v])], perm=(0, 2, 1, 3))
+    return g.reshape(context, (SEQ, HIDDEN))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_an_attention_block_is_offered_as_onnxruntimes_multihead_attention(bias: bool) -> None:
+    """The e-graph holds the block's MultiHeadAttention beside its written-out form (the rule matches the flattened
+    projections through Reshapes), and a graph with the kernel chosen runs as that kernel in onnxruntime, with the
+    block's outputs: the bias as its attention_bias, or none where the block has none."""
+    g = Graph()
+    g.output("y", _attention(g, bias))
+    rules = [r for r in rewrites.rule_set("hand") if r.name.startswith("multihead-attention")]
+    te = TensorEGraph(g, rules)
+    te.explore(iter_limit=1)
+    _, decoded, _ = te.export(AnalyticCost())
+    (mha,) = [d for d in decoded.values() if d.op == "multihead_attention"]
+    assert mha.attrs == {"num_heads": HEADS, "scale": pytest.approx(0.125)}
+
+    chosen = Graph()
+    x = chosen.input("x", (SEQ, HIDDEN))
+    qkv = [
+        chosen.reshape(chosen.add("matmul", [x, chosen.weight(g.weights[w], w)]), (1, SEQ, HIDDEN))
+        for w in ("wq", "wk", "wv")
+    ]
+    if bias:
+        attn_bias = chosen.weight(g.weights["mask"], "mask")
+    else:
+        attn_bias = chosen.add("fill", [], value=0.0, shape=(1, 1, SEQ, SEQ), dtype=1)
+    out = chosen.add("multihead_attention", [*qkv, attn_bias], num_heads=HEADS, scale=0.125)
+    chosen.output("y", chosen.reshape(out, (SEQ, HIDDEN)))
+    model = onnx_io.export_model(chosen)
+    (node,) = [n for n in model.graph.node if n.op_type == "MultiHeadAttention"]
+    assert node.domain == ops.CONTRIB and len(node.input) == (6 if bias else 3)
+    check = fusions.check_kernels(model)
+    assert check.match and check.run.get("MultiHeadAttention") == 1
+    feeds = {"x": RNG.standard_normal((SEQ, HIDDEN)).astype(np.float32)}
+    got = make_session(model, "cpu", 1).run(None, feeds)[0]
+    want = make_session(onnx_io.export_model(g), "cpu", 1).run(None, feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_an_attention_without_a_bias_is_timed_as_the_kernel_written_without_one() -> None:
+    """The exporter leaves a bias of zeros out of the MultiHeadAttention it writes, and onnxruntime then runs the
+    kernel without one: the unit is timed with the bias's value, so it is the same kernel."""
+    from tensat.cost import item_of
+    from tensat.measure.units import Unit, unit_model
+
+    g = Graph()
+    q = g.input("q", (1, SEQ, HIDDEN))
+    zeros = g.add("fill", [], value=0.0, shape=(1, 1, SEQ, SEQ), dtype=1)
+    mha = g.add("multihead_attention", [q, q, q, zeros], num_heads=4, scale=0.125)
+    g.output("y", mha)
+    model = unit_model(Unit.single(*item_of(g, g.nodes[mha], {zeros})))
+    (written,) = [n for n in model.graph.node if n.op_type == "MultiHeadAttention"]
+    assert len(written.input) == 3
