@@ -7,9 +7,10 @@ under the same variables, matches what replaced it. Two kinds of change are expl
   the chosen e-nodes from there down, the left side the input's e-node of that e-class (its inner e-nodes first
   the input's own, else any). A new e-class below it that the right side built as chosen is part of that change;
   one chosen otherwise (a later rewrite of a term the first built) is a change of its own, its left side any
-  other e-node of the e-class. A new e-class of one e-node, built by a rewrite the selection does not use and
-  taken as an operand by a later one (relu(concat(concat(a, b), c)) distributed twice, then the concats
-  reassociated), is explained by the rule whose right side built it there;
+  other e-node of the e-class. A new e-class that no other of its e-nodes explains, built by a rewrite the
+  selection does not use and taken as an operand by a later one (relu(concat(concat(a, b), c)) distributed twice,
+  then the concats reassociated; a fused kernel under a Reshape that a Reshape of a Reshape folded away), is
+  explained by the rule whose right side built it there;
 - an input node whose e-class rules merged with an earlier one (a Transpose of a Transpose that is the identity):
   its e-class's choice is the earlier node, so the node is gone without any e-class changing its choice. The left
   side must match the input node, the right side any e-node of its e-class (the first step of the chain).
@@ -127,7 +128,10 @@ def rules_behind(
         right: DecodedNode | None,
         eclass: int,
         from_input: bool = True,
-    ) -> None:
+        count_unexplained: bool = True,
+    ) -> bool:
+        """Count the rules that explain one change (`UNEXPLAINED` for none, where `count_unexplained`); whether
+        any did."""
         found = step(tiers, right, eclass, from_input)
         if not found and right is not None:  # two rewrites in a row: the first into another e-node of the e-class
             for middle in everything.of.get(eclass, ()):
@@ -141,8 +145,9 @@ def rules_behind(
                         break
         if found:
             counts.update(found)
-        else:
+        elif count_unexplained:
             counts[UNEXPLAINED] += 1
+        return bool(found)
 
     parents: dict[int, list[DecodedNode]] = {}
     for dn in decoded.values():
@@ -175,9 +180,7 @@ def rules_behind(
             explain([([was], as_written), ([was], everything)], now, now.eclass)
         elif covered.get(now.eclass) != now.op:  # a new e-class the right side above it did not build as chosen
             others = [dn for dn in everything.of[now.eclass] if dn is not now]
-            if others:
-                explain([(others, everything)], now, now.eclass, from_input=False)
-            else:
+            if not (others and explain([(others, everything)], now, now.eclass, False, count_unexplained=False)):
                 counts.update(built(now) or [UNEXPLAINED])
     for nid, dn in zip(inputs, own):
         if not ops.get(dn.op).leaf and original.get(str(dn.eclass)) not in (None, nid):
