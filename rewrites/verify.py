@@ -1153,8 +1153,7 @@ def bindings(
     return out
 
 
-MIN_CASES = 3  # a library rule is checked on at least this many valid bindings ...
-NARROW_ATTEMPTS = 200  # ... sampled this many times per combination where the default attempts found fewer
+NARROW_ATTEMPTS = 200  # samples per combination where the default attempts found fewer than MIN_CASES bindings
 
 
 def verify_written(rule: Rule, trials: int = 3, seed: int = 0) -> VerifyResult:

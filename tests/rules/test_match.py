@@ -42,8 +42,16 @@ def assert_same_outputs(a: Graph, b: Graph, feeds: dict[str, np.ndarray], rtol: 
 # Every rule of the library, on graphs made of its own left side
 
 
-def _instances(rule: rewrites.Rule, wanted: int = 2) -> list[tuple[dict[str, tuple[int, ...]], dict[str, Any]]]:
-    """Shapes and attribute values satisfying the rule's left side and guards, from the rule verifier's sampler."""
+RARE_ATTEMPTS = 2000  # the sampler's order of combinations varies by process: enough for a rare one in any
+
+
+def _instances(
+    rule: rewrites.Rule, wanted: int = 2, attempts: int = 20
+) -> list[tuple[dict[str, tuple[int, ...]], dict[str, Any]]]:
+    """Shapes and attribute values satisfying the rule's left side and guards, from the rule verifier's sampler,
+    `attempts` samples per combination of ranks and attributes; a rule none of them fits (valid bindings are rare
+    where a kernel's pattern couples many shapes: attention's three head splits) is sampled `RARE_ATTEMPTS` times,
+    as the verifier samples such a rule longer (`verify_written`)."""
     try:
         from tensat.rewrites import verify as rv
 
@@ -62,7 +70,7 @@ def _instances(rule: rewrites.Rule, wanted: int = 2) -> list[tuple[dict[str, tup
                 continue
             if not plan.prefilter(env, ranks):
                 continue
-            for _ in range(20):
+            for _ in range(attempts):
                 try:
                     b = rv._Builder(plan, ranks, dict(env), rng)
                     b.guards()
@@ -78,6 +86,8 @@ def _instances(rule: rewrites.Rule, wanted: int = 2) -> list[tuple[dict[str, tup
                     break
             if len(found) >= wanted:
                 return found
+    if not found and attempts < RARE_ATTEMPTS:
+        return _instances(rule, wanted, RARE_ATTEMPTS)
     return found
 
 
