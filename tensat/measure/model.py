@@ -428,6 +428,9 @@ class MeasuredCost:
             with _silenced():
                 plan = _Plan(unit, self.copies_for(unit))
                 plan.evict_bytes = self.evict_bytes(unit.weight_bytes(), plan.copies)
+                plan.cold_output = all(ops.get(op).cold_output for op in unit.ops)
+                if plan.cold_output:
+                    plan.evict_bytes = max(plan.evict_bytes, self.runner.evict_cap)
                 if self.windows is not None:
                     plan.windows_wanted = self.windows
                 elif (
@@ -473,7 +476,7 @@ class MeasuredCost:
                         plan.copies,
                         max_seconds=budget,
                         clock=r.clock,
-                        before=r.cold_weights(run, plan.evict_bytes),
+                        before=r.cold_weights(run, plan.evict_bytes, warm_outputs=not plan.cold_output),
                     )
                 )
         except Exception as exc:  # noqa: BLE001
@@ -646,6 +649,7 @@ class _Plan:
     failure: CostEntry | None = None
     windows_wanted: int = WINDOWS
     evict_bytes: int = 0
+    cold_output: bool = False  # the output buffers left out of the caches (`OpDef.cold_output`)
 
     def disagree(self) -> bool:
         """The first two windows differ by more than WINDOW_TOL (a third window decides)."""

@@ -196,6 +196,7 @@ TRANSPOSE = register(
         int_exact=True,
         accepts=any_data,
         breaks_layout=True,
+        cold_output=True,
     )
 )
 

@@ -161,6 +161,9 @@ class OpDef:
     commutative: bool = False  # its two inputs can be swapped: one computation, priced once
     breaks_layout: bool = False  # runs in, or forces reorders around, the blocked layout of a measured conv graph
     # (the others, element-wise ops and concat, run on whatever layout their inputs have)
+    # its output is timed written to a buffer out of the caches: inside a graph a permutation's strided stores go to a
+    # recycled buffer last used long before, and a unit rewriting one hot buffer runs it at a fraction of that time
+    cold_output: bool = False
     # the element types of the inputs its unit is timed with, by input, where ONNX fixes one apart from the output's
     # (a Gather's indices, a Where's condition); the others are the output's
     operand_dtypes: Mapping[int, str] = field(default_factory=dict)

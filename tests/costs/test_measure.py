@@ -525,6 +525,37 @@ def test_weights_are_evicted_only_where_the_copies_do_not_span_the_working_set(t
     assert order[::2] == ["before"] * 10 and sorted(order[1::2]) == ["a"] * 5 + ["b"] * 5
 
 
+def test_a_transpose_is_timed_writing_to_buffers_out_of_the_caches(tmp_path, monkeypatch):
+    """A Transpose's strided stores go, inside a graph, to a recycled buffer last used long before: its unit is timed
+    with the whole cache evicted and only its input read again (`OpDef.cold_output`). A MatMul of activations, and a
+    unit where a Transpose is only part of the kernel, keep their outputs warm and evict nothing."""
+    cost = cost_model(tmp_path)
+    g = Graph()
+    q = g.input("q", (1, 4, 32, 8))
+    kt = g.add("transpose", [q], perm=(0, 1, 3, 2))
+    qk = g.add("matmul", [q, kt])
+    g.output("s", qk)
+
+    def unit(i: int) -> Unit:
+        return pricing_unit(g.nodes[i], [g.nodes[j].shape for j in g.nodes[i].inputs], [False] * 2)
+
+    transpose, product = cost._plan(unit(kt)), cost._plan(unit(qk))
+    assert transpose.cold_output and transpose.evict_bytes == cost.runner.evict_cap
+    assert not product.cold_output and product.evict_bytes == 0
+    assert not cost._plan(_group(g, ("transpose", "matmul"))).cold_output
+    seen: list[tuple[int, bool]] = []
+    cold_weights = cost.runner.cold_weights
+    monkeypatch.setattr(
+        cost.runner,
+        "cold_weights",
+        lambda run, nbytes, warm_outputs=True: (
+            seen.append((nbytes, warm_outputs)) or cold_weights(run, nbytes, warm_outputs)
+        ),
+    )
+    assert cost._measure(unit(kt)).ms > 0
+    assert seen and all(s == (cost.runner.evict_cap, False) for s in seen)
+
+
 def test_bound_buffers_are_aligned_and_receive_the_outputs(tmp_path):
     cost = cost_model(tmp_path)
     model = export_model(small_cnn())
