@@ -10,7 +10,9 @@ under the same variables, matches what replaced it. Two kinds of change are expl
   other e-node of the e-class. A new e-class that no other of its e-nodes explains, built by a rewrite the
   selection does not use and taken as an operand by a later one (relu(concat(concat(a, b), c)) distributed twice,
   then the concats reassociated; a fused kernel under a Reshape that a Reshape of a Reshape folded away), is
-  explained by the rule whose right side built it there;
+  explained by the rule whose right side built it there, and so is a chosen e-node of an input's e-class that no
+  rule rewrote the input's e-node into, where a right side built it below and Reshapes folded it in (a fused
+  kernel's Reshape back to the shape the input's Reshape gave: one Reshape of the other, then the identity);
 - an input node whose e-class rules merged with an earlier one (a Transpose of a Transpose that is the identity):
   its e-class's choice is the earlier node, so the node is gone without any e-class changing its choice. The left
   side must match the input node, the right side any e-node of its e-class (the first step of the chain).
@@ -157,16 +159,17 @@ def rules_behind(
     def built(now: DecodedNode) -> list[str]:
         """The rules whose right side, matched at an e-node over `now`'s e-class, built that e-class as chosen: a
         new e-class of one e-node that a later rewrite took as an operand (its left side bound a variable to it), so
-        that no right side the selection uses built it."""
+        that no right side the selection uses built it. What else that right side built below it as chosen is
+        that rewrite's too (covered)."""
         for parent in parents.get(now.eclass, ()):
             others = [dn for dn in everything.of[parent.eclass] if dn is not parent]
             found = []
             for m in matchers:
                 rhs = m.explained_by(others, everything, parent, parent.eclass, everything, from_input=False)
-                if rhs is not None and (now.eclass, now.op) in _inner_classes(
-                    rhs, parent, choices, decoded, everything
-                ):
+                inner = [] if rhs is None else list(_inner_classes(rhs, parent, choices, decoded, everything))
+                if (now.eclass, now.op) in inner:
                     found.append(m.rule.name)
+                    covered.update(inner)
             if found:
                 return found
         return []
@@ -177,7 +180,8 @@ def rules_behind(
             continue
         if name in original:
             was = decoded[original[name]]
-            explain([([was], as_written), ([was], everything)], now, now.eclass)
+            if not explain([([was], as_written), ([was], everything)], now, now.eclass, count_unexplained=False):
+                counts.update(built(now) or [UNEXPLAINED])
         elif covered.get(now.eclass) != now.op:  # a new e-class the right side above it did not build as chosen
             others = [dn for dn in everything.of[now.eclass] if dn is not now]
             if not (others and explain([(others, everything)], now, now.eclass, False, count_unexplained=False)):

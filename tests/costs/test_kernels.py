@@ -17,10 +17,10 @@ import pytest
 from onnx import helper, numpy_helper
 
 import tensat
-from tensat import api, onnx_io, ops, rewrites
+from tensat import api, extraction, onnx_io, ops, rewrites
 from tensat.cost import AnalyticCost
 from tensat.cost_report import load_graph
-from tensat.egraph import TensorEGraph
+from tensat.egraph import TensorEGraph, provenance
 from tensat.ir import Graph, Node
 from tensat.measure import MeasuredCost
 from tensat.onnx import fusions
@@ -396,9 +396,10 @@ def test_a_matmul_onnxruntime_runs_as_a_fused_matmul_is_written_as_one() -> None
 HEADS = 4
 
 
-def _attention(g: Graph, bias: bool = True) -> int:
+def _attention(g: Graph, bias: bool = True, joined: tuple[int, ...] = (SEQ, HIDDEN)) -> int:
     """A BERT-style attention block as the transformers exporter writes it: projections of the flattened tokens
-    split into heads by a Reshape and a Transpose each, scores scaled and masked, Softmax, the heads joined again."""
+    split into heads by a Reshape and a Transpose each, scores scaled and masked, Softmax, the heads joined again
+    (a Reshape to `joined`)."""
     x = g.input("x", (SEQ, HIDDEN))
     head = HIDDEN // HEADS
 
@@ -413,7 +414,34 @@ def _attention(g: Graph, bias: bool = True) -> int:
         mask = np.where(RNG.random((1, 1, SEQ, SEQ)) < 0.2, -1e4, 0.0).astype(np.float32)
         scores = g.add("add", [scores, g.weight(mask, "mask")])
     context = g.add("transpose", [g.add("matmul", [g.add("softmax", [scores], axis=3), v])], perm=(0, 2, 1, 3))
-    return g.reshape(context, (SEQ, HIDDEN))
+    return g.reshape(context, joined)
+
+
+class _KernelsCheap:
+    """The analytic cost with onnxruntime's MultiHeadAttention priced at a tenth: a selection that takes it."""
+
+    name = "kernels-cheap"
+
+    def __call__(self, node: Node, in_shapes: list, const: list = ()) -> float:  # type: ignore[assignment]
+        price = AnalyticCost()(node, in_shapes, const)
+        return price / 10 if node.op == "multihead_attention" else price
+
+
+@pytest.mark.parametrize("joined", [(SEQ, HIDDEN), (1, SEQ, HIDDEN)], ids=["2-d", "the-kernels-own-shape"])
+def test_a_chosen_multihead_attention_is_explained_by_the_attention_rule(joined: tuple[int, ...]) -> None:
+    """Where the extraction takes the kernel, the change is traced to the rule that offered it, also where the
+    block's heads are joined by a Reshape to the kernel's own output shape: the Reshape of the kernel's Reshape folds
+    to the identity, and the kernel lands in the e-class of the input's Reshape, which no rule rewrote into it."""
+    g = Graph()
+    g.output("y", _attention(g, joined=joined))
+    names = ("multihead-attention-fuse", "reshape-reshape", "reshape-identity")
+    te = TensorEGraph(g, [r for r in rewrites.rule_set("hand") if r.name in names])
+    te.explore(iter_limit=4)
+    xg, decoded, forbidden = te.export(_KernelsCheap())
+    found = extraction.ilp_extract(xg, forbidden=frozenset(forbidden), time_limit=20)
+    assert any(decoded[nid].op == "multihead_attention" for nid in found.choices.values())
+    rules = te.rules_behind(found.choices, decoded, xg.roots, te.class_shapes(decoded))
+    assert rules.get("multihead-attention-fuse") == 1 and provenance.UNEXPLAINED not in rules
 
 
 @pytest.mark.parametrize("bias", [True, False])
