@@ -95,8 +95,9 @@ def profiled(
 
 
 def _copies(cost: MeasuredCost, unit: Unit) -> tuple[float, float, float]:
-    """The profiler's time of the first copy of `unit` in its timed model, the later copies' median, and their
-    median with the output buffers left cold (NaN for a unit priced without timing, a view or one onnxruntime
+    """The profiler's time of the first copy of `unit` in its timed model and the later copies' median, each run
+    prepared as the unit is priced (a Transpose's outputs cold, `OpDef.cold_output`), and the later copies' median
+    with the output buffers left cold (NaN for a unit priced without timing, a view or one onnxruntime
     cannot run alone, and for one it runs as reorders only)."""
     nan = (math.nan, math.nan, math.nan)
     plan = cost._plan(unit)
@@ -108,7 +109,9 @@ def _copies(cost: MeasuredCost, unit: Unit) -> tuple[float, float, float]:
     r = cost.runner
     extra = (*REORDERS, "MaxPool") if plan.null_model is not None else REORDERS  # a prologue's pools and samples
     try:
-        warm = profiled(cost, model, lambda run: r.cold_weights(run, plan.evict_bytes), unit=True)
+        warm = profiled(
+            cost, model, lambda run: r.cold_weights(run, plan.evict_bytes, warm_outputs=not plan.cold_output), unit=True
+        )
         outs = profiled(cost, model, lambda run: r.cold_weights(run, cold, warm_outputs=False), unit=True)
     except Exception:  # noqa: BLE001 - onnxruntime raises many types; the unit is priced by its fallback
         return nan

@@ -184,7 +184,9 @@ def rules_behind(
                 counts.update(built(now) or [UNEXPLAINED])
         elif covered.get(now.eclass) != now.op:  # a new e-class the right side above it did not build as chosen
             others = [dn for dn in everything.of[now.eclass] if dn is not now]
-            if not (others and explain([(others, everything)], now, now.eclass, False, count_unexplained=False)):
+            if not (
+                others and explain([(others, everything)], now, now.eclass, from_input=False, count_unexplained=False)
+            ):
                 counts.update(built(now) or [UNEXPLAINED])
     for nid, dn in zip(inputs, own):
         if not ops.get(dn.op).leaf and original.get(str(dn.eclass)) not in (None, nid):

@@ -507,7 +507,10 @@ class MeasuredCost:
         }
         if plan.unit.weighted:
             detail["working_set_mib"] = self._ws_bucket()
+        if plan.evict_bytes:
             detail["evict_mib"] = round(plan.evict_bytes / 2**20, 1)
+        if plan.cold_output:
+            detail["cold_output"] = True
         spread = max(w.spread for w in plan.windows)
         return CostEntry(us / 1e3, spread, detail["rounds"], plan.unit.label(), detail)
 

@@ -552,7 +552,8 @@ def test_a_transpose_is_timed_writing_to_buffers_out_of_the_caches(tmp_path, mon
             seen.append((nbytes, warm_outputs)) or cold_weights(run, nbytes, warm_outputs)
         ),
     )
-    assert cost._measure(unit(kt)).ms > 0
+    entry = cost._measure(unit(kt))
+    assert entry.ms > 0 and entry.detail["cold_output"]
     assert seen and all(s == (cost.runner.evict_cap, False) for s in seen)
 
 
