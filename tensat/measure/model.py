@@ -428,7 +428,6 @@ class MeasuredCost:
             with _silenced():
                 plan = _Plan(unit, self.copies_for(unit))
                 plan.evict_bytes = self.evict_bytes(unit.weight_bytes(), plan.copies)
-                plan.cold_output = all(ops.get(op).cold_output for op in unit.ops)
                 if plan.cold_output:
                     plan.evict_bytes = max(plan.evict_bytes, self.runner.evict_cap)
                 if self.windows is not None:
@@ -652,7 +651,11 @@ class _Plan:
     failure: CostEntry | None = None
     windows_wanted: int = WINDOWS
     evict_bytes: int = 0
-    cold_output: bool = False  # the output buffers left out of the caches (`OpDef.cold_output`)
+
+    @property
+    def cold_output(self) -> bool:
+        """Whether the unit is timed with its output buffers left out of the caches (`OpDef.cold_output`)."""
+        return all(ops.get(op).cold_output for op in self.unit.ops)
 
     def disagree(self) -> bool:
         """The first two windows differ by more than WINDOW_TOL (a third window decides)."""

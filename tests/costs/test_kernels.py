@@ -10,6 +10,7 @@ those kernels (`check_kernels`)."""
 from __future__ import annotations
 
 import collections
+from collections.abc import Sequence
 
 import numpy as np
 import onnx
@@ -18,7 +19,7 @@ from onnx import helper, numpy_helper
 
 import tensat
 from tensat import api, extraction, onnx_io, ops, rewrites
-from tensat.cost import AnalyticCost
+from tensat.cost import AnalyticCost, Const
 from tensat.cost_report import load_graph
 from tensat.egraph import TensorEGraph, provenance
 from tensat.ir import Graph, Node
@@ -422,7 +423,7 @@ class _KernelsCheap:
 
     name = "kernels-cheap"
 
-    def __call__(self, node: Node, in_shapes: list, const: list = ()) -> float:  # type: ignore[assignment]
+    def __call__(self, node: Node, in_shapes: Sequence[Sequence[int]], const: Sequence[Const] = ()) -> float:
         price = AnalyticCost()(node, in_shapes, const)
         return price / 10 if node.op == "multihead_attention" else price
 
