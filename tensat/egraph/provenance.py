@@ -12,7 +12,8 @@ under the same variables, matches what replaced it. Two kinds of change are expl
   then the concats reassociated; a fused kernel under a Reshape that a Reshape of a Reshape folded away), is
   explained by the rule whose right side built it there, and so is a chosen e-node of an input's e-class that no
   rule rewrote the input's e-node into, where a right side built it below and Reshapes folded it in (a fused
-  kernel's Reshape back to the shape the input's Reshape gave: one Reshape of the other, then the identity);
+  kernel's Reshape back to the shape the input's Reshape gave: one Reshape of the other, then the identity), and
+  a later rewrite of such an e-node is credited to both rules (that kernel and its projections as one Attention);
 - an input node whose e-class rules merged with an earlier one (a Transpose of a Transpose that is the identity):
   its e-class's choice is the earlier node, so the node is gone without any e-class changing its choice. The left
   side must match the input node, the right side any e-node of its e-class (the first step of the chain).
@@ -140,8 +141,8 @@ def rules_behind(
                 if middle is right or (from_input and any(middle in lefts for lefts, _ in tiers)):
                     continue
                 second = step([([middle], everything)], right, eclass, False)
-                if second:
-                    first = step(tiers, middle, eclass, from_input)
+                if second:  # the first a rewrite of the input's e-node, or a kernel built below and folded in
+                    first = step(tiers, middle, eclass, from_input) or built(middle)
                     if first:
                         found = first + second
                         break

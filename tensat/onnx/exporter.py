@@ -977,6 +977,24 @@ def _ex_multihead_attention(e: _Exporter, i: int) -> None:
     e.domains.add(ops.CONTRIB)
 
 
+@_emitter("attention")
+def _ex_attention(e: _Exporter, i: int) -> None:
+    """onnxruntime's Attention: the input, the projections' weights and biases side by side, and the scores' bias
+    as its attention_bias; a bias of all zeros is left out."""
+    n = e.graph.nodes[i]
+    x, w, b, bias = n.inputs
+
+    def given(j: int) -> str:
+        return "" if j in e.consts and not np.any(e.consts[j]) else e.tensor(j)
+
+    ins = [e.tensor(x), e.tensor(w), given(b), "", "", given(bias)]
+    while not ins[-1]:
+        ins.pop()
+    attrs = {"num_heads": int(n.attr["num_heads"]), "scale": float(n.attr["scale"])}
+    e.emit("Attention", ins, [e.tensor(i)], f"attention_{i}", domain=ops.CONTRIB, **attrs)
+    e.domains.add(ops.CONTRIB)
+
+
 def _exporters() -> dict[str, Emitter]:
     """Every op's emission: none for leaves, registered for ops with attributes, plain (its `onnx` op) otherwise."""
     table: dict[str, Emitter] = {}

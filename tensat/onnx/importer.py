@@ -1221,6 +1221,24 @@ def _multihead_attention(c: _Importer, node: NodeProto) -> list[Any]:
     return [c.op("multihead_attention", [q, k, v, bias], num_heads=heads, scale=scale)]
 
 
+@_lowering(f"{ops.CONTRIB}:Attention")
+def _attention(c: _Importer, node: NodeProto) -> list[Any]:
+    _first_output_only(c, node)
+    if any(c.present(j) for j in (3, 4, *range(6, len(node.input)))) or int(c.attrs.get("unidirectional", 0)):
+        raise _Unsupported("Attention with a padding mask, past state or causal masking")
+    if c.attrs.get("qkv_hidden_sizes") or int(c.attrs.get("do_rotary", 0)) or c.attrs.get("past_present_share_buffer"):
+        raise _Unsupported("Attention with unequal projections, rotary embedding or shared past state")
+    x, w = c.data(0), c.data(1)
+    (_, s, _), cols = c.shape(x), c.shape(w)[-1]
+    heads = int(c.attrs.get("num_heads", 0))
+    if len(c.shape(w)) != 2 or cols % 3 or heads < 1 or (cols // 3) % heads:
+        raise _Unsupported("Attention of its projections in unequal or uneven parts")
+    b = c.data(2) if c.present(2) else c.weight(np.zeros(cols, np.float32))
+    bias = c.data(5) if c.present(5) else c.weight(np.zeros((1, 1, s, s), np.float32))
+    scale = float(c.attrs.get("scale", 0.0)) or 1.0 / float(np.sqrt(cols // 3 // heads))
+    return [c.op("attention", [x, w, b, bias], num_heads=heads, scale=scale)]
+
+
 @_lowering(f"{ops.CONTRIB}:QuickGelu")
 def _quick_gelu(c: _Importer, node: NodeProto) -> list[Any]:
     return [c.op("quick_gelu", [c.data(0)], alpha=float(c.attrs.get("alpha", 1.702)))]

@@ -351,6 +351,7 @@ def _shape_twin(model: ModelProto) -> ModelProto:
     replaced by standard ops of the same output shapes (FusedMatMul by an Einsum, an element-wise kernel by
     Identity), for ONNX shape inference to infer through them; the twin is for inference only."""
     twin = light_copy(model)
+    weights = {t.name: int(t.dims[-1]) for t in twin.graph.initializer if len(t.dims) == 2}  # columns of 2-D ones
     nodes = []
     for node in twin.graph.node:
         if node.domain not in (CONTRIB, ""):
@@ -369,6 +370,15 @@ def _shape_twin(model: ModelProto) -> ModelProto:
                     "Einsum", [node.input[0], node.input[2]], [node.output[0]], equation="bsd,bte->bse"
                 )
             )
+        elif node.op_type == "Attention" and node.domain == CONTRIB and node.input[1] in weights:
+            # (B, S, K) by (K, 3N) -> (B, S, N): the product by the queries' third of the weights
+            third = f"{node.output[0]}__twin_third"
+            ends = onnx.helper.make_tensor(f"{third}_ends", onnx.TensorProto.INT64, [1], [weights[node.input[1]] // 3])
+            starts = onnx.helper.make_tensor(f"{third}_starts", onnx.TensorProto.INT64, [1], [0])
+            axes = onnx.helper.make_tensor(f"{third}_axes", onnx.TensorProto.INT64, [1], [1])
+            twin.graph.initializer.extend([starts, ends, axes])
+            nodes.append(onnx.helper.make_node("Slice", [node.input[1], starts.name, ends.name, axes.name], [third]))
+            nodes.append(onnx.helper.make_node("MatMul", [node.input[0], third], [node.output[0]]))
         else:
             nodes.append(node)
     del twin.graph.node[:]

@@ -323,8 +323,95 @@ MULTIHEAD_ATTENTION = register(
     )
 )
 
+
+def attention(x: np.ndarray, w: np.ndarray, b: np.ndarray, bias: np.ndarray, heads: int, scale: float) -> np.ndarray:
+    """Self-attention with its projections: x (B, S, K) times the queries', keys' and values' weights side by side,
+    w (K, 3N), plus their biases, b (3N), split into the three and attended as `multihead_attention`, (B, S, N)."""
+    q, k, v = np.split(np.matmul(x, w) + b, 3, axis=2)
+    return multihead_attention(q, k, v, bias, heads, scale)
+
+
+def _attention_shape(shapes: Sequence[Shape], a: Attrs) -> Shape:
+    x, w, b, bias = (tuple(s) for s in shapes)
+    check(len(x) == 3 and len(w) == 2 and len(b) == 1 and len(bias) == 4, f"attention of {x}, {w}, {b}, {bias}")
+    check(w[0] == x[2] and b == (w[1],) and w[1] % 3 == 0, f"attention of {x} by weights {w} and bias {b}")
+    n = w[1] // 3
+    return _mha_shape([(x[0], x[1], n)] * 3 + [bias], a)
+
+
+def _attention_rules(op: OpDef) -> list[str]:
+    b, s, heads = egg_dim("s0", 0), egg_dim("s0", 1), "num_heads"
+    n = f"(/ {egg_dim('s1', 1)} 3)"
+    query = [
+        "(= (vec-length s0) 3)",
+        "(= (vec-length s1) 2)",
+        "(= (vec-length s2) 1)",
+        "(= (vec-length s3) 4)",
+        f"(= {egg_dim('s1', 0)} {egg_dim('s0', 2)})",
+        f"(= {egg_dim('s2', 0)} {egg_dim('s1', 1)})",
+        f"(= 0 (% {egg_dim('s1', 1)} 3))",
+        f"(< 0 {heads})",
+        f"(= 0 (% {n} {heads}))",
+        f"(= 0 (* (- {egg_dim('s3', 0)} 1) (- {egg_dim('s3', 0)} {b})))",
+        f"(= 0 (* (- {egg_dim('s3', 1)} 1) (- {egg_dim('s3', 1)} {heads})))",
+        f"(= {egg_dim('s3', 2)} {s})",
+        f"(= {egg_dim('s3', 3)} {s})",
+    ]
+    return [egg_rule(op, query, egg_vec([b, s, n]))]
+
+
+def _attention_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[str, Any]) -> None:
+    x, w, b, bias = ins
+    heads = at["num_heads"]
+    s.eq((out[0], out[1]), (x[0], x[1]))
+    s.quotient(out[2], heads)
+    cols = s.mul(3, out[2])
+    s.eq(w, (x[2], cols))
+    s.eq(b, (cols,))
+    s.eq((bias[2], bias[3]), (x[1], x[1]))
+    s.broadcast((x[0], heads), (bias[0], bias[1]), (x[0], heads), range(2))
+
+
+def _attention_flops(shapes: Sequence[Shape], out: Shape, a: Attrs) -> float:
+    (b, s, k), (_, cols) = shapes[0], shapes[1]
+    n = cols // 3
+    return 2.0 * b * s * k * cols + _mha_flops([(b, s, n)] * 3, out, a)
+
+
+# onnxruntime's Attention: self-attention with its three projections in one product (the queries', keys' and values'
+# weights side by side), then as MultiHeadAttention, with an additive bias on the scores
+ATTENTION = register(
+    OpDef(
+        "attention",
+        "Attention",
+        4,
+        (("num_heads", "int"), ("scale", "float")),
+        _attention_shape,
+        lambda xs, a: attention(xs[0], xs[1], xs[2], xs[3], a["num_heads"], a["scale"]),
+        _attention_rules,
+        _attention_flops,
+        onnx=f"{CONTRIB}:Attention",
+        standard_since=None,
+        ranks=(3, 3, 2, 1, 4),
+        min_rank=3,
+        equations=_attention_equations,
+        domains={"num_heads": [1, 2], "scale": [0.125, 1.0]},
+        breaks_layout=True,
+        # biases of zeros are left out of the kernel written (`_ex_attention`): timed with their values
+        value_operands=frozenset({2, 3}),
+    )
+)
+
 KERNELS: dict[str, tuple[str, ...]] = {
-    CONTRIB: ("SkipLayerNormalization", "Gelu", "FastGelu", "QuickGelu", "FusedMatMul", "MultiHeadAttention"),
+    CONTRIB: (
+        "SkipLayerNormalization",
+        "Gelu",
+        "FastGelu",
+        "QuickGelu",
+        "FusedMatMul",
+        "MultiHeadAttention",
+        "Attention",
+    ),
     "": ("SimplifiedLayerNormalization", "LayerNormalization", "Gelu"),
 }
 """The onnxruntime kernels tensat models, by domain: the fused ops its graph optimizer makes that are ops here

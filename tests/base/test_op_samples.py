@@ -114,6 +114,11 @@ SAMPLES: dict[str, tuple[list[tuple[np.ndarray, bool]], dict[str, Any], int]] = 
         {"num_heads": 2, "scale": 0.3},
         17,
     ),
+    "attention": (
+        [(real(2, 4, 6), False), (real(6, 12), True), (real(12), True), (real(1, 2, 4, 4), False)],
+        {"num_heads": 2, "scale": 0.3},
+        17,
+    ),
 }
 
 # leaves and constants their attributes define: evaluated from attributes, not run

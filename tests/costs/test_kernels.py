@@ -185,13 +185,18 @@ def test_a_pre_norm_sum_read_again_stays_plain_ops() -> None:
         ("lrn", [(1, 16, 14, 14)], {"size": 5, "alpha": 1e-4, "beta": 0.75, "bias": 1.0}),
         ("band", [], {"channels": 16, "size": 5, "alpha": 1e-4}),
         ("multihead_attention", [(1, SEQ, HIDDEN)] * 3 + [(1, 1, SEQ, SEQ)], {"num_heads": 4, "scale": 0.125}),
+        (
+            "attention",
+            [(1, SEQ, HIDDEN), (HIDDEN, 3 * HIDDEN), (3 * HIDDEN,), (1, 1, SEQ, SEQ)],
+            {"num_heads": 4, "scale": 0.125},
+        ),
     ],
 )
 def test_each_kernel_and_form_is_timed_as_onnxruntime_runs_it(op: str, shapes: list, attrs: dict, tmp_path) -> None:
     cost = _cost(tmp_path)
     out = ops.shape_of(op, shapes, attrs)
-    activations = {"skip_layernorm": 2, "multihead_attention": 4}.get(op, 1)  # the inputs that are not weights
-    const = [k >= activations for k in range(len(shapes))]
+    activations = {"skip_layernorm": (0, 1), "multihead_attention": (0, 1, 2, 3), "attention": (0, 3)}.get(op, (0,))
+    const = [k not in activations for k in range(len(shapes))]  # the others are weights
     price = cost(Node(op, (), tuple(attrs.items()), out, "float32"), shapes, const)
     if ops.constant_leaf(op):
         assert price == 0.0 and cost.stats.measured == 0  # a constant costs nothing: it is folded
@@ -397,15 +402,22 @@ def test_a_matmul_onnxruntime_runs_as_a_fused_matmul_is_written_as_one() -> None
 HEADS = 4
 
 
-def _attention(g: Graph, bias: bool = True, joined: tuple[int, ...] = (SEQ, HIDDEN)) -> int:
+def _attention(
+    g: Graph, bias: bool = True, joined: tuple[int, ...] = (SEQ, HIDDEN), projected: tuple[str, ...] = ()
+) -> int:
     """A BERT-style attention block as the transformers exporter writes it: projections of the flattened tokens
     split into heads by a Reshape and a Transpose each, scores scaled and masked, Softmax, the heads joined again
-    (a Reshape to `joined`)."""
-    x = g.input("x", (SEQ, HIDDEN))
+    (a Reshape to `joined`). With `projected`, the tokens are (1, SEQ, HIDDEN), as the dynamo exporter leaves them,
+    and the projections named there (of "wq", "wk", "wv") add a bias."""
+    x = g.input("x", (1, SEQ, HIDDEN) if projected else (SEQ, HIDDEN))
     head = HIDDEN // HEADS
 
     def split(name: str, perm: tuple[int, ...]) -> int:
-        proj = g.add("matmul", [x, g.weight((0.1 * RNG.standard_normal((HIDDEN, HIDDEN))).astype(np.float32), name)])
+        weight = (0.1 * RNG.standard_normal((HIDDEN, HIDDEN))).astype(np.float32)
+        proj = g.add("matmul", [x, g.weight(weight[None] if projected else weight, name)])
+        if name in projected:
+            offset = (0.1 * RNG.standard_normal((1, 1, HIDDEN))).astype(np.float32)
+            proj = g.add("add", [proj, g.weight(offset, f"b{name}")])
         return g.add("transpose", [g.reshape(proj, (1, SEQ, HEADS, head))], perm=perm)
 
     q, k, v = split("wq", (0, 2, 1, 3)), split("wk", (0, 2, 3, 1)), split("wv", (0, 2, 1, 3))
@@ -496,3 +508,69 @@ def test_an_attention_without_a_bias_is_timed_as_the_kernel_written_without_one(
     model = unit_model(Unit.single(*item_of(g, g.nodes[mha], {zeros})))
     (written,) = [n for n in model.graph.node if n.op_type == "MultiHeadAttention"]
     assert len(written.input) == 3
+
+
+_PROJECTED = {"biased": ("wq", "wk", "wv"), "keys-unbiased": ("wq", "wv"), "unbiased": ("none",)}
+
+
+class _AttentionCheap:
+    """The analytic cost with onnxruntime's Attention priced at a tenth: a selection that takes it."""
+
+    name = "attention-cheap"
+
+    def __call__(self, node: Node, in_shapes: Sequence[Sequence[int]], const: Sequence[Const] = ()) -> float:
+        price = AnalyticCost()(node, in_shapes, const)
+        return price / 10 if node.op == "attention" else price
+
+
+@pytest.mark.parametrize("projected", list(_PROJECTED), ids=list(_PROJECTED))
+def test_a_chosen_attention_is_explained_by_its_rule_and_the_multihead_attention_rule(projected: str) -> None:
+    """Self-attention whose three projections read one input becomes onnxruntime's Attention (the projections'
+    weights side by side) through the MultiHeadAttention its heads make; where the extraction takes it, in the
+    input's own e-class (the heads joined to the kernel's output shape), both rules are credited."""
+    g = Graph()
+    g.output("y", _attention(g, joined=(1, SEQ, HIDDEN), projected=_PROJECTED[projected]))
+    names = ("multihead-attention-fuse", "reshape-reshape", "reshape-identity")
+    rules = [r for r in rewrites.rule_set("hand") if r.name in names or r.name.startswith("attention-fuse")]
+    te = TensorEGraph(g, rules)
+    te.explore(iter_limit=6)
+    xg, decoded, forbidden = te.export(_AttentionCheap())
+    found = extraction.ilp_extract(xg, forbidden=frozenset(forbidden), time_limit=20)
+    assert any(decoded[nid].op == "attention" for nid in found.choices.values())
+    rule = {"biased": "attention-fuse", "keys-unbiased": "attention-fuse-unbiased-keys"}.get(projected)
+    credited = te.rules_behind(found.choices, decoded, xg.roots, te.class_shapes(decoded))
+    assert credited == {rule or "attention-fuse-unbiased": 1, "multihead-attention-fuse": 1}
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_an_attention_is_written_as_onnxruntimes_attention_and_runs_as_it(bias: bool) -> None:
+    """The exporter writes the op as onnxruntime's Attention (its weights and biases side by side, biases of zeros
+    left out), onnxruntime runs that kernel with the outputs of the written-out block, and tensat reads it back."""
+    g = Graph()
+    g.output("y", _attention(g, bias, joined=(1, SEQ, HIDDEN), projected=_PROJECTED["keys-unbiased"]))
+    chosen = Graph()
+    x = chosen.input("x", (1, SEQ, HIDDEN))
+    zero = np.zeros((1, 1, HIDDEN), np.float32)
+    weights = np.concatenate([g.weights[w][0] for w in ("wq", "wk", "wv")], axis=1)
+    offsets = np.concatenate([g.weights["bwq"], zero, g.weights["bwv"]], axis=2).reshape(-1)
+    if bias:
+        scores_bias = chosen.weight(g.weights["mask"], "mask")
+    else:
+        scores_bias = chosen.add("fill", [], value=0.0, shape=(1, 1, SEQ, SEQ), dtype=1)
+    out = chosen.add(
+        "attention",
+        [x, chosen.weight(weights, "w"), chosen.weight(offsets, "b"), scores_bias],
+        num_heads=HEADS,
+        scale=0.125,
+    )
+    chosen.output("y", out)
+    model = onnx_io.export_model(chosen)
+    (node,) = [n for n in model.graph.node if n.op_type == "Attention"]
+    assert node.domain == ops.CONTRIB and len(node.input) == (6 if bias else 3)
+    check = fusions.check_kernels(model)
+    assert check.match and check.run.get("Attention") == 1
+    feeds = {"x": RNG.standard_normal((1, SEQ, HIDDEN)).astype(np.float32)}
+    got = make_session(model, "cpu", 1).run(None, feeds)[0]
+    want = make_session(onnx_io.export_model(g), "cpu", 1).run(None, feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert onnx_io.import_model(model).compact().summary().get("attention") == 1

@@ -508,3 +508,19 @@ def test_a_slice_to_the_end_written_as_the_largest_int64_is_read() -> None:
     is, not as a fill of one value."""
     assert _uniform(np.array([2**63 - 1], np.int64)) is None
     assert _uniform(np.array([2, 2], np.int64)) == 2.0
+
+
+def test_shape_inference_reads_through_onnxruntimes_attention(tmp_path: Path) -> None:
+    """ONNX shape inference does not know onnxruntime's Attention: its shape twin, the product by the queries'
+    third of the weights, gives its output the tokens' symbolic dims and the projections' width, (batch, seq, 8)."""
+    nodes = [
+        helper.make_node("Attention", ["x", "wqkv"], ["att"], domain="com.microsoft", num_heads=2),
+        helper.make_node("MatMul", ["att", "w"], ["y"]),
+    ]
+    path = _model(tmp_path, {"x": ["batch", "seq", 8]}, nodes, ["batch", "seq", 8])
+    model = onnx.load(str(path))
+    weights = np.random.default_rng(1).standard_normal((8, 24)).astype(np.float32)
+    model.graph.initializer.append(numpy_helper.from_array(weights, "wqkv"))
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    inferred = tensor_dims(model, {"x": ["batch", "seq", 8]})
+    assert inferred["att"] == ["batch", "seq", 8] and inferred["y"] == ["batch", "seq", 8]
