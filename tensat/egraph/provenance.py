@@ -18,7 +18,8 @@ under the same variables, matches what replaced it. Two kinds of change are expl
   its e-class's choice is the earlier node, so the node is gone without any e-class changing its choice. The left
   side must match the input node, the right side any e-node of its e-class (the first step of the chain).
 Tensor variables bind e-classes and attribute variables values; the rule's guards and :let values are evaluated
-on the bound e-classes' shapes, and the right side's attributes computed, as the compiled rule does. The left side
+on the bound e-classes' shapes, and the right side's attributes computed, as the compiled rule does (for one root
+of a multi-pattern rule, those reading another root's variables once the right side has bound them). The left side
 is first matched on the input graph as written (its inner e-nodes the input's own), and only where that finds no
 rule on any e-node: of the rules the e-graph would credit, those that rewrite what the user's graph says. A change
 no rule explains is counted under `UNEXPLAINED`.
@@ -47,6 +48,7 @@ class DecodedNode:
 
 UNEXPLAINED = "(unexplained)"
 MAX_BINDINGS = 64  # per pattern: enough for any rule over one e-class, and a bound where operand orders multiply
+_DEFERRED = "(deferred)"  # in a binding: a right side's attributes to check once its other variables are bound
 
 Env = dict[str, Any]  # tensor variables -> e-class ids, attribute variables -> values
 Shape = tuple[int, ...]
@@ -244,6 +246,9 @@ class _Matcher:
             return Term(p.op, tuple(expand(a, depth) for a in p.args), p.attrs)
 
         self.pairs = [(lhs, expand(rhs)) for lhs, rhs in zip(rule.lhs, rule.rhs)]
+        # a multi-pattern rule's side for one of its roots reads the other roots' variables too (their weights'
+        # widths, the guards relating the two): bound only by its right side, they are checked once that matched
+        self.multi = len(self.pairs) > 1
 
     def explained_by(
         self,
@@ -263,31 +268,58 @@ class _Matcher:
         for lhs, rhs in self.pairs:
             for left in lefts:
                 for env in self._node(lhs, left, {}, lhs_classes, None):
-                    values = self._values(env)
+                    values = self._values(env, partial=self.multi)
                     if values is None:
                         continue
                     if isinstance(rhs, Var):
                         if from_input and env.get(rhs.name) == eclass:
                             return rhs
-                    elif right is None:
-                        if next(self._class(rhs, eclass, env, rhs_classes, values), None) is not None:
-                            return rhs
-                    elif next(self._node(rhs, right, env, rhs_classes, values), None) is not None:
+                        continue
+                    if right is None:
+                        matched = self._class(rhs, eclass, env, rhs_classes, values)
+                    else:
+                        matched = self._node(rhs, right, env, rhs_classes, values)
+                    if any(self._complete(found) for found in matched):
                         return rhs
         return None
 
-    def _values(self, env: Env) -> dict[str, Any] | None:
-        """The attribute and :let values under `env`, or None where a guard rejects it (or cannot be evaluated)."""
+    def _values(self, env: Env, partial: bool = False) -> dict[str, Any] | None:
+        """The attribute and :let values under `env`, or None where a guard rejects it (or cannot be evaluated).
+        With `partial`, a :let or guard that reads a variable `env` does not bind is left to `_complete`."""
         shapes = self._shapes(env)
-        values = {k: v for k, v in env.items() if k not in self.tensor_vars}
-        try:
-            for name, expr in self.lets:
+        values = {k: v for k, v in env.items() if k not in self.tensor_vars and k != _DEFERRED}
+        for name, expr in self.lets:
+            try:
                 values[name] = eval_expr(expr, values, shapes)
-            if all(eval_expr(g, values, shapes) for g in self.rule.guards):
-                return values
+            except KeyError:
+                if not partial:
+                    return None
+            except (IndexError, ZeroDivisionError, ValueError, TypeError):
+                return None
+        for guard in self.rule.guards:
+            try:
+                if not eval_expr(guard, values, shapes):
+                    return None
+            except KeyError:
+                if not partial:
+                    return None
+            except (IndexError, ZeroDivisionError, ValueError, TypeError):
+                return None
+        return values
+
+    def _complete(self, env: Env) -> bool:
+        """Whether a right side's bindings hold: for a multi-pattern rule, its guards and the attributes left to
+        compute (`_node`) under the variables the right side bound as well."""
+        if not self.multi:
+            return True
+        values = self._values(env)
+        if values is None:
+            return False
+        shapes = self._shapes(env)
+        try:
+            return all(attr_value(eval_expr(expr, values, shapes)) == have for expr, have in env.get(_DEFERRED, ()))
         except (IndexError, KeyError, ZeroDivisionError, ValueError, TypeError):
-            pass
-        return None
+            return False
 
     def _class(
         self, p: Pattern, eclass: int, env: Env, classes: _Classes, values: Mapping[str, Any] | None
@@ -321,7 +353,12 @@ class _Matcher:
             if values is not None:
                 try:
                     want = attr_value(eval_expr(expr, values, self._shapes(env)))
-                except (IndexError, KeyError, ZeroDivisionError, ValueError, TypeError):
+                except KeyError:
+                    if not self.multi:
+                        return
+                    env[_DEFERRED] = (*env.get(_DEFERRED, ()), (expr, have))  # read once the rest is bound
+                    continue
+                except (IndexError, ZeroDivisionError, ValueError, TypeError):
                     return
             elif isinstance(expr, Var):
                 want = env.setdefault(expr.name, have)

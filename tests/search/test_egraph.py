@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import time
 import zlib
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
 
 import tensat.egraph as egraph_mod
 from tensat import extraction, rewrites
-from tensat.cost import AnalyticCost, Resolution, Scalar, graph_cost, runtime_items
+from tensat.cost import AnalyticCost, Const, Resolution, Scalar, graph_cost, runtime_items
 from tensat.egraph import TensorEGraph, provenance
-from tensat.ir import Graph, OpaqueSpec
+from tensat.ir import Graph, Node, OpaqueSpec
 
 RNG = np.random.default_rng(1)
 COST = AnalyticCost()
@@ -770,6 +771,37 @@ def test_an_operand_a_rewrite_built_off_the_selection_is_explained_by_that_rewri
     counted = provenance.rules_behind(choices, original, inputs, nodes, shapes, ["5"], rules)
     assert provenance.UNEXPLAINED not in counted
     assert counted["relu-concat-distribute"] >= 2 and counted["concat-assoc-right"] == 1
+
+
+class _MergedCheap:
+    """The analytic cost with a product by a weight of 64 columns (two merged weights of 32) at a tenth."""
+
+    name = "merged-cheap"
+
+    def __call__(self, node: Node, in_shapes: Sequence[Sequence[int]], const: Sequence[Const] = ()) -> float:
+        price = COST(node, in_shapes, const)
+        return price / 10 if node.op == "matmul" and in_shapes[1][-1] == 64 else price
+
+
+def test_a_multi_pattern_rules_change_is_explained_by_it() -> None:
+    """Two biased products of one input merged into one (`matmul-bias-merge-shared-input`, whose right side for one
+    root reads the other root's weight and bias): each product's e-class now takes a slice of the merged product,
+    and the rule explains both, its guards and the slices' offsets checked with the other root's variables bound by
+    the right side."""
+    g = Graph()
+    x = g.input("x", (16, 32))
+    outs = [
+        g.add("add", [g.add("matmul", [x, w(g, 32, 32, name=f"w{k}")]), w(g, 1, 32, name=f"b{k}")]) for k in range(2)
+    ]
+    for k, out in enumerate(outs):
+        g.output(f"y{k}", g.add("relu", [out]))
+    te = TensorEGraph(g, rules_named("matmul-bias-merge-shared-input"))
+    te.explore(k_multi=1)
+    xg, decoded, forbidden = te.export(_MergedCheap())
+    found = extraction.ilp_extract(xg, forbidden=frozenset(forbidden), time_limit=20)
+    assert sum(decoded[nid].op == "slice" for nid in found.choices.values()) == 2
+    rules = te.rules_behind(found.choices, decoded, xg.roots, te.class_shapes(decoded))
+    assert rules == {"matmul-bias-merge-shared-input": 2}
 
 
 def test_a_change_among_constants_is_no_change_of_the_model() -> None:
