@@ -980,16 +980,12 @@ def _ex_multihead_attention(e: _Exporter, i: int) -> None:
 @_emitter("attention")
 def _ex_attention(e: _Exporter, i: int) -> None:
     """onnxruntime's Attention: the input, the projections' weights and biases side by side, and the scores' bias
-    as its attention_bias; a bias of all zeros is left out."""
+    as its attention_bias, left out where it is all zeros. The projections' biases are always written: onnxruntime's
+    CPU kernel crashes the process without them."""
     n = e.graph.nodes[i]
     x, w, b, bias = n.inputs
-
-    def given(j: int) -> str:
-        return "" if j in e.consts and not np.any(e.consts[j]) else e.tensor(j)
-
-    ins = [e.tensor(x), e.tensor(w), given(b), "", "", given(bias)]
-    while not ins[-1]:
-        ins.pop()
+    zero = bias in e.consts and not np.any(e.consts[bias])
+    ins = [e.tensor(x), e.tensor(w), e.tensor(b), *([] if zero else ["", "", e.tensor(bias)])]
     attrs = {"num_heads": int(n.attr["num_heads"]), "scale": float(n.attr["scale"])}
     e.emit("Attention", ins, [e.tensor(i)], f"attention_{i}", domain=ops.CONTRIB, **attrs)
     e.domains.add(ops.CONTRIB)
