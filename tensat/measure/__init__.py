@@ -14,8 +14,9 @@ How a unit's cost is taken:
 - The timed model holds K copies of the unit, each with its own inputs, weights and output: inside a graph no
   kernel reads a tensor the one before it has just read, as a copy would read an input shared with it. K is chosen
   so the copies' weights span the working set of the graph being optimized (`observe_graph`), bounded by a per-round
-  time budget, by the bytes of the copies' outputs and by memory. Inputs and outputs are buffers bound once, 64-byte
-  aligned as onnxruntime's own buffers are.
+  time budget, by the bytes of the copies' outputs, by memory, and by the core's level-2 cache: inside a graph an
+  op's input was just computed and sits there where it fits, so the copies' inputs and outputs fit in it together.
+  Inputs and outputs are buffers bound once, 64-byte aligned as onnxruntime's own buffers are.
 - Cache state as inside a graph: between two runs of one op, the graph's other weights and every tensor it computes
   pass through the caches (the working set, `graph_working_set`: its weights alone left MobileNet-V2's classifier
   warm in its unit and cold in the graph), so its weights are cold; its input has just been computed and its output

@@ -401,7 +401,11 @@ class MeasuredCost:
         in_bytes = sum(_nbytes(s, d) for s, c, d in unit.externals if not c)
         k_mem = max(1, MEMORY_CAP // max(wbytes + in_bytes + out_bytes, 1))
         k_out = max(1, OUT_BUDGET // max(out_bytes, 1))
-        return int(max(1, min(k, k_time, k_mem, k_out, MAX_COPIES)))
+        # inside a graph an op's input was just computed and is still in the core's level-2 cache where it fits;
+        # the copies' inputs and outputs, touched again before each timed run, stay there only if they fit together
+        near = self.runner.near_cache
+        k_near = max(1, near // max(in_bytes + out_bytes, 1)) if near else MAX_COPIES
+        return int(max(1, min(k, k_time, k_mem, k_out, k_near, MAX_COPIES)))
 
     def evict_bytes(self, weight_bytes: int, copies: int) -> int:
         """Bytes to evict before a timed run of `copies` copies of a unit with `weight_bytes` of weights: the rest

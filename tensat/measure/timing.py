@@ -24,18 +24,34 @@ EVICT_CAP = 256 * 2**20  # at most this many bytes are streamed through the cach
 EVICT_FLOOR = 32 * 2**20  # and at least this many, where the evicted working set is larger
 
 
-def last_level_cache() -> int | None:
-    """Bytes of the largest CPU cache one core reads through (Linux sysfs; None where it does not say)."""
-    sizes = []
-    for size in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+def _caches() -> list[tuple[int, int]]:
+    """(level, bytes) of each data or unified CPU cache one core reads through (Linux sysfs; none where it does
+    not say)."""
+    found = []
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
         try:
-            text = size.read_text().strip().upper()
-        except OSError:
+            kind = (index / "type").read_text().strip()
+            level = int((index / "level").read_text().strip())
+            text = (index / "size").read_text().strip().upper()
+        except (OSError, ValueError):
             continue
         scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
         digits = text.rstrip("KMG")
-        if digits.isdigit():
-            sizes.append(int(digits) * scale)
+        if kind != "Instruction" and digits.isdigit():
+            found.append((level, int(digits) * scale))
+    return found
+
+
+def last_level_cache() -> int | None:
+    """Bytes of the largest CPU cache one core reads through (None where the system does not say)."""
+    sizes = [size for _, size in _caches()]
+    return max(sizes) if sizes else None
+
+
+def level_two_cache() -> int | None:
+    """Bytes of the core's level-2 cache (None where the system does not say): where an op's input, just computed
+    by the op before it, still sits inside a graph when it fits."""
+    sizes = [size for level, size in _caches() if level == 2]
     return max(sizes) if sizes else None
 
 
@@ -74,6 +90,7 @@ class Runner:
         self._null: dict[int, Callable[[], None]] = {}
         self._scratch: np.ndarray | None = None
         self.evict_cap = evict_cap(last_level_cache() if device == "cpu" else None)
+        self.near_cache = level_two_cache() if device == "cpu" else None
 
     def evict(self, nbytes: int) -> None:
         """Read `nbytes` of a scratch buffer (at most `evict_cap`), pushing other data out of the caches, as the

@@ -1205,3 +1205,15 @@ def test_cost_report_command(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "original" in out and "optimized" in out and "end-to-end" in out
     assert '"rows"' in out_json.read_text()
+
+
+@pytest.mark.parametrize("near_mib", [None, 1])
+def test_copies_whose_inputs_and_outputs_overflow_the_level_two_cache_are_fewer(tmp_path, near_mib) -> None:
+    """A unit's copies each read an input of their own, touched again before each timed run; inside a graph the
+    input was just computed and sits in the level-2 cache where it fits. So the copies' inputs and outputs together
+    fit in it: a Relu over 256 KiB (512 KiB with its output) gets two copies in 1 MiB, and eight without the cap."""
+    cost = cost_model(tmp_path)
+    cost.runner.near_cache = near_mib and near_mib * 2**20
+    shape = (1, 64, 32, 32)
+    unit = pricing_unit(Node("relu", (), (), shape, "float32"), [shape], [False])
+    assert cost.copies_for(unit) == (8 if near_mib is None else 2)
