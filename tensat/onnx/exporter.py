@@ -964,30 +964,19 @@ def _ex_norm_kernel(e: _Exporter, i: int) -> None:
     e.domains.add(domain)
 
 
-@_emitter("multihead_attention")
-def _ex_multihead_attention(e: _Exporter, i: int) -> None:
-    """onnxruntime's MultiHeadAttention: queries, keys, values, and the scores' bias as its attention_bias (left
-    out where it is all zeros)."""
+@_emitter("multihead_attention", "attention")
+def _ex_attention_kernel(e: _Exporter, i: int) -> None:
+    """onnxruntime's MultiHeadAttention (queries, keys, values) and Attention (the input, the projections' weights
+    and biases side by side): the three inputs, and the scores' bias as the attention_bias both read at input 5,
+    left out where it is all zeros. Attention's projection biases are always written: onnxruntime's CPU kernel
+    crashes the process without them."""
     n = e.graph.nodes[i]
-    q, k, v, bias = n.inputs
+    *three, bias = n.inputs
     zero = bias in e.consts and not np.any(e.consts[bias])
-    ins = [e.tensor(q), e.tensor(k), e.tensor(v), *([] if zero else ["", "", e.tensor(bias)])]
+    ins = [*(e.tensor(j) for j in three), *([] if zero else ["", "", e.tensor(bias)])]
     attrs = {"num_heads": int(n.attr["num_heads"]), "scale": float(n.attr["scale"])}
-    e.emit("MultiHeadAttention", ins, [e.tensor(i)], f"multihead_attention_{i}", domain=ops.CONTRIB, **attrs)
-    e.domains.add(ops.CONTRIB)
-
-
-@_emitter("attention")
-def _ex_attention(e: _Exporter, i: int) -> None:
-    """onnxruntime's Attention: the input, the projections' weights and biases side by side, and the scores' bias
-    as its attention_bias, left out where it is all zeros. The projections' biases are always written: onnxruntime's
-    CPU kernel crashes the process without them."""
-    n = e.graph.nodes[i]
-    x, w, b, bias = n.inputs
-    zero = bias in e.consts and not np.any(e.consts[bias])
-    ins = [e.tensor(x), e.tensor(w), e.tensor(b), *([] if zero else ["", "", e.tensor(bias)])]
-    attrs = {"num_heads": int(n.attr["num_heads"]), "scale": float(n.attr["scale"])}
-    e.emit("Attention", ins, [e.tensor(i)], f"attention_{i}", domain=ops.CONTRIB, **attrs)
+    _, op_type = _split_type(_onnx_type(n.op))
+    e.emit(op_type, ins, [e.tensor(i)], f"{n.op}_{i}", domain=ops.CONTRIB, **attrs)
     e.domains.add(ops.CONTRIB)
 
 

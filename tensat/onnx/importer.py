@@ -1206,11 +1206,17 @@ def _fused_matmul(c: _Importer, node: NodeProto) -> list[Any]:
     return [c.op("fused_matmul", [a, b], alpha=float(c.attrs.get("alpha", 1.0)), **attrs)]
 
 
-@_lowering(f"{ops.CONTRIB}:MultiHeadAttention")
-def _multihead_attention(c: _Importer, node: NodeProto) -> list[Any]:
+def _plain_attention(c: _Importer, node: NodeProto, also: str = "") -> None:
+    """onnxruntime's MultiHeadAttention and Attention as tensat models them: one output, inputs 0-2 and the scores'
+    bias at 5; nothing at 3 (`also`: what MultiHeadAttention reads there) or 4 or after 5, and no causal mask."""
     _first_output_only(c, node)
     if any(c.present(j) for j in (3, 4, *range(6, len(node.input)))) or int(c.attrs.get("unidirectional", 0)):
-        raise _Unsupported("MultiHeadAttention with a projection bias, a padding mask, past state or causal masking")
+        raise _Unsupported(f"{node.op_type} with {also}a padding mask, past state or causal masking")
+
+
+@_lowering(f"{ops.CONTRIB}:MultiHeadAttention")
+def _multihead_attention(c: _Importer, node: NodeProto) -> list[Any]:
+    _plain_attention(c, node, "a projection bias, ")
     q, k, v = c.data(0), c.data(1), c.data(2)
     (_, s, dq), t = c.shape(q), c.shape(k)[1]
     heads = int(c.attrs.get("num_heads", 0))
@@ -1223,9 +1229,7 @@ def _multihead_attention(c: _Importer, node: NodeProto) -> list[Any]:
 
 @_lowering(f"{ops.CONTRIB}:Attention")
 def _attention(c: _Importer, node: NodeProto) -> list[Any]:
-    _first_output_only(c, node)
-    if any(c.present(j) for j in (3, 4, *range(6, len(node.input)))) or int(c.attrs.get("unidirectional", 0)):
-        raise _Unsupported("Attention with a padding mask, past state or causal masking")
+    _plain_attention(c, node)
     if c.attrs.get("qkv_hidden_sizes") or int(c.attrs.get("do_rotary", 0)) or c.attrs.get("past_present_share_buffer"):
         raise _Unsupported("Attention with unequal projections, rotary embedding or shared past state")
     x, w = c.data(0), c.data(1)

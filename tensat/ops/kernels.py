@@ -260,6 +260,16 @@ def _mha_shape(shapes: Sequence[Shape], a: Attrs) -> Shape:
     return (b, s, v[2])
 
 
+def _scores_bias_query(b: str, heads: str, s: str, t: str) -> list[str]:
+    """The egglog conditions on an attention kernel's scores' bias (input s3): (B or 1, heads or 1, S, T)."""
+    return [
+        f"(= 0 (* (- {egg_dim('s3', 0)} 1) (- {egg_dim('s3', 0)} {b})))",
+        f"(= 0 (* (- {egg_dim('s3', 1)} 1) (- {egg_dim('s3', 1)} {heads})))",
+        f"(= {egg_dim('s3', 2)} {s})",
+        f"(= {egg_dim('s3', 3)} {t})",
+    ]
+
+
 def _mha_rules(op: OpDef) -> list[str]:
     b, heads = egg_dim("s0", 0), "num_heads"
     query = [
@@ -274,10 +284,7 @@ def _mha_rules(op: OpDef) -> list[str]:
         f"(< 0 {heads})",
         f"(= 0 (% {egg_dim('s0', 2)} {heads}))",
         f"(= 0 (% {egg_dim('s2', 2)} {heads}))",
-        f"(= 0 (* (- {egg_dim('s3', 0)} 1) (- {egg_dim('s3', 0)} {b})))",
-        f"(= 0 (* (- {egg_dim('s3', 1)} 1) (- {egg_dim('s3', 1)} {heads})))",
-        f"(= {egg_dim('s3', 2)} {egg_dim('s0', 1)})",
-        f"(= {egg_dim('s3', 3)} {egg_dim('s1', 1)})",
+        *_scores_bias_query(b, heads, egg_dim("s0", 1), egg_dim("s1", 1)),
     ]
     return [egg_rule(op, query, egg_vec([b, egg_dim("s0", 1), egg_dim("s2", 2)]))]
 
@@ -317,7 +324,7 @@ MULTIHEAD_ATTENTION = register(
         equations=_mha_equations,
         domains={"num_heads": [1, 2], "scale": [0.125, 1.0]},
         breaks_layout=True,
-        # a bias of zeros is left out of the kernel written (`_ex_multihead_attention`), and onnxruntime runs it
+        # a bias of zeros is left out of the kernel written (`_ex_attention_kernel`), and onnxruntime runs it
         # without the bias: timed with its value
         value_operands=frozenset({3}),
     )
@@ -352,10 +359,7 @@ def _attention_rules(op: OpDef) -> list[str]:
         f"(= 0 (% {egg_dim('s1', 1)} 3))",
         f"(< 0 {heads})",
         f"(= 0 (% {n} {heads}))",
-        f"(= 0 (* (- {egg_dim('s3', 0)} 1) (- {egg_dim('s3', 0)} {b})))",
-        f"(= 0 (* (- {egg_dim('s3', 1)} 1) (- {egg_dim('s3', 1)} {heads})))",
-        f"(= {egg_dim('s3', 2)} {s})",
-        f"(= {egg_dim('s3', 3)} {s})",
+        *_scores_bias_query(b, heads, s, s),
     ]
     return [egg_rule(op, query, egg_vec([b, s, n]))]
 
@@ -397,7 +401,7 @@ ATTENTION = register(
         equations=_attention_equations,
         domains={"num_heads": [1, 2], "scale": [0.125, 1.0]},
         breaks_layout=True,
-        # a scores' bias of zeros is left out of the kernel written (`_ex_attention`): timed with its value
+        # a scores' bias of zeros is left out of the kernel written (`_ex_attention_kernel`): timed with its value
         value_operands=frozenset({3}),
     )
 )

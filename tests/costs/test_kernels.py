@@ -430,14 +430,17 @@ def _attention(
     return g.reshape(context, joined)
 
 
-class _KernelsCheap:
-    """The analytic cost with onnxruntime's MultiHeadAttention priced at a tenth: a selection that takes it."""
+class _KernelCheap:
+    """The analytic cost with one of onnxruntime's kernels (`op`) priced at a tenth: a selection that takes it."""
 
-    name = "kernels-cheap"
+    name = "kernel-cheap"
+
+    def __init__(self, op: str) -> None:
+        self.op = op
 
     def __call__(self, node: Node, in_shapes: Sequence[Sequence[int]], const: Sequence[Const] = ()) -> float:
         price = AnalyticCost()(node, in_shapes, const)
-        return price / 10 if node.op == "multihead_attention" else price
+        return price / 10 if node.op == self.op else price
 
 
 @pytest.mark.parametrize("joined", [(SEQ, HIDDEN), (1, SEQ, HIDDEN)], ids=["2-d", "the-kernels-own-shape"])
@@ -450,7 +453,7 @@ def test_a_chosen_multihead_attention_is_explained_by_the_attention_rule(joined:
     names = ("multihead-attention-fuse", "reshape-reshape", "reshape-identity")
     te = TensorEGraph(g, [r for r in rewrites.rule_set("hand") if r.name in names])
     te.explore(iter_limit=4)
-    xg, decoded, forbidden = te.export(_KernelsCheap())
+    xg, decoded, forbidden = te.export(_KernelCheap("multihead_attention"))
     found = extraction.ilp_extract(xg, forbidden=frozenset(forbidden), time_limit=20)
     assert any(decoded[nid].op == "multihead_attention" for nid in found.choices.values())
     rules = te.rules_behind(found.choices, decoded, xg.roots, te.class_shapes(decoded))
@@ -513,16 +516,6 @@ def test_an_attention_without_a_bias_is_timed_as_the_kernel_written_without_one(
 _PROJECTED = {"biased": ("wq", "wk", "wv"), "keys-unbiased": ("wq", "wv"), "unbiased": ("none",)}
 
 
-class _AttentionCheap:
-    """The analytic cost with onnxruntime's Attention priced at a tenth: a selection that takes it."""
-
-    name = "attention-cheap"
-
-    def __call__(self, node: Node, in_shapes: Sequence[Sequence[int]], const: Sequence[Const] = ()) -> float:
-        price = AnalyticCost()(node, in_shapes, const)
-        return price / 10 if node.op == "attention" else price
-
-
 @pytest.mark.parametrize("projected", list(_PROJECTED), ids=list(_PROJECTED))
 def test_a_chosen_attention_is_explained_by_its_rule_and_the_multihead_attention_rule(projected: str) -> None:
     """Self-attention whose three projections read one input becomes onnxruntime's Attention (the projections'
@@ -534,7 +527,7 @@ def test_a_chosen_attention_is_explained_by_its_rule_and_the_multihead_attention
     rules = [r for r in rewrites.rule_set("hand") if r.name in names or r.name.startswith("attention-fuse")]
     te = TensorEGraph(g, rules)
     te.explore(iter_limit=6)
-    xg, decoded, forbidden = te.export(_AttentionCheap())
+    xg, decoded, forbidden = te.export(_KernelCheap("attention"))
     found = extraction.ilp_extract(xg, forbidden=frozenset(forbidden), time_limit=20)
     assert any(decoded[nid].op == "attention" for nid in found.choices.values())
     rule = {"biased": "attention-fuse", "keys-unbiased": "attention-fuse-unbiased-keys"}.get(projected)
