@@ -43,7 +43,8 @@ How a unit's cost is taken:
   tensor is charged the reorders it causes between blocked neighbours: splitting a merged conv's output costs what
   it costs. A tensor counts as blocked where the graph being optimized holds tensors of its batch, height and width
   in the blocked layout (`observe_graph`): a transformer's 4-D attention tensors stay in NCHW, and no reorder is
-  charged at them.
+  charged at them. A Transpose between NHWC and a blocked tensor is that reorder, reading or writing channels last
+  (onnxruntime folds it so), and costs only the reorder.
 - Reshape runs as a view inside a graph (onnxruntime aliases its buffer): it costs one node's dispatch, plus the
   reorder out of the blocked layout where that applies.
 - Opaque ops (the cost model does not see their definition) and units onnxruntime cannot build fall back to the

@@ -428,6 +428,10 @@ class MeasuredCost:
         cal = self.calibration
         if unit.ops == ("reshape",):
             return self._reshape_entry(unit, cal)
+        if unit.ops == ("transpose",) and cal.block:
+            folded = self._folded_transpose(unit)
+            if folded is not None:
+                return folded
         try:
             with _silenced():
                 plan = _Plan(unit, self.copies_for(unit))
@@ -535,6 +539,26 @@ class MeasuredCost:
         detail = {"view": True, "node_us": cal.node_us, "boundary_us": boundary}
         self.stats.measured += 1
         return CostEntry((us + boundary) / 1e3, 0.0, 0, "reshape", detail)
+
+    def _folded_transpose(self, unit: Unit) -> CostEntry | None:
+        """A Transpose onnxruntime runs as an NCHWc reorder (None for any other): from a blocked tensor to NHWC, as
+        the ReorderOutput leaving the blocked layout, written channels last; from NHWC to a blocked tensor, as the
+        ReorderInput entering it, read channels last. ConvNeXt's and SegFormer's Transposes beside their
+        convolutions run so; priced as a Transpose and a reorder, they cost twice what the graph runs."""
+        shape, const, dtype = unit.externals[0]
+        perm = tuple(dict(unit.nodes[0].attrs)["perm"])
+        block = self.calibration.block  # a convolution reorders only an input of whole blocks of channels
+        if const:
+            return None
+        if perm == (0, 2, 3, 1) and self._blocked(shape, dtype):
+            kind, at = "out_nhwc", shape
+        elif perm == (0, 3, 1, 2) and self._blocked(unit.out_shape, unit.dtype) and unit.out_shape[1] % block == 0:
+            kind, at = "in_nhwc", unit.out_shape
+        else:
+            return None
+        us = self._reorder_us(kind, at)
+        self.stats.measured += 1
+        return CostEntry(us / 1e3, 0.0, 0, unit.label(), {"nchwc_reorder": kind, "node_us": self.calibration.node_us})
 
     def uncached(
         self, windows: int | None = None, max_seconds: float | None = None, chunk: int | None = None

@@ -244,17 +244,21 @@ def replicate(model: ModelProto, copies: int) -> ModelProto:
 
 
 def reorder_model(kind: str, shape: Sequence[int], block: int) -> ModelProto:
-    """A model of one NCHWc reorder: "in" = NCHW x -> blocked, "out" = blocked (channels padded) -> NCHW y."""
+    """A model of one NCHWc reorder of the NCHW tensor `shape`: "in" = NCHW x -> blocked, "out" = blocked (channels
+    padded) -> NCHW y; "in_nhwc" and "out_nhwc" the same reorders reading or writing the tensor channels last (NHWC),
+    as onnxruntime runs a Transpose between NHWC and a blocked tensor."""
     n, c = shape[0], shape[1]
     padded = [n, -(-c // block) * block, *shape[2:]]
-    if kind == "in":
-        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))
+    plain = [n, *shape[2:], c] if kind.endswith("_nhwc") else list(shape)
+    last: dict[str, Any] = {"channels_last": 1} if kind.endswith("_nhwc") else {}
+    if kind.startswith("in"):
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, plain)
         y = helper.make_tensor_value_info("y", TensorProto.FLOAT, padded)
-        node = helper.make_node("ReorderInput", ["x"], ["y"], domain=NCHWC_DOMAIN)
+        node = helper.make_node("ReorderInput", ["x"], ["y"], domain=NCHWC_DOMAIN, **last)
     else:
         x = helper.make_tensor_value_info("x", TensorProto.FLOAT, padded)
-        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))
-        node = helper.make_node("ReorderOutput", ["x"], ["y"], domain=NCHWC_DOMAIN, channels=int(c))
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, plain)
+        node = helper.make_node("ReorderOutput", ["x"], ["y"], domain=NCHWC_DOMAIN, channels=int(c), **last)
     graph = helper.make_graph([node], f"reorder_{kind}", [x], [y])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(NCHWC_DOMAIN, 1)])
     model.ir_version = 8

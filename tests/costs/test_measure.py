@@ -46,6 +46,7 @@ from tensat.measure import (
     graph_working_set,
     make_measured_cost,
     pricing_unit,
+    reorder_model,
     replicate,
     resolve_device,
     time_rounds,
@@ -449,7 +450,7 @@ def test_reorders_are_charged_only_at_tensors_the_graph_holds_blocked(tmp_path):
     g = Graph()
     x = g.input("x", (1, 8, 16, 16))
     conv = g.add("conv2d", [x, g.weight(w(16, 8, 3, 3)), g.weight(w(16))], **conv_attrs())
-    fm = g.add("transpose", [conv], perm=(0, 2, 3, 1))
+    fm = g.add("transpose", [conv], perm=(0, 1, 3, 2))
     q = g.input("q", (1, 4, 32, 8))
     kt = g.add("transpose", [q], perm=(0, 1, 3, 2))
     qk = g.add("matmul", [q, kt])
@@ -468,6 +469,74 @@ def test_reorders_are_charged_only_at_tensors_the_graph_holds_blocked(tmp_path):
     assert cost.blocked_extents == {(1, 16, 16)}  # the convolution's input and output; not the attention's
     assert cost._plan(feature_map).add_us > 0 and "|nchw=" not in cost._key(feature_map)
     assert cost._plan(scores).add_us == 0 and cost._key(scores).endswith("|nchw=0,1,-1")
+
+
+def test_a_transpose_between_nhwc_and_a_blocked_tensor_is_priced_as_the_reorder_onnxruntime_folds_it_into(tmp_path):
+    # ConvNeXt's and SegFormer's Transposes beside their convolutions: onnxruntime runs no Transpose there, but the
+    # reorder into or out of the blocked layout, reading or writing channels last
+    g = Graph()
+    x = g.input("x", (1, 16, 16, 32))
+    nchw = g.add("transpose", [x], perm=(0, 3, 1, 2))
+    conv = g.add("conv2d", [nchw, g.weight(w(16, 32, 3, 3)), g.weight(w(16))], **conv_attrs())
+    nhwc = g.add("transpose", [conv], perm=(0, 2, 3, 1))
+    swapped = g.add("transpose", [conv], perm=(0, 1, 3, 2))
+    g.output("y", nhwc)
+    g.output("z", swapped)
+    cost = cost_model(tmp_path)
+    _blocked_or_skip(cost)
+    session = make_session(export_model(g).SerializeToString(), "cpu", 1, optimized_path=str(tmp_path / "ran.onnx"))
+    assert session is not None
+    ran = onnx.load(str(tmp_path / "ran.onnx")).graph.node
+    assert [n.op_type for n in ran].count("Transpose") == 1  # only the swap of height and width runs as one
+    last = {n.op_type for n in ran for a in n.attribute if a.name == "channels_last" and a.i == 1}
+    assert last == {"ReorderInput", "ReorderOutput"}
+    cost.observe_graph(g)
+
+    def unit(i: int) -> Unit:
+        return pricing_unit(g.nodes[i], [g.nodes[j].shape for j in g.nodes[i].inputs], [False])
+
+    into, out_of = cost._plan(unit(nchw)), cost._plan(unit(nhwc))
+    assert isinstance(into, CostEntry) and into.detail["nchwc_reorder"] == "in_nhwc"
+    assert isinstance(out_of, CostEntry) and out_of.detail["nchwc_reorder"] == "out_nhwc"
+    assert into.ms * 1e3 == pytest.approx(cost._reorder_us("in_nhwc", (1, 32, 16, 16)))
+    assert out_of.ms * 1e3 == pytest.approx(cost._reorder_us("out_nhwc", (1, 16, 16, 16)))
+    other = cost._plan(unit(swapped))
+    assert not isinstance(other, CostEntry) and other.add_us > 0  # timed as a Transpose, plus the reorder out
+
+
+def test_a_token_grids_transposes_beside_its_convolution_are_rewritten_into_the_reorders(tmp_path, monkeypatch):
+    # SegFormer's Mix-FFN: tokens (N, H*W, C) read as an image for a depthwise convolution, and back. The rules
+    # write the Transposes of the last two axes as Transposes between NHWC and NCHW, which onnxruntime folds into
+    # the convolution's reorders; the measured costs choose them, and onnxruntime then runs no Transpose
+    monkeypatch.setenv("TENSAT_CACHE_DIR", str(tmp_path / "cache"))
+    if not nchwc_block():
+        pytest.skip("onnxruntime runs no blocked (NCHWc) layout on this CPU")
+    g = Graph()
+    tokens = g.input("x", (1, 3136, 64))
+    image = g.add("reshape", [g.add("transpose", [tokens], perm=(0, 2, 1))], shape=(1, 64, 56, 56))
+    attrs = {**conv_attrs(), "group": 64}
+    conv = g.add("conv2d", [image, g.weight(w(64, 1, 3, 3)), g.weight(w(64))], **attrs)
+    back = g.add("transpose", [g.add("reshape", [conv], shape=(1, 64, 3136))], perm=(0, 2, 1))
+    g.output("y", g.add("add", [back, tokens]))
+    result = tensat.optimize_with_details(g, cost="measured", latency_check=0, pre_pass="none")
+    assert result.returned_input is None
+    assert {"transpose-reshape-to-nchw", "reshape-transpose-from-nchw"} <= set(result.rules)
+    make_session(export_model(result.graph).SerializeToString(), "cpu", 1, optimized_path=str(tmp_path / "ran.onnx"))
+    ran = [n.op_type for n in onnx.load(str(tmp_path / "ran.onnx")).graph.node]
+    assert "Transpose" not in ran and {"ReorderInput", "ReorderOutput"} <= set(ran)
+
+
+def test_reorders_read_and_write_channels_last_as_a_transpose_would(tmp_path):
+    cost = cost_model(tmp_path)
+    _blocked_or_skip(cost)
+    block = cost.calibration.block
+    x = w(1, 6, 5, 12)  # NHWC, channels not a multiple of the block
+    into = make_session(reorder_model("in_nhwc", (1, 12, 6, 5), block).SerializeToString(), "cpu", 1)
+    blocked = into.run(None, {"x": x})[0]
+    back = make_session(reorder_model("out_nhwc", (1, 12, 6, 5), block).SerializeToString(), "cpu", 1)
+    np.testing.assert_array_equal(back.run(None, {"x": blocked})[0], x)
+    plain = make_session(reorder_model("in", (1, 12, 6, 5), block).SerializeToString(), "cpu", 1)
+    np.testing.assert_array_equal(plain.run(None, {"x": x.transpose(0, 3, 1, 2).copy()})[0], blocked)
 
 
 def test_residual_add_is_fused_in_place_and_its_prologue_cancels(tmp_path):
