@@ -19,7 +19,8 @@ How a unit's cost is taken:
   Inputs and outputs are buffers bound once, 64-byte aligned as onnxruntime's own buffers are.
 - Cache state as inside a graph: between two runs of one op, the graph's other weights and every tensor it computes
   pass through the caches (the working set, `graph_working_set`: its weights alone left MobileNet-V2's classifier
-  warm in its unit and cold in the graph), so its weights are cold; its input has just been computed and its output
+  warm in its unit and cold in the graph; of an embedding table, only the rows looked up; rounded to a quarter of
+  an octave), so its weights are cold; its input has just been computed and its output
   goes to a recycled buffer. Where the K copies' weights do not span the working set, the rest is evicted before
   every timed run (a scratch buffer is read), and then the inputs are read and the output buffers written again.
 - Rounds alternate the unit model with a null model (K one-element Relus, same number of inputs and outputs); a

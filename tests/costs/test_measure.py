@@ -53,6 +53,7 @@ from tensat.measure import (
     unit_model,
 )
 from tensat.measure.cache import CostCache, CostEntry, default_cache_dir
+from tensat.measure.model import _bucket
 from tensat.measure_cli import add_cost_report_arguments, add_profile_arguments, run_cost_report, run_profile
 from tensat.onnx_io import export_model, save_model
 from tensat.session import make_session, nchwc_block
@@ -246,6 +247,22 @@ def test_working_set_counts_each_weight_once_and_every_computed_tensor():
     wt = g.weight(w(64, 64))
     g.output("y", g.add("matmul", [g.add("matmul", [x, wt]), wt]))
     assert graph_working_set(g) == 64 * 64 * 4 + 2 * 64 * 4
+
+
+def test_working_set_counts_an_embeddings_rows_read_not_its_table():
+    # a language model's token embedding: a lookup reads the rows of its tokens; counting the table (8 MiB in the
+    # corpus's decoders) priced their matmuls' weights as colder than they run
+    g = Graph()
+    ids = g.input("ids", (1, 16), "int64")
+    table = g.weight(w(4096, 64))
+    rows = g.add("gather", [table, ids], axis=0, shape=(1, 16, 64))
+    g.output("y", g.add("relu", [rows]))
+    assert graph_working_set(g) == 3 * 16 * 64 * 4  # the rows read, and the gather's and the relu's outputs
+
+
+@pytest.mark.parametrize(("mib", "bucket"), [(0.2, 1), (4, 4), (13.5, 13), (22.5, 23), (29.7, 32), (400, 256)])
+def test_working_sets_are_rounded_to_a_quarter_octave(mib: float, bucket: int) -> None:
+    assert _bucket(mib * 2**20) == bucket
 
 
 # -- the cost model ----------------------------------------------------------------------------------------------
