@@ -1223,7 +1223,7 @@ def _multihead_attention(c: _Importer, node: NodeProto) -> list[Any]:
     if len(c.shape(k)) != 3 or len(c.shape(v)) != 3 or heads < 1 or dq % heads:
         raise _Unsupported("MultiHeadAttention of packed or 4-D inputs")
     bias = c.data(5) if c.present(5) else c.weight(np.zeros((1, 1, s, t), np.float32))
-    scale = float(c.attrs.get("scale", 1.0 / float(np.sqrt(dq // heads))))
+    scale = float(c.attrs.get("scale", 0.0)) or 1.0 / float(np.sqrt(dq // heads))  # onnxruntime reads 0 as unset
     return [c.op("multihead_attention", [q, k, v, bias], num_heads=heads, scale=scale)]
 
 

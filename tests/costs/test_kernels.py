@@ -513,6 +513,23 @@ def test_an_attention_without_a_bias_is_timed_as_the_kernel_written_without_one(
     assert len(written.input) == 3
 
 
+@pytest.mark.parametrize("scale", [None, 0.0, 0.25], ids=["unset", "zero", "given"])
+def test_a_multihead_attention_read_from_a_model_computes_what_onnxruntime_runs(scale: float | None) -> None:
+    """A MultiHeadAttention a model already holds is read with the scale onnxruntime runs it with: one over the
+    square root of the head size where the attribute is absent, and also where it is 0, which onnxruntime reads as
+    unset."""
+    attrs = {"num_heads": 4} if scale is None else {"num_heads": 4, "scale": scale}
+    node = helper.make_node("MultiHeadAttention", ["q", "k", "v"], ["y"], domain="com.microsoft", **attrs)
+    shape = [1, SEQ, HIDDEN]
+    model = make([node], [vi(n, shape) for n in "qkv"], [vi("y", shape)], extra_opsets=[("com.microsoft", 1)])
+    rng = np.random.default_rng(0)
+    feeds = {n: rng.standard_normal(shape).astype(np.float32) for n in "qkv"}
+    (expected,) = make_session(model, "cpu", 1).run(None, feeds)
+    graph = onnx_io.import_model(model)
+    (out,) = [i for _, i in graph.outputs]
+    np.testing.assert_allclose(graph.evaluate(feeds)[out], expected, rtol=1e-4, atol=1e-5)
+
+
 _PROJECTED = {"biased": ("wq", "wk", "wv"), "keys-unbiased": ("wq", "wv"), "unbiased": ("none",)}
 
 
