@@ -359,11 +359,18 @@ def _shape_twin(model: ModelProto) -> ModelProto:
         elif node.op_type in _SHAPE_OF_FIRST:
             nodes.append(onnx.helper.make_node("Identity", [node.input[0]], [node.output[0]]))
         elif node.op_type == "FusedMatMul" and node.domain == CONTRIB:
+            # a MatMul of the operands, each transposed by a one-operand Einsum where the kernel transposes it: ONNX
+            # infers a two-operand Einsum's leading dims from its first operand alone, where MatMul broadcasts them
+            # (a constant of batch 1 times a batch of N is N, not 1)
             flags = {a.name: a.i for a in node.attribute}
-            left = "ji" if flags.get("transA") else "ij"
-            right = "kj" if flags.get("transB") else "jk"
-            equation = f"...{left},...{right}->...ik"
-            nodes.append(onnx.helper.make_node("Einsum", list(node.input[:2]), [node.output[0]], equation=equation))
+            operands = []
+            for k, flag in enumerate(("transA", "transB")):
+                name = node.input[k]
+                if flags.get(flag):
+                    name = f"{node.output[0]}__twin_{flag}"
+                    nodes.append(onnx.helper.make_node("Einsum", [node.input[k]], [name], equation="...ij->...ji"))
+                operands.append(name)
+            nodes.append(onnx.helper.make_node("MatMul", operands, [node.output[0]]))
         elif node.op_type == "MultiHeadAttention" and node.domain == CONTRIB:  # (B, S, Dq), (B, T, Dv) -> (B, S, Dv)
             nodes.append(
                 onnx.helper.make_node(

@@ -323,6 +323,39 @@ def test_a_reshape_after_an_onnxruntime_kernel_is_written_for_every_size() -> No
     assert targets[written.graph.node[2].input[1]] == [-1, 16]
 
 
+@pytest.mark.parametrize("trans", [(0, 0), (1, 0), (0, 1), (1, 1)], ids=["plain", "transA", "transB", "both"])
+def test_a_fused_matmul_of_a_constant_of_batch_one_keeps_the_batch_of_its_other_operand(trans: tuple[int, int]) -> None:
+    """A product written (x W)^T = W^T x^T (`transpose-matmul-3`): the constant, of batch 1, comes first, and the
+    product has the other operand's batch. Inferred so, the Reshape after it is written with 0 for the batch;
+    inferred with the constant's batch of 1 (as ONNX infers a two-operand Einsum), its literal 1 was kept, and the
+    dynamic SegFormer failed at batch 2 and returned its input."""
+    trans_a, trans_b = trans
+    w = numpy_helper.from_array(np.ones((1, 4, 16) if trans_a else (1, 16, 4), np.float32), "w")
+    x_dims = [1, 8, 4] if trans_b else [1, 4, 8]
+    target = numpy_helper.from_array(np.array([1, 16, 2, 4], np.int64), "target")
+    nodes = [
+        helper.make_node("FusedMatMul", ["w", "x"], ["m"], domain="com.microsoft", transA=trans_a, transB=trans_b),
+        helper.make_node("Reshape", ["m", "target"], ["y"]),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, x_dims)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 2, 4])
+    candidate = helper.make_model(
+        helper.make_graph(nodes, "g", [x], [y], [w, target]),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+        ir_version=9,
+    )
+    given = onnx.ModelProto()
+    given.CopyFrom(candidate)
+    given.graph.input[0].CopyFrom(helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", *x_dims[1:]]))
+    given.graph.output[0].CopyFrom(helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16, 2, 4]))
+    written = generalize(candidate, given, {"x": x_dims})
+    assert written is not None
+    targets = {t.name: numpy_helper.to_array(t).tolist() for t in written.graph.initializer}
+    assert targets[written.graph.node[1].input[1]] == [0, 16, 2, 4]
+    (out,) = run_model(written, {"x": np.ones([3, *x_dims[1:]], np.float32)}).values()
+    assert out.shape == (3, 16, 2, 4)
+
+
 def test_a_dim_inference_cannot_name_is_named_by_its_size() -> None:
     """At batch 1 and sequence 128, an unnamed dim of size 128 is the sequence, one of size 4 a dim derived from
     them; one of no known size is what the Reshape's element count leaves (here 1: the batch)."""
