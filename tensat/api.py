@@ -41,7 +41,7 @@ from tensat.latency import RESOLUTION as LATENCY_RESOLUTION
 from tensat.latency import LatencyComparison, compare_latency
 from tensat.measure import MeasuredCost, default_clock, make_measured_cost, resolve_device
 from tensat.measure.cache import default_cache_dir
-from tensat.onnx.symbolic import declared, fixed_shapes, generalize, other_shapes, sizes_to_try, unsized
+from tensat.onnx.symbolic import declared, fixed_shapes, generalize, halfway, other_shapes, sizes_to_try, unsized
 from tensat.options import Options
 from tensat.progress import ProgressFn, report
 from tensat.session import ModelSource, Serialized, proto_of
@@ -1265,13 +1265,22 @@ def _generalize(run: _Run) -> None:
             "could not be written for every size of the model's symbolic dims",
         )
         return
-    for instance in [shapes, *other_shapes(given, shapes)]:
-        run.log.say("verify", f"at {_shape_text(instance)}")
-        try:
-            report = verify_mod.compare_models(given, written, seed=run.opts.seed, keep_sessions=False, shapes=instance)
-        except ModelError as exc:  # the model as given does not run at these sizes: nothing to hold the result to
-            _reject(run, f"the input does not run at {_shape_text(instance)} to verify the optimized graph at ({exc})")
-            return
+    for wanted in [shapes, *other_shapes(given, shapes)]:
+        instance, report = wanted, None
+        while report is None:
+            run.log.say("verify", f"at {_shape_text(instance)}")
+            try:
+                report = verify_mod.compare_models(
+                    given, written, seed=run.opts.seed, keep_sessions=False, shapes=instance
+                )
+            except ModelError as exc:  # the model as given does not run at these sizes: nor at any nearer?
+                nearer = halfway(given, shapes, instance)
+                if nearer == instance:
+                    _reject(
+                        run, f"the input does not run at {_shape_text(wanted)} to verify the optimized graph at ({exc})"
+                    )
+                    return
+                instance = nearer
         if not report.ok:
             _reject(
                 run,

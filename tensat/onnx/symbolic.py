@@ -221,6 +221,23 @@ def other_shapes(model: ModelProto, shapes: Mapping[str, Sequence[int]], count: 
     return out
 
 
+def halfway(
+    model: ModelProto, shapes: Mapping[str, Sequence[int]], instance: Mapping[str, Sequence[int]]
+) -> dict[str, list[int]]:
+    """`instance` of `model`'s input shapes with each symbolic dim but a batch halfway from its size in `shapes` (one
+    larger at least): where the input does not run at `instance` (a sequence past its position table), sizes it may
+    run at, still other than `shapes`."""
+    dims = input_dims(model)
+    out = {}
+    for name, sizes in instance.items():
+        named = dims.get(name, [])
+        out[name] = [
+            a + max(1, (b - a) // 2) if b > a and not (k < len(named) and is_batch(str(named[k]), k)) else b
+            for k, (a, b) in enumerate(zip(shapes.get(name, sizes), sizes))
+        ]
+    return out
+
+
 def _scaled(size: int, k: int, batch: bool) -> int:
     """The `k`-th other size of a symbolic dim of `size`: a batch `k` larger, any other `k + 1` times as large."""
     return size + k if batch else size * (k + 1)
@@ -257,6 +274,9 @@ def generalize(candidate: ModelProto, given: ModelProto, shapes: Mapping[str, Se
         if source is None or not any(isinstance(d, str) for d in source):
             continue
         new = _polymorphic(values, source, named)
+        if new is None and any(d in sizes for d in source):
+            # the dims named anew taken as fixed: sizes inference lost (GPT-2's heads), not derived from the others
+            new = _polymorphic(values, source, sizes)
         if new is None:
             return None
         name = f"{node.input[1]}__sym{index}"

@@ -296,6 +296,27 @@ def test_a_sequence_longer_than_the_position_table_is_sized_by_the_table(tmp_pat
     assert result.verification.ok
 
 
+def test_a_model_that_does_not_run_at_a_longer_sequence_is_verified_at_one_between(tmp_path: Path) -> None:
+    """Positions looked up in a table of 200 rows, optimized at a sequence of 128: the model as given runs at no
+    sequence of 256 or 384 to verify the result at, and the result is verified at 192, halfway, with batches of 2
+    and 3 (GPT-2's position table cut the check short, and the input was returned)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 4])
+    nodes, inits = _positions(200, 4)
+    nodes += [
+        helper.make_node("Add", ["x", "pos"], ["e"]),
+        helper.make_node("Transpose", ["e"], ["t"], perm=[0, 2, 1]),
+        helper.make_node("Transpose", ["t"], ["u"], perm=[0, 2, 1]),
+        helper.make_node("Relu", ["u"], ["y"]),
+    ]
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", [x], [y], inits), opset_imports=[helper.make_opsetid("", 17)], ir_version=8
+    )
+    result = tensat.optimize_with_details(model, **FAST)
+    assert result.returned_input is None and result.shapes_optimized == {"x": [1, 128, 4]}
+    assert result.shapes_verified == [{"x": [1, 128, 4]}, {"x": [2, 192, 4]}, {"x": [3, 192, 4]}]
+
+
 def test_a_reshape_after_an_onnxruntime_kernel_is_written_for_every_size() -> None:
     """Shape inference reads through the kernels the exporter writes (here FusedMatMul, and SimplifiedLayerNorm in
     the default domain), so a Reshape after them still gets its target written with 0 and -1."""
