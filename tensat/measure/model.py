@@ -85,8 +85,8 @@ class MeasureStats:
 
 def _bucket(nbytes: float) -> int:
     """Working sets rounded to a quarter of an octave in MiB (1 to 256): near the last-level cache's size a weight's
-    price moves steeply with the bytes passing between its reads (CLIP's 22 MiB, rounded to 16, priced its Gemms at
-    0.87 of their time in the graph), and units of models of about one size still share their prices."""
+    price moves steeply with the bytes passing between its reads (a power of two rounded CLIP's working set a third
+    below the bytes it streams), and units of models of about one size still share their prices."""
     mib = max(nbytes / 2**20, 1.0)
     return int(min(round(2 ** (round(4 * math.log2(mib)) / 4)), 256))
 
@@ -552,7 +552,7 @@ class MeasuredCost:
         """A Transpose onnxruntime runs as an NCHWc reorder (None for any other): from a blocked tensor to NHWC, as
         the ReorderOutput leaving the blocked layout, written channels last; from NHWC to a blocked tensor, as the
         ReorderInput entering it, read channels last. ConvNeXt's and SegFormer's Transposes beside their
-        convolutions run so; priced as a Transpose and a reorder, they cost twice what the graph runs."""
+        convolutions run so, and a Transpose and a reorder priced for each cost about twice what runs."""
         shape, const, dtype = unit.externals[0]
         perm = tuple(dict(unit.nodes[0].attrs)["perm"])
         block = self.calibration.block  # a convolution reorders only an input of whole blocks of channels
