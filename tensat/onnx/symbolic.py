@@ -438,6 +438,7 @@ def _polymorphic(target: list[int], source: Dims, sizes: Mapping[str, int]) -> l
     0 where the target keeps a symbolic dim in place, -1 at the one dim that absorbs the symbolic sizes it does not
     keep. None where that dim cannot be told. A dim inference could not name is taken as fixed: the result is
     verified at other sizes, which a wrong guess fails."""
+    whole = math.prod(sizes[d] if isinstance(d, str) and d in sizes else d if isinstance(d, int) else 0 for d in source)
     source = [d if isinstance(d, str) and d in sizes else 0 for d in source]
     new = list(target)
     kept = set()
@@ -448,10 +449,21 @@ def _polymorphic(target: list[int], source: Dims, sizes: Mapping[str, int]) -> l
             kept.add(k)
     rest = math.prod(sizes[d] for j, d in enumerate(source) if isinstance(d, str) and j not in kept)
     left = [j for j, d in enumerate(source) if isinstance(d, str) and j not in kept]
-    if not left or -1 in target:
+    if not left:
         return new
     absorbing = [k for k, t in enumerate(target) if k not in kept and t > 0 and t % rest == 0]
-    if not absorbing:
-        return None
-    new[absorbing[0]] = -1
+    if -1 not in target and absorbing:
+        new[absorbing[0]] = -1
+        return new
+    if 0 not in left or target[0] != 1:
+        return new if -1 in target else None
+    # no dim absorbs the symbolic sizes, or the target's -1 would: a leading dim of the batch times what it holds
+    # (Swin's windows, MobileViT's patches) read into a leading 1, the batch of 1; the target's -1 written out
+    new[0] = -1
+    if -1 in target[1:]:
+        k = target.index(-1, 1)
+        known = math.prod(t for j, t in enumerate(target) if j != k)
+        if not whole or not known or whole % known:
+            return None
+        new[k] = whole // known
     return new

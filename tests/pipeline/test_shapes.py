@@ -125,6 +125,16 @@ def test_reshape_targets_are_written_for_every_size() -> None:
     assert _polymorphic([1, 256], ["batch", "unk__3", 256], sizes) == [0, 256]
 
 
+def test_a_leading_dim_of_the_batch_times_what_it_holds_is_read_into_the_targets_leading_one() -> None:
+    """Swin's window partition, (batch x 64 windows, 49, 64) into [1, 8, 8, 7, 7, -1], and MobileViT's patches,
+    (batch x 1024, 16, 2, 2) into [1, 64, 256, 4]: the leading dim, named anew by its size where inference could not
+    name it, is the batch times what it holds; the target's leading 1 is the batch. The -1 the target had is written
+    out; before, it kept it and took the batch there, and the model written failed at a batch of 2."""
+    assert _polymorphic([1, 8, 8, 7, 7, -1], ["?0", 49, 64], {"batch": 1, "?0": 64}) == [-1, 8, 8, 7, 7, 64]
+    assert _polymorphic([1, 64, 256, 4], ["?0", 16, 2, 2], {"batch": 1, "?0": 1024}) == [-1, 64, 256, 4]
+    assert _polymorphic([1, 49, 64], ["batch", 49, 64], {"batch": 1}) == [0, 49, 64]  # the batch itself, kept
+
+
 def test_the_representative_shape_and_the_others() -> None:
     def model(*dims: object) -> onnx.ModelProto:
         x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(dims))
