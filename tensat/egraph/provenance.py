@@ -288,22 +288,18 @@ class _Matcher:
         With `partial`, a :let or guard that reads a variable `env` does not bind is left to `_complete`."""
         shapes = self._shapes(env)
         values = {k: v for k, v in env.items() if k not in self.tensor_vars and k != _DEFERRED}
-        for name, expr in self.lets:
+        for name, expr in [*self.lets, *((None, guard) for guard in self.rule.guards)]:  # the :let values, then guards
             try:
-                values[name] = eval_expr(expr, values, shapes)
+                value = eval_expr(expr, values, shapes)
             except KeyError:
-                if not partial:
-                    return None
+                if partial:
+                    continue
+                return None
             except (IndexError, ZeroDivisionError, ValueError, TypeError):
                 return None
-        for guard in self.rule.guards:
-            try:
-                if not eval_expr(guard, values, shapes):
-                    return None
-            except KeyError:
-                if not partial:
-                    return None
-            except (IndexError, ZeroDivisionError, ValueError, TypeError):
+            if name is not None:
+                values[name] = value
+            elif not value:
                 return None
         return values
 

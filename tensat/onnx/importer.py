@@ -1214,6 +1214,13 @@ def _plain_attention(c: _Importer, node: NodeProto, also: str = "") -> None:
         raise _Unsupported(f"{node.op_type} with {also}a padding mask, past state or causal masking")
 
 
+def _scores_bias_and_scale(c: _Importer, s: int, t: int, head_size: int) -> tuple[Any, float]:
+    """An attention kernel's scores' bias (input 5, zeros of (1, 1, S, T) where absent) and its scale (one over the
+    square root of the head size where the attribute is absent or 0, which onnxruntime reads as unset)."""
+    bias = c.data(5) if c.present(5) else c.weight(np.zeros((1, 1, s, t), np.float32))
+    return bias, float(c.attrs.get("scale", 0.0)) or 1.0 / float(np.sqrt(head_size))
+
+
 @_lowering(f"{ops.CONTRIB}:MultiHeadAttention")
 def _multihead_attention(c: _Importer, node: NodeProto) -> list[Any]:
     _plain_attention(c, node, "a projection bias, ")
@@ -1222,8 +1229,7 @@ def _multihead_attention(c: _Importer, node: NodeProto) -> list[Any]:
     heads = int(c.attrs.get("num_heads", 0))
     if len(c.shape(k)) != 3 or len(c.shape(v)) != 3 or heads < 1 or dq % heads:
         raise _Unsupported("MultiHeadAttention of packed or 4-D inputs")
-    bias = c.data(5) if c.present(5) else c.weight(np.zeros((1, 1, s, t), np.float32))
-    scale = float(c.attrs.get("scale", 0.0)) or 1.0 / float(np.sqrt(dq // heads))  # onnxruntime reads 0 as unset
+    bias, scale = _scores_bias_and_scale(c, s, t, dq // heads)
     return [c.op("multihead_attention", [q, k, v, bias], num_heads=heads, scale=scale)]
 
 
@@ -1238,8 +1244,7 @@ def _attention(c: _Importer, node: NodeProto) -> list[Any]:
     if len(c.shape(w)) != 2 or cols % 3 or heads < 1 or (cols // 3) % heads:
         raise _Unsupported("Attention of its projections in unequal or uneven parts")
     b = c.data(2) if c.present(2) else c.weight(np.zeros(cols, np.float32))
-    bias = c.data(5) if c.present(5) else c.weight(np.zeros((1, 1, s, s), np.float32))
-    scale = float(c.attrs.get("scale", 0.0)) or 1.0 / float(np.sqrt(cols // 3 // heads))
+    bias, scale = _scores_bias_and_scale(c, s, s, cols // 3 // heads)
     return [c.op("attention", [x, w, b, bias], num_heads=heads, scale=scale)]
 
 
