@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
 import numpy as np
@@ -438,7 +438,8 @@ def _polymorphic(target: list[int], source: Dims, sizes: Mapping[str, int]) -> l
     0 where the target keeps a symbolic dim in place, -1 at the one dim that absorbs the symbolic sizes it does not
     keep. None where that dim cannot be told. A dim inference could not name is taken as fixed: the result is
     verified at other sizes, which a wrong guess fails."""
-    whole = math.prod(sizes[d] if isinstance(d, str) and d in sizes else d if isinstance(d, int) else 0 for d in source)
+    at = [sizes[d] if isinstance(d, str) and d in sizes else d if isinstance(d, int) else 0 for d in source]
+    whole = math.prod(at)
     source = [d if isinstance(d, str) and d in sizes else 0 for d in source]
     new = list(target)
     kept = set()
@@ -451,19 +452,59 @@ def _polymorphic(target: list[int], source: Dims, sizes: Mapping[str, int]) -> l
     left = [j for j, d in enumerate(source) if isinstance(d, str) and j not in kept]
     if not left:
         return new
+    own = {sizes[d] for j, d in enumerate(source) if j in left and isinstance(d, str) and not d.startswith("?")}
+    grouped = _absorbing_dim(at, target, whole, left, own) if whole else None
+    if grouped is not None:
+        if -1 in target and target.index(-1) != grouped:  # the target's own -1 written out
+            k = target.index(-1)
+            new[k] = whole // math.prod(t for j, t in enumerate(target) if j != k)
+        new[grouped] = -1
+        return new
     absorbing = [k for k, t in enumerate(target) if k not in kept and t > 0 and t % rest == 0]
     if -1 not in target and absorbing:
         new[absorbing[0]] = -1
         return new
-    if 0 not in left or target[0] != 1:
-        return new if -1 in target else None
-    # no dim absorbs the symbolic sizes, or the target's -1 would: a leading dim of the batch times what it holds
-    # (Swin's windows, MobileViT's patches) read into a leading 1, the batch of 1; the target's -1 written out
-    new[0] = -1
-    if -1 in target[1:]:
-        k = target.index(-1, 1)
-        known = math.prod(t for j, t in enumerate(target) if j != k)
-        if not whole or not known or whole % known:
+    return new if -1 in target else None
+
+
+def _absorbing_dim(
+    at: Sequence[int], target: Sequence[int], whole: int, left: Sequence[int], own: Set[int]
+) -> int | None:
+    """The target dim that takes the symbolic sizes of the source dims `left` (the source's sizes `at`, `whole`
+    elements; `own`: the sizes of those of them that are the model's own symbolic dims, not derived from them). A
+    Reshape regroups dims in row-major order, so the source and the target split into runs of equal products. In the
+    run of the dims `left`, a target dim of the size of one of the model's own dims is that dim moved (a sequence's
+    positions (seq, 4) read as (1, seq, 4)); else the run's outermost target dim takes them, as a batch is the
+    outermost factor of a dim derived from it (Swin's windows, MobileViT's patches: (batch x 64, 49, 64) read as
+    (batch, 8, 8, 7, 7, 64)). None where the sizes do not regroup so, or the dims `left` fall in more than one run."""
+    if target.count(-1) > 1 or any(t == 0 or t < -1 for t in target):
+        return None
+    if -1 in target:
+        known = math.prod(t for t in target if t != -1)
+        if not known or whole % known:
             return None
-        new[k] = whole // known
-    return new
+        target = [whole // known if t == -1 else t for t in target]
+    if math.prod(target) != whole:
+        return None
+    runs: list[tuple[range, range]] = []
+    i = j = 0
+    while i < len(at) or j < len(target):
+        i0, j0, ps, pt = i, j, 1, 1
+        if i < len(at):
+            ps, i = at[i], i + 1
+        if j < len(target):
+            pt, j = target[j], j + 1
+        while ps != pt:
+            if ps < pt and i < len(at):
+                ps, i = ps * at[i], i + 1
+            elif j < len(target):
+                pt, j = pt * target[j], j + 1
+            else:
+                return None
+        runs.append((range(i0, i), range(j0, j)))
+    found = {r for r, (src, _) in enumerate(runs) if any(k in src for k in left)}
+    if len(found) != 1:
+        return None
+    dims = runs[found.pop()][1]
+    same = [k for k in dims if target[k] in own]
+    return same[0] if same else dims[0] if len(dims) else None

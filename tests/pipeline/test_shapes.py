@@ -18,6 +18,7 @@ from tensat.egraph.runner import Exploration
 from tensat.onnx.importer import _uniform
 from tensat.onnx.symbolic import (
     SymbolSizes,
+    _absorbing_dim,
     _named,
     _polymorphic,
     generalize,
@@ -126,13 +127,25 @@ def test_reshape_targets_are_written_for_every_size() -> None:
 
 
 def test_a_leading_dim_of_the_batch_times_what_it_holds_is_read_into_the_targets_leading_one() -> None:
-    """Swin's window partition, (batch x 64 windows, 49, 64) into [1, 8, 8, 7, 7, -1], and MobileViT's patches,
-    (batch x 1024, 16, 2, 2) into [1, 64, 256, 4]: the leading dim, named anew by its size where inference could not
-    name it, is the batch times what it holds; the target's leading 1 is the batch. The -1 the target had is written
-    out; before, it kept it and took the batch there, and the model written failed at a batch of 2."""
+    """Swin's window partition, (batch x 64 windows, 49, 64) into [1, 8, 8, 7, 7, 64], and MobileViT's patches,
+    (batch x 1024, 16, 2, 2) into [1, 64, 256, 4] and (batch x 4, 256, 64) into [1, 4, 256, 64]: the leading dim,
+    named anew by its size where inference could not name it, is the batch times what it holds, and the target dims
+    it regroups into begin with the batch. Before, the first target dim its size divides took it (the 64 channels,
+    the 4 heads): Swin's model written failed at a batch of 2, and MobileViT's computed something else there."""
     assert _polymorphic([1, 8, 8, 7, 7, -1], ["?0", 49, 64], {"batch": 1, "?0": 64}) == [-1, 8, 8, 7, 7, 64]
+    assert _polymorphic([1, 8, 8, 7, 7, 64], ["?0", 49, 64], {"batch": 1, "?0": 64}) == [-1, 8, 8, 7, 7, 64]
     assert _polymorphic([1, 64, 256, 4], ["?0", 16, 2, 2], {"batch": 1, "?0": 1024}) == [-1, 64, 256, 4]
+    assert _polymorphic([1, 4, 256, 64], ["?0", 256, 64], {"batch": 1, "?0": 4}) == [-1, 4, 256, 64]
     assert _polymorphic([1, 49, 64], ["batch", 49, 64], {"batch": 1}) == [0, 49, 64]  # the batch itself, kept
+
+
+def test_a_symbolic_dim_moved_by_a_reshape_keeps_its_place_in_the_target() -> None:
+    """A sequence's positions (seq, 4) read as (1, seq, 4): the target dim of the sequence's size is the sequence,
+    not the leading 1 its run of dims begins with; sizes that do not regroup, or dims in two runs, are not told so."""
+    assert _polymorphic([1, 128, 4], ["seq", 4], {"batch": 1, "seq": 128}) == [1, -1, 4]
+    assert _polymorphic([1, 128, 4], ["?1", 4], {"batch": 1, "?1": 128}) == [-1, 128, 4]
+    assert _absorbing_dim([2, 6], [5, 2], 12, [0], set()) is None  # 12 elements do not regroup into 10
+    assert _absorbing_dim([1, 12, 2], [12, 2], 24, [0, 2], set()) is None  # the batch's run and the last one
 
 
 def test_the_representative_shape_and_the_others() -> None:
