@@ -473,10 +473,12 @@ def _absorbing_dim(
     """The target dim that takes the symbolic sizes of the source dims `left` (the source's sizes `at`, `whole`
     elements; `own`: the sizes of those of them that are the model's own symbolic dims, not derived from them). A
     Reshape regroups dims in row-major order, so the source and the target split into runs of equal products. In the
-    run of the dims `left`, a target dim of the size of one of the model's own dims is that dim moved (a sequence's
-    positions (seq, 4) read as (1, seq, 4)); else the run's outermost target dim takes them, as a batch is the
-    outermost factor of a dim derived from it (Swin's windows, MobileViT's patches: (batch x 64, 49, 64) read as
-    (batch, 8, 8, 7, 7, 64)). None where the sizes do not regroup so, or the dims `left` fall in more than one run."""
+    run of the dims `left`, a target dim of their size is those dims moved: where it is one of the model's own dims
+    (a sequence's positions (seq, 4) read as (1, seq, 4)), and where the run is not the source's leading one, which
+    the batch would be part of (a conv stack's frames (batch, 128, frames) read as (batch, 128, 1, frames)). Else the
+    run's outermost target dim takes them, as a batch is the outermost factor of a leading dim derived from it
+    (Swin's windows, MobileViT's patches: (batch x 64, 49, 64) read as (batch, 8, 8, 7, 7, 64)). None where the sizes
+    do not regroup so, or the dims `left` fall in more than one run."""
     if target.count(-1) > 1 or any(t == 0 or t < -1 for t in target):
         return None
     if -1 in target:
@@ -505,6 +507,9 @@ def _absorbing_dim(
     found = {r for r, (src, _) in enumerate(runs) if any(k in src for k in left)}
     if len(found) != 1:
         return None
-    dims = runs[found.pop()][1]
-    same = [k for k in dims if target[k] in own]
-    return same[0] if same else dims[0] if len(dims) else None
+    src, dims = runs[found.pop()]
+    if not len(dims):
+        return None
+    moved = math.prod(at[k] for k in left)
+    same = [k for k in dims if target[k] in own or (0 not in src and target[k] == moved)]
+    return same[0] if same else dims[0]

@@ -144,6 +144,8 @@ def test_a_symbolic_dim_moved_by_a_reshape_keeps_its_place_in_the_target() -> No
     not the leading 1 its run of dims begins with; sizes that do not regroup, or dims in two runs, are not told so."""
     assert _polymorphic([1, 128, 4], ["seq", 4], {"batch": 1, "seq": 128}) == [1, -1, 4]
     assert _polymorphic([1, 128, 4], ["?1", 4], {"batch": 1, "?1": 128}) == [-1, 128, 4]
+    # wav2vec 2.0's frames, derived from the samples beside the batch, keep their dim as a 1 is put before them
+    assert _polymorphic([1, 128, 1, 101], ["batch", 128, "?2"], {"batch": 1, "?2": 101}) == [0, 128, 1, -1]
     assert _absorbing_dim([2, 6], [5, 2], 12, [0], set()) is None  # 12 elements do not regroup into 10
     assert _absorbing_dim([1, 12, 2], [12, 2], 24, [0, 2], set()) is None  # the batch's run and the last one
 
