@@ -139,6 +139,41 @@ def test_a_leading_dim_of_the_batch_times_what_it_holds_is_read_into_the_targets
     assert _polymorphic([1, 49, 64], ["batch", 49, 64], {"batch": 1}) == [0, 49, 64]  # the batch itself, kept
 
 
+def test_windows_of_a_symbolic_batch_are_written_for_every_batch(tmp_path: Path) -> None:
+    """x (batch, 16, 8) split into windows (batch x 4, 4, 8), each window's rows scaled, then read back as (batch, 4,
+    4, 8), the targets computed from x's shape as exporters write them (Swin's partition): optimized at batch 1, the
+    back Reshape's source is a dim inference names anew (4 at batch 1), and its target [1, 4, 4, 8] takes the batch
+    in its leading 1. Before, the 4 windows took it, and the model written gave (1, 8, 8, 4) at batch 2."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4, 8, 4])
+    rng = np.random.default_rng(3)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "w"),
+        numpy_helper.from_array(rng.standard_normal((4, 1)).astype(np.float32), "rows"),
+        numpy_helper.from_array(np.array([-1, 4, 8], np.int64), "windows"),
+        numpy_helper.from_array(np.array([4, 4, 8], np.int64), "grid"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"]),
+        helper.make_node("Transpose", ["m"], ["t"], perm=[0, 2, 1]),
+        helper.make_node("Transpose", ["t"], ["u"], perm=[0, 2, 1]),
+        helper.make_node("Reshape", ["u", "windows"], ["win"]),
+        helper.make_node("Mul", ["win", "rows"], ["scaled"]),
+        helper.make_node("Shape", ["x"], ["xs"], start=0, end=1),
+        helper.make_node("Concat", ["xs", "grid"], ["back_shape"], axis=0),
+        helper.make_node("Reshape", ["scaled", "back_shape"], ["back"]),
+        helper.make_node("Transpose", ["back"], ["y"], perm=[0, 1, 3, 2]),
+    ]
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", [x], [y], inits), opset_imports=[helper.make_opsetid("", 17)], ir_version=8
+    )
+    result = tensat.optimize_with_details(model, **FAST)
+    assert result.returned_input is None, result.returned_input
+    assert result.shapes_verified == [{"x": [1, 16, 8]}, {"x": [2, 16, 8]}, {"x": [3, 16, 8]}]
+    feeds = {"x": rng.standard_normal((5, 16, 8)).astype(np.float32)}
+    np.testing.assert_allclose(run_model(result.output, feeds)["y"], run_model(model, feeds)["y"], rtol=1e-5, atol=1e-5)
+
+
 def test_a_symbolic_dim_moved_by_a_reshape_keeps_its_place_in_the_target() -> None:
     """A sequence's positions (seq, 4) read as (1, seq, 4): the target dim of the sequence's size is the sequence,
     not the leading 1 its run of dims begins with; sizes that do not regroup, or dims in two runs, are not told so."""
