@@ -453,11 +453,10 @@ def _polymorphic(target: list[int], source: Dims, sizes: Mapping[str, int]) -> l
     if not left:
         return new
     own = {sizes[d] for j, d in enumerate(source) if j in left and isinstance(d, str) and not d.startswith("?")}
-    grouped = _absorbing_dim(at, target, whole, left, own) if whole else None
-    if grouped is not None:
-        if -1 in target and target.index(-1) != grouped:  # the target's own -1 written out
-            k = target.index(-1)
-            new[k] = whole // math.prod(t for j, t in enumerate(target) if j != k)
+    resolved = _written_out(target, whole)
+    if resolved is not None and (grouped := _absorbing_dim(at, resolved, left, own, rest)) is not None:
+        # the target's own -1, where another dim takes the symbolic sizes, written out
+        new = [r if t == -1 else n for t, r, n in zip(target, resolved, new)]
         new[grouped] = -1
         return new
     absorbing = [k for k, t in enumerate(target) if k not in kept and t > 0 and t % rest == 0]
@@ -467,27 +466,29 @@ def _polymorphic(target: list[int], source: Dims, sizes: Mapping[str, int]) -> l
     return new if -1 in target else None
 
 
+def _written_out(target: Sequence[int], whole: int) -> list[int] | None:
+    """`target` with its -1 written out for a source of `whole` elements; None where it holds a 0 or more than one
+    -1, or does not hold `whole` elements."""
+    if not whole or target.count(-1) > 1 or any(t == 0 or t < -1 for t in target):
+        return None
+    known = math.prod(t for t in target if t != -1)
+    out = [whole // known if t == -1 else t for t in target]
+    return out if math.prod(out) == whole else None
+
+
 def _absorbing_dim(
-    at: Sequence[int], target: Sequence[int], whole: int, left: Sequence[int], own: Set[int]
+    at: Sequence[int], target: Sequence[int], left: Sequence[int], own: Set[int], moved: int
 ) -> int | None:
-    """The target dim that takes the symbolic sizes of the source dims `left` (the source's sizes `at`, `whole`
-    elements; `own`: the sizes of those of them that are the model's own symbolic dims, not derived from them). A
-    Reshape regroups dims in row-major order, so the source and the target split into runs of equal products. In the
-    run of the dims `left`, a target dim of their size is those dims moved: where it is one of the model's own dims
-    (a sequence's positions (seq, 4) read as (1, seq, 4)), and where the run is not the source's leading one, which
-    the batch would be part of (a conv stack's frames (batch, 128, frames) read as (batch, 128, 1, frames)). Else the
-    run's outermost target dim takes them, as a batch is the outermost factor of a leading dim derived from it
-    (Swin's windows, MobileViT's patches: (batch x 64, 49, 64) read as (batch, 8, 8, 7, 7, 64)). None where the sizes
-    do not regroup so, or the dims `left` fall in more than one run."""
-    if target.count(-1) > 1 or any(t == 0 or t < -1 for t in target):
-        return None
-    if -1 in target:
-        known = math.prod(t for t in target if t != -1)
-        if not known or whole % known:
-            return None
-        target = [whole // known if t == -1 else t for t in target]
-    if math.prod(target) != whole:
-        return None
+    """The target dim that takes the symbolic sizes of the source dims `left` (the source's sizes `at`, the target's
+    sizes `target`, of as many elements; `own`: the sizes of those of the dims `left` that are the model's own
+    symbolic dims, not derived from them; `moved`: the product of their sizes). A Reshape regroups dims in row-major
+    order, so the source and the target split into runs of equal products. In the run of the dims `left`, a target
+    dim of their size is those dims moved: where it is one of the model's own dims (a sequence's positions (seq, 4)
+    read as (1, seq, 4)), and where the run is not the source's leading one, which the batch would be part of (a
+    conv stack's frames (batch, 128, frames) read as (batch, 128, 1, frames)). Else the run's outermost target dim
+    takes them, as a batch is the outermost factor of a leading dim derived from it (Swin's windows, MobileViT's
+    patches: (batch x 64, 49, 64) read as (batch, 8, 8, 7, 7, 64)). None where the sizes do not regroup so, or the
+    dims `left` fall in more than one run."""
     runs: list[tuple[range, range]] = []
     i = j = 0
     while i < len(at) or j < len(target):
@@ -510,6 +511,5 @@ def _absorbing_dim(
     src, dims = runs[found.pop()]
     if not len(dims):
         return None
-    moved = math.prod(at[k] for k in left)
     same = [k for k in dims if target[k] in own or (0 not in src and target[k] == moved)]
     return same[0] if same else dims[0]
