@@ -62,6 +62,9 @@ EXACT = Resolution(0.0, 0.0)  # an estimate that computes: equal prices are equa
 # in the convolution's output loop, at no cost worth a measurement, so a Conv and the Relu it fuses price as the
 # Conv alone (`runtime_fusions`), and writing the fusion into the graph (`conv-relu-fuse`) gains nothing.
 FUSED_ACTIVATIONS = {name: code for name, code in ops.ACT_CODES.items() if code != ops.ACT_NONE}
+# Activations onnxruntime fuses into the Conv before them whose parameters conv2d's activation code does not hold (a
+# Clip's bounds, a LeakyRelu's slope): the convolution reading them is priced as the plain one all the same.
+PARAMETRIC_ACTIVATIONS = frozenset({"clip", "leakyrelu", "hardsigmoid"})
 
 
 def _bytes(shape: Sequence[int], itemsize: int = 4) -> float:
@@ -130,7 +133,9 @@ def gemm_bias(product: Sequence[int], weight: Sequence[int], bias: Sequence[int]
 
 Operand = tuple[Shape, bool]  # an operand's shape, and whether it is computable from weights alone
 FUSION_PRODUCERS = frozenset({"conv2d", "matmul"})  # the ops `fuses_into` fuses a reader into
-FUSION_READERS = frozenset({*FUSED_ACTIVATIONS, "clip", "batchnorm", "add"})  # the ops it may fuse into their producer
+FUSION_READERS = frozenset(
+    {*FUSED_ACTIVATIONS, *PARAMETRIC_ACTIVATIONS, "batchnorm", "add"}
+)  # the ops it may fuse into their producer
 FUSED_THROUGH = frozenset({"batchnorm", "add"})  # what an activation may be fused through into the node before it
 
 
@@ -151,7 +156,8 @@ def fuses_into(
     producer (the producer's shapes and flags are its own). This is tensat's catalogue of the kernels onnxruntime
     makes on its own, whatever graph it is given:
     - into a convolution without an activation: a BatchNormalization with constant parameters, and a Relu, Sigmoid,
-      Tanh or Clip (FusedConv), also through the BatchNormalization, or (not a Clip) through an Add that
+      Tanh, Clip, LeakyRelu or HardSigmoid (FusedConv), also through the BatchNormalization, or (a Relu, Sigmoid or
+      Tanh) through an Add that
       `runtime_fusions` found summed into the convolution (onnxruntime's blocked layout, which only a whole graph
       shows);
     - on the CPU, into a MatMul: an Add that does not broadcast its product (a Gemm). A 2-D product takes any
@@ -165,7 +171,7 @@ def fuses_into(
             return False
         if op in FUSED_ACTIVATIONS:  # through an Add only where `runtime_fusions` summed it into the convolution
             return through in (None, "batchnorm", "add")
-        if op == "clip":
+        if op in PARAMETRIC_ACTIVATIONS:
             return through in (None, "batchnorm")
         return op == "batchnorm" and through is None and all(c for _, c in operands[1:])
     if producer_op != "matmul" or device != "cpu":
@@ -276,7 +282,7 @@ def blocked(graph: Graph, live: Sequence[int], const: set[int], block: int) -> d
                 out[i] = out[ins[0]]
         elif n.op == "concat" and n.attr["axis"] == 1 and all(out[j] % block == 0 for j in ins):
             out[i] = sum(out[j] for j in ins)
-        elif n.op in BLOCKED_UNARY or (n.op == "clip" and graph.nodes[ins[0]].op == "conv2d"):  # a Clip fused
+        elif n.op in BLOCKED_UNARY or (n.op in PARAMETRIC_ACTIVATIONS and graph.nodes[ins[0]].op == "conv2d"):
             out[i] = out[ins[0]]
     return out
 
@@ -379,7 +385,7 @@ def runtime_fusions(graph: Graph, device: str = "cpu") -> tuple[dict[int, int], 
                 n.op, n.shape, operands(n), k, producer.op, producer.attr, operands(producer), device, through
             ):
                 owner[i] = p
-                if n.op in FUSED_ACTIVATIONS or n.op == "clip":  # conv2d has no code for a Clip: priced as plain
+                if n.op in FUSED_ACTIVATIONS or n.op in PARAMETRIC_ACTIVATIONS:
                     act[p] = FUSED_ACTIVATIONS.get(n.op, ops.ACT_NONE)
                 break
     return owner, act

@@ -46,9 +46,11 @@ def random_inputs(
     model: ModelProto, seed: int = 0, shapes: Mapping[str, Sequence[int]] | None = None
 ) -> dict[str, np.ndarray]:
     """Seeded feeds for every graph input, of the shapes `shapes` gives or else the declared ones: floats standard
-    normal, integers in [0, 4), booleans random.
+    normal, integers 0 or 1, booleans random.
 
-    Small non-negative integers keep index inputs (Gather, OneHot...) in range for axes of size 4 or more."""
+    Integers of 0 and 1 are valid wherever a model reads an integer input: token ids index any vocabulary, and an
+    attention mask takes no other value (OPT computes its positions as the mask's cumulative sum, and a mask of
+    larger values indexes past its position table)."""
     rng = np.random.default_rng(seed)
     inits = _initializer_names(model)
     feeds: dict[str, np.ndarray] = {}
@@ -71,7 +73,7 @@ def random_inputs(
         if dtype.kind == "f":
             feeds[vi.name] = np.asarray(rng.standard_normal(shape)).astype(dtype)
         elif dtype.kind in "iu":
-            feeds[vi.name] = np.asarray(rng.integers(0, 4, size=shape)).astype(dtype)
+            feeds[vi.name] = np.asarray(rng.integers(0, 2, size=shape)).astype(dtype)
         elif dtype.kind == "b":
             feeds[vi.name] = np.asarray(rng.random(shape) < 0.5)
         else:

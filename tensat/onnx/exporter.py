@@ -826,19 +826,27 @@ def _ex_lrn(e: _Exporter, i: int) -> None:
     )
 
 
+@_emitter(*ops.ACTIVATION_DEFAULTS)
+def _ex_activation(e: _Exporter, i: int) -> None:
+    """An activation with float attributes, each written as the ONNX attribute of its name."""
+    n = e.graph.nodes[i]
+    attrs: dict[str, Any] = {k: float(n.attr[k]) for k in ops.ACTIVATION_DEFAULTS[n.op]}
+    e.emit(_onnx_type(n.op), [e.tensor(n.inputs[0])], [e.tensor(i)], f"{n.op}_{i}", **attrs)
+
+
 @_emitter("cast")
 def _ex_cast(e: _Exporter, i: int) -> None:
     n = e.graph.nodes[i]
     e.emit("Cast", [e.tensor(n.inputs[0])], [e.tensor(i)], f"cast_{i}", to=int(n.attr["to"]))
 
 
-@_emitter("reducemean", "reducesum")
+@_emitter(*(op.name for op in ops.REGISTRY.values() if op.name.startswith("reduce")))
 def _ex_reduce(e: _Exporter, i: int) -> None:
     """A reduction with its axes as an attribute, or as an input from the opset that made them one."""
     n = e.graph.nodes[i]
     axes, keep = list(n.attr["axes"]), int(n.attr["keepdims"])
     x = e.tensor(n.inputs[0])
-    if e.opset < (18 if n.op == "reducemean" else 13):
+    if e.opset < ops.axes_input_since(n.op):
         e.emit(_onnx_type(n.op), [x], [e.tensor(i)], f"{n.op}_{i}", axes=axes, keepdims=keep)
     else:
         e.emit(_onnx_type(n.op), [x, e.int64(axes, f"{n.op}_{i}_axes")], [e.tensor(i)], f"{n.op}_{i}", keepdims=keep)

@@ -1066,14 +1066,30 @@ def _reduce_axes(c: _Importer, rank: int, opset_input: int) -> tuple[int, ...] |
     return tuple(sorted({_axis(a, rank) for a in axes}))
 
 
-@_lowering("ReduceMean", "ReduceSum")
+_REDUCTIONS = {op.onnx: op.name for op in ops.REGISTRY.values() if op.name.startswith("reduce") and op.onnx}
+
+
+@_lowering(*_REDUCTIONS)
 def _reduce(c: _Importer, node: NodeProto) -> list[Any]:
     x = c.data(0)
-    axes = _reduce_axes(c, len(c.shape(x)), 18 if node.op_type == "ReduceMean" else 13)
+    name = _REDUCTIONS[node.op_type]
+    axes = _reduce_axes(c, len(c.shape(x)), ops.axes_input_since(name))
     if axes is None:
         return [x]
-    name = "reducemean" if node.op_type == "ReduceMean" else "reducesum"
     return [c.op(name, [x], axes=axes, keepdims=int(c.attrs.get("keepdims", 1)))]
+
+
+def _activation(name: str, defaults: Mapping[str, float]) -> Lowering:
+    """The lowering of an activation with float attributes, each ONNX's default where the node leaves it out."""
+
+    def lower(c: _Importer, node: NodeProto) -> list[Any]:
+        return [c.op(name, [c.data(0)], **{k: float(c.attrs.get(k, v)) for k, v in defaults.items()})]
+
+    return lower
+
+
+for _name, _defaults in ops.ACTIVATION_DEFAULTS.items():
+    _lowering(ops.get(_name).onnx or _name)(_activation(_name, _defaults))
 
 
 @_lowering("Softmax", "LogSoftmax")

@@ -38,9 +38,10 @@ from tensat.ops.conv import (
     ACTIVATIONS,
     conv2d_reference,
 )
-from tensat.ops.elementwise import GELU_APPROXIMATIONS
+from tensat.ops.elementwise import ACTIVATION_DEFAULTS, GELU_APPROXIMATIONS
 from tensat.ops.kernels import CONTRIB, KERNELS
 from tensat.ops.pool import POOL_RANKS
+from tensat.ops.reduce import axes_input_since
 from tensat.ops.registry import (
     BY_EGG,
     EGG_SORT,
@@ -71,6 +72,7 @@ from tensat.ops.registry import (
 from tensat.ops.transforms import merge_mask
 
 __all__ = [
+    "ACTIVATION_DEFAULTS",
     "ACT_CODES",
     "ACT_NAMES",
     "ACT_NONE",
@@ -107,6 +109,7 @@ __all__ = [
     "merge_mask",
     "register",
     "resolved",
+    "axes_input_since",
     "shape_of",
     "standard",
 ]

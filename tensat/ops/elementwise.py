@@ -30,6 +30,7 @@ from tensat.ops.registry import (
     any_data,
     booleans,
     check,
+    egg_broadcast_onto,
     egg_dim,
     egg_rule,
     egg_vec,
@@ -127,13 +128,13 @@ def binary(name: str, egg: str, fn: Callable[..., np.ndarray], inputs: int = 2, 
         egg,
         inputs,
         (),
-        broadcast_shape,
+        fields.pop("shape", broadcast_shape),
         lambda xs, a: fn(*xs),
-        _broadcast_rules,
+        fields.pop("egg_shape_rules", _broadcast_rules),
         elementwise_flops,
         kind="broadcast",
         ranks=(SAME,) * (inputs + 1),
-        equations=_broadcast_equations,
+        equations=fields.pop("equations", _broadcast_equations),
         **fields,
     )
 
@@ -185,6 +186,135 @@ ERF = register(unary("erf", "Erf", erf, onnx="Erf"))
 NEG = register(unary("neg", "Neg", operator.neg, onnx="Neg", int_exact=True))
 SIGN = register(unary("sign", "Sign", np.sign, onnx="Sign", int_exact=True))
 SOFTPLUS = register(unary("softplus", "Softplus", lambda x: np.logaddexp(0.0, x), onnx="Softplus"))
+SOFTSIGN = register(unary("softsign", "Softsign", lambda x: x / (1.0 + np.abs(x)), onnx="Softsign"))
+FLOOR = register(unary("floor", "Floor", np.floor, onnx="Floor"))
+CEIL = register(unary("ceil", "Ceil", np.ceil, onnx="Ceil"))
+# ONNX Round rounds halves to even, as numpy does
+ROUND = register(unary("round", "Round", np.round, onnx="Round", standard_since=11))
+SIN = register(unary("sin", "Sin", np.sin, onnx="Sin", standard_since=7))
+COS = register(unary("cos", "Cos", np.cos, onnx="Cos", standard_since=7))
+MAX = register(binary("max", "Max", np.maximum, onnx="Max", int_exact=True, commutative=True, standard_since=8))
+MIN = register(binary("min", "Min", np.minimum, onnx="Min", int_exact=True, commutative=True, standard_since=8))
+
+
+def _onto_first_shape(shapes: Sequence[Shape], a: Attrs) -> Shape:
+    """The first operand's shape, which the second broadcasts to (ONNX's unidirectional broadcasting: PRelu's slope)."""
+    out = broadcast_shape(shapes, a)
+    check(out == tuple(shapes[0]), f"{shapes[1]} does not broadcast to {shapes[0]}")
+    return out
+
+
+def _onto_first_rules(op: OpDef) -> list[str]:
+    return egg_broadcast_onto(op, "s1", "s0")
+
+
+def _onto_first_equations(s: Equations, out: Dims, ins: Sequence[Dims], _: Mapping[str, Any]) -> None:
+    s.broadcast(out, ins[0], ins[1], range(len(out)))
+    s.eq(out, ins[0])
+
+
+# PRelu: x where x >= 0, slope * x below; the slope broadcasts to x (one per channel, as a CNN writes it)
+PRELU = register(
+    binary(
+        "prelu",
+        "PRelu",
+        lambda x, s: np.where(x < 0, s * x, x),
+        onnx="PRelu",
+        standard_since=9,
+        shape=_onto_first_shape,
+        egg_shape_rules=_onto_first_rules,
+        equations=_onto_first_equations,
+    )
+)
+
+
+def hard_sigmoid(x: np.ndarray, alpha: float = 0.2, beta: float = 0.5) -> np.ndarray:
+    return np.clip(alpha * x + beta, 0.0, 1.0).astype(x.dtype, copy=False)
+
+
+def _float_attrs(fn: Callable[..., np.ndarray]) -> Callable[[Sequence[np.ndarray], Attrs], np.ndarray]:
+    """The evaluator of a one-input op computing `fn(x, **attributes)`, in the input's element type."""
+    return lambda xs, a: np.asarray(fn(xs[0], **dict(a))).astype(xs[0].dtype, copy=False)
+
+
+# ONNX's default values of the float attributes of the activations that have them, by op (`_activation`)
+ACTIVATION_DEFAULTS: dict[str, dict[str, float]] = {}
+
+
+def _activation(
+    name: str,
+    egg: str,
+    fn: Callable[..., np.ndarray],
+    defaults: Mapping[str, float],
+    others: Mapping[str, float] | None = None,
+    **fields: Any,
+) -> OpDef:
+    """An activation with float attributes, ONNX op `egg`'s by name (LeakyRelu's alpha), whose ONNX defaults are
+    `defaults`; the verifier tries each at its default and at the value `others` gives."""
+    ACTIVATION_DEFAULTS[name] = dict(defaults)
+    domains = {
+        attr: [value, *([others[attr]] if others and attr in others else [])] for attr, value in defaults.items()
+    }
+    return unary(
+        name,
+        egg,
+        None,
+        evaluate=_float_attrs(fn),
+        attrs=tuple((attr, "float") for attr in defaults),
+        domains=domains,
+        onnx=egg,
+        **fields,
+    )
+
+
+def _below_zero(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
+    """x where x > 0, else `fn(x, **attributes)` (evaluated on min(x, 0), where it cannot overflow)."""
+    return lambda x, **a: np.where(x > 0, x, fn(np.minimum(x, 0), **a))
+
+
+HARD_SIGMOID = register(
+    _activation("hardsigmoid", "HardSigmoid", hard_sigmoid, {"alpha": 0.2, "beta": 0.5}, {"alpha": 1 / 6, "beta": 0.25})
+)
+# x * HardSigmoid(x) with alpha 1/6 and beta 1/2 (MobileNetV3, LeViT); onnxruntime runs it as that pair
+HARD_SWISH = register(
+    unary("hardswish", "HardSwish", lambda x: x * hard_sigmoid(x, 1 / 6, 0.5), onnx="HardSwish", standard_since=14)
+)
+# x * tanh(softplus(x)) (YOLOv4)
+MISH = register(unary("mish", "Mish", lambda x: x * np.tanh(np.logaddexp(0.0, x)), onnx="Mish", standard_since=18))
+LEAKY_RELU = register(
+    _activation("leakyrelu", "LeakyRelu", _below_zero(lambda x, alpha: alpha * x), {"alpha": 0.01}, {"alpha": 0.2})
+)
+ELU = register(
+    _activation("elu", "Elu", _below_zero(lambda x, alpha: alpha * np.expm1(x)), {"alpha": 1.0}, {"alpha": 0.5})
+)
+CELU = register(
+    _activation(
+        "celu",
+        "Celu",
+        _below_zero(lambda x, alpha: alpha * np.expm1(x / alpha)),
+        {"alpha": 1.0},
+        {"alpha": 0.5},
+        standard_since=12,
+    )
+)
+SELU = register(
+    _activation(
+        "selu",
+        "Selu",
+        lambda x, alpha, gamma: gamma * _below_zero(lambda v: alpha * np.expm1(v))(x),
+        {"alpha": 1.67326319217681884765625, "gamma": 1.05070102214813232421875},
+    )
+)
+THRESHOLDED_RELU = register(
+    _activation(
+        "thresholdedrelu",
+        "ThresholdedRelu",
+        lambda x, alpha: np.where(x > alpha, x, 0),
+        {"alpha": 1.0},
+        {"alpha": 0.0},
+        standard_since=10,
+    )
+)
 
 
 def _clip_eval(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:

@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 
 from tensat.ops.registry import (
-    MAX_RANK,
     SAME,
     Attrs,
     Dims,
@@ -22,7 +21,7 @@ from tensat.ops.registry import (
     Shape,
     any_data,
     check,
-    egg_dim,
+    egg_broadcast_onto,
     egg_rule,
     no_flops,
     numel,
@@ -150,14 +149,7 @@ def _expand_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
 
 
 def _expand_rules(op: OpDef) -> list[str]:
-    out = []
-    for r in range(0, MAX_RANK + 1):
-        query = [f"(= (vec-length s0) {r})", f"(= (vec-length shape) {r})"]
-        for i in range(r):
-            a, b = egg_dim("s0", i), egg_dim("shape", i)
-            query.append(f"(= 0 (* (- {a} 1) (- {a} {b})))")
-        out.append(egg_rule(op, query, "shape"))
-    return out
+    return egg_broadcast_onto(op, "s0", "shape")
 
 
 def _expand_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[str, Any]) -> None:

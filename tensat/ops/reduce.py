@@ -1,4 +1,5 @@
-"""Reductions and normalizations: ReduceMean and ReduceSum over a set of axes, and LayerNormalization.
+"""Reductions and normalizations: ReduceMean, ReduceSum, ReduceMax and ONNX's other reductions over a set of axes,
+and LayerNormalization.
 
 Axes are held non-negative and sorted (the importer normalizes ONNX's); `keepdims` 1 keeps each reduced axis as a
 dim of 1, 0 drops it.
@@ -97,6 +98,39 @@ def _reduction(name: str, egg: str, onnx: str, fn: Any) -> OpDef:
 
 REDUCE_MEAN = register(_reduction("reducemean", "ReduceMean", "ReduceMean", np.mean))
 REDUCE_SUM = register(_reduction("reducesum", "ReduceSum", "ReduceSum", np.sum))
+REDUCE_MAX = register(_reduction("reducemax", "ReduceMax", "ReduceMax", np.max))
+REDUCE_MIN = register(_reduction("reducemin", "ReduceMin", "ReduceMin", np.min))
+REDUCE_PROD = register(_reduction("reduceprod", "ReduceProd", "ReduceProd", np.prod))
+
+
+def _l1(x: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
+    return np.sum(np.abs(x), axis=axis, keepdims=keepdims)
+
+
+def _l2(x: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
+    return np.sqrt(np.sum(x * x, axis=axis, keepdims=keepdims))
+
+
+def _sum_square(x: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
+    return np.sum(x * x, axis=axis, keepdims=keepdims)
+
+
+def _log_sum_exp(x: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
+    top = np.max(x, axis=axis, keepdims=True)
+    out = np.log(np.sum(np.exp(x - top), axis=axis, keepdims=True)) + top
+    return out if keepdims else np.squeeze(out, axis=axis)
+
+
+REDUCE_L1 = register(_reduction("reducel1", "ReduceL1", "ReduceL1", _l1))
+REDUCE_L2 = register(_reduction("reducel2", "ReduceL2", "ReduceL2", _l2))
+REDUCE_SUM_SQUARE = register(_reduction("reducesumsquare", "ReduceSumSquare", "ReduceSumSquare", _sum_square))
+REDUCE_LOG_SUM_EXP = register(_reduction("reducelogsumexp", "ReduceLogSumExp", "ReduceLogSumExp", _log_sum_exp))
+
+
+def axes_input_since(op: str) -> int:
+    """The first opset at which ONNX gives reduction `op` its axes as an input, not an attribute (ReduceSum's
+    came before the others')."""
+    return 13 if op == "reducesum" else 18
 
 
 def layer_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, axis: int, epsilon: float) -> np.ndarray:

@@ -387,6 +387,19 @@ def egg_rule(op: OpDef, query: Sequence[str], shape_expr: str) -> str:
     return f"(rule ({body}) ((set (shape-of e) {shape_expr})) :ruleset shapes)"
 
 
+def egg_broadcast_onto(op: OpDef, source: str, target: str) -> list[str]:
+    """Shape rules for every rank: where each dim of `source` is 1 or the dim of `target`, `e` has shape `target`
+    (ONNX's unidirectional broadcasting: an Expand to its target, PRelu's slope onto its input)."""
+    out = []
+    for r in range(0, MAX_RANK + 1):
+        query = [f"(= (vec-length {source}) {r})", f"(= (vec-length {target}) {r})"]
+        for i in range(r):
+            a, b = egg_dim(source, i), egg_dim(target, i)
+            query.append(f"(= 0 (* (- {a} 1) (- {a} {b})))")
+        out.append(egg_rule(op, query, target))
+    return out
+
+
 def egg_vec(items: Sequence[str]) -> str:
     return f"(vec-of {' '.join(items)})" if items else "(vec-empty)"
 

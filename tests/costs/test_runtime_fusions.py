@@ -13,8 +13,9 @@ import pytest
 from onnx import helper, numpy_helper
 
 import tensat
-from tensat import api, onnx_io
-from tensat.cost import AnalyticCost, fused_cost, item_of, runtime_fusions, runtime_items
+import tensat.ir
+from tensat import api, onnx_io, ops
+from tensat.cost import AnalyticCost, fused_cost, fuses_into, item_of, runtime_fusions, runtime_items
 from tensat.egraph import export
 from tensat.measure.units import pricing_unit, unit_model
 from tensat.onnx_io import import_model
@@ -277,3 +278,28 @@ def test_a_pad_onnxruntime_runs_apart_is_priced_apart_in_the_input() -> None:
     written = onnx_io.export_model(read)  # explicit pads: onnxruntime takes the Pad into the Conv
     assert runtime_ops(written)["Pad"] == 0
     assert sum(1 for n, _, _ in runtime_items(import_model(written).compact()) if n.op == "pad") == 0
+
+
+@pytest.mark.parametrize(
+    "op", sorted(n for n, d in ops.REGISTRY.items() if d.kind == "unary" and d.onnx and d.accepts(["float32"]))
+)
+def test_the_activations_a_conv_fuses_are_the_runtime_s(op: str) -> None:
+    """Each activation tensat models is fused into the Conv before it by `fuses_into` exactly where onnxruntime makes
+    the pair one FusedConv (a LeakyRelu, a HardSigmoid; not an Elu)."""
+    d = ops.get(op)
+    attrs = {k: float(v[0]) for k, v in d.domains.items() if d.attrs}
+    graph = tensat.ir.Graph(opset_imports={"": 18})
+    x = graph.input("x", (1, 8, 16, 16), "float32")
+    conv = graph.add("conv2d", [x, graph.weight(_array(8, 8, 3, 3), "w"), graph.weight(_array(8), "b")], **CONV)
+    graph.output("y", graph.add(op, [conv], **attrs))
+    fused = runtime_ops(onnx_io.export_model(graph))["FusedConv"] == 1
+    shape = (1, 8, 16, 16)
+    conv_operands = [(shape, False), ((8, 8, 3, 3), True), ((8,), True)]
+    assert fuses_into(op, shape, [(shape, False)], 0, "conv2d", CONV, conv_operands, "cpu") == fused, op
+
+
+def _array(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+CONV = dict(strides=(1, 1), pads=(1, 1, 1, 1), dilations=(1, 1), group=1, act=ops.ACT_NONE)

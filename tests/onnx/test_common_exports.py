@@ -1,0 +1,123 @@
+"""Ops of common exports beyond the corpus: the activations of CNNs and detectors (LeakyRelu, HardSwish,
+HardSigmoid, PRelu, Mish...), ONNX's other reductions (ConvNeXt V2's ReduceL2), and the integer inputs of a decoder
+whose positions are its attention mask's cumulative sum. Each is read as a tensat op, not kept opaque, and written
+back as the model wrote it."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper, numpy_helper
+
+import tensat
+from tensat import ops
+from tensat.onnx_io import export_model, import_model
+from tensat.verify import compare_models, random_inputs
+from tests.helpers import make, vi
+
+RNG = np.random.default_rng(11)
+
+
+def _w(name: str, *shape: int) -> onnx.TensorProto:
+    return numpy_helper.from_array(RNG.standard_normal(shape).astype(np.float32), name)
+
+
+def _conv_then(op_type: str, opset: int = 18, **attrs: float) -> onnx.ModelProto:
+    """A Conv, then one `op_type` node with `attrs` (none: ONNX's defaults)."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node(op_type, ["c"], ["y"], **attrs),
+    ]
+    shape = [1, 8, 12, 12]
+    return make(nodes, [vi("x", [1, 4, 12, 12])], [vi("y", shape)], [_w("w", 8, 4, 3, 3), _w("b", 8)], opset=opset)
+
+
+@pytest.mark.parametrize("op", sorted(ops.ACTIVATION_DEFAULTS))
+def test_an_activation_s_attributes_default_as_onnx_says_and_are_written_back(op: str) -> None:
+    """An activation written without its attributes takes ONNX's defaults (LeakyRelu's slope 0.01), and the model
+    written back names them, computing what the input computes."""
+    onnx_type = ops.get(op).onnx
+    assert onnx_type is not None
+    model = _conv_then(onnx_type)
+    graph = import_model(model)
+    (node,) = [n for n in graph.nodes if n.op == op]
+    assert dict(node.attr) == ops.ACTIVATION_DEFAULTS[op]
+    written = export_model(graph)
+    (back,) = [n for n in written.graph.node if n.op_type == onnx_type]
+    assert {a.name: a.f for a in back.attribute} == pytest.approx(ops.ACTIVATION_DEFAULTS[op])
+    assert compare_models(model, written).ok
+
+
+@pytest.mark.parametrize("op_type", ["HardSwish", "HardSigmoid", "LeakyRelu", "PRelu", "Mish", "Elu", "Max"])
+def test_a_cnn_s_activation_is_modelled_and_optimizes(op_type: str) -> None:
+    """Conv, activation, Conv: every node modelled, and the optimized model verified against the input."""
+    extra: list[onnx.TensorProto] = []
+    inputs = ["c"]
+    if op_type == "PRelu":
+        extra, inputs = [_w("slope", 8, 1, 1)], ["c", "slope"]
+    elif op_type == "Max":
+        extra, inputs = [numpy_helper.from_array(np.zeros((1,), np.float32), "zero")], ["c", "zero"]
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node(op_type, inputs, ["a"]),
+        helper.make_node("Conv", ["a", "w2", "b2"], ["y"], pads=[1, 1, 1, 1]),
+    ]
+    inits = [_w("w", 8, 4, 3, 3), _w("b", 8), _w("w2", 8, 8, 3, 3), _w("b2", 8), *extra]
+    model = make(nodes, [vi("x", [1, 4, 12, 12])], [vi("y", [1, 8, 12, 12])], inits, opset=18)
+    result = tensat.optimize_with_details(model, cost="analytic", latency_check=0)
+    assert result.nodes_opaque == 0 and result.nodes_read >= 3
+    assert result.verification is not None and result.verification.ok
+
+
+@pytest.mark.parametrize("opset", [13, 18])
+@pytest.mark.parametrize("op_type", ["ReduceMax", "ReduceMin", "ReduceL2", "ReduceL1", "ReduceSumSquare"])
+def test_a_reduction_reads_its_axes_as_its_opset_gives_them(op_type: str, opset: int) -> None:
+    """Axes as an attribute before opset 18, as an input from it; read either way and written as the opset says."""
+    if opset < 18:
+        node = helper.make_node(op_type, ["x"], ["y"], axes=[1], keepdims=1)
+        inits = []
+    else:
+        node = helper.make_node(op_type, ["x", "axes"], ["y"], keepdims=1)
+        inits = [numpy_helper.from_array(np.array([1], np.int64), "axes")]
+    model = make([node], [vi("x", [2, 6, 5])], [vi("y", [2, 1, 5])], inits, opset=opset)
+    graph = import_model(model)
+    assert [n.op for n in graph.nodes if not n.is_leaf] == [ops.get("reduce" + op_type[6:].lower()).name]
+    written = export_model(graph)
+    assert len(written.graph.node[-1].input) == (2 if opset >= 18 else 1)
+    assert compare_models(model, written).ok
+
+
+def _mask_positions() -> onnx.ModelProto:
+    """OPT's learned positions: the attention mask's cumulative sum (times the mask, plus an offset) indexes a table
+    of one row per token and the offset, and the token ids a vocabulary; a mask of other values than 0 and 1 runs
+    past the position table."""
+    seq, width = 8, 4
+    nodes = [
+        helper.make_node("CumSum", ["mask", "axis"], ["cum"]),
+        helper.make_node("Mul", ["cum", "mask"], ["kept"]),
+        helper.make_node("Add", ["kept", "offset"], ["pos"]),
+        helper.make_node("Gather", ["positions", "pos"], ["p"]),
+        helper.make_node("Gather", ["tokens", "ids"], ["t"]),
+        helper.make_node("Add", ["t", "p"], ["s"]),
+        helper.make_node("Relu", ["s"], ["y"]),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array(1, np.int64), "axis"),
+        numpy_helper.from_array(np.array(1, np.int64), "offset"),
+        _w("positions", seq + 2, width),
+        _w("tokens", 50, width),
+    ]
+    inputs = [vi("ids", [1, seq], TP.INT64), vi("mask", [1, seq], TP.INT64)]
+    return make(nodes, inputs, [vi("y", [1, seq, width])], inits, opset=17)
+
+
+def test_integer_inputs_are_valid_as_an_attention_mask() -> None:
+    """The inputs tensat runs a model on hold integers of 0 and 1: valid token ids, and a valid mask, whose positions
+    stay in the table (with integers up to 3 the model failed, and tensat blamed it)."""
+    model = _mask_positions()
+    feeds = random_inputs(model)
+    assert set(np.unique(feeds["mask"])) <= {0, 1} and set(np.unique(feeds["ids"])) <= {0, 1}
+    result = tensat.optimize_with_details(model, cost="analytic", latency_check=0)
+    assert result.verification is not None and result.verification.ok
