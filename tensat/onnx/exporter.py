@@ -834,6 +834,39 @@ def _ex_activation(e: _Exporter, i: int) -> None:
     e.emit(_onnx_type(n.op), [e.tensor(n.inputs[0])], [e.tensor(i)], f"{n.op}_{i}", **attrs)
 
 
+@_emitter("resize")
+def _ex_resize(e: _Exporter, i: int) -> None:
+    """Resize by scales (a model with symbolic batch keeps it) where the sizes' ratios are exact in float, else by
+    sizes; before opset 11, as an Upsample (asymmetric coordinates, nearest pixel the floor)."""
+    n = e.graph.nodes[i]
+    x, (height, width) = n.inputs[0], n.shape[2:]
+    before = e.graph.nodes[x].shape
+    ratios = [1.0, 1.0, height / before[2], width / before[3]]
+    exact = all(float(np.float32(r)) == r for r in ratios)
+    mode = ops.RESIZE_MODES[n.attr["mode"]]
+    name = f"resize_{i}"
+    if e.opset < 9:
+        e.emit("Upsample", [e.tensor(x)], [e.tensor(i)], name, mode=mode, scales=ratios)
+        return
+    if e.opset < 11:
+        scales = _ex_const(e, np.asarray(ratios, np.float32), f"{name}_scales")
+        e.emit("Resize" if e.opset == 10 else "Upsample", [e.tensor(x), scales], [e.tensor(i)], name, mode=mode)
+        return
+    roi = _ex_const(e, np.zeros(0, np.float32), f"{name}_roi")
+    if exact:
+        given = [_ex_const(e, np.asarray(ratios, np.float32), f"{name}_scales")]
+    else:  # scales may be left out from opset 13, and are empty before it
+        empty = "" if e.opset >= 13 else _ex_const(e, np.zeros(0, np.float32), f"{name}_scales")
+        given = [empty, e.int64([*before[:2], height, width], f"{name}_sizes")]
+    attrs: dict[str, Any] = {
+        "mode": mode,
+        "coordinate_transformation_mode": ops.RESIZE_TRANSFORMS[n.attr["transform"]],
+    }
+    if mode == "nearest":
+        attrs["nearest_mode"] = ops.RESIZE_NEAREST[n.attr["nearest"]]
+    e.emit("Resize", [e.tensor(x), roi, *given], [e.tensor(i)], name, **attrs)
+
+
 @_emitter("cast")
 def _ex_cast(e: _Exporter, i: int) -> None:
     n = e.graph.nodes[i]

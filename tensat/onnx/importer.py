@@ -1177,6 +1177,50 @@ def _pad(c: _Importer, node: NodeProto) -> list[Any]:
     return [out]
 
 
+def _text(value: Any, default: str) -> str:
+    """A string attribute's value (bytes in a NodeProto), or `default` where the node leaves it out."""
+    if value is None:
+        return default
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@_lowering("Resize", "Upsample")
+def _resize(c: _Importer, node: NodeProto) -> list[Any]:
+    """Resize (Upsample before opset 10) of an NCHW tensor's height and width, nearest or linear, by constant scales
+    or sizes. The scales tensat writes are the sizes' ratios, so a scale another than that (1.5 of 5 pixels, 7) is
+    kept as the model wrote it. Before opset 11 the coordinates are asymmetric and the nearest pixel the floor."""
+    x = c.data(0)
+    shape = c.shape(x)
+    mode = _text(c.attrs.get("mode"), "nearest")
+    if len(shape) != 4 or mode not in ops.RESIZE_MODES:
+        raise _Unsupported(f"{node.op_type} of {len(shape)}-D tensor, mode {mode}")
+    if c.opset >= 11:
+        transform = _text(c.attrs.get("coordinate_transformation_mode"), "half_pixel")
+        nearest = _text(c.attrs.get("nearest_mode"), "round_prefer_floor")
+        if int(c.attrs.get("antialias", 0)) or "axes" in c.attrs or transform not in ops.RESIZE_TRANSFORMS:
+            raise _Unsupported(f"Resize with {transform} coordinates, antialiasing or axes")
+        scales = np.asarray(c.param(2), np.float32) if c.present(2) and c.param(2).size else None
+        sizes = _ints(c.param(3)) if scales is None else None
+    else:
+        transform, nearest = "asymmetric", "floor"
+        scales = np.asarray(c.param(1) if c.present(1) else c.attrs["scales"], np.float32)
+        sizes = None
+    if scales is not None:
+        sizes = [int(np.floor(d * float(s))) for d, s in zip(shape, scales)]
+        if any(np.float32(out / d) != s for out, d, s in zip(sizes, shape, scales)):
+            raise _Unsupported(f"Resize scales {scales.tolist()} other than its sizes' ratios")
+    if sizes is None or len(sizes) != 4 or tuple(sizes[:2]) != shape[:2]:
+        raise _Unsupported("Resize of the batch or the channels")
+    if mode == "linear":
+        nearest = ops.RESIZE_NEAREST[0]
+    codes = dict(
+        mode=ops.RESIZE_MODES.index(mode),
+        transform=ops.RESIZE_TRANSFORMS.index(transform),
+        nearest=ops.RESIZE_NEAREST.index(nearest),
+    )
+    return [c.op("resize", [x], size=tuple(sizes[2:]), **codes)]
+
+
 @_lowering("InstanceNormalization")
 def _instance_norm(c: _Importer, node: NodeProto) -> list[Any]:
     return [c.op("instancenorm", [c.data(0), c.data(1), c.data(2)], epsilon=float(c.attrs.get("epsilon", 1e-5)))]

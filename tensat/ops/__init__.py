@@ -40,7 +40,7 @@ from tensat.ops.conv import (
 )
 from tensat.ops.elementwise import ACTIVATION_DEFAULTS, GELU_APPROXIMATIONS
 from tensat.ops.kernels import CONTRIB, KERNELS
-from tensat.ops.pool import POOL_RANKS
+from tensat.ops.pool import POOL_RANKS, RESIZE_MODES, RESIZE_NEAREST, RESIZE_TRANSFORMS
 from tensat.ops.reduce import axes_input_since
 from tensat.ops.registry import (
     BY_EGG,
@@ -89,6 +89,9 @@ __all__ = [
     "EGG_SORT",
     "MAX_RANK",
     "POOL_RANKS",
+    "RESIZE_MODES",
+    "RESIZE_NEAREST",
+    "RESIZE_TRANSFORMS",
     "REGISTRY",
     "SAME",
     "Attrs",

@@ -173,3 +173,95 @@ GLOBALAVGPOOL = register(
         breaks_layout=True,
     )
 )
+
+
+# ONNX Resize's coordinate transformations and nearest-pixel roundings tensat models, by the op's codes
+RESIZE_TRANSFORMS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
+RESIZE_NEAREST = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+RESIZE_MODES = ("nearest", "linear")
+
+
+def _source_coordinates(out: int, size: int, transform: str) -> np.ndarray:
+    """Where each output pixel of one axis samples the input (ONNX Resize), the scale that of the sizes, out / size."""
+    o = np.arange(out, dtype=np.float64)
+    scale = out / size
+    if transform == "align_corners":
+        return o * (size - 1) / (out - 1) if out > 1 else np.zeros(out)
+    if transform == "asymmetric":
+        return o / scale
+    if transform == "pytorch_half_pixel" and out == 1:
+        return np.zeros(out)
+    return (o + 0.5) / scale - 0.5
+
+
+def _nearest_index(x: np.ndarray, rounding: str, size: int) -> np.ndarray:
+    picked = {
+        "round_prefer_floor": np.ceil(x - 0.5),
+        "round_prefer_ceil": np.floor(x + 0.5),
+        "floor": np.floor(x),
+        "ceil": np.ceil(x),
+    }[rounding]
+    return np.clip(picked, 0, size - 1).astype(np.int64)
+
+
+def resize_reference(x: np.ndarray, size: Sequence[int], mode: int, transform: int, nearest: int) -> np.ndarray:
+    """ONNX Resize of an NCHW tensor to spatial `size`, nearest or (bi)linear, one spatial axis after the other."""
+    out = x
+    for axis, target in zip((2, 3), size):
+        coords = _source_coordinates(target, x.shape[axis], RESIZE_TRANSFORMS[transform])
+        if RESIZE_MODES[mode] == "nearest":
+            out = np.take(out, _nearest_index(coords, RESIZE_NEAREST[nearest], x.shape[axis]), axis=axis)
+            continue
+        coords = np.clip(coords, 0, x.shape[axis] - 1)
+        low = np.floor(coords).astype(np.int64)
+        high = np.minimum(low + 1, x.shape[axis] - 1)
+        weight = (coords - low).reshape([-1 if a == axis else 1 for a in range(x.ndim)])
+        out = np.take(out, low, axis=axis) * (1 - weight) + np.take(out, high, axis=axis) * weight
+    return out.astype(x.dtype, copy=False)
+
+
+def _resize_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
+    x, size = shapes[0], tuple(attrs["size"])
+    check(len(x) == 4 and len(size) == 2 and min(size) >= 1, f"resize of {x} to spatial size {size}")
+    check(attrs["mode"] in (0, 1) and 0 <= attrs["transform"] < len(RESIZE_TRANSFORMS), "resize mode unknown")
+    check(0 <= attrs["nearest"] < len(RESIZE_NEAREST), "resize rounding unknown")
+    return (*x[:2], *size)
+
+
+def _resize_rules(op: OpDef) -> list[str]:
+    query = ["(= (vec-length s0) 4)", "(= (vec-length size) 2)"]
+    out = egg_vec([egg_dim("s0", 0), egg_dim("s0", 1), egg_dim("size", 0), egg_dim("size", 1)])
+    return [egg_rule(op, query, out)]
+
+
+def _resize_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[str, Any]) -> None:
+    size = at["size"]
+    if not isinstance(size, tuple) or len(size) != 2:
+        s.reject("resize size")
+    s.eq(tuple(out[:2]), tuple(ins[0][:2]))
+    s.eq(tuple(out[2:]), size)
+
+
+# ONNX Resize (and Upsample) of an NCHW tensor's height and width to `size`: nearest or linear, with ONNX's coordinate
+# transformation (`transform`) and nearest rounding (`nearest`) by their codes; the scales are the sizes' ratios
+RESIZE = register(
+    OpDef(
+        "resize",
+        "Resize",
+        1,
+        (("size", "ints"), ("mode", "int"), ("transform", "int"), ("nearest", "int")),
+        _resize_shape,
+        lambda xs, a: resize_reference(xs[0], a["size"], a["mode"], a["transform"], a["nearest"]),
+        _resize_rules,
+        lambda s, o, a: float(numel(o) * (4 if a["mode"] else 1)),
+        onnx="Resize",
+        onnx_also=("Upsample",),
+        standard_since=11,
+        ranks=(4, 4),
+        min_rank=4,
+        equations=_resize_equations,
+        domains={"mode": [0, 1], "transform": list(range(len(RESIZE_TRANSFORMS))), "nearest": [0, 2]},
+        solved={"size": lambda s, out: tuple(out[2:])},
+        breaks_layout=True,
+    )
+)

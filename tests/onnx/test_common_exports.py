@@ -121,3 +121,69 @@ def test_integer_inputs_are_valid_as_an_attention_mask() -> None:
     assert set(np.unique(feeds["mask"])) <= {0, 1} and set(np.unique(feeds["ids"])) <= {0, 1}
     result = tensat.optimize_with_details(model, cost="analytic", latency_check=0)
     assert result.verification is not None and result.verification.ok
+
+
+RESIZES = [
+    (mode, transform, nearest, size)
+    for mode in range(len(ops.RESIZE_MODES))
+    for transform in range(len(ops.RESIZE_TRANSFORMS))
+    for nearest in (range(len(ops.RESIZE_NEAREST)) if mode == 0 else [0])
+    for size in [(10, 8), (7, 3), (3, 2)]
+]
+
+
+@pytest.mark.parametrize(("mode", "transform", "nearest", "size"), RESIZES)
+def test_resize_computes_what_onnxruntime_computes(mode: int, transform: int, nearest: int, size: tuple) -> None:
+    """Every mode, coordinate transformation and rounding tensat models, up and down, by exact and inexact ratios
+    (written by scales where the ratio is exact in float, else by sizes): numpy's value is onnxruntime's."""
+    graph = tensat.ir.Graph(opset_imports={"": 18})
+    x = graph.input("x", (1, 2, 5, 4), "float32")
+    y = graph.add("resize", [x], size=size, mode=mode, transform=transform, nearest=nearest)
+    graph.output("y", y)
+    feeds = random_inputs(export_model(graph))
+    model = export_model(graph)
+    session = tensat.session.make_session(model, "cpu", threads=1)
+    (got,) = session.run(None, feeds)
+    np.testing.assert_allclose(got, graph.evaluate(feeds, [y])[y], rtol=1e-5, atol=1e-5)
+    assert import_model(model).summary() == graph.summary()
+
+
+@pytest.mark.parametrize("opset", [9, 10, 11, 13, 18])
+def test_a_nearest_upsample_by_two_is_read_and_written_at_its_opset(opset: int) -> None:
+    """An upsampling by 2 (a detector's, a U-Net's) as each opset writes it: Upsample with its scales, then Resize;
+    read as a resize of the batch-agnostic scales' sizes, verified, and written back in the opset's form."""
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")
+    if opset < 10:
+        node, inits = helper.make_node("Upsample", ["c", "scales"], ["u"], mode="nearest"), [scales]
+    elif opset == 10:
+        node, inits = helper.make_node("Resize", ["c", "scales"], ["u"], mode="nearest"), [scales]
+    else:
+        roi = numpy_helper.from_array(np.zeros(0, np.float32), "roi")
+        attrs = dict(mode="nearest", coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+        node, inits = helper.make_node("Resize", ["c", "roi", "scales"], ["u"], **attrs), [roi, scales]
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        node,
+        helper.make_node("Relu", ["u"], ["y"]),
+    ]
+    model = make(
+        nodes,
+        [vi("x", [1, 4, 6, 6])],
+        [vi("y", [1, 8, 12, 12])],
+        [_w("w", 8, 4, 3, 3), _w("b", 8), *inits],
+        opset=opset,
+    )
+    graph = import_model(model)
+    assert "opaque" not in graph.summary() and "resize" in graph.summary()
+    written = export_model(graph)
+    assert {n.op_type for n in written.graph.node} & {"Resize", "Upsample"} == {"Upsample" if opset < 10 else "Resize"}
+    assert compare_models(model, written).ok
+
+
+def test_a_resize_by_a_scale_other_than_its_sizes_ratio_stays_as_written() -> None:
+    """A scale of 1.5 on 5 pixels gives 7, whose ratio 1.4 would move the sampled coordinates: kept opaque."""
+    roi = numpy_helper.from_array(np.zeros(0, np.float32), "roi")
+    scales = numpy_helper.from_array(np.array([1, 1, 1.5, 1.5], np.float32), "scales")
+    node = helper.make_node("Resize", ["x", "roi", "scales"], ["y"], mode="linear")
+    model = make([node], [vi("x", [1, 2, 5, 5])], [vi("y", [1, 2, 7, 7])], [roi, scales], opset=18)
+    assert "opaque" in import_model(model).summary()
