@@ -555,6 +555,20 @@ def _onnx_type(op: str) -> str:
     return onnx_type
 
 
+def _window_attrs(e: _Exporter, i: int) -> dict[str, Any]:
+    """The ONNX attributes of a (transposed) convolution node `i`: its kernel's shape, strides, pads, dilations and
+    groups."""
+    n = e.graph.nodes[i]
+    a = n.attr
+    return {
+        "kernel_shape": list(e.graph.nodes[n.inputs[1]].shape[2:]),
+        "strides": list(a["strides"]),
+        "pads": list(a["pads"]),
+        "dilations": list(a["dilations"]),
+        "group": a["group"],
+    }
+
+
 @_emitter("conv2d")
 def _ex_conv(e: _Exporter, i: int) -> None:
     n = e.graph.nodes[i]
@@ -562,20 +576,17 @@ def _ex_conv(e: _Exporter, i: int) -> None:
     ins = [e.tensor(j) for j in (n.inputs[:2] if e._zero_bias(i) else n.inputs)]
     act = a["act"]
     out = e.tensor(i) if act == ops.ACT_NONE else e.namer(f"conv2d_{i}_linear")
-    e.emit(
-        "Conv",
-        ins,
-        [out],
-        f"conv2d_{i}",
-        kernel_shape=list(e.graph.nodes[n.inputs[1]].shape[2:]),
-        strides=list(a["strides"]),
-        pads=list(a["pads"]),
-        dilations=list(a["dilations"]),
-        group=a["group"],
-    )
+    e.emit("Conv", ins, [out], f"conv2d_{i}", **_window_attrs(e, i))
     if act != ops.ACT_NONE:
         op_type = _onnx_type(ops.ACT_NAMES[act])
         e.emit(op_type, [out], [e.tensor(i)], f"conv2d_{i}_{op_type.lower()}")
+
+
+@_emitter("conv_transpose2d")
+def _ex_conv_transpose(e: _Exporter, i: int) -> None:
+    n = e.graph.nodes[i]
+    attrs = _window_attrs(e, i) | {"output_padding": list(n.attr["output_padding"])}
+    e.emit("ConvTranspose", [e.tensor(j) for j in n.inputs], [e.tensor(i)], f"conv_transpose2d_{i}", **attrs)
 
 
 @_emitter("maxpool", "avgpool")
@@ -865,6 +876,26 @@ def _ex_resize(e: _Exporter, i: int) -> None:
     if mode == "nearest":
         attrs["nearest_mode"] = ops.RESIZE_NEAREST[n.attr["nearest"]]
     e.emit("Resize", [e.tensor(x), roi, *given], [e.tensor(i)], name, **attrs)
+
+
+@_emitter("depth_to_space")
+def _ex_depth_to_space(e: _Exporter, i: int) -> None:
+    n = e.graph.nodes[i]
+    mode = ops.DEPTH_TO_SPACE_MODES[n.attr["mode"]]
+    e.emit(
+        "DepthToSpace",
+        [e.tensor(n.inputs[0])],
+        [e.tensor(i)],
+        f"depth_to_space_{i}",
+        blocksize=n.attr["blocksize"],
+        mode=mode,
+    )
+
+
+@_emitter("space_to_depth")
+def _ex_space_to_depth(e: _Exporter, i: int) -> None:
+    n = e.graph.nodes[i]
+    e.emit("SpaceToDepth", [e.tensor(n.inputs[0])], [e.tensor(i)], f"space_to_depth_{i}", blocksize=n.attr["blocksize"])
 
 
 @_emitter("cast")

@@ -782,6 +782,32 @@ def _conv(c: _Importer, node: NodeProto) -> list[Any]:
     return [c.op("conv2d", [x, w, b], strides=strides, pads=pads, dilations=dilations, group=group, act=ops.ACT_NONE)]
 
 
+@_lowering("ConvTranspose")
+def _conv_transpose(c: _Importer, node: NodeProto) -> list[Any]:
+    """A 2-D ConvTranspose with explicit pads (or none); one that gives its output shape or pads automatically is
+    kept as written."""
+    x, w = c.data(0), c.data(1)
+    sw = c.shape(w)
+    auto = _text(c.attrs.get("auto_pad"), "NOTSET")
+    if len(c.shape(x)) != 4 or len(sw) != 4 or auto != "NOTSET" or "output_shape" in c.attrs:
+        raise _Unsupported("a ConvTranspose other than 2-D with explicit pads")
+    if tuple(int(k) for k in c.attrs.get("kernel_shape", sw[2:])) != sw[2:]:
+        raise _Unsupported("kernel_shape disagrees with weight")
+    group = int(c.attrs.get("group", 1))
+    b = c.data(2) if c.present(2) else c.graph.weight(np.zeros(sw[1] * group, dtype=np.float32), "zero_bias")
+    return [
+        c.op(
+            "conv_transpose2d",
+            [x, w, b],
+            strides=[int(s) for s in c.attrs.get("strides", [1, 1])],
+            pads=[int(p) for p in c.attrs.get("pads", [0, 0, 0, 0])],
+            dilations=[int(d) for d in c.attrs.get("dilations", [1, 1])],
+            group=group,
+            output_padding=[int(p) for p in c.attrs.get("output_padding", [0, 0])],
+        )
+    ]
+
+
 @_lowering("MaxPool", "AveragePool")
 def _pool(c: _Importer, node: NodeProto) -> list[Any]:
     if len(node.output) > 1 and node.output[1]:
@@ -1219,6 +1245,20 @@ def _resize(c: _Importer, node: NodeProto) -> list[Any]:
         nearest=ops.RESIZE_NEAREST.index(nearest),
     )
     return [c.op("resize", [x], size=tuple(sizes[2:]), **codes)]
+
+
+@_lowering("DepthToSpace")
+def _depth_to_space(c: _Importer, node: NodeProto) -> list[Any]:
+    mode = _text(c.attrs.get("mode"), "DCR")
+    if mode not in ops.DEPTH_TO_SPACE_MODES:
+        raise _Unsupported(f"DepthToSpace mode {mode}")
+    blocksize = int(c.attrs["blocksize"])
+    return [c.op("depth_to_space", [c.data(0)], blocksize=blocksize, mode=ops.DEPTH_TO_SPACE_MODES.index(mode))]
+
+
+@_lowering("SpaceToDepth")
+def _space_to_depth(c: _Importer, node: NodeProto) -> list[Any]:
+    return [c.op("space_to_depth", [c.data(0)], blocksize=int(c.attrs["blocksize"]))]
 
 
 @_lowering("InstanceNormalization")

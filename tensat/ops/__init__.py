@@ -40,6 +40,7 @@ from tensat.ops.conv import (
 )
 from tensat.ops.elementwise import ACTIVATION_DEFAULTS, GELU_APPROXIMATIONS
 from tensat.ops.kernels import CONTRIB, KERNELS
+from tensat.ops.layout import DEPTH_TO_SPACE_MODES
 from tensat.ops.pool import POOL_RANKS, RESIZE_MODES, RESIZE_NEAREST, RESIZE_TRANSFORMS
 from tensat.ops.reduce import axes_input_since
 from tensat.ops.registry import (
@@ -82,6 +83,7 @@ __all__ = [
     "ACTIVATIONS",
     "BY_EGG",
     "CONTRIB",
+    "DEPTH_TO_SPACE_MODES",
     "GELU_APPROXIMATIONS",
     "KERNELS",
     "TYPE_CODES",

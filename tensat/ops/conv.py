@@ -199,3 +199,135 @@ CONV2D = register(
         breaks_layout=True,
     )
 )
+
+
+def transposed_out(size: int, k: int, stride: int, pad_begin: int, pad_end: int, dilation: int, extra: int) -> int:
+    """Output size of a transposed convolution along one axis (ONNX ConvTranspose, `extra` its output padding)."""
+    return (size - 1) * stride - pad_begin - pad_end + dilation * (k - 1) + 1 + extra
+
+
+def _conv_transpose_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
+    x, w, b = shapes
+    check(len(x) == 4 and len(w) == 4, f"conv_transpose2d needs 4-D input and weight, got {x} and {w}")
+    group = attrs["group"]
+    check(group >= 1 and x[1] == w[0] and w[0] % group == 0, f"conv_transpose2d channels {x[1]} for weight {w}")
+    check(tuple(b) == (w[1] * group,), f"conv_transpose2d bias shape {b} != ({w[1] * group},)")
+    check_window("conv_transpose2d", attrs)
+    extra = attrs["output_padding"]
+    check(len(extra) == 2 and min(extra) >= 0, f"conv_transpose2d output padding {extra} invalid")
+    (sh, sw), (pt, pl, pb, pr), (dh, dw) = attrs["strides"], attrs["pads"], attrs["dilations"]
+    check(extra[0] < max(sh, dh) and extra[1] < max(sw, dw), f"output padding {extra} not below stride or dilation")
+    oh = transposed_out(x[2], w[2], sh, pt, pb, dh, extra[0])
+    ow = transposed_out(x[3], w[3], sw, pl, pr, dw, extra[1])
+    check(oh >= 1 and ow >= 1, f"conv_transpose2d pads {attrs['pads']} crop everything")
+    return (x[0], w[1] * group, oh, ow)
+
+
+def conv_transpose2d_reference(
+    x: np.ndarray,
+    w: np.ndarray,
+    b: np.ndarray,
+    strides: Sequence[int],
+    pads: Sequence[int],
+    dilations: Sequence[int],
+    group: int,
+    output_padding: Sequence[int],
+) -> np.ndarray:
+    """Numpy 2-D transposed convolution with ONNX semantics: each input pixel times each kernel tap added into the
+    output at stride spacing (the gradient of a convolution), then the pads cropped off and the bias added."""
+    n, c, h, wd = x.shape
+    cg, mg, kh, kw = c // group, w.shape[1], w.shape[2], w.shape[3]
+    (sh, sw), (dh, dw) = strides, dilations
+    full_h = (h - 1) * sh + dh * (kh - 1) + 1 + output_padding[0]
+    full_w = (wd - 1) * sw + dw * (kw - 1) + 1 + output_padding[1]
+    full = np.zeros((n, group * mg, full_h, full_w), dtype=np.result_type(x, w))
+    for g in range(group):
+        xg, wg = x[:, g * cg : (g + 1) * cg], w[g * cg : (g + 1) * cg]
+        for i in range(kh):
+            for j in range(kw):
+                tap = np.einsum("nchw,cm->nmhw", xg, wg[:, :, i, j])
+                rows = slice(i * dh, i * dh + (h - 1) * sh + 1, sh)
+                cols = slice(j * dw, j * dw + (wd - 1) * sw + 1, sw)
+                full[:, g * mg : (g + 1) * mg, rows, cols] += tap
+    pt, pl, pb, pr = pads
+    out = full[:, :, pt : full_h - pb, pl : full_w - pr] + b.reshape(1, -1, 1, 1)
+    return out.astype(np.result_type(x, w), copy=False)
+
+
+def _conv_transpose_rules(op: OpDef) -> list[str]:
+    s0, s1 = "s0", "s1"
+    sizes = [
+        f"(+ (+ (- (* (- {egg_dim(s0, i)} 1) (vec-get strides {j})) (+ (vec-get pads {j}) (vec-get pads {j + 2}))) "
+        f"(+ (* (vec-get dilations {j}) (- {egg_dim(s1, i)} 1)) 1)) (vec-get output_padding {j}))"
+        for i, j in ((2, 0), (3, 1))
+    ]
+    channels = f"(* {egg_dim(s1, 1)} group)"
+    query = [
+        "(= (vec-length s0) 4)",
+        "(= (vec-length s1) 4)",
+        f"(= {egg_dim(s0, 1)} {egg_dim(s1, 0)})",
+        f"(= 0 (% {egg_dim(s1, 0)} group))",
+        f"(= s2 (vec-of {channels}))",
+    ]
+    return [egg_rule(op, query, egg_vec([egg_dim(s0, 0), channels, *sizes]))]
+
+
+def _conv_transpose_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[str, Any]) -> None:
+    x, w, b = ins
+    g = at["group"]
+    s.eq(out[0], x[0])
+    s.eq(out[1], s.mul(w[1], g))
+    s.eq(b[0], out[1])
+    s.eq(x[1], w[0])
+    if g != 1:
+        s.eq(w[0], s.mul(s.sym(1, 2), g))
+    for i in (2, 3):
+        s.hint(x[i], 2, 5)
+        s.hint(w[i], 1, 3)
+    s.hint(x[0], 1, 2)
+    strides, pads, dil, extra = at["strides"], at["pads"], at["dilations"], at["output_padding"]
+    for i, (lo, hi) in ((2, (0, 2)), (3, (1, 3))):
+        j = i - 2
+        s.eq(
+            out[i],
+            s.apply(
+                lambda size, k, st, p, d, e, j=j, lo=lo, hi=hi: transposed_out(
+                    size, k, st[j], p[lo], p[hi], d[j], e[j]
+                ),
+                x[i],
+                w[i],
+                strides,
+                pads,
+                dil,
+                extra,
+            ),
+        )
+
+
+# ONNX ConvTranspose of an NCHW tensor by a (C, M / group, kh, kw) weight, with bias (U-Nets' and GANs' upsampling)
+CONV_TRANSPOSE2D = register(
+    OpDef(
+        "conv_transpose2d",
+        "ConvTranspose2d",
+        3,
+        (("strides", "ints"), ("pads", "ints"), ("dilations", "ints"), ("group", "int"), ("output_padding", "ints")),
+        _conv_transpose_shape,
+        lambda xs, a: conv_transpose2d_reference(
+            xs[0], xs[1], xs[2], a["strides"], a["pads"], a["dilations"], a["group"], a["output_padding"]
+        ),
+        _conv_transpose_rules,
+        lambda s, o, a: 2.0 * numel(s[0]) * s[1][1] * s[1][2] * s[1][3],
+        onnx="ConvTranspose",
+        ranks=(4, 4, 4, 1),
+        equations=_conv_transpose_equations,
+        domains={
+            "strides": [(1, 1), (2, 2)],
+            "pads": [(0, 0, 0, 0), (1, 1, 1, 1)],
+            "dilations": [(1, 1)],
+            "group": [1, 2],
+            "output_padding": [(0, 0), (1, 1)],
+        },
+        int_exact=True,
+        breaks_layout=True,
+    )
+)

@@ -363,3 +363,128 @@ PAD = register(
         breaks_layout=True,
     )
 )
+
+
+DEPTH_TO_SPACE_MODES = ("DCR", "CRD")  # the order ONNX DepthToSpace reads the channels in, by its `mode` code
+
+
+def depth_to_space(x: np.ndarray, blocksize: int, mode: int) -> np.ndarray:
+    """ONNX DepthToSpace: blocks of `blocksize` x `blocksize` channels moved into the height and width (a pixel
+    shuffle: CRD, as PyTorch's; DCR, ONNX's default, reads the block's position first)."""
+    n, c, h, w = x.shape
+    b = blocksize
+    if DEPTH_TO_SPACE_MODES[mode] == "DCR":
+        return x.reshape(n, b, b, c // (b * b), h, w).transpose(0, 3, 4, 1, 5, 2).reshape(n, c // (b * b), h * b, w * b)
+    return x.reshape(n, c // (b * b), b, b, h, w).transpose(0, 1, 4, 2, 5, 3).reshape(n, c // (b * b), h * b, w * b)
+
+
+def space_to_depth(x: np.ndarray, blocksize: int) -> np.ndarray:
+    """ONNX SpaceToDepth: each `blocksize` x `blocksize` block of pixels moved into the channels (DepthToSpace's DCR
+    inverse; YOLOv5's focus layer)."""
+    n, c, h, w = x.shape
+    b = blocksize
+    return x.reshape(n, c, h // b, b, w // b, b).transpose(0, 3, 5, 1, 2, 4).reshape(n, c * b * b, h // b, w // b)
+
+
+def _d2s_shape(shapes: Sequence[Shape], a: Attrs) -> Shape:
+    x, b = shapes[0], a["blocksize"]
+    check(len(x) == 4 and b >= 1 and x[1] % (b * b) == 0, f"depth to space of {x} by {b}")
+    check(a["mode"] in (0, 1), f"depth to space mode {a['mode']} unknown")
+    return (x[0], x[1] // (b * b), x[2] * b, x[3] * b)
+
+
+def _s2d_shape(shapes: Sequence[Shape], a: Attrs) -> Shape:
+    x, b = shapes[0], a["blocksize"]
+    check(len(x) == 4 and b >= 1 and x[2] % b == 0 and x[3] % b == 0, f"space to depth of {x} by {b}")
+    return (x[0], x[1] * b * b, x[2] // b, x[3] // b)
+
+
+def _d2s_rules(op: OpDef) -> list[str]:
+    s = "s0"
+    area = "(* blocksize blocksize)"
+    query = ["(= (vec-length s0) 4)", "(< 0 blocksize)", f"(= 0 (% {egg_dim(s, 1)} {area}))"]
+    dims = [
+        egg_dim(s, 0),
+        f"(/ {egg_dim(s, 1)} {area})",
+        f"(* {egg_dim(s, 2)} blocksize)",
+        f"(* {egg_dim(s, 3)} blocksize)",
+    ]
+    return [egg_rule(op, query, egg_vec(dims))]
+
+
+def _s2d_rules(op: OpDef) -> list[str]:
+    s = "s0"
+    query = [
+        "(= (vec-length s0) 4)",
+        "(< 0 blocksize)",
+        f"(= 0 (% {egg_dim(s, 2)} blocksize))",
+        f"(= 0 (% {egg_dim(s, 3)} blocksize))",
+    ]
+    dims = [
+        egg_dim(s, 0),
+        f"(* {egg_dim(s, 1)} (* blocksize blocksize))",
+        f"(/ {egg_dim(s, 2)} blocksize)",
+        f"(/ {egg_dim(s, 3)} blocksize)",
+    ]
+    return [egg_rule(op, query, egg_vec(dims))]
+
+
+def _d2s_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[str, Any]) -> None:
+    x, b = ins[0], at["blocksize"]
+    s.eq(out[0], x[0])
+    s.eq(x[1], s.mul(out[1], b * b))
+    s.eq(out[2], s.mul(x[2], b))
+    s.eq(out[3], s.mul(x[3], b))
+
+
+def _s2d_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[str, Any]) -> None:
+    x, b = ins[0], at["blocksize"]
+    s.eq(out[0], x[0])
+    s.eq(out[1], s.mul(x[1], b * b))
+    s.eq(x[2], s.mul(out[2], b))
+    s.eq(x[3], s.mul(out[3], b))
+
+
+DEPTH_TO_SPACE = register(
+    OpDef(
+        "depth_to_space",
+        "DepthToSpace",
+        1,
+        (("blocksize", "int"), ("mode", "int")),
+        _d2s_shape,
+        lambda xs, a: depth_to_space(xs[0], a["blocksize"], a["mode"]),
+        _d2s_rules,
+        no_flops,
+        onnx="DepthToSpace",
+        ranks=(4, 4),
+        min_rank=4,
+        equations=_d2s_equations,
+        domains={"blocksize": [2], "mode": [0, 1]},
+        exhaustive=("mode",),
+        int_exact=True,
+        accepts=any_data,
+        breaks_layout=True,
+        cold_output=True,
+    )
+)
+SPACE_TO_DEPTH = register(
+    OpDef(
+        "space_to_depth",
+        "SpaceToDepth",
+        1,
+        (("blocksize", "int"),),
+        _s2d_shape,
+        lambda xs, a: space_to_depth(xs[0], a["blocksize"]),
+        _s2d_rules,
+        no_flops,
+        onnx="SpaceToDepth",
+        ranks=(4, 4),
+        min_rank=4,
+        equations=_s2d_equations,
+        domains={"blocksize": [2]},
+        int_exact=True,
+        accepts=any_data,
+        breaks_layout=True,
+        cold_output=True,
+    )
+)

@@ -187,3 +187,43 @@ def test_a_resize_by_a_scale_other_than_its_sizes_ratio_stays_as_written() -> No
     node = helper.make_node("Resize", ["x", "roi", "scales"], ["y"], mode="linear")
     model = make([node], [vi("x", [1, 2, 5, 5])], [vi("y", [1, 2, 7, 7])], [roi, scales], opset=18)
     assert "opaque" in import_model(model).summary()
+
+
+@pytest.mark.parametrize(
+    ("op_type", "attrs", "shape"),
+    [
+        ("DepthToSpace", {"blocksize": 2}, [1, 8, 3, 2]),
+        ("DepthToSpace", {"blocksize": 2, "mode": "CRD"}, [1, 8, 3, 2]),
+        ("DepthToSpace", {"blocksize": 3, "mode": "DCR"}, [1, 18, 2, 2]),
+        ("SpaceToDepth", {"blocksize": 2}, [1, 3, 4, 6]),
+    ],
+)
+def test_pixel_shuffles_are_read_and_written_back(op_type: str, attrs: dict, shape: list[int]) -> None:
+    """DepthToSpace in both channel orders (ONNX's default DCR, PyTorch's pixel shuffle CRD) and SpaceToDepth: read
+    as tensat's ops, and written back computing what the model computes."""
+    b = int(attrs["blocksize"])
+    n, c, h, w = shape
+    out = [n, c // (b * b), h * b, w * b] if op_type == "DepthToSpace" else [n, c * b * b, h // b, w // b]
+    model = make([helper.make_node(op_type, ["x"], ["y"], **attrs)], [vi("x", shape)], [vi("y", out)], opset=17)
+    graph = import_model(model)
+    assert "opaque" not in graph.summary()
+    assert compare_models(model, export_model(graph)).ok
+
+
+def test_a_u_net_up_block_is_modelled_and_optimizes() -> None:
+    """A U-Net's up block: a ConvTranspose doubling the size (no bias written), concatenated with the skip, then a
+    Conv and Relu. Every node modelled, and the optimized model verified."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["skip"], pads=[1, 1, 1, 1]),
+        helper.make_node("MaxPool", ["skip"], ["down"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("ConvTranspose", ["down", "wt"], ["up"], strides=[2, 2], kernel_shape=[2, 2]),
+        helper.make_node("Concat", ["up", "skip"], ["cat"], axis=1),
+        helper.make_node("Conv", ["cat", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["y"]),
+    ]
+    inits = [_w("w", 8, 4, 3, 3), _w("b", 8), _w("wt", 8, 8, 2, 2), _w("w2", 8, 16, 3, 3), _w("b2", 8)]
+    model = make(nodes, [vi("x", [1, 4, 12, 12])], [vi("y", [1, 8, 12, 12])], inits, opset=17)
+    assert "conv_transpose2d" in import_model(model).summary()
+    result = tensat.optimize_with_details(model, cost="analytic", latency_check=0)
+    assert result.nodes_opaque == 0
+    assert result.verification is not None and result.verification.ok
