@@ -454,6 +454,95 @@ def _albert() -> Built:
     return Built(_wrap(_hf(config, "AlbertModel"), names, outs), _tokens(128, padded=16), names, outs)
 
 
+# the size of the later text models: 4 layers of width 256 and 4 heads, eager attention (as an exporter needs it)
+SMALL_TEXT: dict[str, Any] = dict(
+    vocab_size=VOCAB, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, attn_implementation="eager"
+)
+
+
+def _decoder(config: Any, cls_name: str) -> Built:
+    """A transformers decoder over 64 tokens with an all-ones mask (as GPT-2's), its last hidden state."""
+    names, outs = ("input_ids", "attention_mask"), ("last_hidden_state",)
+    return Built(_wrap(_hf(config, cls_name), names, outs, use_cache=False), _tokens(64), names, outs)
+
+
+def _qwen2() -> Built:
+    from transformers import Qwen2Config  # bench extra, not a runtime dependency
+
+    config = Qwen2Config(**SMALL_TEXT, intermediate_size=688, num_key_value_heads=2, max_position_embeddings=256)
+    return _decoder(config, "Qwen2Model")
+
+
+def _opt() -> Built:
+    from transformers import OPTConfig  # bench extra, not a runtime dependency
+
+    config = OPTConfig(**SMALL_TEXT, ffn_dim=1024, max_position_embeddings=256, word_embed_proj_dim=256)
+    return _decoder(config, "OPTModel")
+
+
+def _deberta_v2() -> Built:
+    from transformers import DebertaV2Config  # bench extra, not a runtime dependency
+
+    config = DebertaV2Config(**SMALL_TEXT, intermediate_size=1024)
+    names, outs = ("input_ids", "attention_mask"), ("last_hidden_state",)
+    return Built(_wrap(_hf(config, "DebertaV2Model"), names, outs), _tokens(128, padded=16), names, outs)
+
+
+def _levit() -> Built:
+    from transformers import LevitConfig  # bench extra, not a runtime dependency
+
+    names, outs = ("pixel_values",), ("last_hidden_state",)
+    model = _trained_like(_hf(LevitConfig(), "LevitModel"))
+    return Built(_wrap(model, names, outs), (_image(224),), names, outs)
+
+
+def _convnextv2() -> Built:
+    from transformers import ConvNextV2Config  # bench extra, not a runtime dependency
+
+    config = ConvNextV2Config(hidden_sizes=[40, 80, 160, 320], depths=[2, 2, 4, 2], image_size=224)
+    names, outs = ("pixel_values",), ("last_hidden_state", "pooler_output")
+    return Built(_wrap(_hf(config, "ConvNextV2Model"), names, outs), (_image(224),), names, outs)
+
+
+def _segformer_seg() -> Built:
+    from transformers import SegformerConfig  # bench extra, not a runtime dependency
+
+    config = SegformerConfig(
+        depths=[2, 2, 2, 2], hidden_sizes=[32, 64, 160, 256], decoder_hidden_size=128, attn_implementation="eager"
+    )
+    names, outs = ("pixel_values",), ("logits",)
+    model = _hf(config, "SegformerForSemanticSegmentation")
+    return Built(_wrap(model, names, outs), (_image(256),), names, outs)
+
+
+def _dpt() -> Built:
+    from transformers import DPTConfig  # bench extra, not a runtime dependency
+
+    config = DPTConfig(
+        hidden_size=256,
+        intermediate_size=1024,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        backbone_out_indices=[0, 1, 2, 3],
+        neck_hidden_sizes=[32, 64, 128, 256],
+        fusion_hidden_size=64,
+        head_hidden_size=32,
+        attn_implementation="eager",
+    )
+    names, outs = ("pixel_values",), ("predicted_depth",)
+    return Built(_wrap(_hf(config, "DPTForDepthEstimation"), names, outs), (_image(224),), names, outs)
+
+
+def _swin2sr() -> Built:
+    from transformers import Swin2SRConfig  # bench extra, not a runtime dependency
+
+    config = Swin2SRConfig(
+        img_size=64, embed_dim=60, depths=[2, 2], num_heads=[3, 3], window_size=8, upscale=2, upsampler="pixelshuffle"
+    )
+    names, outs = ("pixel_values",), ("reconstruction",)
+    return Built(_wrap(_hf(config, "Swin2SRForImageSuperResolution"), names, outs), (_image(64),), names, outs)
+
+
 def _densenet_module(growth: int, blocks: Sequence[int], init_features: int, bn_size: int) -> Any:
     """A torchvision-style DenseNet: pre-activation dense layers concatenated per block, BN-ReLU-Conv-AvgPool
     transitions that halve the channels, and a final BN-ReLU-GlobalAvgPool-Linear head."""
@@ -620,6 +709,54 @@ ARCHITECTURES: dict[str, Architecture] = {
             "ALBERT: factorized embeddings, one layer shared by all 4 (width 256, seq 128)",
             "transformers.AlbertModel",
             _albert,
+        ),
+        Architecture(
+            "qwen2",
+            "Qwen2 decoder: biased QKV, RMSNorm, rotary, grouped-query attention (4 layers, width 256, seq 64)",
+            "transformers.Qwen2Model",
+            _qwen2,
+        ),
+        Architecture(
+            "opt",
+            "OPT decoder: learned positions from the mask's cumulative sum, ReLU MLP (4 layers, width 256, seq 64)",
+            "transformers.OPTModel",
+            _opt,
+        ),
+        Architecture(
+            "deberta_v2",
+            "DeBERTa-v2 encoder: disentangled relative-position attention (4 layers, width 256, seq 128)",
+            "transformers.DebertaV2Model",
+            _deberta_v2,
+        ),
+        Architecture(
+            "levit",
+            "LeViT-128S: conv stem, HardSwish, attention with BatchNorm'd projections (224x224)",
+            "transformers.LevitModel",
+            _levit,
+        ),
+        Architecture(
+            "convnextv2",
+            "ConvNeXt V2: global response normalization (ReduceL2) in each block (depths 2-2-4-2, width 40, 224x224)",
+            "transformers.ConvNextV2Model",
+            _convnextv2,
+        ),
+        Architecture(
+            "segformer_seg",
+            "SegFormer-B0 with its all-MLP decode head, bilinear upsampling (256x256)",
+            "transformers.SegformerForSemanticSegmentation",
+            _segformer_seg,
+        ),
+        Architecture(
+            "dpt",
+            "DPT depth estimation: ViT backbone, transposed-conv reassembly, bilinear fusion (4 layers, 224x224)",
+            "transformers.DPTForDepthEstimation",
+            _dpt,
+        ),
+        Architecture(
+            "swin2sr",
+            "Swin2SR super-resolution x2: Swin V2 blocks, pixel-shuffle upsampler (64x64)",
+            "transformers.Swin2SRForImageSuperResolution",
+            _swin2sr,
         ),
     ]
 }

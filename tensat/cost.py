@@ -250,7 +250,7 @@ def blocked_conv(weight: Shape, group: int, block: int) -> bool:
 
 BLOCKED_POOLS = frozenset({"maxpool", "avgpool"})  # pools onnxruntime blocks whatever their input's layout
 BLOCKED_ACTIVATIONS = frozenset({"relu", "sigmoid", "tanh"})  # blocked where their input is; fused into a blocked Conv
-BLOCKED_UNARY = BLOCKED_ACTIVATIONS | {"globalavgpool"}  # blocked where their input is
+BLOCKED_UNARY = BLOCKED_ACTIVATIONS | {"globalavgpool", "globalmaxpool"}  # blocked where their input is
 
 
 def blocked(graph: Graph, live: Sequence[int], const: set[int], block: int) -> dict[int, int]:

@@ -829,12 +829,12 @@ def _pool(c: _Importer, node: NodeProto) -> list[Any]:
     return [c.op("avgpool", [x], kernel=kernel, strides=strides, pads=pads, count_include_pad=cip)]
 
 
-@_lowering("GlobalAveragePool")
-def _global_avg(c: _Importer, node: NodeProto) -> list[Any]:
+@_lowering("GlobalAveragePool", "GlobalMaxPool")
+def _global_pool(c: _Importer, node: NodeProto) -> list[Any]:
     x = c.data(0)
     if len(c.shape(x)) != 4:
-        raise _Unsupported("GlobalAveragePool on non-4-D")
-    return [c.op("globalavgpool", [x])]
+        raise _Unsupported(f"{node.op_type} on non-4-D")
+    return [c.op("globalavgpool" if node.op_type == "GlobalAveragePool" else "globalmaxpool", [x])]
 
 
 @_lowering("Concat")

@@ -1,5 +1,5 @@
-"""Pooling: max and average over 2-D and 3-D windows (pads as ONNX's: the beginnings, then the ends), and global
-average pooling."""
+"""Pooling: max and average over 2-D and 3-D windows (pads as ONNX's: the beginnings, then the ends), global average
+and max pooling, and Resize."""
 
 from __future__ import annotations
 
@@ -157,22 +157,26 @@ def _gap_equations(s: Equations, out: Dims, ins: Sequence[Dims], _: Mapping[str,
     s.eq(out, (x[0], x[1], 1, 1))
 
 
-GLOBALAVGPOOL = register(
-    OpDef(
-        "globalavgpool",
-        "GlobalAvgPool",
+def _global_pool(name: str, egg: str, onnx: str, fn: Any) -> OpDef:
+    """A pool over the whole height and width of an NCHW tensor, computing `fn` (numpy's mean, max) over them."""
+    return OpDef(
+        name,
+        egg,
         1,
         (),
         _gap_shape,
-        lambda xs, a: xs[0].mean(axis=tuple(range(2, xs[0].ndim)), keepdims=True),
+        lambda xs, a: fn(xs[0], axis=tuple(range(2, xs[0].ndim)), keepdims=True),
         _gap_rules,
         lambda s, o, a: float(numel(s[0])),
-        onnx="GlobalAveragePool",
+        onnx=onnx,
         ranks=(4, 4),
         equations=_gap_equations,
         breaks_layout=True,
     )
-)
+
+
+GLOBALAVGPOOL = register(_global_pool("globalavgpool", "GlobalAvgPool", "GlobalAveragePool", np.mean))
+GLOBALMAXPOOL = register(_global_pool("globalmaxpool", "GlobalMaxPool", "GlobalMaxPool", np.max))
 
 
 # ONNX Resize's coordinate transformations and nearest-pixel roundings tensat models, by the op's codes

@@ -109,6 +109,7 @@ SAMPLES: dict[str, tuple[list[tuple[np.ndarray, bool]], dict[str, Any], int]] = 
         17,
     ),
     "globalavgpool": ([(real(1, 3, 5, 5), False)], {}, 17),
+    "globalmaxpool": ([(real(1, 3, 5, 5), False)], {}, 17),
     "resize": ([(real(1, 2, 5, 4), False)], {"size": (7, 8), "mode": 1, "transform": 0, "nearest": 0}, 17),
     "rsqrt": ([(real(3, 4, positive=True), False)], {"epsilon": 1e-5}, 17),
     "enlarge": ([(real(2, 3, 1, 1), False)], {"kernel": (3, 3)}, 17),
