@@ -898,6 +898,14 @@ def _ex_space_to_depth(e: _Exporter, i: int) -> None:
     e.emit("SpaceToDepth", [e.tensor(n.inputs[0])], [e.tensor(i)], f"space_to_depth_{i}", blocksize=n.attr["blocksize"])
 
 
+@_emitter("cumsum")
+def _ex_cumsum(e: _Exporter, i: int) -> None:
+    n = e.graph.nodes[i]
+    axis = _ex_const(e, np.asarray(n.attr["axis"], np.int64), f"cumsum_{i}_axis")
+    flags: dict[str, Any] = {k: int(n.attr[k]) for k in ("exclusive", "reverse")}
+    e.emit("CumSum", [e.tensor(n.inputs[0]), axis], [e.tensor(i)], f"cumsum_{i}", **flags)
+
+
 @_emitter("cast")
 def _ex_cast(e: _Exporter, i: int) -> None:
     n = e.graph.nodes[i]

@@ -1133,6 +1133,14 @@ def _softmax(c: _Importer, node: NodeProto) -> list[Any]:
     return [c.reshape(c.op(op, [flat], axis=axis), shape)]
 
 
+@_lowering("CumSum")
+def _cumsum(c: _Importer, node: NodeProto) -> list[Any]:
+    x = c.data(0)
+    axis = _axis(int(np.asarray(c.param(1)).reshape(-1)[0]), len(c.shape(x)))
+    flags = {k: int(c.attrs.get(k, 0)) for k in ("exclusive", "reverse")}
+    return [c.op("cumsum", [x], axis=axis, **flags)]
+
+
 @_lowering("Clip")
 def _clip(c: _Importer, node: NodeProto) -> list[Any]:
     """Clip with constant bounds (attributes before opset 11, inputs from it); a bound left out is infinite."""

@@ -147,12 +147,22 @@ def relu(x: np.ndarray) -> np.ndarray:
     return np.maximum(x, 0)
 
 
-ADD = register(binary("add", "Add", operator.add, onnx="Add", onnx_also=("Sub",), int_exact=True, commutative=True))
+def numeric(dtypes: Sequence[str]) -> bool:
+    """`OpDef.accepts` of integer-exact arithmetic: floats, or integers of one type (the positions a decoder computes
+    from its attention mask's cumulative sum)."""
+    return any_data(dtypes) and dtypes[0] != "bool"
+
+
+ADD = register(
+    binary(
+        "add", "Add", operator.add, onnx="Add", onnx_also=("Sub",), int_exact=True, commutative=True, accepts=numeric
+    )
+)
 # ONNX's Sum of two tensors: add's value, in a form onnxruntime does not fuse with a LayerNormalization reading it
 # (`skip-layernorm-unfuse` writes one where the extraction chooses the two ops over the fused kernel). The importer
 # reads a Sum of two as one, so that a model tensat wrote keeps the form it chose.
 SUM = register(binary("sum", "Sum", operator.add, onnx="Sum", int_exact=True, commutative=True))
-MUL = register(binary("mul", "Mul", operator.mul, onnx="Mul", int_exact=True, commutative=True))
+MUL = register(binary("mul", "Mul", operator.mul, onnx="Mul", int_exact=True, commutative=True, accepts=numeric))
 RELU = register(unary("relu", "Relu", relu, onnx="Relu", int_exact=True))
 SIGMOID = register(unary("sigmoid", "Sigmoid", sigmoid, onnx="Sigmoid"))
 TANH = register(unary("tanh", "Tanh", np.tanh, onnx="Tanh"))
@@ -175,7 +185,7 @@ def _divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return a / b
 
 
-SUB = register(binary("sub", "Sub", operator.sub, onnx="Sub", int_exact=True))
+SUB = register(binary("sub", "Sub", operator.sub, onnx="Sub", int_exact=True, accepts=numeric))
 DIV = register(binary("div", "Div", _divide, onnx="Div", nonzero=(1,)))
 POW = register(binary("pow", "Pow", np.power, onnx="Pow", nonzero=(0,), value_operands=frozenset({1})))
 SQRT = register(unary("sqrt", "Sqrt", np.sqrt, onnx="Sqrt", positive=(0,)))
@@ -398,6 +408,42 @@ SOFTMAX = register(
         exhaustive=("axis",),
     )
 )
+
+
+def cumulative_sum(x: np.ndarray, axis: int, exclusive: int, reverse: int) -> np.ndarray:
+    """ONNX CumSum along `axis`: each element the sum of those before it (`exclusive`: strictly before), counted from
+    the end with `reverse`."""
+    y = np.flip(x, axis) if reverse else x
+    out = np.cumsum(y, axis=axis, dtype=x.dtype)
+    if exclusive:
+        shifted = np.zeros_like(out)
+        inner = [slice(None)] * x.ndim
+        inner[axis] = slice(1, None)
+        outer = [slice(None)] * x.ndim
+        outer[axis] = slice(None, -1)
+        shifted[tuple(inner)] = out[tuple(outer)]
+        out = shifted
+    return np.flip(out, axis) if reverse else out
+
+
+# a running sum along one axis (a decoder's positions, counted from its attention mask)
+CUMSUM = register(
+    unary(
+        "cumsum",
+        "CumSum",
+        None,
+        evaluate=lambda xs, a: cumulative_sum(xs[0], a["axis"], a["exclusive"], a["reverse"]),
+        attrs=(("axis", "int"), ("exclusive", "int"), ("reverse", "int")),
+        kind="custom",
+        shape=_along_axis_shape,
+        onnx="CumSum",
+        standard_since=11,
+        accepts=numeric,
+        int_exact=True,
+        domains={"axis": _axis_domain, "exclusive": [0, 1], "reverse": [0, 1]},
+        exhaustive=("axis", "exclusive", "reverse"),
+    )
+)
 LOG_SOFTMAX = register(
     unary(
         "log_softmax",
@@ -486,15 +532,11 @@ def _to_bool(_: Sequence[str], __: Attrs) -> str:
     return "bool"
 
 
-def _comparable(dtypes: Sequence[str]) -> bool:
-    return any_data(dtypes) and dtypes[0] != "bool"
-
-
 AND = register(binary("and", "And", np.logical_and, onnx="And", accepts=booleans, int_exact=True, commutative=True))
 OR = register(binary("or", "Or", np.logical_or, onnx="Or", accepts=booleans, int_exact=True, commutative=True))
 NOT = register(unary("not", "Not", np.logical_not, onnx="Not", accepts=booleans, int_exact=True))
 EQUAL = register(binary("equal", "Equal", np.equal, onnx="Equal", dtype=_to_bool, accepts=any_data, int_exact=True))
-LESS = register(binary("less", "Less", np.less, onnx="Less", dtype=_to_bool, accepts=_comparable, int_exact=True))
+LESS = register(binary("less", "Less", np.less, onnx="Less", dtype=_to_bool, accepts=numeric, int_exact=True))
 ISNAN = register(unary("isnan", "IsNaN", np.isnan, onnx="IsNaN", dtype=_to_bool))
 
 

@@ -74,6 +74,7 @@ SAMPLES: dict[str, tuple[list[tuple[np.ndarray, bool]], dict[str, Any], int]] = 
     "thresholdedrelu": ([(real(4, 3), False)], {"alpha": 0.3}, 17),
     "gelu": ([(real(2, 7), False)], {"approximate": 0}, 17),
     "softmax": ([(real(2, 3, 5), False)], {"axis": 1}, 17),
+    "cumsum": ([(ints(2, 5), False)], {"axis": 1, "exclusive": 1, "reverse": 0}, 17),
     "log_softmax": ([(real(2, 3, 5), False)], {"axis": 2}, 17),
     "lrn": ([(real(1, 6, 4, 4), False)], {"size": 3, "alpha": 1e-2, "beta": 0.75, "bias": 1.0}, 17),
     "cast": ([(real(3, 4), False)], {"to": ops.TYPE_CODES["int64"]}, 17),

@@ -115,11 +115,14 @@ def _mask_positions() -> onnx.ModelProto:
 
 def test_integer_inputs_are_valid_as_an_attention_mask() -> None:
     """The inputs tensat runs a model on hold integers of 0 and 1: valid token ids, and a valid mask, whose positions
-    stay in the table (with integers up to 3 the model failed, and tensat blamed it)."""
+    stay in the table (with integers up to 3 the model failed, and tensat blamed it). The positions' integer CumSum,
+    Mul and Add are modelled."""
     model = _mask_positions()
     feeds = random_inputs(model)
     assert set(np.unique(feeds["mask"])) <= {0, 1} and set(np.unique(feeds["ids"])) <= {0, 1}
+    assert {"cumsum", "mul", "add"} <= set(import_model(model).summary())
     result = tensat.optimize_with_details(model, cost="analytic", latency_check=0)
+    assert result.nodes_opaque == 0
     assert result.verification is not None and result.verification.ok
 
 

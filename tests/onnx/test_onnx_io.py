@@ -364,11 +364,22 @@ def test_unmodelled_ops_stay_opaque() -> None:
     assert len(ln.output) == 1 and {a.name for a in ln.attribute} == {"axis", "epsilon"}
 
 
-def test_non_float_ops_are_opaque() -> None:
-    nodes = [helper.make_node("Add", ["i", "j"], ["s"]), helper.make_node("Mul", ["s", "j"], ["p"])]
-    model = make(nodes, [vi("i", [3], TP.INT64), vi("j", [3], TP.INT64)], [vi("p", [3], TP.INT64)])
+def test_integer_arithmetic_is_modelled_and_other_types_are_opaque() -> None:
+    """Add, Sub and Mul of integers are exact, and modelled (a decoder's positions); an integer Div (which truncates)
+    and arithmetic of a type tensat does not hold (float64) stay opaque."""
+    nodes = [
+        helper.make_node("Add", ["i", "j"], ["s"]),
+        helper.make_node("Sub", ["s", "i"], ["d"]),
+        helper.make_node("Mul", ["d", "j"], ["p"]),
+        helper.make_node("Div", ["p", "two"], ["q"]),
+        helper.make_node("Add", ["f", "f"], ["g"]),
+    ]
+    inputs = [vi("i", [3], TP.INT64), vi("j", [3], TP.INT64), vi("f", [3], TP.DOUBLE)]
+    two = [init("two", np.full(3, 2, np.int64))]
+    model = make(nodes, inputs, [vi("q", [3], TP.INT64), vi("g", [3], TP.DOUBLE)], two)
     graph, _ = roundtrip(model)
-    assert ops_of(graph).get("opaque") == 2 and "add" not in ops_of(graph)
+    found = ops_of(graph)
+    assert found.get("opaque") == 2 and found["add"] == 1 and found["sub"] == 1 and found["mul"] == 1
 
 
 def test_optional_input_gap_and_custom_domain() -> None:
