@@ -224,7 +224,9 @@ def enumerable(rank: int, vectors: int = 0) -> list[str]:
 
 def default_ops(rank: int) -> list[str]:
     """The ops a generation enumerates unless told (`--ops`): those of `enumerable` that are ONNX standard ops of at
-    most two tensor inputs with a float output. An onnxruntime kernel or a normalization (three inputs or more) is
+    most two tensor inputs with a float output, and enumerated by default (`OpDef.enumerated_by_default`: the ops
+    read for the coverage of common exports are named with `--ops`; with them a default run of three operators
+    enumerated 4 million terms). An onnxruntime kernel or a normalization (three inputs or more) is
     introduced from the ops it computes by the hand-written kernel rules, and its extra inputs multiply the terms of
     a size by the number of classes of the smaller ones; a comparison's boolean output pairs with almost anything on
     a few elements. An op whose attribute is computed from its input's shape (`ops.Sized`: a reshape's target) is
@@ -235,7 +237,8 @@ def default_ops(rank: int) -> list[str]:
         d = ops.get(name)
         attrs = dict(op_choices([name], rank)[0].attrs)
         boolean = ops.dtype_of(name, ["float32"] * (d.inputs or 0), attrs) == "bool"
-        if d.standard_since is not None and (d.inputs or 0) <= 2 and not boolean and not ops.registry.sized(attrs):
+        standard = d.standard_since is not None and (d.inputs or 0) <= 2
+        if standard and d.enumerated_by_default and not boolean and not ops.registry.sized(attrs):
             out.append(name)
     return out
 

@@ -318,6 +318,7 @@ CONV_TRANSPOSE2D = register(
         _conv_transpose_rules,
         lambda s, o, a: 2.0 * numel(s[0]) * s[1][1] * s[1][2] * s[1][3],
         onnx="ConvTranspose",
+        enumerated_by_default=False,
         ranks=(4, 4, 4, 1),
         equations=_conv_transpose_equations,
         domains={

@@ -196,15 +196,19 @@ ERF = register(unary("erf", "Erf", erf, onnx="Erf"))
 NEG = register(unary("neg", "Neg", operator.neg, onnx="Neg", int_exact=True))
 SIGN = register(unary("sign", "Sign", np.sign, onnx="Sign", int_exact=True))
 SOFTPLUS = register(unary("softplus", "Softplus", lambda x: np.logaddexp(0.0, x), onnx="Softplus"))
-SOFTSIGN = register(unary("softsign", "Softsign", lambda x: x / (1.0 + np.abs(x)), onnx="Softsign"))
-FLOOR = register(unary("floor", "Floor", np.floor, onnx="Floor"))
-CEIL = register(unary("ceil", "Ceil", np.ceil, onnx="Ceil"))
+SOFTSIGN = register(
+    unary("softsign", "Softsign", lambda x: x / (1.0 + np.abs(x)), onnx="Softsign", enumerated_by_default=False)
+)
+FLOOR = register(unary("floor", "Floor", np.floor, onnx="Floor", enumerated_by_default=False))
+CEIL = register(unary("ceil", "Ceil", np.ceil, onnx="Ceil", enumerated_by_default=False))
 # ONNX Round rounds halves to even, as numpy does
-ROUND = register(unary("round", "Round", np.round, onnx="Round", standard_since=11))
-SIN = register(unary("sin", "Sin", np.sin, onnx="Sin", standard_since=7))
-COS = register(unary("cos", "Cos", np.cos, onnx="Cos", standard_since=7))
-MAX = register(binary("max", "Max", np.maximum, onnx="Max", int_exact=True, commutative=True, standard_since=8))
-MIN = register(binary("min", "Min", np.minimum, onnx="Min", int_exact=True, commutative=True, standard_since=8))
+ROUND = register(unary("round", "Round", np.round, onnx="Round", standard_since=11, enumerated_by_default=False))
+SIN = register(unary("sin", "Sin", np.sin, onnx="Sin", standard_since=7, enumerated_by_default=False))
+COS = register(unary("cos", "Cos", np.cos, onnx="Cos", standard_since=7, enumerated_by_default=False))
+# an element-wise extreme of two tensors (ONNX's Max and Min of more stay as written)
+_EXTREME = dict(int_exact=True, commutative=True, standard_since=8, enumerated_by_default=False)
+MAX = register(binary("max", "Max", np.maximum, onnx="Max", **_EXTREME))
+MIN = register(binary("min", "Min", np.minimum, onnx="Min", **_EXTREME))
 
 
 def _onto_first_shape(shapes: Sequence[Shape], a: Attrs) -> Shape:
@@ -231,6 +235,7 @@ PRELU = register(
         lambda x, s: np.where(x < 0, s * x, x),
         onnx="PRelu",
         standard_since=9,
+        enumerated_by_default=False,
         shape=_onto_first_shape,
         egg_shape_rules=_onto_first_rules,
         equations=_onto_first_equations,
@@ -273,6 +278,7 @@ def _activation(
         attrs=tuple((attr, "float") for attr in defaults),
         domains=domains,
         onnx=egg,
+        enumerated_by_default=False,
         **fields,
     )
 
@@ -287,10 +293,26 @@ HARD_SIGMOID = register(
 )
 # x * HardSigmoid(x) with alpha 1/6 and beta 1/2 (MobileNetV3, LeViT); onnxruntime runs it as that pair
 HARD_SWISH = register(
-    unary("hardswish", "HardSwish", lambda x: x * hard_sigmoid(x, 1 / 6, 0.5), onnx="HardSwish", standard_since=14)
+    unary(
+        "hardswish",
+        "HardSwish",
+        lambda x: x * hard_sigmoid(x, 1 / 6, 0.5),
+        onnx="HardSwish",
+        standard_since=14,
+        enumerated_by_default=False,
+    )
 )
 # x * tanh(softplus(x)) (YOLOv4)
-MISH = register(unary("mish", "Mish", lambda x: x * np.tanh(np.logaddexp(0.0, x)), onnx="Mish", standard_since=18))
+MISH = register(
+    unary(
+        "mish",
+        "Mish",
+        lambda x: x * np.tanh(np.logaddexp(0.0, x)),
+        onnx="Mish",
+        standard_since=18,
+        enumerated_by_default=False,
+    )
+)
 LEAKY_RELU = register(
     _activation("leakyrelu", "LeakyRelu", _below_zero(lambda x, alpha: alpha * x), {"alpha": 0.01}, {"alpha": 0.2})
 )
@@ -438,6 +460,7 @@ CUMSUM = register(
         shape=_along_axis_shape,
         onnx="CumSum",
         standard_since=11,
+        enumerated_by_default=False,
         accepts=numeric,
         int_exact=True,
         domains={"axis": _axis_domain, "exclusive": [0, 1], "reverse": [0, 1]},

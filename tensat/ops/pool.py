@@ -157,7 +157,7 @@ def _gap_equations(s: Equations, out: Dims, ins: Sequence[Dims], _: Mapping[str,
     s.eq(out, (x[0], x[1], 1, 1))
 
 
-def _global_pool(name: str, egg: str, onnx: str, fn: Any) -> OpDef:
+def _global_pool(name: str, egg: str, onnx: str, fn: Any, enumerated_by_default: bool = True) -> OpDef:
     """A pool over the whole height and width of an NCHW tensor, computing `fn` (numpy's mean, max) over them."""
     return OpDef(
         name,
@@ -172,11 +172,14 @@ def _global_pool(name: str, egg: str, onnx: str, fn: Any) -> OpDef:
         ranks=(4, 4),
         equations=_gap_equations,
         breaks_layout=True,
+        enumerated_by_default=enumerated_by_default,
     )
 
 
 GLOBALAVGPOOL = register(_global_pool("globalavgpool", "GlobalAvgPool", "GlobalAveragePool", np.mean))
-GLOBALMAXPOOL = register(_global_pool("globalmaxpool", "GlobalMaxPool", "GlobalMaxPool", np.max))
+GLOBALMAXPOOL = register(
+    _global_pool("globalmaxpool", "GlobalMaxPool", "GlobalMaxPool", np.max, enumerated_by_default=False)
+)
 
 
 # ONNX Resize's coordinate transformations and nearest-pixel roundings tensat models, by the op's codes
@@ -259,6 +262,7 @@ RESIZE = register(
         _resize_rules,
         lambda s, o, a: float(numel(o) * (4 if a["mode"] else 1)),
         onnx="Resize",
+        enumerated_by_default=False,
         onnx_also=("Upsample",),
         standard_since=11,
         ranks=(4, 4),

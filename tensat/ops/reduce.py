@@ -74,7 +74,7 @@ def _reduce_ranks(rank: int) -> list[tuple[int, ...]]:
     return [(a,) for a in range(rank)] + ([tuple(range(rank))] if rank > 1 else [])
 
 
-def _reduction(name: str, egg: str, onnx: str, fn: Any) -> OpDef:
+def _reduction(name: str, egg: str, onnx: str, fn: Any, enumerated_by_default: bool = False) -> OpDef:
     def evaluate(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:
         x = xs[0]
         return np.asarray(fn(x, axis=tuple(a["axes"]), keepdims=bool(a["keepdims"]))).astype(x.dtype, copy=False)
@@ -93,11 +93,12 @@ def _reduction(name: str, egg: str, onnx: str, fn: Any) -> OpDef:
         # the output rank depends on keepdims: the verifier takes the input's rank from the output's for keepdims 1
         domains={"axes": _reduce_ranks, "keepdims": [1]},
         breaks_layout=True,
+        enumerated_by_default=enumerated_by_default,
     )
 
 
-REDUCE_MEAN = register(_reduction("reducemean", "ReduceMean", "ReduceMean", np.mean))
-REDUCE_SUM = register(_reduction("reducesum", "ReduceSum", "ReduceSum", np.sum))
+REDUCE_MEAN = register(_reduction("reducemean", "ReduceMean", "ReduceMean", np.mean, enumerated_by_default=True))
+REDUCE_SUM = register(_reduction("reducesum", "ReduceSum", "ReduceSum", np.sum, enumerated_by_default=True))
 REDUCE_MAX = register(_reduction("reducemax", "ReduceMax", "ReduceMax", np.max))
 REDUCE_MIN = register(_reduction("reducemin", "ReduceMin", "ReduceMin", np.min))
 REDUCE_PROD = register(_reduction("reduceprod", "ReduceProd", "ReduceProd", np.prod))

@@ -151,6 +151,10 @@ class OpDef:
     # even and uneven ones): a rule the verifier passes at each value is kept with the attribute a variable, held to
     # the standard of a hand-written rule's `?s`, which the verifier checks on the same domain
     sampled: tuple[str, ...] = ()
+    # whether the rule generator enumerates the op unless told which ops to enumerate (`rewrites.generate.default_ops`;
+    # `--ops` names it otherwise): the ops read for the coverage of common exports (CNN activations, ONNX's other
+    # reductions, Resize...) are not, so that a default run of three operators stays minutes, not hours
+    enumerated_by_default: bool = True
     positive: tuple[int, ...] = ()  # inputs sampled positive (a variance under a square root, a logarithm)
     nonzero: tuple[int, ...] = ()  # inputs sampled away from zero but of either sign (a divisor)
     int_exact: bool = False  # numpy semantics are exact on integer tensors

@@ -771,3 +771,16 @@ def test_a_fourth_leaf_gives_the_rules_over_four_tensors() -> None:
     assert result.rules and all(r.name.startswith("gen-sums-") for r in result.rules)
     assert any(len(r.tensor_vars()) == 4 for r in result.rules)
     assert derived(result.rules, [distribute], rank=1) == {"a": "derived"}
+
+
+def test_the_ops_read_for_common_exports_are_enumerated_where_named() -> None:
+    """A default run leaves out the ops read for the coverage of common exports (`OpDef.enumerated_by_default`), so
+    that three operators over the default ops stay a run of minutes; named with `--ops`, they are enumerated, and
+    their rules found and verified: a max's idempotence, and a Relu's absorption of the LeakyRelu it reads."""
+    assert not {"max", "leakyrelu", "hardswish", "reducemax"} & set(default_ops(2))
+    assert "globalmaxpool" not in default_ops(4) and "globalavgpool" in default_ops(4)
+    found = generate(Settings(max_ops=2, ops=("relu", "max", "leakyrelu")), proved)
+    kept = _keys(found.rules)
+    assert canonical_form(_rule("(rule a (max ?x ?x) ?x)")) in kept
+    assert canonical_form(_rule("(rule a (relu (leakyrelu ?x :alpha 0.01)) (relu ?x))")) in kept
+    assert all(verify_rule(r, seed=1).ok for r in found.rules)
