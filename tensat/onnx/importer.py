@@ -1239,6 +1239,8 @@ def _resize(c: _Importer, node: NodeProto) -> list[Any]:
         transform, nearest = "asymmetric", "floor"
         scales = np.asarray(c.param(1) if c.present(1) else c.attrs["scales"], np.float32)
         sizes = None
+        if mode == "nearest" and float(scales.min()) < 1:  # onnxruntime rounds otherwise down there: kept as written
+            raise _Unsupported(f"{node.op_type} nearest by scales below 1")
     if scales is not None:
         sizes = [int(np.floor(d * float(s))) for d, s in zip(shape, scales)]
         if any(np.float32(out / d) != s for out, d, s in zip(sizes, shape, scales)):

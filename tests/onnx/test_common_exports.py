@@ -183,6 +183,31 @@ def test_a_nearest_upsample_by_two_is_read_and_written_at_its_opset(opset: int) 
     assert compare_models(model, written).ok
 
 
+@pytest.mark.parametrize("opset", [9, 10])
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+@pytest.mark.parametrize("scales", [(2.0, 2.0), (3.0, 2.0), (2.0, 0.6)])
+def test_an_old_opset_resize_computes_what_onnxruntime_computes(opset: int, mode: str, scales: tuple) -> None:
+    """Upsample (opset 9) and Resize (opset 10), by integer scales and one below 1: where tensat reads the node, its
+    numpy value is onnxruntime's (a nearest one below 1, which onnxruntime rounds otherwise, stays as written)."""
+    op_type = "Upsample" if opset < 10 else "Resize"
+    x = RNG.standard_normal((1, 1, 3, 5)).astype(np.float32)
+    out = [1, 1, int(3 * scales[0]), int(5 * scales[1])]
+    given = numpy_helper.from_array(np.array([1, 1, *scales], np.float32), "s")
+    node = helper.make_node(op_type, ["x", "s"], ["y"], mode=mode)
+    model = make([node], [vi("x", [1, 1, 3, 5])], [vi("y", out)], [given], opset=opset)
+    try:
+        (got,) = tensat.session.make_session(model, "cpu", threads=1).run(None, {"x": x})
+    except Exception:  # noqa: BLE001 - onnxruntime's Upsample takes no scale below 1
+        assert opset < 10 and min(scales) < 1
+        return
+    graph = import_model(model)
+    resized = [i for i, n in enumerate(graph.nodes) if n.op == "resize"]
+    if mode == "nearest" and min(scales) < 1:
+        assert not resized
+        return
+    np.testing.assert_allclose(graph.evaluate({"x": x}, resized)[resized[0]], got, rtol=1e-5, atol=1e-5)
+
+
 def test_a_resize_by_a_scale_other_than_its_sizes_ratio_stays_as_written() -> None:
     """A scale of 1.5 on 5 pixels gives 7, whose ratio 1.4 would move the sampled coordinates: kept opaque."""
     roi = numpy_helper.from_array(np.zeros(0, np.float32), "roi")
