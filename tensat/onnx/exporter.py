@@ -936,6 +936,17 @@ def _ex_pad(e: _Exporter, i: int) -> None:
     e.emit("Pad", [x, e.int64(pads, f"pad_{i}_pads"), fill], [e.tensor(i)], f"pad_{i}")
 
 
+@_emitter("border_pad")
+def _ex_border_pad(e: _Exporter, i: int) -> None:
+    n = e.graph.nodes[i]
+    pads, mode = list(n.attr["pads"]), ops.PAD_MODES[n.attr["mode"]]
+    x = e.tensor(n.inputs[0])
+    if e.opset < 11:
+        e.emit("Pad", [x], [e.tensor(i)], f"border_pad_{i}", pads=pads, mode=mode)
+        return
+    e.emit("Pad", [x, e.int64(pads, f"border_pad_{i}_pads")], [e.tensor(i)], f"border_pad_{i}", mode=mode)
+
+
 @_emitter("instancenorm")
 def _ex_instance_norm(e: _Exporter, i: int) -> None:
     n = e.graph.nodes[i]

@@ -1184,9 +1184,10 @@ def _layer_norm(c: _Importer, node: NodeProto) -> list[Any]:
 
 @_lowering("Pad")
 def _pad(c: _Importer, node: NodeProto) -> list[Any]:
-    """Constant padding by constant pads (attributes before opset 11, inputs from it; axes from opset 18)."""
-    mode = c.attrs.get("mode", b"constant")
-    if (mode.decode() if isinstance(mode, bytes) else str(mode)) != "constant":
+    """Padding by constant pads (attributes before opset 11, inputs from it; axes from opset 18): by a constant, or
+    by the tensor's own elements (reflect, edge, and wrap from opset 19)."""
+    mode = _text(c.attrs.get("mode"), "constant")
+    if mode != "constant" and mode not in ops.PAD_MODES:
         raise _Unsupported(f"Pad mode {mode}")
     x = c.data(0)
     rank = len(c.shape(x))
@@ -1205,6 +1206,8 @@ def _pad(c: _Importer, node: NodeProto) -> list[Any]:
         raise _Unsupported("pads of another rank")
     if not any(pads):
         return [x]
+    if mode != "constant":
+        return [c.op("border_pad", [x], pads=pads, mode=ops.PAD_MODES.index(mode))]
     out = c.op("pad", [x], pads=pads, value=value)
     if c.node.output[0] in c.fusions.pads:  # onnxruntime runs it apart from the Conv it could be fused into
         c.graph.unfused.add(out)

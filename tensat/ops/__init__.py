@@ -40,7 +40,7 @@ from tensat.ops.conv import (
 )
 from tensat.ops.elementwise import ACTIVATION_DEFAULTS, GELU_APPROXIMATIONS
 from tensat.ops.kernels import CONTRIB, KERNELS
-from tensat.ops.layout import DEPTH_TO_SPACE_MODES
+from tensat.ops.layout import DEPTH_TO_SPACE_MODES, PAD_MODES
 from tensat.ops.pool import POOL_RANKS, RESIZE_MODES, RESIZE_NEAREST, RESIZE_TRANSFORMS
 from tensat.ops.reduce import axes_input_since
 from tensat.ops.registry import (
@@ -90,6 +90,7 @@ __all__ = [
     "TYPE_NAMES",
     "EGG_SORT",
     "MAX_RANK",
+    "PAD_MODES",
     "POOL_RANKS",
     "RESIZE_MODES",
     "RESIZE_NEAREST",

@@ -490,3 +490,64 @@ SPACE_TO_DEPTH = register(
         cold_output=True,
     )
 )
+
+
+PAD_MODES = ("reflect", "edge", "wrap")  # ONNX Pad's modes that copy the tensor's own elements, by `border_pad`'s code
+
+
+def _border_pad_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
+    x, pads, mode = shapes[0], tuple(attrs["pads"]), attrs["mode"]
+    check(0 <= mode < len(PAD_MODES), f"pad mode {mode} unknown")
+    out = _pad_shape(shapes, attrs)
+    r = len(x)
+    largest = {"reflect": lambda d: d - 1, "edge": lambda d: 0 if d == 0 else 2**31, "wrap": lambda d: d}[
+        PAD_MODES[mode]
+    ]
+    check(
+        all(max(pads[i], pads[i + r]) <= largest(d) for i, d in enumerate(x)), f"{PAD_MODES[mode]} pads {pads} on {x}"
+    )
+    return out
+
+
+def _border_pad_eval(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:
+    x, pads = xs[0], a["pads"]
+    r = x.ndim
+    mode: Any = PAD_MODES[a["mode"]]  # one of numpy's names for the same modes
+    return np.pad(x, [(pads[i], pads[i + r]) for i in range(r)], mode=mode)
+
+
+def _border_pad_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[str, Any]) -> None:
+    _pad_equations(s, out, ins, at)
+    for d in ins[0]:
+        s.hint(d, 2, 4)
+
+
+def _border_pad_domain(rank: int) -> list[tuple[int, ...]]:
+    """The pads the rule verifier tries: none, and one at each end of the last axis (within any dim of 2 or more)."""
+    none = (0,) * (2 * rank)
+    return [none, none[: rank - 1] + (1,) + none[rank:-1] + (1,)]
+
+
+# padding by the tensor's own elements: mirrored without the border (reflect: PyTorch's ReflectionPad), the border
+# repeated (edge: ReplicationPad), or the other end's (wrap); `pads` as `pad`'s
+BORDER_PAD = register(
+    OpDef(
+        "border_pad",
+        "BorderPad",
+        1,
+        (("pads", "ints"), ("mode", "int")),
+        _border_pad_shape,
+        _border_pad_eval,
+        _pad_rules,
+        lambda s, o, a: float(numel(o)),
+        onnx="Pad",
+        ranks=(SAME, SAME),
+        accepts=any_data,
+        equations=_border_pad_equations,
+        domains={"pads": _border_pad_domain, "mode": [0, 1, 2]},
+        exhaustive=("mode",),
+        int_exact=True,
+        breaks_layout=True,
+        enumerated_by_default=False,
+    )
+)

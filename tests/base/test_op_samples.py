@@ -126,6 +126,7 @@ SAMPLES: dict[str, tuple[list[tuple[np.ndarray, bool]], dict[str, Any], int]] = 
     "reducelogsumexp": ([(4 * real(2, 3, 5), False)], {"axes": (0, 1), "keepdims": 0}, 18),
     "instancenorm": ([(real(2, 3, 8), False), (real(3), True), (real(3), True)], {"epsilon": 1e-5}, 17),
     "pad": ([(real(1, 2, 4, 5), False)], {"pads": (0, 0, 1, 2, 0, 0, 2, 1), "value": 0.0}, 17),
+    "border_pad": ([(real(1, 2, 4, 5), False)], {"pads": (0, 0, 1, 2, 0, 0, 3, 1), "mode": 0}, 17),
     "layernorm": ([(real(2, 3, 8), False), (real(8), True), (real(8), True)], {"axis": 2, "epsilon": 1e-5}, 17),
     "gather": ([(real(10, 4), True), (ints(2, 3, high=10), False)], {"axis": 0, "shape": (2, 3, 4)}, 17),
     "gather_nd": ([(real(3, 4, 5), False), (ints(2, 2, high=3), False)], {"batch_dims": 0, "shape": (2, 5)}, 17),

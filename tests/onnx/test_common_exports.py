@@ -255,3 +255,28 @@ def test_a_u_net_up_block_is_modelled_and_optimizes() -> None:
     result = tensat.optimize_with_details(model, cost="analytic", latency_check=0)
     assert result.nodes_opaque == 0
     assert result.verification is not None and result.verification.ok
+
+
+@pytest.mark.parametrize(("mode", "opset"), [("reflect", 10), ("reflect", 18), ("edge", 13), ("wrap", 19)])
+def test_a_pad_by_the_tensor_s_own_elements_is_read_and_written_back(mode: str, opset: int) -> None:
+    """A reflection pad before a Conv (PyTorch's ReflectionPad2d, a GAN's or a super-resolution model's), an edge
+    and a wrap pad: read as `border_pad`, every node modelled, verified against the input, and the Pad written back in
+    its mode at the model's opset (pads an attribute before opset 11)."""
+    pads = [0, 0, 1, 2, 0, 0, 1, 2]
+    if opset < 11:
+        pad, inits = helper.make_node("Pad", ["x"], ["p"], mode=mode, pads=pads), []
+    else:
+        inits = [numpy_helper.from_array(np.array(pads, np.int64), "pads")]
+        pad = helper.make_node("Pad", ["x", "pads"], ["p"], mode=mode)
+    nodes = [pad, helper.make_node("Conv", ["p", "w", "b"], ["y"])]
+    model = make(
+        nodes, [vi("x", [1, 4, 8, 8])], [vi("y", [1, 8, 8, 10])], [_w("w", 8, 4, 3, 3), _w("b", 8), *inits], opset=opset
+    )
+    graph = import_model(model)
+    assert "border_pad" in graph.summary() and "opaque" not in graph.summary()
+    written = export_model(graph)
+    (back,) = [n for n in written.graph.node if n.op_type == "Pad"]
+    assert {a.name: a.s.decode() for a in back.attribute if a.name == "mode"} == {"mode": mode}
+    assert compare_models(model, written).ok
+    result = tensat.optimize_with_details(model, cost="analytic", latency_check=0)
+    assert result.nodes_opaque == 0 and result.verification is not None and result.verification.ok
