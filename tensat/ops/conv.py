@@ -1,4 +1,5 @@
-"""Conv 2-D with bias and fused activation, and the sliding-window helpers pooling shares.
+"""Conv 2-D with bias and fused activation, the transposed Conv 2-D (ONNX ConvTranspose), and the sliding-window
+helpers pooling shares.
 
 Inputs: x (N,C,H,W), w (M, C/group, KH, KW), b (M,). pads = (top, left, bottom, right) as in ONNX's
 (begin..., end...) order for 2-D. `act` is a fused activation code (Tensat's numbering, `ACT_NAMES`).

@@ -244,6 +244,7 @@ PRELU = register(
 
 
 def hard_sigmoid(x: np.ndarray, alpha: float = 0.2, beta: float = 0.5) -> np.ndarray:
+    """ONNX HardSigmoid: alpha x + beta, clipped to [0, 1]."""
     return np.clip(alpha * x + beta, 0.0, 1.0).astype(x.dtype, copy=False)
 
 

@@ -1,5 +1,6 @@
 """Data movement: concat (binary; an N-ary ONNX Concat becomes a left-nested chain), slice (one axis, explicit
-start and size), transpose and reshape."""
+start and size), transpose, reshape, padding (by a constant, or by the tensor's own elements), and the pixel shuffles
+DepthToSpace and SpaceToDepth."""
 
 from __future__ import annotations
 
