@@ -979,6 +979,13 @@ def _ex_gather(e: _Exporter, i: int) -> None:
     e.emit("Gather", [e.tensor(j) for j in n.inputs], [e.tensor(i)], f"gather_{i}", axis=int(n.attr["axis"]))
 
 
+@_emitter("gather_elements")
+def _ex_gather_elements(e: _Exporter, i: int) -> None:
+    n = e.graph.nodes[i]
+    ins = [e.tensor(j) for j in n.inputs]
+    e.emit("GatherElements", ins, [e.tensor(i)], f"gather_elements_{i}", axis=int(n.attr["axis"]))
+
+
 @_emitter("gather_nd")
 def _ex_gather_nd(e: _Exporter, i: int) -> None:
     n = e.graph.nodes[i]

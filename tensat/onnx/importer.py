@@ -1064,6 +1064,12 @@ def _gather_nd(c: _Importer, node: NodeProto) -> list[Any]:
     return [c.op("gather_nd", [data, index], batch_dims=b, shape=at[:-1] + dims[b + at[-1] :])]
 
 
+@_lowering("GatherElements")
+def _gather_elements(c: _Importer, node: NodeProto) -> list[Any]:
+    data = c.data(0)
+    return [c.op("gather_elements", [data, c.data(1)], axis=_axis(int(c.attrs.get("axis", 0)), len(c.shape(data))))]
+
+
 @_lowering("Expand")
 def _expand(c: _Importer, node: NodeProto) -> list[Any]:
     """x broadcast to the constant target: x reshaped to the output's rank first, as element-wise operands are."""

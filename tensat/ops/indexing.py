@@ -240,3 +240,57 @@ STRIDE = register(
         symbolic_shape=symbolic_on_static_axis,
     )
 )
+
+
+def _gather_elements_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
+    data, index = shapes
+    axis = attrs["axis"]
+    check(len(data) == len(index) and 0 <= axis < len(data), f"gather_elements of {index} from {data} on axis {axis}")
+    check(all(i <= d for a, (i, d) in enumerate(zip(index, data)) if a != axis), f"{index} larger than {data}")
+    return tuple(index)
+
+
+def _gather_elements_eval(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:
+    data, index = xs
+    axis = a["axis"]
+    index = np.where(index < 0, index + data.shape[axis], index)
+    window = tuple(slice(0, n) if k != axis else slice(None) for k, n in enumerate(index.shape))
+    return np.take_along_axis(data[window], index, axis=axis)
+
+
+def _gather_elements_rules(op: OpDef) -> list[str]:
+    query = ["(= (vec-length s0) (vec-length s1))", "(< -1 axis)", "(< axis (vec-length s0))"]
+    return [egg_rule(op, query, "s1")]
+
+
+def _gather_elements_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[str, Any]) -> None:
+    data, index = ins
+    if not isinstance(at["axis"], int) or not 0 <= at["axis"] < len(out):
+        s.reject("gather_elements axis")
+    s.eq(out, index)
+    s.eq(data, index)
+
+
+# ONNX GatherElements: each element of `indices` picks its element of the data along `axis`, the other coordinates its
+# own (a position table's rows, a detector's top boxes)
+GATHER_ELEMENTS = register(
+    OpDef(
+        "gather_elements",
+        "GatherElements",
+        2,
+        (("axis", "int"),),
+        _gather_elements_shape,
+        _gather_elements_eval,
+        _gather_elements_rules,
+        no_flops,
+        onnx="GatherElements",
+        ranks=(SAME, SAME, SAME),
+        accepts=_gather_accepts,
+        equations=_gather_elements_equations,
+        domains={"axis": lambda rank: list(range(rank))},
+        int_exact=True,
+        breaks_layout=True,
+        operand_dtypes={1: "int64"},
+        enumerated_by_default=False,
+    )
+)

@@ -131,6 +131,7 @@ SAMPLES: dict[str, tuple[list[tuple[np.ndarray, bool]], dict[str, Any], int]] = 
     "gather": ([(real(10, 4), True), (ints(2, 3, high=10), False)], {"axis": 0, "shape": (2, 3, 4)}, 17),
     "gather_nd": ([(real(3, 4, 5), False), (ints(2, 2, high=3), False)], {"batch_dims": 0, "shape": (2, 5)}, 17),
     "expand": ([(real(1, 3, 1), False)], {"shape": (2, 3, 4)}, 17),
+    "gather_elements": ([(real(3, 5, 4), False), (ints(3, 2, 4, high=5), False)], {"axis": 1}, 17),
     "stride": ([(real(2, 9, 3), False)], {"axis": 1, "start": 1, "step": 2, "size": 4}, 17),
     "skip_layernorm": (
         [(real(1, 4, 8), False), (real(1, 4, 8), False), (real(8), True), (real(8), True)],

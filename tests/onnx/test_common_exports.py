@@ -280,3 +280,18 @@ def test_a_pad_by_the_tensor_s_own_elements_is_read_and_written_back(mode: str, 
     assert compare_models(model, written).ok
     result = tensat.optimize_with_details(model, cost="analytic", latency_check=0)
     assert result.nodes_opaque == 0 and result.verification is not None and result.verification.ok
+
+
+def test_gather_elements_with_negative_and_narrower_indices_is_read_and_written_back() -> None:
+    """GatherElements along its axis, by constant indices narrower than the data on another axis and negative ones
+    (counted from the end): read as `gather_elements`, and written back computing what the model computes."""
+    index = numpy_helper.from_array(np.array([[[0, -1], [2, 1]], [[-3, 0], [1, 1]]], np.int64), "index")
+    node = helper.make_node("GatherElements", ["x", "index"], ["y"], axis=1)
+    model = make([node], [vi("x", [2, 3, 4])], [vi("y", [2, 2, 2])], [index], opset=17)
+    graph = import_model(model)
+    assert "gather_elements" in graph.summary() and "opaque" not in graph.summary()
+    assert compare_models(model, export_model(graph)).ok
+    x = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+    (got,) = tensat.session.make_session(model, "cpu", threads=1).run(None, {"x": x})
+    (out,) = [i for i, n in enumerate(graph.nodes) if n.op == "gather_elements"]
+    np.testing.assert_array_equal(graph.evaluate({"x": x}, [out])[out], got)
