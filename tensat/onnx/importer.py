@@ -623,6 +623,13 @@ def _ints(values: Any) -> list[int]:
     return [int(v) for v in np.asarray(values).reshape(-1)]
 
 
+def _text(value: Any, default: str) -> str:
+    """A string attribute's value (bytes in a NodeProto), or `default` where the node leaves it out."""
+    if value is None:
+        return default
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def _axis(axis: int, rank: int) -> int:
     if not -rank <= axis < rank:
         raise _Unsupported(f"axis {axis} out of range")
@@ -711,8 +718,7 @@ def _spatial_pads(
     """Explicit pads of the spatial axes of `x` (after N and C), their beginnings then their ends (top, left, bottom,
     right in 2-D), resolving auto_pad."""
     spatial = len(x) - 2
-    auto = c.attrs.get("auto_pad", b"NOTSET")
-    auto = auto.decode() if isinstance(auto, bytes) else str(auto)
+    auto = _text(c.attrs.get("auto_pad"), "NOTSET")
     if auto == "NOTSET":
         pads = tuple(int(p) for p in c.attrs.get("pads", [0] * 2 * spatial))
         if len(pads) != 2 * spatial:
@@ -743,8 +749,7 @@ def _conv1d(c: _Importer, x: int, w: int) -> int:
     strides = [1, int(c.attrs.get("strides", [1])[0])]
     dilations = [1, int(c.attrs.get("dilations", [1])[0])]
     x4 = (sx[0], sx[1], 1, sx[2])
-    auto = c.attrs.get("auto_pad", b"NOTSET")
-    if (auto.decode() if isinstance(auto, bytes) else str(auto)) == "NOTSET":
+    if _text(c.attrs.get("auto_pad"), "NOTSET") == "NOTSET":
         begin, end = (int(p) for p in c.attrs.get("pads", [0, 0]))
         pads: tuple[int, ...] = (0, begin, 0, end)
     else:
@@ -1220,13 +1225,6 @@ def _pad(c: _Importer, node: NodeProto) -> list[Any]:
     return [out]
 
 
-def _text(value: Any, default: str) -> str:
-    """A string attribute's value (bytes in a NodeProto), or `default` where the node leaves it out."""
-    if value is None:
-        return default
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 @_lowering("Resize", "Upsample")
 def _resize(c: _Importer, node: NodeProto) -> list[Any]:
     """Resize (Upsample before opset 10) of an NCHW tensor's height and width, nearest or linear, by constant scales
@@ -1294,8 +1292,7 @@ def _lrn(c: _Importer, node: NodeProto) -> list[Any]:
 
 @_lowering("Gelu")
 def _gelu(c: _Importer, node: NodeProto) -> list[Any]:
-    approximate = c.attrs.get("approximate", b"none")
-    approximate = approximate.decode() if isinstance(approximate, bytes) else str(approximate)
+    approximate = _text(c.attrs.get("approximate"), "none")
     if approximate not in ops.GELU_APPROXIMATIONS:
         raise _Unsupported(f"Gelu approximation {approximate}")
     return [c.op("gelu", [c.data(0)], approximate=ops.GELU_APPROXIMATIONS.index(approximate))]
