@@ -912,7 +912,7 @@ def _ex_cast(e: _Exporter, i: int) -> None:
     e.emit("Cast", [e.tensor(n.inputs[0])], [e.tensor(i)], f"cast_{i}", to=int(n.attr["to"]))
 
 
-@_emitter(*(op.name for op in ops.REGISTRY.values() if op.name.startswith("reduce")))
+@_emitter(*ops.REDUCTIONS)
 def _ex_reduce(e: _Exporter, i: int) -> None:
     """A reduction with its axes as an attribute, or as an input from the opset that made them one."""
     n = e.graph.nodes[i]

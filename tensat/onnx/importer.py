@@ -1103,7 +1103,7 @@ def _reduce_axes(c: _Importer, rank: int, opset_input: int) -> tuple[int, ...] |
     return tuple(sorted({_axis(a, rank) for a in axes}))
 
 
-_REDUCTIONS = {op.onnx: op.name for op in ops.REGISTRY.values() if op.name.startswith("reduce") and op.onnx}
+_REDUCTIONS = {onnx_type: name for name in ops.REDUCTIONS for onnx_type in ops.get(name).onnx_types}
 
 
 @_lowering(*_REDUCTIONS)

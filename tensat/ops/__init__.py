@@ -42,7 +42,7 @@ from tensat.ops.elementwise import ACTIVATION_DEFAULTS, GELU_APPROXIMATIONS
 from tensat.ops.kernels import CONTRIB, KERNELS
 from tensat.ops.layout import DEPTH_TO_SPACE_MODES, PAD_MODES
 from tensat.ops.pool import POOL_RANKS, RESIZE_MODES, RESIZE_NEAREST, RESIZE_TRANSFORMS
-from tensat.ops.reduce import axes_input_since
+from tensat.ops.reduce import REDUCTIONS, axes_input_since
 from tensat.ops.registry import (
     BY_EGG,
     EGG_SORT,
@@ -91,6 +91,7 @@ __all__ = [
     "EGG_SORT",
     "MAX_RANK",
     "PAD_MODES",
+    "REDUCTIONS",
     "POOL_RANKS",
     "RESIZE_MODES",
     "RESIZE_NEAREST",

@@ -74,11 +74,16 @@ def _reduce_ranks(rank: int) -> list[tuple[int, ...]]:
     return [(a,) for a in range(rank)] + ([tuple(range(rank))] if rank > 1 else [])
 
 
+# the reductions over a set of axes, by name (`_reduction`): read and written alike by the ONNX layer
+REDUCTIONS: list[str] = []
+
+
 def _reduction(name: str, egg: str, onnx: str, fn: Any, enumerated_by_default: bool = False) -> OpDef:
     def evaluate(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:
         x = xs[0]
         return np.asarray(fn(x, axis=tuple(a["axes"]), keepdims=bool(a["keepdims"]))).astype(x.dtype, copy=False)
 
+    REDUCTIONS.append(name)
     return OpDef(
         name,
         egg,
