@@ -500,13 +500,12 @@ def _border_pad_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
     x, pads, mode = shapes[0], tuple(attrs["pads"]), attrs["mode"]
     check(0 <= mode < len(PAD_MODES), f"pad mode {mode} unknown")
     out = _pad_shape(shapes, attrs)
-    r = len(x)
-    largest = {"reflect": lambda d: d - 1, "edge": lambda d: 0 if d == 0 else 2**31, "wrap": lambda d: d}[
-        PAD_MODES[mode]
-    ]
-    check(
-        all(max(pads[i], pads[i + r]) <= largest(d) for i, d in enumerate(x)), f"{PAD_MODES[mode]} pads {pads} on {x}"
-    )
+    name, r = PAD_MODES[mode], len(x)
+    for i, d in enumerate(x):
+        widest = max(pads[i], pads[i + r])
+        # a mirror leaves its border out, a wrap repeats at most the whole axis, an edge needs one element
+        fits = widest <= d - 1 if name == "reflect" else widest <= d if name == "wrap" else d >= 1 or widest == 0
+        check(fits, f"{name} pads {pads} on {x}")
     return out
 
 
