@@ -204,20 +204,30 @@ def _trained_like(model: Any, convs: bool = True) -> Any:
     return model.eval()
 
 
+# the size of the text models: 4 layers of width 256 and 4 heads, eager attention (as an exporter needs it)
+SMALL_TEXT: dict[str, Any] = dict(
+    vocab_size=VOCAB, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, attn_implementation="eager"
+)
+
+
+def _encoder(config: Any, cls_name: str, outs: tuple[str, ...] = ("last_hidden_state",)) -> Built:
+    """A transformers encoder over 128 tokens whose last 16 are padding, its outputs `outs`."""
+    names = ("input_ids", "attention_mask")
+    return Built(_wrap(_hf(config, cls_name), names, outs), _tokens(128, padded=16), names, outs)
+
+
+def _decoder(config: Any, cls_name: str) -> Built:
+    """A transformers decoder over 64 tokens with an all-ones mask (as GPT-2's: with no mask, transformers looks
+    for packed sequences with torch.diff, which the TorchScript exporter cannot export), its last hidden state."""
+    names, outs = ("input_ids", "attention_mask"), ("last_hidden_state",)
+    return Built(_wrap(_hf(config, cls_name), names, outs, use_cache=False), _tokens(64), names, outs)
+
+
 def _bert() -> Built:
     from transformers import BertConfig  # bench extra, not a runtime dependency
 
-    config = BertConfig(
-        vocab_size=VOCAB,
-        hidden_size=256,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        intermediate_size=1024,
-        max_position_embeddings=512,
-        attn_implementation="eager",
-    )
-    names, outs = ("input_ids", "attention_mask"), ("last_hidden_state", "pooler_output")
-    return Built(_wrap(_hf(config, "BertModel"), names, outs), _tokens(128, padded=16), names, outs)
+    config = BertConfig(**SMALL_TEXT, intermediate_size=1024, max_position_embeddings=512)
+    return _encoder(config, "BertModel", ("last_hidden_state", "pooler_output"))
 
 
 def _t5_encoder() -> Built:
@@ -226,8 +236,7 @@ def _t5_encoder() -> Built:
     config = T5Config(
         vocab_size=VOCAB, d_model=256, d_kv=64, d_ff=1024, num_layers=4, num_heads=4, attn_implementation="eager"
     )
-    names, outs = ("input_ids", "attention_mask"), ("last_hidden_state",)
-    return Built(_wrap(_hf(config, "T5EncoderModel"), names, outs), _tokens(128, padded=16), names, outs)
+    return _encoder(config, "T5EncoderModel")
 
 
 def _gpt2() -> Built:
@@ -244,20 +253,8 @@ def _gpt2() -> Built:
 def _llama() -> Built:
     from transformers import LlamaConfig  # bench extra, not a runtime dependency
 
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=256,
-        intermediate_size=688,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        attn_implementation="eager",
-    )
-    # An attention mask for the same reason as GPT-2's.
-    names, outs = ("input_ids", "attention_mask"), ("last_hidden_state",)
-    model = _wrap(_hf(config, "LlamaModel"), names, outs, use_cache=False)
-    return Built(model, _tokens(64), names, outs)
+    config = LlamaConfig(**SMALL_TEXT, intermediate_size=688, num_key_value_heads=2, max_position_embeddings=256)
+    return _decoder(config, "LlamaModel")
 
 
 def _vit() -> Built:
@@ -441,29 +438,8 @@ def _albert() -> Built:
     from transformers import AlbertConfig  # bench extra, not a runtime dependency
 
     # ALBERT: factorized embeddings (128 -> 256) and one layer's weights shared by all 4.
-    config = AlbertConfig(
-        vocab_size=VOCAB,
-        embedding_size=128,
-        hidden_size=256,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        intermediate_size=1024,
-        attn_implementation="eager",
-    )
-    names, outs = ("input_ids", "attention_mask"), ("last_hidden_state", "pooler_output")
-    return Built(_wrap(_hf(config, "AlbertModel"), names, outs), _tokens(128, padded=16), names, outs)
-
-
-# the size of the later text models: 4 layers of width 256 and 4 heads, eager attention (as an exporter needs it)
-SMALL_TEXT: dict[str, Any] = dict(
-    vocab_size=VOCAB, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, attn_implementation="eager"
-)
-
-
-def _decoder(config: Any, cls_name: str) -> Built:
-    """A transformers decoder over 64 tokens with an all-ones mask (as GPT-2's), its last hidden state."""
-    names, outs = ("input_ids", "attention_mask"), ("last_hidden_state",)
-    return Built(_wrap(_hf(config, cls_name), names, outs, use_cache=False), _tokens(64), names, outs)
+    config = AlbertConfig(**SMALL_TEXT, embedding_size=128, intermediate_size=1024)
+    return _encoder(config, "AlbertModel", ("last_hidden_state", "pooler_output"))
 
 
 def _qwen2() -> Built:
@@ -484,8 +460,7 @@ def _deberta_v2() -> Built:
     from transformers import DebertaV2Config  # bench extra, not a runtime dependency
 
     config = DebertaV2Config(**SMALL_TEXT, intermediate_size=1024)
-    names, outs = ("input_ids", "attention_mask"), ("last_hidden_state",)
-    return Built(_wrap(_hf(config, "DebertaV2Model"), names, outs), _tokens(128, padded=16), names, outs)
+    return _encoder(config, "DebertaV2Model")
 
 
 def _levit() -> Built:
