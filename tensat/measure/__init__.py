@@ -38,14 +38,14 @@ How a unit's cost is taken:
   timed as onnxruntime's own optimized model of it with the reorders at its inputs and outputs cut off
   (`strip_reorders`): it takes and gives blocked tensors. A residual operand of Conv+Add enters through a 1x1 max
   pool so that onnxruntime fuses the Add into the convolution (updating the operand in place), as it does inside a
-  graph, and so does a BatchNormalization's input, which onnxruntime runs as a blocked Conv only when it arrives
-  blocked; the pool and a one-pixel pool reading the output then form the null model. Conversely an op that cannot
-  run blocked (slice, transpose, reshape, matmul, a grouped conv or pool onnxruntime keeps in NCHW) on a 4-D
-  tensor is charged the reorders it causes between blocked neighbours: splitting a merged conv's output costs what
-  it costs. A tensor counts as blocked where the graph being optimized holds tensors of its batch, height and width
-  in the blocked layout (`observe_graph`): a transformer's 4-D attention tensors stay in NCHW, and no reorder is
-  charged at them. A Transpose between NHWC and a blocked tensor is that reorder, reading or writing channels last
-  (onnxruntime folds it so), and costs only the reorder.
+  graph, and so does the input of a BatchNormalization or a Resize that arrives blocked in the graph: onnxruntime
+  runs them as a blocked Conv and a blocked Upsample only then; the pool and a one-pixel pool reading the output
+  then form the null model. Conversely an op that cannot run blocked (slice, transpose, reshape, matmul, a grouped
+  conv or pool onnxruntime keeps in NCHW) on a 4-D tensor is charged the reorders it causes between blocked
+  neighbours: splitting a merged conv's output costs what it costs. A tensor counts as blocked where the graph being
+  optimized holds tensors of its batch, height and width in the blocked layout (`observe_graph`): a transformer's
+  4-D attention tensors stay in NCHW, and no reorder is charged at them. A Transpose between NHWC and a blocked
+  tensor is that reorder, reading or writing channels last (onnxruntime folds it so), and costs only the reorder.
 - Reshape runs as a view inside a graph (onnxruntime aliases its buffer): it costs one node's dispatch, plus the
   reorder out of the blocked layout where that applies.
 - Opaque ops (the cost model does not see their definition) and units onnxruntime cannot build fall back to the

@@ -596,14 +596,15 @@ class MeasuredCost:
         place, as it does inside a graph (the output is then sampled, `sample_outputs`, as a graph output cannot
         alias the operand); the pools and the sampling go into the null model (second item), so that their time
         cancels, the unit's dispatch cost included."""
-        timed, prologue = _with_prologue(unit)
+        timed, prologue = _with_prologue(unit, self._blocked)
         with tempfile.TemporaryDirectory(prefix="tensat-probe-") as tmp:
             path = os.path.join(tmp, "opt.onnx")
             self.runner.session(unit_model(timed), optimized_path=path)
             opt = onnx.load(path)
-        if not any(
-            n.domain == NCHWC_DOMAIN and n.op_type not in ("ReorderInput", "ReorderOutput") for n in opt.graph.node
-        ):
+        ran_blocked = [
+            n for n in opt.graph.node if n.domain == NCHWC_DOMAIN and n.op_type not in ("ReorderInput", "ReorderOutput")
+        ]
+        if len(ran_blocked) <= len(prologue):  # only the prologue's pools: the unit itself runs in NCHW
             return None
         stripped = strip_reorders(opt, self.calibration.block)
         if not prologue:

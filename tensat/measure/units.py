@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,11 +162,14 @@ def _nbytes(shape: Sequence[int], dtype: str = "float32") -> int:
 
 
 def _random_array(rng: np.random.Generator, shape: Sequence[int], dtype: str) -> np.ndarray:
+    """Seeded data of `shape` for a timed model: small floats, integers 0 or 1 (valid as any index, and as the
+    attention mask whose cumulative sum OPT reads its positions by, as `tensat.verify.random_inputs` makes them),
+    random booleans."""
     dt = np.dtype(dtype)
     if dt.kind == "f":
         return ((rng.random(tuple(shape), dtype=np.float32) - 0.5) * 0.2).astype(dt, copy=False)
     if dt.kind in "iu":
-        return rng.integers(0, 4, size=tuple(shape)).astype(dt)
+        return rng.integers(0, 2, size=tuple(shape)).astype(dt)
     if dt.kind == "b":
         return rng.random(tuple(shape)) < 0.5
     raise ValueError(f"cannot make data of type {dtype}")
@@ -393,24 +396,27 @@ def _is_plausibly_blocked(shape: Sequence[int], dtype: str = "float32") -> bool:
     return len(shape) == 4 and np.dtype(dtype).kind == "f" and shape[1] % 4 == 0 and shape[1] > 0
 
 
-def _with_prologue(unit: Unit) -> tuple[Unit, list[Unit]]:
+def _with_prologue(
+    unit: Unit, arrives_blocked: Callable[[Shape, str], bool] = _is_plausibly_blocked
+) -> tuple[Unit, list[Unit]]:
     """Inside a graph, some operands arrive in the blocked layout, and onnxruntime runs what reads them blocked only
-    then: it fuses the residual Add of a Conv+Add into the convolution, and runs a BatchNormalization (DenseNet's,
-    before its convolution) as a blocked Conv; from a graph input it would do neither. So feed such operands
-    through a 1x1 max pool (which runs blocked), returning the unit to optimize and the prologue pools (one unit
-    each)."""
+    then: it fuses the residual Add of a Conv+Add into the convolution, runs a BatchNormalization (DenseNet's,
+    before its convolution) as a blocked Conv, and a Resize by whole scales (DPT's, after its convolutions) as a
+    blocked Upsample; from a graph input it would do none of these. So feed such operands (those
+    `arrives_blocked` accepts) through a 1x1 max pool (which runs blocked), returning the unit to optimize and the
+    prologue pools (one unit each)."""
     fed: dict[str, slice] = {}  # op -> its operands fed so
     if "conv2d" in unit.ops:
         fed["add"] = slice(None)
-    elif unit.ops == ("batchnorm",):
-        fed["batchnorm"] = slice(0, 1)  # the data; not the statistics
+    elif unit.ops in (("batchnorm",), ("resize",)):
+        fed[unit.ops[0]] = slice(0, 1)  # the data; not the statistics
     targets: list[int] = []
     for n in unit.nodes:
         if n.op not in fed:
             continue
         for kind, i in n.inputs[fed[n.op]]:
             shape, const, dtype = unit.externals[i] if kind == "x" else ((), True, "")
-            if kind == "x" and not const and _is_plausibly_blocked(shape, dtype) and i not in targets:
+            if kind == "x" and not const and arrives_blocked(shape, dtype) and i not in targets:
                 targets.append(i)
     if not targets:
         return unit, []

@@ -593,6 +593,37 @@ def test_a_batchnorm_on_a_blocked_input_is_timed_as_the_blocked_conv_onnxruntime
     assert cost._measure(unit).detail["nchwc"]
 
 
+@pytest.mark.parametrize("after_conv", [True, False])
+def test_a_resize_by_whole_scales_on_a_blocked_input_is_timed_as_the_blocked_upsample_onnxruntime_runs(
+    tmp_path, after_conv
+):
+    # DPT's bilinear upsampling after a convolution: onnxruntime runs it as a blocked Upsample, taking and giving
+    # blocked tensors; from a graph input it would run plain Resize, priced with the reorders around it. Where the
+    # graph holds no tensor of its extent blocked (a token grid reshaped to an image), it stays plain
+    cost = cost_model(tmp_path)
+    _blocked_or_skip(cost)
+    g = Graph()
+    x = g.input("x", (1, 32, 14, 14))
+    if after_conv:
+        x = g.add("conv2d", [x, g.weight(w(32, 32, 1, 1)), g.weight(w(32))], **conv_attrs(1))
+    up = g.add("resize", [x], size=(28, 28), mode=1, transform=ops.RESIZE_TRANSFORMS.index("align_corners"), nearest=2)
+    g.output("y", g.add("conv2d", [up, g.weight(w(32, 32, 1, 1)), g.weight(w(32))], **conv_attrs(1)))
+    cost.observe_graph(g)
+    unit = pricing_unit(g.nodes[up], [g.nodes[x].shape], [False])
+    plan = cost._plan(unit)
+    if not after_conv:
+        assert cost._blocked_model(unit) is None and not plan.blocked and plan.add_us > 0
+        return
+    model, null = cost._blocked_model(unit)
+    assert [(n.op_type, n.domain) for n in model.graph.node][:2] == [
+        ("MaxPool", NCHWC_DOMAIN),
+        ("Upsample", NCHWC_DOMAIN),
+    ]
+    assert [n.op_type for n in null.graph.node] == ["MaxPool", "MaxPool"]  # the prologue pool and the sampling
+    assert plan.blocked and plan.add_us == 0  # no reorders charged around it
+    assert cost._measure(unit).detail["nchwc"]
+
+
 def test_weights_are_evicted_only_where_the_copies_do_not_span_the_working_set(tmp_path):
     cost = cost_model(tmp_path, working_set=8 * 2**20)
     assert cost.evict_bytes(0, 4) == 0
