@@ -817,8 +817,8 @@ def _conv_transpose(c: _Importer, node: NodeProto) -> list[Any]:
 def _pool(c: _Importer, node: NodeProto) -> list[Any]:
     if len(node.output) > 1 and node.output[1]:
         raise _Unsupported("MaxPool indices")
-    if c.attrs.get("ceil_mode", 0) or c.attrs.get("storage_order", 0):
-        raise _Unsupported("ceil_mode / storage_order")
+    if c.attrs.get("storage_order", 0):
+        raise _Unsupported("storage_order")
     if any(int(d) != 1 for d in c.attrs.get("dilations", [])):
         raise _Unsupported("dilated pooling")
     x = c.data(0)
@@ -828,10 +828,42 @@ def _pool(c: _Importer, node: NodeProto) -> list[Any]:
         raise _Unsupported("pooling over other than 2 or 3 spatial axes")
     strides = [int(s) for s in c.attrs.get("strides", [1] * len(kernel))]
     pads = _spatial_pads(c, sx, kernel, strides, [1] * len(kernel))
+    cip = int(c.attrs.get("count_include_pad", 0))
+    if c.attrs.get("ceil_mode", 0):
+        pads, cip = _ceil_pads(sx, kernel, strides, pads, cip if node.op_type == "AveragePool" else None)
     if node.op_type == "MaxPool":
         return [c.op("maxpool", [x], kernel=kernel, strides=strides, pads=pads)]
-    cip = int(c.attrs.get("count_include_pad", 0))
     return [c.op("avgpool", [x], kernel=kernel, strides=strides, pads=pads, count_include_pad=cip)]
+
+
+def _ceil_pads(
+    x: tuple[int, ...],
+    kernel: Sequence[int],
+    strides: Sequence[int],
+    pads: Sequence[int],
+    count_include_pad: int | None,
+) -> tuple[tuple[int, ...], int]:
+    """A ceil_mode pool as the floor-mode pool it equals: (pads, count_include_pad) with each end pad grown to hold the
+    last window where it runs past the input's end (ONNX's ceil output size, less a window that would start in the
+    end pad). A max pool takes -inf there; an average pool excludes it from its divisor, as it excludes its pads
+    where it does not count them, and as onnxruntime clips a window counting them at the end pad. So an average pool
+    counting pads it has, and a pool whose grown pad reaches its kernel, stay as written. `count_include_pad` is None
+    for a max pool."""
+    spatial = len(kernel)
+    ends = []
+    for i in range(spatial):
+        size, begin, end = x[2 + i], pads[i], pads[spatial + i]
+        out = -(-(size + begin + end - kernel[i]) // strides[i]) + 1
+        if (out - 1) * strides[i] >= size + begin:
+            out -= 1
+        ends.append(max(end, (out - 1) * strides[i] + kernel[i] - size - begin))
+    if ends == list(pads[spatial:]):
+        return tuple(pads), count_include_pad or 0
+    if count_include_pad and any(pads):
+        raise _Unsupported("a ceil_mode average pool counting its pads")
+    if any(e >= k for e, k in zip(ends, kernel)):
+        raise _Unsupported("a ceil_mode pool whose last window starts past the input")
+    return (*pads[:spatial], *ends), 0
 
 
 @_lowering("GlobalAveragePool", "GlobalMaxPool")

@@ -129,6 +129,51 @@ def test_integer_inputs_are_valid_as_an_attention_mask() -> None:
     assert result.verification is not None and result.verification.ok
 
 
+CEIL_POOLS = [
+    # op, input size, kernel, stride, pads, count_include_pad, modelled
+    ("AveragePool", 7, 1280, 1280, 0, 1, True),  # EfficientNet-B0's export of its global average pool
+    ("AveragePool", 8, 3, 2, 0, 1, True),
+    ("AveragePool", 8, 3, 2, 1, 0, True),
+    ("AveragePool", 9, 2, 2, 0, 0, True),
+    ("AveragePool", 8, 3, 2, 1, 1, False),  # counts its pads, and its last window runs past them
+    ("AveragePool", 7, 3, 2, 1, 1, True),  # counts its pads, but ceil_mode changes nothing
+    ("MaxPool", 8, 3, 2, 0, 0, True),  # GoogLeNet's
+    ("MaxPool", 8, 3, 2, 1, 0, True),
+    ("MaxPool", 10, 2, 3, 0, 0, True),
+]
+
+
+@pytest.mark.parametrize(("op_type", "size", "kernel", "stride", "pad", "cip", "modelled"), CEIL_POOLS)
+def test_a_ceil_mode_pool_is_read_as_the_floor_mode_pool_it_equals(
+    op_type: str, size: int, kernel: int, stride: int, pad: int, cip: int, modelled: bool
+) -> None:
+    """A pool with ceil_mode is the pool without it whose end pads hold its last window: read so, written so, and
+    computing what onnxruntime computes for the input. An average pool counting pads of its own stays as written
+    where its last window runs past them (onnxruntime clips that window at the pad)."""
+    attrs = dict(kernel_shape=[kernel] * 2, strides=[stride] * 2, pads=[pad] * 4, ceil_mode=1)
+    if op_type == "AveragePool":
+        attrs["count_include_pad"] = cip
+    ceil = -(-(size + 2 * pad - kernel) // stride) + 1
+    out = ceil - 1 if (ceil - 1) * stride >= size + pad else ceil
+    model = make(
+        [helper.make_node(op_type, ["x"], ["y"], **attrs)],
+        [vi("x", [1, 3, size, size])],
+        [vi("y", [1, 3, out, out])],
+        [],
+        opset=17,
+    )
+    graph = import_model(model)
+    assert ("opaque" not in graph.summary()) == modelled
+    written = export_model(graph)
+    assert compare_models(model, written).ok
+    if not modelled:
+        return
+    feeds = random_inputs(model)
+    (got,) = tensat.session.make_session(model, "cpu", threads=1).run(None, feeds)
+    ((_, y),) = graph.outputs
+    np.testing.assert_allclose(graph.evaluate(feeds, [y])[y], got, rtol=1e-5, atol=1e-6)
+
+
 RESIZES = [
     (mode, transform, nearest, size)
     for mode in range(len(ops.RESIZE_MODES))
