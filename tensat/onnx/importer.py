@@ -891,7 +891,7 @@ def _ceil_pads(
     if count_include_pad and any(pads):
         raise _Unsupported("a ceil_mode average pool counting its pads")
     if any(e >= k for e, k in zip(ends, kernel)):
-        raise _Unsupported("a ceil_mode pool whose last window starts past the input")
+        raise _Unsupported("a ceil_mode pool whose end pad would reach its kernel")
     return (*pads[:spatial], *ends), 0
 
 
