@@ -830,10 +830,7 @@ def _pool(c: _Importer, node: NodeProto) -> list[Any]:
     pads = _spatial_pads(c, sx, kernel, strides, [1] * len(kernel))
     cip = int(c.attrs.get("count_include_pad", 0))
     if c.attrs.get("ceil_mode", 0):
-        average = node.op_type == "AveragePool"
-        if len(sx) == 4 and _one_window(sx, kernel, strides, pads, cip if average else 0):
-            return [c.op("globalavgpool" if average else "globalmaxpool", [x])]
-        pads, cip = _ceil_pads(sx, kernel, strides, pads, cip if average else None)
+        pads, cip = _ceil_pads(sx, kernel, strides, pads, cip if node.op_type == "AveragePool" else None)
     if node.op_type == "MaxPool":
         return [c.op("maxpool", [x], kernel=kernel, strides=strides, pads=pads)]
     return [c.op("avgpool", [x], kernel=kernel, strides=strides, pads=pads, count_include_pad=cip)]
@@ -844,27 +841,6 @@ def _ceil_out(size: int, kernel: int, stride: int, begin: int, end: int) -> int:
     the end pad."""
     out = -(-(size + begin + end - kernel) // stride) + 1
     return out - 1 if (out - 1) * stride >= size + begin else out
-
-
-def _one_window(
-    x: tuple[int, ...],
-    kernel: Sequence[int],
-    strides: Sequence[int],
-    pads: Sequence[int],
-    count_include_pad: int,
-) -> bool:
-    """Whether a ceil_mode pool is one window over its whole input: no begin pads, a kernel at least the input, one
-    output per axis, and, for an average pool counting pads, no end pads either (onnxruntime's divisor then counts
-    the input alone). It is the global pool (EfficientNet-B0's export of its global average pool is such a pool of
-    a 1280 kernel over 7x7); as the floor-mode pool with the end pads it needs, onnxruntime runs it in twice the
-    time."""
-    spatial = len(kernel)
-    return (
-        not any(pads[:spatial])
-        and all(k >= size for k, size in zip(kernel, x[2:]))
-        and all(_ceil_out(x[2 + i], kernel[i], strides[i], 0, pads[spatial + i]) == 1 for i in range(spatial))
-        and not (count_include_pad and any(pads[spatial:]))
-    )
 
 
 def _ceil_pads(

@@ -100,10 +100,13 @@ def _pool_flops(shapes: Sequence[Shape], out: Shape, a: Attrs) -> float:
 
 _POOL_ATTRS = (("kernel", "ints"), ("strides", "ints"), ("pads", "ints"))
 _POOL_DOMAINS: dict[str, Domain] = {
-    "kernel": [(2, 2), (3, 1)],
+    "kernel": [(2, 2), (3, 1), (4, 4)],
     "strides": [(1, 1), (2, 2)],
     "pads": [(0, 0, 0, 0), (1, 0, 1, 0)],
 }
+# the generator keeps to the kernels under its fingerprint sizes; the verifier's (4, 4) is there for windows that
+# cover their input (a pool that is one window over it, its global pool)
+_POOL_GENERATED: dict[str, Domain] = {"kernel": [(2, 2), (3, 1)]}
 
 MAXPOOL = register(
     OpDef(
@@ -119,6 +122,7 @@ MAXPOOL = register(
         ranks=(4, 4),
         equations=_pool_equations,
         domains=_POOL_DOMAINS,
+        generated=_POOL_GENERATED,
         breaks_layout=True,
     )
 )
@@ -137,6 +141,7 @@ AVGPOOL = register(
         min_rank=4,
         equations=_pool_equations,
         domains={**_POOL_DOMAINS, "count_include_pad": [0, 1]},
+        generated=_POOL_GENERATED,
         breaks_layout=True,
     )
 )

@@ -307,6 +307,36 @@ def test_a_spatial_mean_becomes_a_global_average_pool_where_that_prices_lower(
     assert fusions.check_kernels(result.output).match
 
 
+def test_a_pool_that_is_one_window_over_its_input_becomes_the_global_pool_where_that_prices_lower(
+    tmp_path, monkeypatch
+) -> None:
+    """EfficientNet-B0 exports its global average pool as a ceil_mode AveragePool of a 1280 kernel over 7x7, read as
+    the floor-mode pool with the end pads that hold its window: the rules offer the global pool, and the extraction
+    takes it where it prices lower (onnxruntime runs the padded window over every pad)."""
+    c = 256
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[1, 1]),
+        helper.make_node("AveragePool", ["c"], ["y"], kernel_shape=[1280, 1280], strides=[1280, 1280], ceil_mode=1),
+    ]
+    model = make(nodes, [vi("x", [1, 64, 7, 7])], [vi("y", [1, c, 1, 1])], [_w("w", c, 64, 1, 1)])
+    assert "globalavgpool" not in onnx_io.import_model(model).summary()
+    result = _optimize(model, tmp_path, monkeypatch)
+    x = RNG.standard_normal((1, 64, 7, 7)).astype(np.float32)
+    np.testing.assert_allclose(_run(result.output, x), _run(model, x), rtol=1e-4, atol=1e-5)
+    pooled = "avgpool-one-window-as-globalavgpool" in result.rules
+    assert pooled == (result.returned_input is None and result.cost_after < result.cost_before)
+    written = {n.op_type for n in result.output.graph.node}
+    assert ("GlobalAveragePool" in written, "AveragePool" in written) == (pooled, not pooled)
+    cost = _cost(tmp_path)
+    shape, out = (1, c, 7, 7), (1, c, 1, 1)
+    window = (("kernel", (1280, 1280)), ("strides", (1280, 1280)), ("pads", (0, 0, 1273, 1273)))
+    padded = cost(Node("avgpool", (), window + (("count_include_pad", 0),), out, "float32"), [shape])
+    pool = cost(Node("globalavgpool", (), (), out, "float32"), [shape])
+    tolerance = cost.resolution
+    if pool * (1 + tolerance.relative) + tolerance.ms < padded:
+        assert pooled
+
+
 def test_the_kernels_check_sees_a_fusion_the_model_did_not_write() -> None:
     """A LayerNormalization after an Add is written as two ops; onnxruntime runs it as SkipLayerNormalization."""
     check = fusions.check_kernels(_post_norm())

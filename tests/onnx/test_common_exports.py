@@ -131,9 +131,9 @@ def test_integer_inputs_are_valid_as_an_attention_mask() -> None:
 
 CEIL_POOLS = [
     # op, input size, kernel, stride, pads, count_include_pad, read as
-    ("AveragePool", 7, 1280, 1280, 0, 1, "globalavgpool"),  # EfficientNet-B0's export of its global average pool
-    ("MaxPool", 7, 9, 9, 0, 0, "globalmaxpool"),
-    ("AveragePool", 7, 8, 8, 1, 0, "avgpool"),  # a begin pad: not one window over the input alone
+    ("AveragePool", 7, 1280, 1280, 0, 1, "avgpool"),  # EfficientNet-B0's export of its global average pool
+    ("MaxPool", 7, 9, 9, 0, 0, "maxpool"),
+    ("AveragePool", 7, 8, 8, 1, 0, "avgpool"),
     ("AveragePool", 8, 3, 2, 0, 1, "avgpool"),
     ("AveragePool", 8, 3, 2, 1, 0, "avgpool"),
     ("AveragePool", 9, 2, 2, 0, 0, "avgpool"),
