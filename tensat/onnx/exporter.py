@@ -906,6 +906,36 @@ def _ex_cumsum(e: _Exporter, i: int) -> None:
     e.emit("CumSum", [e.tensor(n.inputs[0]), axis], [e.tensor(i)], f"cumsum_{i}", **flags)
 
 
+@_emitter("trilu")
+def _ex_trilu(e: _Exporter, i: int) -> None:
+    n = e.graph.nodes[i]
+    k = _ex_const(e, np.asarray(n.attr["k"], np.int64), f"trilu_{i}_k")
+    e.emit("Trilu", [e.tensor(n.inputs[0]), k], [e.tensor(i)], f"trilu_{i}", upper=int(n.attr["upper"]))
+
+
+@_emitter("tile")
+def _ex_tile(e: _Exporter, i: int) -> None:
+    n = e.graph.nodes[i]
+    repeats = _ex_const(e, np.asarray(n.attr["repeats"], np.int64), f"tile_{i}_repeats")
+    e.emit("Tile", [e.tensor(n.inputs[0]), repeats], [e.tensor(i)], f"tile_{i}")
+
+
+@_emitter("argmax", "argmin")
+def _ex_arg_reduction(e: _Exporter, i: int) -> None:
+    n = e.graph.nodes[i]
+    flags: dict[str, Any] = {"axis": int(n.attr["axis"]), "keepdims": int(n.attr["keepdims"])}
+    if n.attr["select_last_index"]:
+        flags["select_last_index"] = 1
+    e.emit(ops.get(n.op).onnx or "", [e.tensor(n.inputs[0])], [e.tensor(i)], f"{n.op}_{i}", **flags)
+
+
+@_emitter("einsum")
+def _ex_einsum(e: _Exporter, i: int) -> None:
+    n = e.graph.nodes[i]
+    ins = [e.tensor(j) for j in n.inputs]
+    e.emit("Einsum", ins, [e.tensor(i)], f"einsum_{i}", equation=ops.einsum_equation(n.attr["equation"]))
+
+
 @_emitter("cast")
 def _ex_cast(e: _Exporter, i: int) -> None:
     n = e.graph.nodes[i]

@@ -1189,6 +1189,45 @@ def _cumsum(c: _Importer, node: NodeProto) -> list[Any]:
     return [c.op("cumsum", [x], axis=axis, **flags)]
 
 
+@_lowering("Trilu")
+def _trilu(c: _Importer, node: NodeProto) -> list[Any]:
+    x = c.data(0)
+    if len(c.shape(x)) < 2:
+        raise _Unsupported("Trilu of rank below 2")
+    k = int(np.asarray(c.param(1)).reshape(-1)[0]) if c.present(1) else 0
+    return [c.op("trilu", [x], upper=int(c.attrs.get("upper", 1)), k=k)]
+
+
+@_lowering("Tile")
+def _tile(c: _Importer, node: NodeProto) -> list[Any]:
+    x = c.data(0)
+    repeats = [int(r) for r in np.asarray(c.param(1)).reshape(-1)]
+    if all(r == 1 for r in repeats):
+        return [x]
+    return [c.op("tile", [x], repeats=repeats)]
+
+
+@_lowering("ArgMax", "ArgMin")
+def _arg_reduction(c: _Importer, node: NodeProto) -> list[Any]:
+    x = c.data(0)
+    axis = _axis(int(c.attrs.get("axis", 0)), len(c.shape(x)))
+    flags = {k: int(c.attrs.get(k, default)) for k, default in (("keepdims", 1), ("select_last_index", 0))}
+    return [c.op(node.op_type.lower(), [x], axis=axis, **flags)]
+
+
+@_lowering("Einsum")
+def _einsum(c: _Importer, node: NodeProto) -> list[Any]:
+    """An Einsum of two operands; one of an ellipsis, or of other than two operands, stays opaque."""
+    if len(node.input) != 2:
+        raise _Unsupported("an Einsum of other than two operands")
+    a, b = c.data(0), c.data(1)
+    subscripts = ops.einsum_subscripts(_text(c.attrs.get("equation"), ""))
+    first, second, out = ops.einsum_terms(subscripts)
+    sizes = dict(zip((*first, *second), (*c.shape(a), *c.shape(b))))
+    shape = [sizes[k] for k in out]
+    return [c.op("einsum", [a, b], equation=subscripts, shape=shape)]
+
+
 @_lowering("Clip")
 def _clip(c: _Importer, node: NodeProto) -> list[Any]:
     """Clip with constant bounds (attributes before opset 11, inputs from it); a bound left out is infinite."""

@@ -468,6 +468,39 @@ CUMSUM = register(
         exhaustive=("axis", "exclusive", "reverse"),
     )
 )
+
+
+def triangle(x: np.ndarray, upper: int, k: int) -> np.ndarray:
+    """ONNX Trilu: each matrix of the last two axes kept on and above (`upper`) or on and below diagonal `k`, zero
+    elsewhere."""
+    return np.triu(x, k) if upper else np.tril(x, k)
+
+
+def _matrices_shape(shapes: Sequence[Shape], _: Attrs) -> Shape:
+    check(len(shapes[0]) >= 2, f"a triangle of matrices needs rank >= 2, got {shapes[0]}")
+    return tuple(shapes[0])
+
+
+# the upper or lower triangle of each matrix (a causal mask, where its size is not a constant)
+TRILU = register(
+    unary(
+        "trilu",
+        "Trilu",
+        None,
+        evaluate=lambda xs, a: triangle(xs[0], a["upper"], a["k"]),
+        attrs=(("upper", "int"), ("k", "int")),
+        kind="custom",
+        shape=_matrices_shape,
+        onnx="Trilu",
+        standard_since=14,
+        enumerated_by_default=False,
+        accepts=any_data,
+        int_exact=True,
+        min_rank=2,
+        domains={"upper": [0, 1], "k": [-1, 0, 2]},
+        exhaustive=("upper",),
+    )
+)
 LOG_SOFTMAX = register(
     unary(
         "log_softmax",

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from tensat.ops.registry import (
+    MAX_RANK,
     SAME,
     Attrs,
     Dims,
@@ -22,7 +23,9 @@ from tensat.ops.registry import (
     any_data,
     check,
     egg_broadcast_onto,
+    egg_dim,
     egg_rule,
+    egg_vec,
     no_flops,
     numel,
     register,
@@ -178,6 +181,61 @@ EXPAND = register(
         solved={"shape": lambda s, out: out},
         int_exact=True,
         breaks_layout=True,
+        symbolic_shape=symbolic_where_static,
+    )
+)
+
+
+def _tile_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
+    x, repeats = shapes[0], tuple(attrs["repeats"])
+    check(len(repeats) == len(x) and all(r >= 1 for r in repeats), f"cannot tile {x} by {repeats}")
+    return tuple(d * r for d, r in zip(x, repeats))
+
+
+def _tile_rules(op: OpDef) -> list[str]:
+    out = []
+    for r in range(1, MAX_RANK + 1):
+        query = [f"(= (vec-length s0) {r})", f"(= (vec-length repeats) {r})"]
+        query += [f"(< 0 {egg_dim('repeats', i)})" for i in range(r)]
+        out.append(egg_rule(op, query, egg_vec([f"(* {egg_dim('s0', i)} {egg_dim('repeats', i)})" for i in range(r)])))
+    return out
+
+
+def _tile_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[str, Any]) -> None:
+    repeats = at["repeats"]
+    if not isinstance(repeats, tuple) or len(repeats) != len(out):
+        s.reject("tile repeats")
+    for i in range(len(out)):
+        s.eq(out[i], s.mul(ins[0][i], repeats[i]))
+
+
+def _tile_repeats(rank: int) -> list[tuple[int, ...]]:
+    """The repeats a tile of `rank` is verified with: the first axis twice, the last three times, every axis twice."""
+    first = (2,) + (1,) * (rank - 1)
+    last = (1,) * (rank - 1) + (3,)
+    return list(dict.fromkeys([first, last, (2,) * rank]))
+
+
+# x repeated `repeats[i]` times along each axis i (ONNX Tile by constant repeats)
+TILE = register(
+    OpDef(
+        "tile",
+        "Tile",
+        1,
+        (("repeats", "ints"),),
+        _tile_shape,
+        lambda xs, a: np.tile(xs[0], tuple(a["repeats"])),
+        _tile_rules,
+        lambda s, o, a: float(numel(o)),
+        onnx="Tile",
+        standard_since=6,
+        ranks=(SAME, SAME),
+        accepts=any_data,
+        equations=_tile_equations,
+        domains={"repeats": _tile_repeats},
+        int_exact=True,
+        breaks_layout=True,
+        enumerated_by_default=False,
         symbolic_shape=symbolic_where_static,
     )
 )

@@ -133,6 +133,70 @@ REDUCE_SUM_SQUARE = register(_reduction("reducesumsquare", "ReduceSumSquare", "R
 REDUCE_LOG_SUM_EXP = register(_reduction("reducelogsumexp", "ReduceLogSumExp", "ReduceLogSumExp", _log_sum_exp))
 
 
+def _arg_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
+    x, axis = shapes[0], attrs["axis"]
+    check(0 <= axis < len(x), f"arg reduction axis {axis} invalid for {x}")
+    return tuple(1 if i == axis else d for i, d in enumerate(x)) if attrs["keepdims"] else x[:axis] + x[axis + 1 :]
+
+
+def _arg_rules(op: OpDef) -> list[str]:
+    query = ["(< -1 axis)", "(< axis (vec-length s0))"]
+    return [
+        egg_rule(op, [*query, "(= keepdims 1)"], "(vec-set s0 axis 1)"),
+        egg_rule(op, [*query, "(= keepdims 0)"], "(vec-remove s0 axis)"),
+    ]
+
+
+def _arg_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[str, Any]) -> None:
+    x, axis = ins[0], at["axis"]
+    if not isinstance(axis, int) or not 0 <= axis < len(x):
+        s.reject("arg reduction axis")
+    kept = [1 if i == axis else d for i, d in enumerate(x)] if at["keepdims"] else [*x[:axis], *x[axis + 1 :]]
+    if len(kept) != len(out):
+        s.reject("arg reduction rank")
+    s.eq(out, tuple(kept))
+
+
+def _arg_reduction(name: str, egg: str, onnx: str, fn: Any) -> OpDef:
+    """ONNX ArgMax or ArgMin along one axis: the int64 index of the first extreme (the last, with
+    `select_last_index`)."""
+
+    def evaluate(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:
+        x, axis = xs[0], a["axis"]
+        if a["select_last_index"]:
+            index = x.shape[axis] - 1 - fn(np.flip(x, axis), axis=axis)
+        else:
+            index = fn(x, axis=axis)
+        index = np.asarray(index, dtype=np.int64)
+        return np.expand_dims(index, axis) if a["keepdims"] else index
+
+    return OpDef(
+        name,
+        egg,
+        1,
+        (("axis", "int"), ("keepdims", "int"), ("select_last_index", "int")),
+        _arg_shape,
+        evaluate,
+        _arg_rules,
+        lambda s, o, a: float(numel(s[0])),
+        onnx=onnx,
+        dtype=lambda dtypes, a: "int64",
+        accepts=lambda dtypes: len(dtypes) == 1 and dtypes[0] in ("float32", "int64", "int32"),
+        equations=_arg_equations,
+        # the output rank depends on keepdims: the verifier takes the input's rank from the output's for keepdims 1
+        domains={"axis": lambda rank: list(range(rank)), "keepdims": [1], "select_last_index": [0, 1]},
+        exhaustive=("axis", "select_last_index"),
+        int_exact=True,
+        breaks_layout=True,
+        enumerated_by_default=False,
+    )
+
+
+# the index of a maximum or minimum along an axis (a classifier's label, a greedy decoder's next token)
+ARG_MAX = register(_arg_reduction("argmax", "ArgMax", "ArgMax", np.argmax))
+ARG_MIN = register(_arg_reduction("argmin", "ArgMin", "ArgMin", np.argmin))
+
+
 def axes_input_since(op: str) -> int:
     """The first opset at which ONNX gives reduction `op` its axes as an input, not an attribute (ReduceSum's
     came before the others')."""

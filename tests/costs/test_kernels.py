@@ -337,6 +337,35 @@ def test_a_pool_that_is_one_window_over_its_input_becomes_the_global_pool_where_
         assert pooled
 
 
+def test_attention_written_as_einsums_becomes_matmuls_where_they_price_lower(tmp_path, monkeypatch) -> None:
+    """Attention whose scores and context an export wrote as Einsums (`bhqd,bhkd->bhqk`, `bhqk,bhkd->bhqd`): the
+    rules offer each as a matmul (the scores' by a transpose, which onnxruntime fuses), and the extraction takes
+    the matmul where it prices lower. The result computes the model's output."""
+    shape = [1, 4, 64, 32]
+    nodes = [
+        helper.make_node("Einsum", ["q", "k"], ["s"], equation="bhqd,bhkd->bhqk"),
+        helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+        helper.make_node("Einsum", ["p", "v"], ["y"], equation="bhqk,bhkd->bhqd"),
+    ]
+    model = make(nodes, [vi(n, shape) for n in "qkv"], [vi("y", shape)], [])
+    result = _optimize(model, tmp_path, monkeypatch)
+    feeds = {n: RNG.standard_normal(shape).astype(np.float32) for n in "qkv"}
+    (got,) = make_session(result.output.SerializeToString(), "cpu").run(None, feeds)
+    (want,) = make_session(model.SerializeToString(), "cpu").run(None, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    context = "einsum-as-matmul-4d" in result.rules
+    written = collections.Counter(n.op_type for n in result.output.graph.node)
+    assert written["Einsum"] == 2 - context - ("einsum-as-matmul-transposed-4d" in result.rules)
+    cost = _cost(tmp_path)
+    scores = (1, 4, 64, 64)
+    equation = ("equation", ops.einsum_subscripts("bhqk,bhkd->bhqd"))
+    einsum = cost(Node("einsum", (), (equation, ("shape", tuple(shape))), tuple(shape), "float32"), [scores, shape])
+    matmul = cost(Node("matmul", (), (), tuple(shape), "float32"), [scores, shape])
+    tolerance = cost.resolution
+    if matmul * (1 + tolerance.relative) + tolerance.ms < einsum:
+        assert context
+
+
 def test_the_kernels_check_sees_a_fusion_the_model_did_not_write() -> None:
     """A LayerNormalization after an Add is written as two ops; onnxruntime runs it as SkipLayerNormalization."""
     check = fusions.check_kernels(_post_norm())

@@ -346,3 +346,104 @@ def test_gather_elements_with_negative_and_narrower_indices_is_read_and_written_
     (got,) = tensat.session.make_session(model, "cpu", threads=1).run(None, {"x": x})
     (out,) = [i for i, n in enumerate(graph.nodes) if n.op == "gather_elements"]
     np.testing.assert_array_equal(graph.evaluate({"x": x}, [out])[out], got)
+
+
+def _read_and_written_back(model: onnx.ModelProto, op: str, feeds: dict[str, np.ndarray]) -> tensat.ir.Graph:
+    """`model` read with its one node as `op`, written back computing what onnxruntime computes for `feeds`."""
+    graph = import_model(model)
+    assert [n.op for n in graph.nodes if not n.is_leaf] == [op]
+    assert compare_models(model, export_model(graph)).ok
+    (want,) = tensat.session.make_session(model, "cpu", threads=1).run(None, feeds)
+    ((_, y),) = graph.outputs
+    got = graph.evaluate(feeds, [y])[y]
+    assert got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    return graph
+
+
+@pytest.mark.parametrize(("upper", "k"), [(1, None), (0, 0), (1, -1), (0, 2), (1, 7)])
+def test_trilu_is_read_and_written_back(upper: int, k: int | None) -> None:
+    """A causal mask's Trilu, upper or lower, from the main diagonal (its k left out) or another, past the matrix
+    too, on a batch of matrices."""
+    inits = [] if k is None else [numpy_helper.from_array(np.array(k, np.int64), "k")]
+    node = helper.make_node("Trilu", ["x"] + ([] if k is None else ["k"]), ["y"], upper=upper)
+    model = make([node], [vi("x", [2, 5, 6])], [vi("y", [2, 5, 6])], inits, opset=17)
+    _read_and_written_back(model, "trilu", {"x": RNG.standard_normal((2, 5, 6)).astype(np.float32)})
+
+
+@pytest.mark.parametrize(("repeats", "dtype"), [((1, 3, 2), TP.FLOAT), ((2, 1, 1), TP.INT64)])
+def test_tile_by_constant_repeats_is_read_and_written_back(repeats: tuple[int, ...], dtype: int) -> None:
+    """A Tile by constant repeats, of floats and of integers; by ones only, it is its input."""
+    shape = [2, 1, 3]
+    out = [d * r for d, r in zip(shape, repeats)]
+    reps = numpy_helper.from_array(np.array(repeats, np.int64), "repeats")
+    model = make(
+        [helper.make_node("Tile", ["x", "repeats"], ["y"])],
+        [helper.make_tensor_value_info("x", dtype, shape)],
+        [helper.make_tensor_value_info("y", dtype, out)],
+        [reps],
+        opset=17,
+    )
+    x = RNG.standard_normal(shape).astype(np.float32) if dtype == TP.FLOAT else RNG.integers(0, 9, shape)
+    _read_and_written_back(model, "tile", {"x": x})
+    ones = numpy_helper.from_array(np.ones(3, np.int64), "repeats")
+    same = make([helper.make_node("Tile", ["x", "repeats"], ["y"])], [vi("x", shape)], [vi("y", shape)], [ones])
+    assert [n.op for n in import_model(same).nodes if not n.is_leaf] == []
+
+
+@pytest.mark.parametrize("op_type", ["ArgMax", "ArgMin"])
+@pytest.mark.parametrize(("axis", "keepdims", "last"), [(-1, 0, 0), (1, 1, 1), (0, 1, 0)])
+def test_an_arg_reduction_is_read_and_written_back(op_type: str, axis: int, keepdims: int, last: int) -> None:
+    """ArgMax and ArgMin along an axis (negative counted from the end), the reduced axis kept or dropped, the first
+    or the last extreme taken where several tie (integers, so that they do)."""
+    shape = [3, 4, 5]
+    out = (
+        [1 if i == axis % 3 else d for i, d in enumerate(shape)]
+        if keepdims
+        else shape[: axis % 3] + shape[axis % 3 + 1 :]
+    )
+    node = helper.make_node(op_type, ["x"], ["y"], axis=axis, keepdims=keepdims, select_last_index=last)
+    model = make(
+        [node],
+        [helper.make_tensor_value_info("x", TP.INT64, shape)],
+        [helper.make_tensor_value_info("y", TP.INT64, out)],
+        [],
+        opset=17,
+    )
+    _read_and_written_back(model, op_type.lower(), {"x": RNG.integers(0, 3, shape)})
+
+
+@pytest.mark.parametrize(
+    ("equation", "a", "b"),
+    [
+        ("bhqd,bhkd->bhqk", [1, 2, 5, 4], [1, 2, 6, 4]),
+        ("bij,bjk->bik", [2, 3, 4], [2, 4, 5]),
+        ("ij,kj", [3, 4], [5, 4]),
+        ("bij, jk -> bki", [2, 3, 4], [4, 5]),
+        ("i,i->", [4], [4]),
+    ],
+)
+def test_einsum_of_two_operands_is_read_and_written_back(equation: str, a: list[int], b: list[int]) -> None:
+    """An Einsum of two operands, explicit or implicit, spaced or not, to a scalar too: read as `einsum` by its
+    subscripts numbered by first appearance, written back computing what the model computes."""
+    x, y = RNG.standard_normal(a).astype(np.float32), RNG.standard_normal(b).astype(np.float32)
+    out = list(np.einsum(equation.replace(" ", ""), x, y).shape)
+    model = make(
+        [helper.make_node("Einsum", ["x", "y"], ["z"], equation=equation)],
+        [vi("x", a), vi("y", b)],
+        [vi("z", out)],
+        [],
+        opset=17,
+    )
+    _read_and_written_back(model, "einsum", {"x": x, "y": y})
+
+
+def test_an_einsum_with_an_ellipsis_stays_opaque() -> None:
+    model = make(
+        [helper.make_node("Einsum", ["x", "y"], ["z"], equation="...ij,...jk->...ik")],
+        [vi("x", [2, 3, 4]), vi("y", [2, 4, 5])],
+        [vi("z", [2, 3, 5])],
+        [],
+        opset=17,
+    )
+    assert "einsum" not in import_model(model).summary()
