@@ -246,6 +246,14 @@ class _Importer:
             raise _Unsupported(f"input {k} is not a constant")
         return self.consts[self.node.input[k]]
 
+    def sized_param(self, k: int) -> np.ndarray:
+        """Constant input `k` at the sizes read, where it varies with the sizes of symbolic dims too: a Reshape's
+        target, which the result writes again for every size (`symbolic.generalize`: 0 where it keeps a symbolic dim,
+        -1 where one dim absorbs them) and is verified at other sizes. A computed one makes the node opaque."""
+        if not (self.present(k) and self.node.input[k] in self.consts):
+            raise _Unsupported(f"input {k} is not a constant")
+        return self.consts[self.node.input[k]]
+
     def constant_input(self, k: int) -> bool:
         """Whether input `k` is a constant at every size of the model's symbolic dims."""
         return self.present(k) and self.node.input[k] in self.consts and self.node.input[k] not in self.varying
@@ -969,7 +977,19 @@ def _reshape(c: _Importer, node: NodeProto) -> list[Any]:
         raise _Unsupported("input 0 missing")
     x = c.value(0)
     shape = c.shape(x)
-    target = _ints(c.param(1))
+    target = _ints(c.sized_param(1))
+    varying = c.varying.get(node.input[1])
+    if varying is not None:
+        # a target of symbolic sizes is written again as 0 where it copies a symbolic dim of the input in place, and
+        # -1 at one other: one that moves two (a (batch x seq, 768) read as (batch, seq, 768)) stays as computed
+        copies = c.dims_vary(node.input[0], len(shape))
+        moved = [
+            j
+            for j, v in enumerate(np.asarray(varying).reshape(-1))
+            if v and not (j < len(shape) and copies[j] and target[j] in (0, shape[j]))
+        ]
+        if len(moved) > 1 or (moved and -1 in target):
+            raise _Unsupported("a Reshape target whose symbolic sizes no 0 and -1 write")
     allowzero = int(c.attrs.get("allowzero", 0))
     if allowzero and 0 in target:
         raise _Unsupported("zero-size reshape")

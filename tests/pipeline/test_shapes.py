@@ -260,6 +260,57 @@ def test_a_value_computed_from_a_symbolic_shape_is_computed_in_the_model_written
     np.testing.assert_allclose(run_model(written, feeds)["y"], feeds["x"] + 1.5)
 
 
+def _heads_computed(tmp_path: Path) -> Path:
+    """Attention's split into heads as a dynamic export writes it: x[batch, seq, 8] reshaped to (batch, seq, 2, 4) by
+    a target computed from Shape(x), transposed to (batch, 2, seq, 4) and back; then flattened to (batch x seq, 8)
+    by a constant target, through a MatMul, and reshaped back to (batch, seq, 8) by a computed target."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 8])
+    consts = [
+        numpy_helper.from_array(np.array(v, np.int64), n)
+        for n, v in [("i0", [0]), ("i1", [1]), ("heads", [2, 4]), ("width", [8]), ("flat", [-1, 8])]
+    ]
+    consts.append(numpy_helper.from_array(np.random.default_rng(4).standard_normal((8, 8)).astype(np.float32), "w"))
+    nodes = [
+        helper.make_node("Shape", ["x"], ["xs"]),
+        helper.make_node("Gather", ["xs", "i0"], ["b"], axis=0),
+        helper.make_node("Gather", ["xs", "i1"], ["s"], axis=0),
+        helper.make_node("Concat", ["b", "s", "heads"], ["split"], axis=0),
+        helper.make_node("Reshape", ["x", "split"], ["h"]),
+        helper.make_node("Transpose", ["h"], ["t"], perm=[0, 2, 1, 3]),
+        helper.make_node("Transpose", ["t"], ["u"], perm=[0, 2, 1, 3]),
+        helper.make_node("Concat", ["b", "s", "width"], ["merged"], axis=0),
+        helper.make_node("Reshape", ["u", "merged"], ["m"]),
+        helper.make_node("Reshape", ["m", "flat"], ["f"]),
+        helper.make_node("MatMul", ["f", "w"], ["p"]),
+        helper.make_node("Reshape", ["p", "merged"], ["y"]),
+    ]
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", [x], [y], consts), opset_imports=[helper.make_opsetid("", 17)], ir_version=8
+    )
+    path = tmp_path / "heads_computed.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def test_a_reshape_target_computed_from_symbolic_dims_is_read_where_0_and_minus_1_write_it(tmp_path: Path) -> None:
+    """A Reshape whose target keeps the input's symbolic dims in place, or moves only one, is read at its sizes (the
+    Shape nodes that computed it left unused), optimized (the transposes cancel) and written with 0 and -1; one
+    whose target splits the batch x seq dim back into two (only the Shape nodes can say how) stays as computed. The
+    model written holds at every size."""
+    src, out = _heads_computed(tmp_path), tmp_path / "out.onnx"
+    graph = tensat.onnx_io.import_model(str(src), {"x": [1, 6, 8]})
+    assert sorted(spec.op_type for spec in graph.opaque.values()) == ["Concat", "Gather", "Gather", "Reshape", "Shape"]
+    result = tensat.optimize_with_details(str(src), output=str(out), pre_pass="none", **FAST)
+    assert result.returned_input is None, result.returned_input
+    assert len(result.shapes_verified) == 3
+    written = onnx.load(str(out))
+    assert "Transpose" not in {n.op_type for n in written.graph.node}
+    feeds = {"x": np.random.default_rng(2).standard_normal((3, 5, 8)).astype(np.float32)}
+    w = numpy_helper.to_array(next(t for t in onnx.load(str(src)).graph.initializer if t.name == "w"))
+    np.testing.assert_allclose(run_model(written, feeds)["y"], feeds["x"] @ w, rtol=1e-5, atol=1e-5)
+
+
 def test_the_elements_that_vary_are_told_from_those_that_do_not(tmp_path: Path) -> None:
     """Shape(x)[1:] of x[batch, 16] is 16 at every batch: folded to a constant; Shape(x) concatenated with 4 varies
     in its first element only, and an element-wise op on it keeps that mask."""
