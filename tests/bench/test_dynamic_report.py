@@ -34,7 +34,7 @@ def test_a_row_gives_each_shape_its_ratio_and_a_returned_input_its_reason() -> N
     records = [
         {
             "model": "bert_dyn",
-            "tensat": {"ok": True, "seconds": 30.0},
+            "tensat": {"ok": True, "seconds": 30.0, "stats": {"modelled": 0.8425}},
             "dims_kept": True,
             "shapes_verified": [{"input_ids": [1, 128]}, {"input_ids": [2, 129]}, {"input_ids": [3, 130]}],
             "per_shape": [{"shapes": {"input_ids": [1, 128]}, **timed}, {"shapes": {"input_ids": [4, 128]}, **timed}],
@@ -49,7 +49,9 @@ def test_a_row_gives_each_shape_its_ratio_and_a_returned_input_its_reason() -> N
         {"model": "gpt2_dyn", "tensat": {"ok": False, "seconds": 1.0, "error": "tensat: error: boom"}},
     ]
     text = markdown(records, TEST_MACHINE)
-    assert "| bert_dyn | yes | 1x128; 2x129; 3x130 | 1x128: 1.100 (1.05-1.15) | 4x128: 1.100 (1.05-1.15) | - |" in text
+    row = "| bert_dyn | yes | 84.2% | 1x128; 2x129; 3x130 | 1x128: 1.100 (1.05-1.15) | 4x128: 1.100 (1.05-1.15) | - |"
+    assert row in text
+    assert "| vit_dyn | yes | - | (input returned) |" in text
     assert "1.00 (input)" in text
     assert "- vit_dyn: no cheaper graph found" in text
     assert "| gpt2_dyn | failed: tensat: error: boom |" in text
