@@ -196,6 +196,10 @@ EINSUM = register(
                     "i,j->ij",
                     "ij,ij->i",
                     "bij,jk->bki",
+                    "bsd,df->bsf",
+                    "bhsd,df->bhsf",
+                    "bsd,fd->bsf",
+                    "bhsd,fd->bhsf",
                 )
             ]
         },

@@ -366,6 +366,33 @@ def test_attention_written_as_einsums_becomes_matmuls_where_they_price_lower(tmp
         assert context
 
 
+@pytest.mark.parametrize("equation", ["bsd,df->bsf", "bsd,fd->bsf"])
+def test_a_linear_layer_written_as_an_einsum_becomes_a_matmul_where_that_prices_lower(
+    equation: str, tmp_path, monkeypatch
+) -> None:
+    """A linear layer an export wrote as an Einsum of its weight, as laid out for a matmul or as torch lays it out:
+    the rules offer it as a matmul by the weight (transposed at export, where torch's layout), and the extraction
+    takes the matmul where it prices lower."""
+    weight = (HIDDEN, 4 * HIDDEN) if equation == "bsd,df->bsf" else (4 * HIDDEN, HIDDEN)
+    node = helper.make_node("Einsum", ["x", "w"], ["y"], equation=equation)
+    model = make([node], [vi("x", [1, SEQ, HIDDEN])], [vi("y", [1, SEQ, 4 * HIDDEN])], [_w("w", *weight)])
+    result = _optimize(model, tmp_path, monkeypatch)
+    x = RNG.standard_normal((1, SEQ, HIDDEN)).astype(np.float32)
+    np.testing.assert_allclose(_run(result.output, x), _run(model, x), rtol=1e-4, atol=1e-4)
+    rule = "einsum-as-matmul-by-matrix-3d" if equation == "bsd,df->bsf" else "einsum-as-matmul-by-transposed-matrix-3d"
+    chosen = rule in result.rules
+    written = {n.op_type for n in result.output.graph.node}
+    assert ("MatMul" in written, "Einsum" in written) == (chosen, not chosen)
+    cost = _cost(tmp_path)
+    out = (1, SEQ, 4 * HIDDEN)
+    attrs = (("equation", ops.einsum_subscripts(equation)), ("shape", out))
+    einsum = cost(Node("einsum", (), attrs, out, "float32"), [(1, SEQ, HIDDEN), weight])
+    matmul = cost(Node("matmul", (), (), out, "float32"), [(1, SEQ, HIDDEN), (1, HIDDEN, 4 * HIDDEN)])
+    tolerance = cost.resolution
+    if matmul * (1 + tolerance.relative) + tolerance.ms < einsum:
+        assert chosen
+
+
 def test_the_kernels_check_sees_a_fusion_the_model_did_not_write() -> None:
     """A LayerNormalization after an Add is written as two ops; onnxruntime runs it as SkipLayerNormalization."""
     check = fusions.check_kernels(_post_norm())

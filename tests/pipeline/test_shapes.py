@@ -20,6 +20,7 @@ from tensat.onnx.symbolic import (
     SymbolSizes,
     _absorbing_dim,
     _named,
+    _one_inferred,
     _polymorphic,
     _written_out,
     generalize,
@@ -125,6 +126,15 @@ def test_reshape_targets_are_written_for_every_size() -> None:
     # a dim inference could not name is taken as fixed (the run verifies it at other sizes)
     assert _polymorphic([4, 16], ["?", 16], sizes) == [4, 16]
     assert _polymorphic([1, 256], ["batch", "unk__3", 256], sizes) == [0, 256]
+
+
+def test_a_target_written_for_every_size_infers_one_copied_dim() -> None:
+    """A polymorphic target's first copied dim (0) is written as the inferred one (-1), where it has none: onnxruntime
+    then sizes that output when it runs, and gives it the buffer freed last."""
+    assert _one_inferred([0, 0, 12, 64]) == [-1, 0, 12, 64]
+    assert _one_inferred([0, 128, 56, 56]) == [-1, 128, 56, 56]
+    assert _one_inferred([0, 128, 1, -1]) == [0, 128, 1, -1]
+    assert _one_inferred([4, 16]) == [4, 16]
 
 
 def test_a_leading_dim_of_the_batch_times_what_it_holds_is_read_into_the_targets_leading_one() -> None:
@@ -459,7 +469,7 @@ def test_a_reshape_after_an_onnxruntime_kernel_is_written_for_every_size() -> No
 @pytest.mark.parametrize("trans", [(0, 0), (1, 0), (0, 1), (1, 1)], ids=["plain", "transA", "transB", "both"])
 def test_a_fused_matmul_of_a_constant_of_batch_one_keeps_the_batch_of_its_other_operand(trans: tuple[int, int]) -> None:
     """A product written (x W)^T = W^T x^T (`transpose-matmul-3`): the constant, of batch 1, comes first, and the
-    product has the other operand's batch. Inferred so, the Reshape after it is written with 0 for the batch;
+    product has the other operand's batch. Inferred so, the Reshape after it is written with -1 for the batch;
     inferred with the constant's batch of 1 (as ONNX infers a two-operand Einsum), its literal 1 was kept, and the
     dynamic SegFormer failed at batch 2 and returned its input."""
     trans_a, trans_b = trans
@@ -484,7 +494,7 @@ def test_a_fused_matmul_of_a_constant_of_batch_one_keeps_the_batch_of_its_other_
     written = generalize(candidate, given, {"x": x_dims})
     assert written is not None
     targets = {t.name: numpy_helper.to_array(t).tolist() for t in written.graph.initializer}
-    assert targets[written.graph.node[1].input[1]] == [0, 16, 2, 4]
+    assert targets[written.graph.node[1].input[1]] == [-1, 16, 2, 4]
     (out,) = run_model(written, {"x": np.ones([3, *x_dims[1:]], np.float32)}).values()
     assert out.shape == (3, 16, 2, 4)
 
