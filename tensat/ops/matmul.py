@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import string
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -123,8 +124,8 @@ def einsum_terms(subscripts: Sequence[int]) -> tuple[tuple[int, ...], ...]:
 
 
 def einsum_equation(subscripts: Sequence[int]) -> str:
-    """ONNX's Einsum equation of an `einsum` op's subscripts (each number a letter, from a)."""
-    a, b, out = (("".join(chr(ord("a") + k) for k in t)) for t in einsum_terms(subscripts))
+    """ONNX's Einsum equation of an `einsum` op's subscripts (each number a letter: a to z, then A to Z)."""
+    a, b, out = ("".join(string.ascii_letters[k] for k in t) for t in einsum_terms(subscripts))
     return f"{a},{b}->{out}"
 
 
