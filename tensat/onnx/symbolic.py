@@ -469,10 +469,11 @@ def _polymorphic(target: list[int], source: Dims, sizes: Mapping[str, int]) -> l
 
 def _one_inferred(target: list[int]) -> list[int]:
     """A polymorphic Reshape target with its first copied dim (0) written as the one inferred (-1), where it has no -1
-    yet: the same at every size. Where every dim of a Reshape's output is known from its input's, onnxruntime plans
-    its buffer with the others' and gives it one last used long before; an inferred dim leaves its size to the run,
-    and the buffer is the one freed last, still in the caches (SegFormer's token grids ran a tenth slower at a batch
-    of 2 with the batch copied). A target computed from Shape nodes, as exporters write these, runs as the -1 does."""
+    yet: the same at every size, and faster in onnxruntime at sizes other than those optimized at (SegFormer's token
+    grids' kernels ran slower with the batch copied; see docs/results.md). Likely: where every dim of a Reshape's
+    output is known from its input's, onnxruntime plans the buffers after it ahead, and hands them ones last used
+    long before; an inferred dim leaves them to be sized at run time, from those freed last. A target computed from
+    Shape nodes, as exporters write these, runs as the -1 does."""
     if -1 in target or 0 not in target:
         return target
     out = list(target)

@@ -1,7 +1,8 @@
 """Ops of common exports beyond the corpus: the activations of CNNs and detectors (LeakyRelu, HardSwish,
-HardSigmoid, PRelu, Mish...), ONNX's other reductions (ConvNeXt V2's ReduceL2), and the integer inputs of a decoder
-whose positions are its attention mask's cumulative sum. Each is read as a tensat op, not kept opaque, and written
-back as the model wrote it."""
+HardSigmoid, PRelu, Mish...), ONNX's other reductions (ConvNeXt V2's ReduceL2), the integer inputs of a decoder
+whose positions are its attention mask's cumulative sum, pools with ceil_mode, Resize, a causal mask's Trilu, Tile,
+ArgMax and ArgMin, and Einsum. Each is read as a tensat op, not kept opaque, and written back as the model wrote
+it."""
 
 from __future__ import annotations
 
