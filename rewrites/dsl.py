@@ -535,9 +535,17 @@ class _EggCompiler:
         # egglog looks up a function's table (`ones`) in a query, not in an action: a right side's lookup is bound
         # in the query to a variable of its own
         self.hoisted: dict[str, str] = {}
+        # with `symbolic`, a left side's Reshape whose target is a variable is bound to an e-class variable of its
+        # own (`self.bound`), and the target read in a guard is that Reshape's symbolic dims: its sizes optimized
+        # at would not match a symbolic dim of another tensor
+        self.bound: list[str] = []
+        self.targets: dict[str, str] = {}
 
     def expr(self, e: Expr) -> str:
         if isinstance(e, Var):
+            if self.in_guard and e.name in self.targets:
+                self.symbolic_shapes.add(self.targets[e.name])
+                return _egg_symbolic_shape(self.targets[e.name])
             return _egg_var(e.name)
         if isinstance(e, Lit):
             if isinstance(e.value, tuple):
@@ -611,8 +619,10 @@ class _EggCompiler:
         parts = [self.pattern(a, lhs) for a in p.args]
         for name in d.attr_names:
             if name in given:
-                if self.symbolic and not lhs:
-                    self.in_attribute = True  # the dims it reads, through :let too, must be static
+                # the dims it reads, through :let too, must be static; but a Reshape's target is written again for
+                # every size of the symbolic dims (`tensat.onnx.symbolic.generalize`), and verified at other sizes
+                if self.symbolic and not lhs and (p.op, name) != ("reshape", "shape"):
+                    self.in_attribute = True
                     self.expr(inline_lets(given[name], self.rule.lets))
                     self.in_attribute = False
                 parts.append(self.expr(given[name]))
@@ -621,7 +631,14 @@ class _EggCompiler:
                 parts.append(f"any-{self.fresh}")
             else:
                 raise RuleError(f"rule {self.rule.name}: right-side {p.op} needs attribute :{name}")
-        return f"({d.egg} {' '.join(parts)})"
+        term = f"({d.egg} {' '.join(parts)})"
+        target = given.get("shape") if p.op == "reshape" else None
+        if lhs and self.symbolic and isinstance(target, Var) and target.name not in self.targets:
+            node = f"reshape-{len(self.bound)}"
+            self.bound.append(f"(= {_egg_var(node)} {term})")
+            self.targets[target.name] = node
+            return _egg_var(node)
+        return term
 
     def compile(
         self, ruleset: str, guard: str | None = None, name: str | None = None, roots_in: Sequence[tuple[str, int]] = ()
@@ -630,6 +647,7 @@ class _EggCompiler:
         query += [f"(= root{i} {self.pattern(t, True)})" for i, t in enumerate(self.rule.lhs)]
         if guard is not None:  # first: the relation is small, the plain patterns are not
             query = [f"({guard} root{i})" for i in range(len(self.rule.lhs))] + query
+        query += self.bound
         if self.rule.multi:
             query.append("(!= root0 root1)")
         if self.rule.symmetric:

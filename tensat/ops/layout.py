@@ -229,10 +229,17 @@ def _reshape_rules(op: OpDef) -> list[str]:
 
 
 def _reshape_symbolic(op: OpDef) -> list[str]:
-    """A Reshape's symbolic dims: static where its input's are; else where it only adds or drops leading ones (the
-    rank a broadcast operand is brought to), its input's with those ones."""
+    """A Reshape's symbolic dims: static where its input's are; where it only adds or drops leading ones (the rank a
+    broadcast operand is brought to), its input's with those ones; where it keeps its input's first dim, of a
+    symbolic size, and the others are static, regrouping them (a token grid read as an image), that dim and its
+    target's others (as many elements at every size)."""
     rules = symbolic_where_static(op)
     match = f"{egg_match(op)} (= s0 (shape-of x0)) (= y0 (sym-shape-of x0))"
+    rules.append(
+        f"(rule ({match} (< 0 (vec-length shape)) (< 0 (vec-length s0)) (= (vec-get shape 0) (vec-get s0 0)) "
+        "(!= (vec-get y0 0) (vec-get s0 0)) (= (vec-set y0 0 0) (vec-set s0 0 0))) "
+        "((set (sym-shape-of e) (vec-set shape 0 (vec-get y0 0)))) :ruleset shapes)"
+    )
     for k in range(1, MAX_RANK):
         rules.append(
             f"(rule ({match} (= ones-k (ones {k})) (= shape (vec-append ones-k s0))) "

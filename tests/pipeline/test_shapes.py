@@ -644,6 +644,55 @@ def test_a_rewrite_that_would_write_a_symbolic_dims_size_is_refused(
     assert _rules_fired(path, symbolic=False).get("matmul-merge-shared-weight", 0) > 0
 
 
+def _token_grid(tmp_path: Path, rows: int | str) -> Path:
+    """A token grid x[batch, 16, 8] read as an image, (batch, 8, 4, 4), by a Transpose and a Reshape of `rows` (0:
+    the batch copied) for a depthwise convolution, and read back as tokens."""
+    inits = [
+        numpy_helper.from_array(np.array([rows, 8, 4, 4], np.int64), "image"),
+        numpy_helper.from_array(np.array([rows, 8, 16], np.int64), "flat"),
+        numpy_helper.from_array(np.random.default_rng(1).standard_normal((8, 1, 3, 3)).astype(np.float32), "k"),
+    ]
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1]),
+        helper.make_node("Reshape", ["t", "image"], ["i"]),
+        helper.make_node("Conv", ["i", "k"], ["c"], group=8, pads=[1, 1, 1, 1]),
+        helper.make_node("Reshape", ["c", "flat"], ["f"]),
+        helper.make_node("Transpose", ["f"], ["y"], perm=[0, 2, 1]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16, 8])],
+        inits,
+    )
+    path = tmp_path / "grid.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    return path
+
+
+def test_a_reshape_target_in_a_guard_is_read_as_its_symbolic_dims(tmp_path: Path) -> None:
+    """`transpose-reshape-to-nchw` guards the Reshape's target against its input's dims: the target's batch, 1 at the
+    size optimized at, is compared as the Reshape's symbolic batch, which is the input's, and the rules apply. What
+    they write, a Reshape to channels last whose target holds the batch's size, is written for every batch."""
+    path = _token_grid(tmp_path, 0)
+    fired = _rules_fired(path)
+    assert fired.get("transpose-reshape-to-nchw", 0) > 0 and fired.get("reshape-transpose-from-nchw", 0) > 0
+    given = onnx.load(str(path))
+    candidate = onnx.ModelProto()
+    candidate.CopyFrom(given)
+    graph = candidate.graph
+    graph.input[0].CopyFrom(helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8]))
+    graph.output[0].CopyFrom(helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8]))
+    graph.initializer.append(numpy_helper.from_array(np.array([1, 4, 4, 8], np.int64), "nhwc"))
+    graph.node[0].CopyFrom(helper.make_node("Reshape", ["x", "nhwc"], ["h"]))
+    graph.node[1].CopyFrom(helper.make_node("Transpose", ["h"], ["i"], perm=[0, 3, 1, 2]))
+    written = generalize(candidate, given, {"x": [1, 16, 8]})
+    assert written is not None
+    feeds = {"x": np.random.default_rng(3).standard_normal((3, 16, 8)).astype(np.float32)}
+    np.testing.assert_allclose(run_model(written, feeds)["y"], run_model(given, feeds)["y"], rtol=1e-5, atol=1e-5)
+
+
 def test_a_size_at_which_a_derived_dim_is_one_is_passed_over(tmp_path: Path) -> None:
     """A conv of kernel 400 and stride 200 runs at 512 samples with one frame, which could not be told from the
     batch: the next size (2048, nine frames) is taken."""
