@@ -242,14 +242,14 @@ class _Importer:
     def param(self, k: int) -> np.ndarray:
         """Constant input `k` (shape, axes, split sizes...); a computed one makes the node opaque, and so does one
         that varies with the sizes of symbolic dims (its value at the sizes read would be written into the model)."""
-        if not self.constant_input(k):
-            raise _Unsupported(f"input {k} is not a constant")
-        return self.consts[self.node.input[k]]
+        if self.present(k) and self.node.input[k] in self.varying:
+            raise _Unsupported(f"input {k} varies with the sizes of symbolic dims")
+        return self.sized_param(k)
 
     def sized_param(self, k: int) -> np.ndarray:
         """Constant input `k` at the sizes read, where it varies with the sizes of symbolic dims too: a Reshape's
-        target, which the result writes again for every size (`symbolic.generalize`: 0 where it keeps a symbolic dim,
-        -1 where one dim absorbs them) and is verified at other sizes. A computed one makes the node opaque."""
+        target, which the result writes again for every size (`symbolic.generalize`, with 0 and -1) and is verified
+        at other sizes. A computed one makes the node opaque."""
         if not (self.present(k) and self.node.input[k] in self.consts):
             raise _Unsupported(f"input {k} is not a constant")
         return self.consts[self.node.input[k]]
@@ -1242,9 +1242,7 @@ def _einsum(c: _Importer, node: NodeProto) -> list[Any]:
         raise _Unsupported("an Einsum of other than two operands")
     a, b = c.data(0), c.data(1)
     subscripts = ops.einsum_subscripts(_text(c.attrs.get("equation"), ""))
-    first, second, out = ops.einsum_terms(subscripts)
-    sizes = dict(zip((*first, *second), (*c.shape(a), *c.shape(b))))
-    shape = [sizes[k] for k in out]
+    shape = ops.einsum_shape(subscripts, [c.shape(a), c.shape(b)])
     return [c.op("einsum", [a, b], equation=subscripts, shape=shape)]
 
 

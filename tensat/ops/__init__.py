@@ -41,7 +41,7 @@ from tensat.ops.conv import (
 from tensat.ops.elementwise import ACTIVATION_DEFAULTS, GELU_APPROXIMATIONS
 from tensat.ops.kernels import CONTRIB, KERNELS
 from tensat.ops.layout import DEPTH_TO_SPACE_MODES, PAD_MODES
-from tensat.ops.matmul import einsum_equation, einsum_subscripts, einsum_terms
+from tensat.ops.matmul import einsum_equation, einsum_shape, einsum_subscripts
 from tensat.ops.pool import POOL_RANKS, RESIZE_MODES, RESIZE_NEAREST, RESIZE_TRANSFORMS
 from tensat.ops.reduce import REDUCTIONS, axes_input_since
 from tensat.ops.registry import (
@@ -119,8 +119,8 @@ __all__ = [
     "resolved",
     "axes_input_since",
     "einsum_equation",
+    "einsum_shape",
     "einsum_subscripts",
-    "einsum_terms",
     "shape_of",
     "standard",
 ]

@@ -139,10 +139,15 @@ def _einsum_sizes(subscripts: Sequence[int], shapes: Sequence[Shape]) -> dict[in
     return sizes
 
 
+def einsum_shape(subscripts: Sequence[int], shapes: Sequence[Shape]) -> Shape:
+    """The output shape of an Einsum of `subscripts` on operands of `shapes`; ShapeError where they disagree."""
+    sizes = _einsum_sizes(subscripts, shapes)
+    return tuple(sizes[k] for k in einsum_terms(subscripts)[2])
+
+
 def _einsum_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
     subscripts = attrs["equation"]
-    sizes = _einsum_sizes(subscripts, shapes)
-    out = tuple(sizes[k] for k in einsum_terms(subscripts)[2])
+    out = einsum_shape(subscripts, shapes)
     check(out == tuple(attrs["shape"]), f"einsum {einsum_equation(subscripts)} of {list(shapes)} is {out}")
     return out
 

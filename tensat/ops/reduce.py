@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from tensat.ops.elementwise import numeric
 from tensat.ops.registry import (
     MAX_RANK,
     SAME,
@@ -133,10 +134,13 @@ REDUCE_SUM_SQUARE = register(_reduction("reducesumsquare", "ReduceSumSquare", "R
 REDUCE_LOG_SUM_EXP = register(_reduction("reducelogsumexp", "ReduceLogSumExp", "ReduceLogSumExp", _log_sum_exp))
 
 
+def _as_reduction(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """An arg reduction's attributes as those of the reduction over its one axis, whose shape it has."""
+    return {"axes": (attrs["axis"],), "keepdims": attrs["keepdims"]}
+
+
 def _arg_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
-    x, axis = shapes[0], attrs["axis"]
-    check(0 <= axis < len(x), f"arg reduction axis {axis} invalid for {x}")
-    return tuple(1 if i == axis else d for i, d in enumerate(x)) if attrs["keepdims"] else x[:axis] + x[axis + 1 :]
+    return _reduce_shape(shapes, _as_reduction(attrs))
 
 
 def _arg_rules(op: OpDef) -> list[str]:
@@ -148,13 +152,9 @@ def _arg_rules(op: OpDef) -> list[str]:
 
 
 def _arg_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[str, Any]) -> None:
-    x, axis = ins[0], at["axis"]
-    if not isinstance(axis, int) or not 0 <= axis < len(x):
+    if not isinstance(at["axis"], int):
         s.reject("arg reduction axis")
-    kept = [1 if i == axis else d for i, d in enumerate(x)] if at["keepdims"] else [*x[:axis], *x[axis + 1 :]]
-    if len(kept) != len(out):
-        s.reject("arg reduction rank")
-    s.eq(out, tuple(kept))
+    _reduce_equations(s, out, ins, _as_reduction(at))
 
 
 def _arg_reduction(name: str, egg: str, onnx: str, fn: Any) -> OpDef:
@@ -181,7 +181,7 @@ def _arg_reduction(name: str, egg: str, onnx: str, fn: Any) -> OpDef:
         lambda s, o, a: float(numel(s[0])),
         onnx=onnx,
         dtype=lambda dtypes, a: "int64",
-        accepts=lambda dtypes: len(dtypes) == 1 and dtypes[0] in ("float32", "int64", "int32"),
+        accepts=numeric,
         equations=_arg_equations,
         # the output rank depends on keepdims: the verifier takes the input's rank from the output's for keepdims 1
         domains={"axis": lambda rank: list(range(rank)), "keepdims": [1], "select_last_index": [0, 1]},
