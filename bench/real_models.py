@@ -588,6 +588,163 @@ def _densenet() -> Built:
     return Built(model, (_image(224),), ("pixel_values",), ("logits",))
 
 
+def _pixels(model: Any, outs: tuple[str, ...], size: int = 224) -> Built:
+    """An image model over one seeded ``size`` x ``size`` image, its outputs ``outs``."""
+    names = ("pixel_values",)
+    return Built(_wrap(model, names, outs), (_image(size),), names, outs)
+
+
+# Architectures added after tensat's rules and cost model were written, exported as a user of transformers would:
+# the vision and audio transformers with the library's default attention (where that is
+# scaled_dot_product_attention, the exporter writes it out with a NaN guard after the softmax), the text models with
+# eager attention as above.
+def _distilbert() -> Built:
+    from transformers import DistilBertConfig  # bench extra, not a runtime dependency
+
+    config = DistilBertConfig(
+        vocab_size=VOCAB, dim=256, n_layers=4, n_heads=4, hidden_dim=1024, attn_implementation="eager"
+    )
+    return _encoder(config, "DistilBertModel")
+
+
+def _roberta() -> Built:
+    from transformers import RobertaConfig  # bench extra, not a runtime dependency
+
+    return _encoder(RobertaConfig(**SMALL_TEXT, intermediate_size=1024), "RobertaModel")
+
+
+def _electra() -> Built:
+    from transformers import ElectraConfig  # bench extra, not a runtime dependency
+
+    return _encoder(ElectraConfig(**SMALL_TEXT, intermediate_size=1024, embedding_size=128), "ElectraModel")
+
+
+def _mpnet() -> Built:
+    from transformers import MPNetConfig  # bench extra, not a runtime dependency
+
+    config = MPNetConfig(
+        vocab_size=VOCAB, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024
+    )
+    return _encoder(config, "MPNetModel")
+
+
+def _mistral() -> Built:
+    from transformers import MistralConfig  # bench extra, not a runtime dependency
+
+    config = MistralConfig(**SMALL_TEXT, intermediate_size=688, num_key_value_heads=2, max_position_embeddings=256)
+    return _decoder(config, "MistralModel")
+
+
+def _phi() -> Built:
+    from transformers import PhiConfig  # bench extra, not a runtime dependency
+
+    return _decoder(PhiConfig(**SMALL_TEXT, intermediate_size=1024, max_position_embeddings=256), "PhiModel")
+
+
+def _gpt_neox() -> Built:
+    from transformers import GPTNeoXConfig  # bench extra, not a runtime dependency
+
+    return _decoder(GPTNeoXConfig(**SMALL_TEXT, intermediate_size=1024, max_position_embeddings=256), "GPTNeoXModel")
+
+
+def _bloom() -> Built:
+    from transformers import BloomConfig  # bench extra, not a runtime dependency
+
+    config = BloomConfig(vocab_size=VOCAB, hidden_size=256, n_layer=4, n_head=4, attn_implementation="eager")
+    return _decoder(config, "BloomModel")
+
+
+def _gemma() -> Built:
+    from transformers import GemmaConfig  # bench extra, not a runtime dependency
+
+    config = GemmaConfig(
+        **SMALL_TEXT, intermediate_size=688, num_key_value_heads=2, head_dim=64, max_position_embeddings=256
+    )
+    return _decoder(config, "GemmaModel")
+
+
+# a small vision transformer: 4 layers of width 192, 3 heads (DeiT-Tiny's width)
+SMALL_VIT: dict[str, Any] = dict(hidden_size=192, num_hidden_layers=4, num_attention_heads=3, intermediate_size=768)
+
+
+def _deit() -> Built:
+    from transformers import DeiTConfig  # bench extra, not a runtime dependency
+
+    return _pixels(_hf(DeiTConfig(**SMALL_VIT), "DeiTModel"), ("last_hidden_state",))
+
+
+def _beit() -> Built:
+    from transformers import BeitConfig  # bench extra, not a runtime dependency
+
+    config = BeitConfig(**SMALL_VIT, use_relative_position_bias=True)
+    return _pixels(_hf(config, "BeitModel"), ("last_hidden_state",))
+
+
+def _dinov2() -> Built:
+    from transformers import Dinov2Config  # bench extra, not a runtime dependency
+
+    return _pixels(_hf(Dinov2Config(**SMALL_VIT, image_size=224), "Dinov2Model"), ("last_hidden_state",))
+
+
+def _yolos() -> Built:
+    from transformers import YolosConfig  # bench extra, not a runtime dependency
+
+    config = YolosConfig(**SMALL_VIT, image_size=[224, 224], num_detection_tokens=10)
+    return _pixels(_hf(config, "YolosModel"), ("last_hidden_state",))
+
+
+def _swinv2() -> Built:
+    from transformers import Swinv2Config  # bench extra, not a runtime dependency
+
+    config = Swinv2Config(embed_dim=48, depths=[2, 2, 2, 2], num_heads=[2, 4, 8, 16], window_size=7)
+    return _pixels(_hf(config, "Swinv2Model"), ("last_hidden_state",))
+
+
+def _poolformer() -> Built:
+    from transformers import PoolFormerConfig  # bench extra, not a runtime dependency
+
+    config = PoolFormerConfig(hidden_sizes=[32, 64, 160, 256], depths=[1, 1, 2, 1])
+    return _pixels(_hf(config, "PoolFormerModel"), ("last_hidden_state",))
+
+
+def _regnet_y() -> Built:
+    from transformers import RegNetConfig  # bench extra, not a runtime dependency
+
+    config = RegNetConfig(
+        embedding_size=32, hidden_sizes=[32, 64, 160, 384], depths=[1, 2, 4, 1], groups_width=16, layer_type="y"
+    )
+    return _pixels(_trained_like(_hf(config, "RegNetModel"), convs=False), ("pooler_output",))
+
+
+def _mobilenet_v1() -> Built:
+    from transformers import MobileNetV1Config  # bench extra, not a runtime dependency
+
+    model = _trained_like(_hf(MobileNetV1Config(depth_multiplier=0.5), "MobileNetV1Model"))
+    return _pixels(model, ("pooler_output",))
+
+
+def _resnet18() -> Built:
+    from transformers import ResNetConfig  # bench extra, not a runtime dependency
+
+    config = ResNetConfig(embedding_size=64, hidden_sizes=[64, 128, 256, 512], depths=[2, 2, 2, 2], layer_type="basic")
+    return _pixels(_trained_like(_hf(config, "ResNetModel"), convs=False), ("pooler_output",))
+
+
+def _hubert() -> Built:
+    from transformers import HubertConfig  # bench extra, not a runtime dependency
+
+    config = HubertConfig(
+        hidden_size=192,
+        num_hidden_layers=4,
+        num_attention_heads=3,
+        intermediate_size=768,
+        conv_dim=(64,) * 7,
+        num_conv_pos_embeddings=32,
+    )
+    names, outs = ("input_values",), ("last_hidden_state",)
+    return Built(_wrap(_hf(config, "HubertModel"), names, outs), (_audio(16000),), names, outs)
+
+
 ARCHITECTURES: dict[str, Architecture] = {
     a.key: a
     for a in [
@@ -732,6 +889,117 @@ ARCHITECTURES: dict[str, Architecture] = {
             "Swin2SR super-resolution x2: Swin V2 blocks, pixel-shuffle upsampler (64x64)",
             "transformers.Swin2SRForImageSuperResolution",
             _swin2sr,
+        ),
+        Architecture(
+            "distilbert",
+            "DistilBERT: no token types, 4 layers (width 256, seq 128)",
+            "transformers.DistilBertModel",
+            _distilbert,
+        ),
+        Architecture(
+            "roberta", "RoBERTa encoder (4 layers, width 256, seq 128)", "transformers.RobertaModel", _roberta
+        ),
+        Architecture(
+            "electra",
+            "ELECTRA discriminator: 128-wide embeddings projected to 256 (4 layers, seq 128)",
+            "transformers.ElectraModel",
+            _electra,
+        ),
+        Architecture(
+            "mpnet",
+            "MPNet encoder: relative position buckets added to the scores (4 layers, width 256, seq 128)",
+            "transformers.MPNetModel",
+            _mpnet,
+        ),
+        Architecture(
+            "mistral",
+            "Mistral decoder: RMSNorm, rotary, grouped-query attention, SwiGLU (4 layers, width 256, seq 64)",
+            "transformers.MistralModel",
+            _mistral,
+        ),
+        Architecture(
+            "phi",
+            "Phi decoder: partial rotary, attention and MLP in parallel off one LayerNorm (4 layers, width 256)",
+            "transformers.PhiModel",
+            _phi,
+        ),
+        Architecture(
+            "gpt_neox",
+            "GPT-NeoX decoder: fused QKV projection, partial rotary, parallel residual (4 layers, width 256, seq 64)",
+            "transformers.GPTNeoXModel",
+            _gpt_neox,
+        ),
+        Architecture(
+            "bloom",
+            "BLOOM decoder: ALiBi position biases, embedding LayerNorm (4 layers, width 256, seq 64)",
+            "transformers.BloomModel",
+            _bloom,
+        ),
+        Architecture(
+            "gemma",
+            "Gemma decoder: RMSNorm with 1 + scale, GeGLU, scaled embeddings (4 layers, width 256, seq 64)",
+            "transformers.GemmaModel",
+            _gemma,
+        ),
+        Architecture(
+            "deit",
+            "DeiT: class and distillation tokens, default (SDPA) attention (4 layers, width 192, 224x224)",
+            "transformers.DeiTModel",
+            _deit,
+        ),
+        Architecture(
+            "beit",
+            "BEiT: relative position bias per layer, layer scale (4 layers, width 192, 224x224)",
+            "transformers.BeitModel",
+            _beit,
+        ),
+        Architecture(
+            "dinov2",
+            "DINOv2: layer scale, SDPA attention (4 layers, width 192, 224x224)",
+            "transformers.Dinov2Model",
+            _dinov2,
+        ),
+        Architecture(
+            "yolos",
+            "YOLOS backbone: ViT with 10 detection tokens, position embeddings resized (4 layers, width 192, 224x224)",
+            "transformers.YolosModel",
+            _yolos,
+        ),
+        Architecture(
+            "swinv2",
+            "Swin V2: cosine attention with a log-spaced continuous position bias MLP (depths 2-2-2-2, 224x224)",
+            "transformers.Swinv2Model",
+            _swinv2,
+        ),
+        Architecture(
+            "poolformer",
+            "PoolFormer: average pooling as the token mixer, GroupNorm (depths 1-1-2-1, 224x224)",
+            "transformers.PoolFormerModel",
+            _poolformer,
+        ),
+        Architecture(
+            "regnet_y",
+            "RegNetY: grouped convs with squeeze-excitation (depths 1-2-4-1, group width 16, 224x224)",
+            "transformers.RegNetModel",
+            _regnet_y,
+        ),
+        Architecture(
+            "mobilenet_v1",
+            "MobileNet V1 at width 0.5: depthwise-separable convs, ReLU6 (224x224)",
+            "transformers.MobileNetV1Model",
+            _mobilenet_v1,
+        ),
+        Architecture(
+            "resnet18",
+            "ResNet-18: basic blocks (depths 2-2-2-2, 224x224)",
+            "transformers.ResNetModel",
+            _resnet18,
+        ),
+        Architecture(
+            "hubert",
+            "HuBERT: conv feature encoder, grouped positional conv, SDPA attention (4 layers, width 192, 1 s)",
+            "transformers.HubertModel",
+            _hubert,
         ),
     ]
 }
