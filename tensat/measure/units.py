@@ -17,6 +17,7 @@ from onnx import ModelProto, TensorProto, helper, numpy_helper
 from tensat import ops
 from tensat.cost import Const, Scalar
 from tensat.ir import Graph, Node
+from tensat.onnx.exporter import has_own_emitter
 from tensat.onnx_io import export_model
 from tensat.session import NCHWC_DOMAIN
 
@@ -175,10 +176,24 @@ def _random_array(rng: np.random.Generator, shape: Sequence[int], dtype: str) ->
     raise ValueError(f"cannot make data of type {dtype}")
 
 
+UNIT_OPSET = 17  # the opset units are written at; onnxruntime's own kernels stand in for later standard ops (Gelu)
+
+
+def unit_opset(unit: Unit) -> int:
+    """The opset `unit` is written at: `UNIT_OPSET`, or the opset one of its ops entered the ONNX standard at where
+    nothing stands in for it before (Mish, opset 18)."""
+    later = [
+        since
+        for op in unit.ops
+        if (since := ops.get(op).standard_since) is not None and since > UNIT_OPSET and not has_own_emitter(op)
+    ]
+    return max([UNIT_OPSET, *later])
+
+
 def unit_model(unit: Unit, seed: int = 0) -> ModelProto:
     """The one-copy ONNX model of `unit`: weights as initializers, other inputs as graph inputs x0, x1, ..."""
     rng = np.random.default_rng(seed)
-    g = Graph(opset_imports={"": 17}, name="unit")
+    g = Graph(opset_imports={"": unit_opset(unit)}, name="unit")
     values = dict(unit.values)
     ext_ids = []
     for k, (shape, const, dtype) in enumerate(unit.externals):

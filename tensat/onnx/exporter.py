@@ -525,6 +525,12 @@ def _emitter(*names: str) -> Callable[[Emitter], Emitter]:
     return register
 
 
+def has_own_emitter(op: str) -> bool:
+    """Whether the ONNX layer writes IR op `op` by an emitter of its own (which may write an onnxruntime kernel where
+    the opset predates the standard op: Gelu), rather than as its ONNX op alone."""
+    return op in _EMITTERS
+
+
 def _ex_leaf(e: _Exporter, i: int) -> None:
     """Inputs and weights need no node."""
 

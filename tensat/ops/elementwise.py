@@ -593,8 +593,21 @@ AND = register(binary("and", "And", np.logical_and, onnx="And", accepts=booleans
 OR = register(binary("or", "Or", np.logical_or, onnx="Or", accepts=booleans, int_exact=True, commutative=True))
 NOT = register(unary("not", "Not", np.logical_not, onnx="Not", accepts=booleans, int_exact=True))
 EQUAL = register(binary("equal", "Equal", np.equal, onnx="Equal", dtype=_to_bool, accepts=any_data, int_exact=True))
-LESS = register(binary("less", "Less", np.less, onnx="Less", dtype=_to_bool, accepts=numeric, int_exact=True))
-ISNAN = register(unary("isnan", "IsNaN", np.isnan, onnx="IsNaN", dtype=_to_bool))
+# A comparison's operands are timed as float32 (the item priced carries no operand types, and a boolean Less is no
+# ONNX op); IsNaN reads float32, as its `accepts` says.
+LESS = register(
+    binary(
+        "less",
+        "Less",
+        np.less,
+        onnx="Less",
+        dtype=_to_bool,
+        accepts=numeric,
+        int_exact=True,
+        operand_dtypes={0: "float32", 1: "float32"},
+    )
+)
+ISNAN = register(unary("isnan", "IsNaN", np.isnan, onnx="IsNaN", dtype=_to_bool, operand_dtypes={0: "float32"}))
 
 
 def _where_accepts(dtypes: Sequence[str]) -> bool:

@@ -10,8 +10,11 @@ import onnxruntime as ort
 import pytest
 
 from tensat import ops
+from tensat.cost import item_of
 from tensat.egraph.lower import LoweredGraph
 from tensat.ir import Graph
+from tensat.measure import pricing_unit
+from tensat.measure.units import unit_model
 from tensat.onnx_io import export_model, import_model
 
 ort.set_default_logger_severity(3)
@@ -211,3 +214,13 @@ def test_op_agrees_with_onnxruntime_through_its_export(op):
 def test_egglog_shape_rule_agrees_with_the_shape_function(op):
     g, _, y = _graph(op)
     LoweredGraph(g, rules=[])  # raises where egglog's shape differs from tensat.ops's
+
+
+@pytest.mark.parametrize("op", sorted(set(SAMPLES) - {"opaque"}))
+def test_the_unit_that_prices_the_op_is_a_model_onnxruntime_loads(op):
+    """The cost model times each op in a model of its own (`tensat.measure.unit_model`), its operands of the types
+    the op reads: one it cannot load is priced by the analytic fallback instead."""
+    g, _, y = _graph(op)
+    node, shapes, const = item_of(g, g.nodes[y], g.weight_only())
+    model = unit_model(pricing_unit(node, shapes, const))
+    ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
