@@ -93,6 +93,7 @@ from tensat.measure.model import (
     WINDOWS,
     MeasuredCost,
     MeasureStats,
+    graph_traffic,
     graph_working_set,
     make_measured_cost,
 )
@@ -165,6 +166,7 @@ __all__ = [
     "device_info",
     "fingerprint",
     "gpu_name",
+    "graph_traffic",
     "graph_working_set",
     "make_measured_cost",
     "measure_calibration",

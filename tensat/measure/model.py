@@ -91,13 +91,12 @@ def _bucket(nbytes: float) -> int:
     return int(min(round(2 ** (round(4 * math.log2(mib)) / 4)), 256))
 
 
-def graph_working_set(graph: Graph) -> int:
-    """Bytes one inference streams through the caches: the distinct weights it reads (after weight-only subgraphs
-    are folded) and every tensor it computes. Between two runs of one op all of them pass through the caches, and
-    their sum, not the weights' alone, decides whether the op's weights are still there."""
+def graph_traffic(graph: Graph) -> tuple[int, int]:
+    """Bytes one inference reads as weights (the distinct weights, after weight-only subgraphs are folded; of an
+    embedding table, the rows it looks up) and bytes it computes (every tensor)."""
     const = graph.weight_only()
     seen: set[int] = set()
-    computed = 0
+    rows = computed = 0
     for i in graph.live():
         n = graph.nodes[i]
         if n.is_leaf or i in const:
@@ -106,11 +105,18 @@ def graph_working_set(graph: Graph) -> int:
             if j not in const:
                 continue
             if n.op == "gather" and k == 0:  # a lookup reads the rows it gathers, not its table (an embedding's)
-                computed += _nbytes(n.shape, n.dtype)
+                rows += _nbytes(n.shape, n.dtype)
             else:
                 seen.add(j)
         computed += _nbytes(n.shape, n.dtype)
-    return computed + sum(_nbytes(graph.nodes[j].shape, graph.nodes[j].dtype) for j in seen)
+    return rows + sum(_nbytes(graph.nodes[j].shape, graph.nodes[j].dtype) for j in seen), computed
+
+
+def graph_working_set(graph: Graph) -> int:
+    """Bytes one inference streams through the caches: the weights it reads and every tensor it computes
+    (`graph_traffic`). Between two runs of one op all of them pass through the caches, and their sum, not the
+    weights' alone, decides whether the op's weights are still there."""
+    return sum(graph_traffic(graph))
 
 
 class MeasuredCost:
