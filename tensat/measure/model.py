@@ -26,6 +26,7 @@ from tensat.measure.cache import CostCache, CostEntry
 from tensat.measure.device import _silenced, default_clock, device_info, fingerprint, resolve_device
 from tensat.measure.timing import Calibration, Runner, Timing, measure_calibration, time_pair
 from tensat.measure.units import (
+    LINE_BYTES,
     NCHWC_DOMAIN,
     Shape,
     Unit,
@@ -407,7 +408,7 @@ class MeasuredCost:
         out_bytes = _nbytes(unit.out_shape, unit.dtype)
         est = max(self._analytic_us(unit), 1.0)
         k_time = max(1, int(ROUND_BUDGET_US // est))
-        if wbytes > 0:
+        if unit.weighted:
             ws = self.working_set if self.working_set is not None else DEFAULT_WORKING_SET
             k = math.ceil(_bucket(ws) * 2**20 / wbytes)
         else:
@@ -424,8 +425,9 @@ class MeasuredCost:
     def evict_bytes(self, weight_bytes: int, copies: int) -> int:
         """Bytes to evict before a timed run of `copies` copies of a unit with `weight_bytes` of weights: the rest
         of the working set, which inside the graph passes through the caches between two runs of the unit (none
-        for a unit without weights: its data is all recently computed tensors)."""
-        if weight_bytes <= 0:
+        for a unit without weights, or with one cache line of them: its data is recently computed tensors, and one
+        line fetched cold costs less than the eviction's own effects on the unit)."""
+        if weight_bytes <= LINE_BYTES:
             return 0
         return max(0, self._ws_bucket() * 2**20 - copies * weight_bytes)
 

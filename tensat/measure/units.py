@@ -32,6 +32,9 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+LINE_BYTES = 64  # a cache line
+
+
 @dataclass(frozen=True)
 class UnitNode:
     """One node of a unit: op, attributes, and inputs as ("x", k) = external k or ("n", i) = unit node i."""
@@ -73,7 +76,9 @@ class Unit:
 
     @property
     def weighted(self) -> bool:
-        return any(c for _, c, _ in self.externals)
+        """Whether the unit has weights that stream through the caches: more than one cache line of them. One line
+        (a Where's scalar, an epsilon) costs one fetch cold, and the unit is timed as one without weights."""
+        return self.weight_bytes() > LINE_BYTES
 
     def shapes(self) -> list[Shape]:
         """Output shape of every node."""

@@ -24,7 +24,7 @@ import pytest
 import tensat
 import tensat.api as api
 from tensat import ops
-from tensat.cost import AnalyticCost, Scalar, graph_cost, runtime_kernels
+from tensat.cost import AnalyticCost, Scalar, graph_cost, item_of, runtime_kernels
 from tensat.cost_report import (
     cost_report,
     fused_graph_cost,
@@ -629,6 +629,7 @@ def test_weights_are_evicted_only_where_the_copies_do_not_span_the_working_set(t
     assert cost.evict_bytes(0, 4) == 0
     assert cost.evict_bytes(2**20, 3) == 5 * 2**20
     assert cost.evict_bytes(2**20, 8) == 0
+    assert cost.evict_bytes(4, 1) == 0  # one cache line of weights (a scalar) is not worth the eviction
     order: list[str] = []
     timing = time_rounds(
         [lambda: order.append("a"), lambda: order.append("b")],
@@ -1334,3 +1335,21 @@ def test_copies_whose_inputs_and_outputs_overflow_the_level_two_cache_are_fewer(
     shape = (1, 64, 32, 32)
     unit = pricing_unit(Node("relu", (), (), shape, "float32"), [shape], [False])
     assert cost.copies_for(unit) == (8 if near_mib is None else 2)
+
+
+def test_a_unit_whose_weights_fit_in_one_cache_line_is_timed_as_one_without_weights(tmp_path):
+    """A Where of a scalar constant (the NaN guard transformers' attention is exported with) fetches one cache line
+    of weights cold in the graph: its unit evicts nothing, spans no working set, and its key names none."""
+    cost = cost_model(tmp_path, working_set=64 * 2**20)
+    g = Graph()
+    c = g.input("c", (3, 64, 64), "bool")
+    x = g.input("x", (3, 64, 64))
+    y = g.add("where", [c, g.weight(np.zeros((1, 1, 1), np.float32), "zero"), x])
+    scale = g.add("mul", [x, g.weight(np.ones((64,), np.float32), "scale")])
+    g.output("y", y)
+    g.output("s", scale)
+    const = g.weight_only()
+    where, mul = (pricing_unit(*item_of(g, g.nodes[i], const)) for i in (y, scale))
+    assert where.weight_bytes() == 4 and not where.weighted
+    assert cost._plan(where).evict_bytes == 0 and "ws=" not in cost._key(where)
+    assert mul.weighted and cost._plan(mul).evict_bytes > 0 and "ws=64MiB" in cost._key(mul)
