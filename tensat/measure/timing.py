@@ -16,7 +16,7 @@ from onnx import ModelProto
 
 from tensat.latency import clock_function, time_models
 from tensat.measure.device import _silenced
-from tensat.measure.units import _random_array, _tiny_model, chain_model, null_model
+from tensat.measure.units import LINE_BYTES, _random_array, _tiny_model, chain_model, null_model
 from tensat.session import make_session, nchwc_block, onnxruntime_module
 
 ALIGNMENT = 64  # bytes: bound buffers start at such a boundary, as onnxruntime's own do
@@ -65,7 +65,7 @@ def evict_cap(cache_bytes: int | None) -> int:
 
 
 STABLE_TOL = 0.02
-LINE_FLOATS = 16  # float32 values in a 64-byte cache line
+LINE_FLOATS = LINE_BYTES // 4  # float32 values in a cache line
 
 
 def aligned(arr: np.ndarray, alignment: int = ALIGNMENT) -> np.ndarray:
