@@ -15,7 +15,6 @@ unlike how it runs in the graph.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -30,15 +29,13 @@ import onnx
 from onnx import ModelProto, helper, numpy_helper
 
 from bench.machine import header
-from bench.real_models import DEFAULT_OUT as CORPUS
-from bench.real_models import per_model_report
+from bench.real_models import per_model_parser, per_model_report
 from tensat.cost_report import fused_graph_cost, load_graph
 from tensat.latency import compare_many
 from tensat.measure import make_measured_cost
 from tensat.onnx_io import export_model
 from tensat.verify import random_inputs, run_model
 
-RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = ("clip_vision", "bert", "convnext", "swin")
 VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})  # already views: nothing to remove
 PAIRS = 200
@@ -160,12 +157,9 @@ def render(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.ablation", description=__doc__.splitlines()[0])
-    parser.add_argument("--corpus", type=Path, default=CORPUS, help="the corpus directory (default bench/corpus)")
-    parser.add_argument("--only", default=",".join(MODELS), help="comma-separated model names")
+    parser = per_model_parser("python -m bench.ablation", __doc__, MODELS, "ablation")
     parser.add_argument("--ops", default="", help="comma-separated ONNX op types (default: every one that has nodes)")
     parser.add_argument("--pairs", type=int, default=PAIRS, help=f"pairs of timed blocks (default {PAIRS})")
-    parser.add_argument("--out-dir", type=Path, default=RESULTS, help="where to write ablation.md/.json")
     args = parser.parse_args(argv)
     ops = [op for op in args.ops.split(",") if op] or None
     return per_model_report(

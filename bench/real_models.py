@@ -38,6 +38,17 @@ from tensat.files import atomic_write_json, atomic_write_text
 from tensat.session import make_session
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "corpus"
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def per_model_parser(prog: str, doc: str, models: Sequence[str], stem: str) -> argparse.ArgumentParser:
+    """The command line of a report over corpus models (`per_model_report`): --corpus, --only (default `models`)
+    and --out-dir; `doc` is the report's module docstring, whose first line describes it."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
+    parser.add_argument("--corpus", type=Path, default=DEFAULT_OUT, help="the corpus directory (default bench/corpus)")
+    parser.add_argument("--only", default=",".join(models), help="comma-separated model names")
+    parser.add_argument("--out-dir", type=Path, default=RESULTS, help=f"where to write {stem}.md/.json")
+    return parser
 
 
 def per_model_report(
@@ -144,6 +155,12 @@ def _image(size: int) -> Any:
 
     gen = torch.Generator().manual_seed(SEED)
     return torch.randn(1, 3, size, size, generator=gen)
+
+
+def _pixels(model: Any, outs: tuple[str, ...], size: int = 224) -> Built:
+    """An image model over one seeded ``size`` x ``size`` image, its outputs ``outs``."""
+    names = ("pixel_values",)
+    return Built(_wrap(model, names, outs), (_image(size),), names, outs)
 
 
 def _hf(config: Any, cls_name: str) -> Any:
@@ -269,8 +286,7 @@ def _vit() -> Built:
         intermediate_size=1536,
         attn_implementation="eager",
     )
-    names, outs = ("pixel_values",), ("last_hidden_state", "pooler_output")
-    return Built(_wrap(_hf(config, "ViTModel"), names, outs), (_image(224),), names, outs)
+    return _pixels(_hf(config, "ViTModel"), ("last_hidden_state", "pooler_output"))
 
 
 def _swin() -> Built:
@@ -285,8 +301,7 @@ def _swin() -> Built:
         window_size=7,
         attn_implementation="eager",
     )
-    names, outs = ("pixel_values",), ("last_hidden_state", "pooler_output")
-    return Built(_wrap(_hf(config, "SwinModel"), names, outs), (_image(224),), names, outs)
+    return _pixels(_hf(config, "SwinModel"), ("last_hidden_state", "pooler_output"))
 
 
 def _resnet50() -> Built:
@@ -295,10 +310,7 @@ def _resnet50() -> Built:
     config = ResNetConfig(
         embedding_size=64, hidden_sizes=[256, 512, 1024, 2048], depths=[3, 4, 6, 3], layer_type="bottleneck"
     )
-    names, outs = ("pixel_values",), ("pooler_output",)
-    return Built(
-        _wrap(_trained_like(_hf(config, "ResNetModel"), convs=False), names, outs), (_image(160),), names, outs
-    )
+    return _pixels(_trained_like(_hf(config, "ResNetModel"), convs=False), ("pooler_output",), 160)
 
 
 def _regnet_x() -> Built:
@@ -308,19 +320,15 @@ def _regnet_x() -> Built:
     config = RegNetConfig(
         embedding_size=32, hidden_sizes=[32, 64, 160, 384], depths=[1, 2, 7, 12], groups_width=16, layer_type="x"
     )
-    names, outs = ("pixel_values",), ("pooler_output",)
-    return Built(
-        _wrap(_trained_like(_hf(config, "RegNetModel"), convs=False), names, outs), (_image(224),), names, outs
-    )
+    return _pixels(_trained_like(_hf(config, "RegNetModel"), convs=False), ("pooler_output",))
 
 
 def _mobilenet_v2() -> Built:
     from transformers import MobileNetV2Config  # bench extra, not a runtime dependency
 
     config = MobileNetV2Config(image_size=224, depth_multiplier=1.0, num_labels=1000)
-    names, outs = ("pixel_values",), ("logits",)
     model = _trained_like(_hf(config, "MobileNetV2ForImageClassification"))
-    return Built(_wrap(model, names, outs), (_image(224),), names, outs)
+    return _pixels(model, ("logits",))
 
 
 def _efficientnet_b0() -> Built:
@@ -328,17 +336,15 @@ def _efficientnet_b0() -> Built:
 
     # hidden_dim defaults to B7's 2560; B0's head conv has 1280 channels.
     config = EfficientNetConfig(image_size=224, width_coefficient=1.0, depth_coefficient=1.0, hidden_dim=1280)
-    names, outs = ("pixel_values",), ("pooler_output",)
     model = _trained_like(_hf(config, "EfficientNetModel"))
-    return Built(_wrap(model, names, outs), (_image(224),), names, outs)
+    return _pixels(model, ("pooler_output",))
 
 
 def _convnext() -> Built:
     from transformers import ConvNextConfig  # bench extra, not a runtime dependency
 
     config = ConvNextConfig(hidden_sizes=[64, 128, 256, 512], depths=[2, 2, 4, 2], image_size=224)
-    names, outs = ("pixel_values",), ("pooler_output",)
-    return Built(_wrap(_hf(config, "ConvNextModel"), names, outs), (_image(224),), names, outs)
+    return _pixels(_hf(config, "ConvNextModel"), ("pooler_output",))
 
 
 def _audio(samples: int) -> Any:
@@ -347,6 +353,12 @@ def _audio(samples: int) -> Any:
 
     gen = torch.Generator().manual_seed(SEED)
     return 0.1 * torch.randn(1, samples, generator=gen)
+
+
+def _waveform(model: Any) -> Built:
+    """An audio model over one seeded second at 16 kHz, its last hidden state."""
+    names, outs = ("input_values",), ("last_hidden_state",)
+    return Built(_wrap(model, names, outs), (_audio(16000),), names, outs)
 
 
 def _wav2vec2() -> Built:
@@ -364,8 +376,7 @@ def _wav2vec2() -> Built:
         num_conv_pos_embedding_groups=16,
         attn_implementation="eager",
     )
-    names, outs = ("input_values",), ("last_hidden_state",)
-    return Built(_wrap(_hf(config, "Wav2Vec2Model"), names, outs), (_audio(16000),), names, outs)
+    return _waveform(_hf(config, "Wav2Vec2Model"))
 
 
 def _whisper_encoder() -> Built:
@@ -405,8 +416,7 @@ def _clip_vision() -> Built:
         patch_size=32,
         attn_implementation="eager",
     )
-    names, outs = ("pixel_values",), ("last_hidden_state", "pooler_output")
-    return Built(_wrap(_hf(config, "CLIPVisionModel"), names, outs), (_image(224),), names, outs)
+    return _pixels(_hf(config, "CLIPVisionModel"), ("last_hidden_state", "pooler_output"))
 
 
 def _segformer() -> Built:
@@ -415,8 +425,7 @@ def _segformer() -> Built:
     # SegFormer-B0's hierarchical encoder: overlapping patch merges, efficient attention with reduction convs,
     # a depthwise conv in each MLP.
     config = SegformerConfig(depths=[2, 2, 2, 2], hidden_sizes=[32, 64, 160, 256], attn_implementation="eager")
-    names, outs = ("pixel_values",), ("last_hidden_state",)
-    return Built(_wrap(_hf(config, "SegformerModel"), names, outs), (_image(224),), names, outs)
+    return _pixels(_hf(config, "SegformerModel"), ("last_hidden_state",))
 
 
 def _mobilevit() -> Built:
@@ -429,9 +438,8 @@ def _mobilevit() -> Built:
         neck_hidden_sizes=[16, 16, 24, 48, 64, 80, 320],
         expand_ratio=2.0,
     )
-    names, outs = ("pixel_values",), ("pooler_output",)
     model = _trained_like(_hf(config, "MobileViTModel"), convs=False)
-    return Built(_wrap(model, names, outs), (_image(256),), names, outs)
+    return _pixels(model, ("pooler_output",), 256)
 
 
 def _albert() -> Built:
@@ -466,17 +474,15 @@ def _deberta_v2() -> Built:
 def _levit() -> Built:
     from transformers import LevitConfig  # bench extra, not a runtime dependency
 
-    names, outs = ("pixel_values",), ("last_hidden_state",)
     model = _trained_like(_hf(LevitConfig(), "LevitModel"))
-    return Built(_wrap(model, names, outs), (_image(224),), names, outs)
+    return _pixels(model, ("last_hidden_state",))
 
 
 def _convnextv2() -> Built:
     from transformers import ConvNextV2Config  # bench extra, not a runtime dependency
 
     config = ConvNextV2Config(hidden_sizes=[40, 80, 160, 320], depths=[2, 2, 4, 2], image_size=224)
-    names, outs = ("pixel_values",), ("last_hidden_state", "pooler_output")
-    return Built(_wrap(_hf(config, "ConvNextV2Model"), names, outs), (_image(224),), names, outs)
+    return _pixels(_hf(config, "ConvNextV2Model"), ("last_hidden_state", "pooler_output"))
 
 
 def _segformer_seg() -> Built:
@@ -485,9 +491,8 @@ def _segformer_seg() -> Built:
     config = SegformerConfig(
         depths=[2, 2, 2, 2], hidden_sizes=[32, 64, 160, 256], decoder_hidden_size=128, attn_implementation="eager"
     )
-    names, outs = ("pixel_values",), ("logits",)
     model = _hf(config, "SegformerForSemanticSegmentation")
-    return Built(_wrap(model, names, outs), (_image(256),), names, outs)
+    return _pixels(model, ("logits",), 256)
 
 
 def _dpt() -> Built:
@@ -504,8 +509,7 @@ def _dpt() -> Built:
         head_hidden_size=32,
         attn_implementation="eager",
     )
-    names, outs = ("pixel_values",), ("predicted_depth",)
-    return Built(_wrap(_hf(config, "DPTForDepthEstimation"), names, outs), (_image(224),), names, outs)
+    return _pixels(_hf(config, "DPTForDepthEstimation"), ("predicted_depth",))
 
 
 def _swin2sr() -> Built:
@@ -514,8 +518,7 @@ def _swin2sr() -> Built:
     config = Swin2SRConfig(
         img_size=64, embed_dim=60, depths=[2, 2], num_heads=[3, 3], window_size=8, upscale=2, upsampler="pixelshuffle"
     )
-    names, outs = ("pixel_values",), ("reconstruction",)
-    return Built(_wrap(_hf(config, "Swin2SRForImageSuperResolution"), names, outs), (_image(64),), names, outs)
+    return _pixels(_hf(config, "Swin2SRForImageSuperResolution"), ("reconstruction",), 64)
 
 
 def _densenet_module(growth: int, blocks: Sequence[int], init_features: int, bn_size: int) -> Any:
@@ -586,12 +589,6 @@ def _densenet_module(growth: int, blocks: Sequence[int], init_features: int, bn_
 def _densenet() -> Built:
     model = _densenet_module(growth=16, blocks=(6, 12, 16, 12), init_features=32, bn_size=4)
     return Built(model, (_image(224),), ("pixel_values",), ("logits",))
-
-
-def _pixels(model: Any, outs: tuple[str, ...], size: int = 224) -> Built:
-    """An image model over one seeded ``size`` x ``size`` image, its outputs ``outs``."""
-    names = ("pixel_values",)
-    return Built(_wrap(model, names, outs), (_image(size),), names, outs)
 
 
 # Architectures added after tensat's rules and cost model were written, exported as a user of transformers would:
@@ -741,8 +738,7 @@ def _hubert() -> Built:
         conv_dim=(64,) * 7,
         num_conv_pos_embeddings=32,
     )
-    names, outs = ("input_values",), ("last_hidden_state",)
-    return Built(_wrap(_hf(config, "HubertModel"), names, outs), (_audio(16000),), names, outs)
+    return _waveform(_hf(config, "HubertModel"))
 
 
 ARCHITECTURES: dict[str, Architecture] = {

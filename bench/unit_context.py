@@ -17,7 +17,6 @@ matched.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -31,8 +30,7 @@ from typing import Any
 from onnx import ModelProto
 
 from bench.machine import header
-from bench.real_models import DEFAULT_OUT as CORPUS
-from bench.real_models import per_model_report
+from bench.real_models import per_model_parser, per_model_report
 from tensat import ops
 from tensat.cost import device_of, runtime_kernels
 from tensat.cost_report import load_graph
@@ -41,7 +39,6 @@ from tensat.measure.cache import CostEntry
 from tensat.measure.units import replicate, unit_model
 from tensat.session import make_session
 
-RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = ("mobilenet_v2", "resnet50", "bert", "clip_vision", "swin", "convnext", "mobilevit")
 RUNS = 200  # profiled runs of a graph or a unit's model
 WARMUP = 20
@@ -105,7 +102,7 @@ def _copies(cost: MeasuredCost, unit: Unit) -> tuple[float, float, float]:
         return nan
     base = plan.model if plan.model is not None else unit_model(unit)
     model = replicate(base, plan.copies) if plan.copies > 1 else base
-    cold = plan.evict_bytes if unit.weight_bytes() > 0 else cost.working_set or 0
+    cold = plan.evict_bytes if unit.weighted else cost.working_set or 0
     r = cost.runner
     extra = (*REORDERS, "MaxPool") if plan.null_model is not None else REORDERS  # a prologue's pools and samples
     try:
@@ -253,11 +250,7 @@ def render(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.unit_context", description=__doc__.splitlines()[0])
-    parser.add_argument("--corpus", type=Path, default=CORPUS, help="the corpus directory (default bench/corpus)")
-    parser.add_argument("--only", default=",".join(MODELS), help="comma-separated model names")
-    parser.add_argument("--out-dir", type=Path, default=RESULTS, help="where to write unit_context.md/.json")
-    args = parser.parse_args(argv)
+    args = per_model_parser("python -m bench.unit_context", __doc__, MODELS, "unit_context").parse_args(argv)
     return per_model_report(
         "python -m bench.unit_context", "unit_context", args.corpus, args.only, args.out_dir, model_record, render
     )

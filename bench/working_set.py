@@ -18,7 +18,6 @@ cold cost cache, one intra-op thread:
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -32,8 +31,7 @@ import onnx
 from onnx import ModelProto, helper, numpy_helper
 
 from bench.machine import header
-from bench.real_models import DEFAULT_OUT as CORPUS
-from bench.real_models import per_model_report
+from bench.real_models import per_model_parser, per_model_report
 from tensat.cost import runtime_kernels
 from tensat.cost_report import kernel_unit, load_graph
 from tensat.ir import Graph
@@ -41,7 +39,6 @@ from tensat.latency import time_models
 from tensat.measure import MeasuredCost, graph_traffic, make_measured_cost
 from tensat.onnx_io import export_model
 
-RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = ("bert", "gpt2", "llama", "deberta_v2", "t5_encoder")
 SIZES = (8, 11, 16, 22, 32, 45, 64)  # MiB, quarter-octave buckets as `tensat.measure` rounds working sets to
 RUNS = 300  # end-to-end runs of each variant, in blocks of BLOCK
@@ -117,7 +114,7 @@ def without_products(model: ModelProto) -> tuple[ModelProto, int]:
 def _is_product(kernel: Any) -> bool:
     """Whether a kernel is a matrix product by a weight (with or without its bias)."""
     unit = kernel_unit(kernel)
-    return unit is not None and unit.ops[0] == "matmul" and unit.weight_bytes() > 0
+    return unit is not None and unit.ops[0] == "matmul" and unit.weighted
 
 
 def _priced(cost: MeasuredCost, graph: Graph, keep: Any = None) -> float:
@@ -202,11 +199,7 @@ def render(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.working_set", description=__doc__.splitlines()[0])
-    parser.add_argument("--corpus", type=Path, default=CORPUS, help="the corpus directory (default bench/corpus)")
-    parser.add_argument("--only", default=",".join(MODELS), help="comma-separated model names")
-    parser.add_argument("--out-dir", type=Path, default=RESULTS, help="where to write working_set.md/.json")
-    args = parser.parse_args(argv)
+    args = per_model_parser("python -m bench.working_set", __doc__, MODELS, "working_set").parse_args(argv)
     return per_model_report(
         "python -m bench.working_set", "working_set", args.corpus, args.only, args.out_dir, model_record, render
     )
