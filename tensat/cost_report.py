@@ -218,8 +218,10 @@ def end_to_end(
     block: int = 10,
     max_seconds: float = 60.0,
     clock: str | None = None,
+    sessions: int = 1,
 ) -> list[Any]:
-    """Block-interleaved end-to-end latency of `models` with the cost model's device, threads and clock."""
+    """Block-interleaved end-to-end latency of `models` with the cost model's device, threads and clock, each model
+    in `sessions` sessions taking turns (`tensat.latency.Interleaved`)."""
     return time_models(
         list(models),
         provider=cost.device,
@@ -228,6 +230,7 @@ def end_to_end(
         block=block,
         max_seconds=max_seconds,
         clock=clock or cost.clock,
+        copies=sessions,
     )
 
 
@@ -244,13 +247,21 @@ def interleaved_end_to_end(
     runs: int = 60,
     block: int = 10,
     max_seconds: float = 60.0,
+    sessions: int = 1,
 ) -> list[Any]:
     """Measure `units` with `pricing` while timing `models` end to end in between: after every timing window of a
     unit the models run in turns (blocks of `block`) until the time spent on them has caught up with the time spent
     measuring, so summed costs and end-to-end latency are taken under the same load from other processes. Then
-    more turns until every model has `runs` counted runs (for at most `max_seconds` more)."""
+    more turns until every model has `runs` counted runs (for at most `max_seconds` more). Each model runs in
+    `sessions` sessions taking turns (`tensat.latency.Interleaved`): sessions of one model run at speeds that
+    differ with where their memory lies, and one session's time would partly be that draw."""
     timed = Interleaved(
-        list(models), provider=pricing.device, threads=pricing.threads, block=block, clock=pricing.clock
+        list(models),
+        provider=pricing.device,
+        threads=pricing.threads,
+        block=block,
+        clock=pricing.clock,
+        copies=sessions,
     )
     measuring = 0.0
     mark = time.perf_counter()
@@ -282,6 +293,7 @@ def cost_report(
     fresh: bool = True,
     windows: int = 3,
     window_seconds: float = 0.3,
+    sessions: int = 1,
 ) -> Report:
     """Summed measured cost beside measured end-to-end latency for `original` (and `optimized`, timed in blocks
     interleaved with it); the working set of the cost model is taken from `original`.
@@ -291,7 +303,7 @@ def cost_report(
     end-to-end runs (`interleaved_end_to_end`): on a shared machine latency moves by tens of percent from one
     minute to the next, so a sum of costs taken at another time says little about today's end-to-end figure.
     Without it the costs come from `cost` (its cache) and the graphs are timed afterwards. The per-node sum is
-    priced with `cost` either way."""
+    priced with `cost` either way. Each graph runs in `sessions` sessions taking turns (`interleaved_end_to_end`)."""
     start = time.perf_counter()
     original = original.compact()
     cost.observe_graph(original)
@@ -303,10 +315,12 @@ def cost_report(
     if fresh:  # one chunk: every window sweeps all groups, so each group's windows span the whole timing
         pricing = cost.uncached(windows=windows, max_seconds=window_seconds * windows, chunk=max(len(units), 1))
     if fresh:
-        stats = interleaved_end_to_end(models, pricing, units, runs=runs, block=block, max_seconds=max_seconds)
+        stats = interleaved_end_to_end(
+            models, pricing, units, runs=runs, block=block, max_seconds=max_seconds, sessions=sessions
+        )
     else:
         pricing.prefetch_units(units)
-        stats = end_to_end(models, cost, runs=runs, block=block, max_seconds=max_seconds)
+        stats = end_to_end(models, cost, runs=runs, block=block, max_seconds=max_seconds, sessions=sessions)
     rows = []
     for (label, g), s, node_sum in zip(graphs, stats, node_sums):
         gc = fused_graph_cost(g, pricing, per_node=False)

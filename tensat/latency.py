@@ -183,14 +183,18 @@ def time_models(
     seed: int = 0,
     block: int = 1,
     clock: str = "wall",
+    copies: int = 1,
 ) -> list[LatencyStats]:
-    """Median latency of each model, timed interleaved on the same seeded inputs.
+    """Median latency of each model, timed interleaved on the same seeded inputs (each in `copies` sessions taking
+    turns, `Interleaved`).
 
     `runs` counts timed runs per model; with `block` > 1 they come in blocks of `block` consecutive runs (plus one
     uncounted run at the start of each block). `clock` is "wall" or "cpu" (see the module docstring). Stops early
     (with at least 5 runs per model) once `max_seconds` of wall time have passed, so large models stay affordable.
     """
-    timed = Interleaved(models, provider=provider, threads=threads, warmup=warmup, seed=seed, block=block, clock=clock)
+    timed = Interleaved(
+        models, provider=provider, threads=threads, warmup=warmup, seed=seed, block=block, clock=clock, copies=copies
+    )
     start = time.perf_counter()
     while timed.runs < runs:
         timed.turn(min(timed.block, runs - timed.runs))

@@ -111,6 +111,13 @@ def add_cost_report_arguments(parser: argparse.ArgumentParser) -> None:
         default=60.0,
         help="wall-time cap of the end-to-end runs timed after the costs (default 60)",
     )
+    parser.add_argument(
+        "--sessions",
+        type=positive_int,
+        default=1,
+        help="sessions of each graph timed in turns (default 1): sessions of one model run at speeds that differ "
+        "with where their memory lies",
+    )
     parser.add_argument("--details", action="store_true", help="also print the cost by op (fused group) kind")
     parser.add_argument("--json", metavar="FILE", help="write the report as JSON to FILE")
 
@@ -231,6 +238,7 @@ def run_cost_report(args: argparse.Namespace) -> int:
             max_seconds=args.max_seconds,
             fresh=not args.cached,
             windows=args.windows,
+            sessions=args.sessions,
         )
         print(report.format())
         if args.details:

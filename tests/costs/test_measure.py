@@ -754,6 +754,24 @@ def test_fresh_cost_report_notes_how_it_was_taken(tmp_path):
     assert not any("afresh" in n for n in cached.notes) and math.isnan(cached.rows[0].per_node_ms)
 
 
+@pytest.mark.parametrize("fresh", [True, False])
+def test_cost_report_times_each_graph_in_its_sessions_in_turns(tmp_path, monkeypatch, fresh):
+    used: list[tuple[int, int]] = []  # (sessions of each model, the session set a turn ran), calibration's too
+
+    class Recording(Interleaved):
+        def turn(self, size=None):
+            used.append((len(self.copies), (self._turns // 2) % len(self.copies)))
+            super().turn(size)
+
+    monkeypatch.setattr("tensat.cost_report.Interleaved", Recording)
+    monkeypatch.setattr("tensat.latency.Interleaved", Recording)
+    report = cost_report(
+        small_cnn(), cost_model(tmp_path), runs=12, block=2, windows=1, window_seconds=0.01, fresh=fresh, sessions=3
+    )
+    assert report.latency[0].runs >= 12
+    assert {k for n, k in used if n == 3} == {0, 1, 2}
+
+
 # -- the end-to-end latency check ----------------------------------------------------------------------------------
 
 
@@ -1318,6 +1336,8 @@ def test_cost_report_command(tmp_path, capsys):
         "--json",
         str(out_json),
         "--details",
+        "--sessions",
+        "2",
     ]
     assert run_cost_report(_parser(add_cost_report_arguments).parse_args(argv)) == 0
     out = capsys.readouterr().out
