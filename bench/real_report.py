@@ -168,6 +168,9 @@ def same_computation(a: Path, b: Path) -> bool:
 
 
 SESSIONS = 3  # sessions of each model timed in turns (`tensat.latency.Interleaved`)
+# timing windows of each unit in the same-load check: a 2 ms transformer's check lasts seconds, and its ratio moved by
+# 3.5% between three checks of 3 windows each
+SAME_LOAD_WINDOWS = 5
 
 
 def _speedups(src: Path, results: dict[str, Path], seconds: float) -> dict[str, dict[str, Any]]:
@@ -234,15 +237,18 @@ def run_model(name: str, src: Path, work: Path, seconds: float) -> dict[str, Any
 
 def same_load(path: Path) -> dict[str, Any]:
     """The model's kernels priced afresh on an empty cost cache, between its end-to-end runs at one thread
-    (`tensat.cost_report.cost_report`, reading the model as `tensat optimize` reads its input; the model in
-    `SESSIONS` sessions, as its speedups are timed): the predicted cost and the end-to-end time taken under the
-    same load. The prediction of the optimizing process and a time taken minutes later in another process differ
-    by the shared machine's drift as well; this is the cost model's own error. A model it cannot price gets the
-    error instead."""
+    (`tensat.cost_report.cost_report`, reading the model as `tensat optimize` reads its input; each unit in
+    `SAME_LOAD_WINDOWS` windows; the model in `SESSIONS` sessions, as its speedups are timed): the predicted cost
+    and the end-to-end time taken under the same load. The prediction of the optimizing process and a time taken
+    minutes later in another process differ by the shared machine's drift as well; this is the cost model's own
+    error. A model it cannot price gets the error instead."""
     try:
         with tempfile.TemporaryDirectory(prefix="tensat-same-load-") as cache:
             cost = make_measured_cost("cpu", Path(cache) / "costs.sqlite3", progress=False, threads=1)
-            row = cost_report(load_graph(path), cost, name=path.stem, per_node=False, sessions=SESSIONS).rows[0]
+            report = cost_report(
+                load_graph(path), cost, name=path.stem, per_node=False, sessions=SESSIONS, windows=SAME_LOAD_WINDOWS
+            )
+            row = report.rows[0]
     except Exception as exc:  # noqa: BLE001 - one model's failure is its row's, not the report's
         return {"error": one_line(exc, typed=True)}
     return {"predicted_ms": row.summed_ms, "run_ms": row.e2e_ms, "ratio": row.summed_ms / row.e2e_ms}
@@ -396,7 +402,8 @@ def markdown(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
         "`threads=N` is the intra-op thread count. First: a fresh process with an empty cost cache; warm: a second "
         "process with the cache the first filled. Predicted: the speedup the optimizing process priced. "
         "Predicted / run: the returned model's kernels priced afresh on an empty cost cache over its end-to-end time "
-        f"at one thread (in {SESSIONS} sessions), both taken in turns in one process (the cost model's error); at "
+        f"at one thread (in {SESSIONS} sessions, each unit in {SAME_LOAD_WINDOWS} windows), both taken in turns in one "
+        "process (the cost model's error); at "
         "optimize / run: the price "
         "the optimizing process measured over the time the report took later (the machine's drift between the two "
         "as well).",
