@@ -168,8 +168,8 @@ def same_computation(a: Path, b: Path) -> bool:
 
 
 SESSIONS = 3  # sessions of each model timed in turns (`tensat.latency.Interleaved`)
-# timing windows of each unit in the same-load check: a 2 ms transformer's check lasts seconds, and its ratio moved by
-# 3.5% between three checks of 3 windows each
+# timing windows of each unit in the same-load check: a 2 ms transformer's check lasts seconds, and with three windows
+# its ratio moved from one check to the next by more than its end-to-end interval
 SAME_LOAD_WINDOWS = 5
 
 
@@ -403,10 +403,8 @@ def markdown(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
         "process with the cache the first filled. Predicted: the speedup the optimizing process priced. "
         "Predicted / run: the returned model's kernels priced afresh on an empty cost cache over its end-to-end time "
         f"at one thread (in {SESSIONS} sessions, each unit in {SAME_LOAD_WINDOWS} windows), both taken in turns in one "
-        "process (the cost model's error); at "
-        "optimize / run: the price "
-        "the optimizing process measured over the time the report took later (the machine's drift between the two "
-        "as well).",
+        "process (the cost model's error); at optimize / run: the price the optimizing process measured over the "
+        "time the report took later (the machine's drift between the two as well).",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
