@@ -26,7 +26,6 @@ from tensat.measure.cache import CostCache, CostEntry
 from tensat.measure.device import _silenced, default_clock, device_info, fingerprint, resolve_device
 from tensat.measure.timing import Calibration, Runner, Timing, measure_calibration, time_pair
 from tensat.measure.units import (
-    LINE_BYTES,
     NCHWC_DOMAIN,
     Shape,
     Unit,
@@ -39,6 +38,7 @@ from tensat.measure.units import (
     reorder_model,
     replicate,
     sample_outputs,
+    streams_weights,
     strip_reorders,
     unit_model,
 )
@@ -427,7 +427,7 @@ class MeasuredCost:
         of the working set, which inside the graph passes through the caches between two runs of the unit (none
         for a unit without weights, or with one cache line of them: its data is recently computed tensors, and one
         line fetched cold costs less than the eviction's own effects on the unit)."""
-        if weight_bytes <= LINE_BYTES:
+        if not streams_weights(weight_bytes):
             return 0
         return max(0, self._ws_bucket() * 2**20 - copies * weight_bytes)
 

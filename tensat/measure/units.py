@@ -35,6 +35,12 @@ def _jsonable(value: Any) -> Any:
 LINE_BYTES = 64  # a cache line
 
 
+def streams_weights(weight_bytes: int) -> bool:
+    """Whether `weight_bytes` of weights stream through the caches as weights: more than one cache line of them.
+    One line (a Where's scalar, an epsilon) costs one fetch cold, and its unit is timed as one without weights."""
+    return weight_bytes > LINE_BYTES
+
+
 @dataclass(frozen=True)
 class UnitNode:
     """One node of a unit: op, attributes, and inputs as ("x", k) = external k or ("n", i) = unit node i."""
@@ -76,9 +82,8 @@ class Unit:
 
     @property
     def weighted(self) -> bool:
-        """Whether the unit has weights that stream through the caches: more than one cache line of them. One line
-        (a Where's scalar, an epsilon) costs one fetch cold, and the unit is timed as one without weights."""
-        return self.weight_bytes() > LINE_BYTES
+        """Whether the unit has weights that stream through the caches (`streams_weights`)."""
+        return streams_weights(self.weight_bytes())
 
     def shapes(self) -> list[Shape]:
         """Output shape of every node."""
