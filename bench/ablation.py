@@ -157,20 +157,12 @@ def render(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = per_model_parser("python -m bench.ablation", __doc__, MODELS, "ablation")
+    parser = per_model_parser("ablation", __doc__, MODELS)
     parser.add_argument("--ops", default="", help="comma-separated ONNX op types (default: every one that has nodes)")
     parser.add_argument("--pairs", type=int, default=PAIRS, help=f"pairs of timed blocks (default {PAIRS})")
     args = parser.parse_args(argv)
     ops = [op for op in args.ops.split(",") if op] or None
-    return per_model_report(
-        "python -m bench.ablation",
-        "ablation",
-        args.corpus,
-        args.only,
-        args.out_dir,
-        lambda path: model_record(path, ops, args.pairs),
-        render,
-    )
+    return per_model_report(args, lambda path: model_record(path, ops, args.pairs), render)
 
 
 if __name__ == "__main__":

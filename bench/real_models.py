@@ -41,10 +41,12 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "corpus"
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def per_model_parser(prog: str, doc: str, models: Sequence[str], stem: str) -> argparse.ArgumentParser:
-    """The command line of a report over corpus models (`per_model_report`): --corpus, --only (default `models`)
-    and --out-dir; `doc` is the report's module docstring, whose first line describes it."""
-    parser = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
+def per_model_parser(stem: str, doc: str, models: Sequence[str]) -> argparse.ArgumentParser:
+    """The command line of the report `python -m bench.<stem>` over corpus models (`per_model_report`): --corpus,
+    --only (default `models`) and --out-dir; `doc` is the report's module docstring, whose first line describes
+    it. The arguments parsed carry `stem`."""
+    parser = argparse.ArgumentParser(prog=f"python -m bench.{stem}", description=doc.splitlines()[0])
+    parser.set_defaults(stem=stem)
     parser.add_argument("--corpus", type=Path, default=DEFAULT_OUT, help="the corpus directory (default bench/corpus)")
     parser.add_argument("--only", default=",".join(models), help="comma-separated model names")
     parser.add_argument("--out-dir", type=Path, default=RESULTS, help=f"where to write {stem}.md/.json")
@@ -52,30 +54,26 @@ def per_model_parser(prog: str, doc: str, models: Sequence[str], stem: str) -> a
 
 
 def per_model_report(
-    prog: str,
-    stem: str,
-    corpus: Path,
-    names: str,
-    out_dir: Path,
+    args: argparse.Namespace,
     record: Callable[[Path], dict[str, Any]],
     render: Callable[[Sequence[dict[str, Any]], dict[str, Any]], str],
 ) -> int:
-    """Run `record` on each of the comma-separated corpus models `names` and write `stem`.json (the machine beside
-    the records) and `stem`.md (`render` of both) to `out_dir`; the exit status, 1 with nothing written where a
-    model is not in the corpus."""
-    paths = [corpus / f"{name}.onnx" for name in names.split(",") if name]
+    """Run `record` on each of the comma-separated corpus models `args.only` and write `<stem>`.json (the machine
+    beside the records) and `<stem>`.md (`render` of both) to `args.out_dir` (`args` from `per_model_parser`); the
+    exit status, 1 with nothing written where a model is not in the corpus."""
+    paths = [args.corpus / f"{name}.onnx" for name in args.only.split(",") if name]
     missing = [p.name for p in paths if not p.exists()]
     if missing:
-        print(f"{prog}: error: not in the corpus: {', '.join(missing)}", file=sys.stderr)
+        print(f"python -m bench.{args.stem}: error: not in the corpus: {', '.join(missing)}", file=sys.stderr)
         return 1
     info = machine_info()
     records = []
     for path in paths:
         print(f"[{path.stem}]", flush=True)
         records.append(record(path))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out_dir / f"{stem}.json", {"machine": info, "results": records})
-    atomic_write_text(out_dir / f"{stem}.md", render(records, info))
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(args.out_dir / f"{args.stem}.json", {"machine": info, "results": records})
+    atomic_write_text(args.out_dir / f"{args.stem}.md", render(records, info))
     return 0
 
 

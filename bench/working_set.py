@@ -199,10 +199,7 @@ def render(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = per_model_parser("python -m bench.working_set", __doc__, MODELS, "working_set").parse_args(argv)
-    return per_model_report(
-        "python -m bench.working_set", "working_set", args.corpus, args.only, args.out_dir, model_record, render
-    )
+    return per_model_report(per_model_parser("working_set", __doc__, MODELS).parse_args(argv), model_record, render)
 
 
 if __name__ == "__main__":
