@@ -739,6 +739,54 @@ def _hubert() -> Built:
     return _waveform(_hf(config, "HubertModel"))
 
 
+def _mixtral() -> Built:
+    from transformers import MixtralConfig  # bench extra, not a runtime dependency
+
+    # transformers' default experts (grouped_mm) have no ONNX function, and its eager ones a data-dependent loop
+    # torch.export refuses; batched_mm gathers each routed token's expert weights and multiplies them in a batch
+    config = MixtralConfig(
+        **SMALL_TEXT,
+        intermediate_size=344,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        experts_implementation="batched_mm",
+    )
+    return _decoder(config, "MixtralModel")
+
+
+def _falcon() -> Built:
+    from transformers import FalconConfig  # bench extra, not a runtime dependency
+
+    config = FalconConfig(**SMALL_TEXT, new_decoder_architecture=True, num_kv_heads=2, max_position_embeddings=256)
+    return _decoder(config, "FalconModel")
+
+
+def _bart() -> Built:
+    from transformers import BartConfig  # bench extra, not a runtime dependency
+
+    config = BartConfig(
+        vocab_size=VOCAB,
+        d_model=256,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=1024,
+        decoder_ffn_dim=1024,
+        max_position_embeddings=256,
+    )
+    names, outs = ("input_ids", "attention_mask"), ("last_hidden_state",)
+    return Built(_wrap(_hf(config, "BartModel"), names, outs, use_cache=False), _tokens(64), names, outs)
+
+
+def _mobilebert() -> Built:
+    from transformers import MobileBertConfig  # bench extra, not a runtime dependency
+
+    return _encoder(MobileBertConfig(vocab_size=VOCAB, num_hidden_layers=4), "MobileBertModel")
+
+
 ARCHITECTURES: dict[str, Architecture] = {
     a.key: a
     for a in [
@@ -994,6 +1042,30 @@ ARCHITECTURES: dict[str, Architecture] = {
             "HuBERT: conv feature encoder, grouped positional conv, SDPA attention (4 layers, width 192, 1 s)",
             "transformers.HubertModel",
             _hubert,
+        ),
+        Architecture(
+            "mixtral",
+            "Mixtral: 4 experts, top-2 routing by TopK, experts as batched products of gathered weights (4 layers)",
+            "transformers.MixtralModel",
+            _mixtral,
+        ),
+        Architecture(
+            "falcon",
+            "Falcon (new decoder architecture): grouped-query attention, parallel attention and MLP (4 layers)",
+            "transformers.FalconModel",
+            _falcon,
+        ),
+        Architecture(
+            "bart",
+            "BART encoder-decoder: 2 + 2 layers, cross-attention, learned positions (width 256, seq 64)",
+            "transformers.BartModel",
+            _bart,
+        ),
+        Architecture(
+            "mobilebert",
+            "MobileBERT: bottlenecks, NoNorm, four stacked feed-forwards a layer, SDPA (4 layers, seq 128)",
+            "transformers.MobileBertModel",
+            _mobilebert,
         ),
     ]
 }

@@ -62,6 +62,7 @@ TRANSFORMER_TYPES = {
     "t5": "t5",
     "swin": "swin",
     "clip": "clip",
+    "bart": "bart",
 }
 
 
