@@ -417,7 +417,8 @@ def _latency_line(timed: LatencyComparison, threads: int, where: str = "") -> st
     )
 
 
-FUTILE_PAIRS = 10  # the end-to-end check stops timing a thread count once this many pairs show no gain at all
+KEEP_ABOVE = 1.0 + LATENCY_RESOLUTION  # what a thread count's speedup must show beyond doubt (`measurably_faster`)
+FUTILE_PAIRS = 10  # the end-to-end check stops timing a thread count once this many pairs show no gain beyond it
 # (CHECK_PAIRS where the cost model predicts a gain beyond the timing's resolution: a gain of a few percent is
 # within the spread of ten pairs on a shared machine),
 DECIDED_MARGIN = 0.05  # or a gain beyond this much more than it must show
@@ -430,23 +431,30 @@ COPIES_SHARE = 0.1  # ... or where opening the extra sessions would take more th
 
 
 def _not_faster(check: LatencyCheck) -> str:
-    """Why `_faster` rejected a candidate, in words that match its figures."""
+    """Why `_faster` rejected a candidate, in words that match its figures: the thread counts it was not measurably
+    faster at, or else those it was faster at by less than the timing's resolution."""
     slow = [t for t, c in check.by_threads.items() if c.interval[0] <= 1.0]
     if slow:
-        where = ", ".join(f"{t} thread{'s' if t > 1 else ''}" for t in slow)
-        return f"the optimized graph was not measurably faster end to end at {where} ({check.figures()})"
+        return f"the optimized graph was not measurably faster end to end at {_counts(slow)} ({check.figures()})"
+    short = [t for t, c in check.by_threads.items() if c.interval[0] <= KEEP_ABOVE]
     return (
-        f"the optimized graph was faster end to end by less than the {100 * LATENCY_RESOLUTION:g}% two sessions "
-        f"of one model can differ by ({check.figures()})"
+        f"the optimized graph was faster end to end at {_counts(short)} by less than the "
+        f"{100 * LATENCY_RESOLUTION:g}% two sessions of one model can differ by ({check.figures()})"
     )
+
+
+def _counts(threads: Sequence[int]) -> str:
+    """Thread counts in words: `1 thread`, `1 thread, 2 threads`."""
+    return ", ".join(f"{t} thread{'s' if t > 1 else ''}" for t in threads)
 
 
 def measurably_faster(lows: Collection[float]) -> bool:
     """The end-to-end check's keep rule, on the lower ends of the speedups' 95% intervals at each thread count:
-    above 1 at every thread count, and beyond the timing's resolution (above 1 + `LATENCY_RESOLUTION`) at one at
-    least. A candidate whose gain is within what two sessions of one model differ by is not worth a graph that
-    differs from the user's, and may time slower in the user's own session."""
-    return all(low > 1.0 for low in lows) and any(low > 1.0 + LATENCY_RESOLUTION for low in lows)
+    above the timing's resolution (1 + `LATENCY_RESOLUTION`) at every one. A gain within what two sessions of one
+    model differ by is not worth a graph that differs from the user's, and may time slower in the user's own
+    session; at a thread count the user runs, a clear gain at another one does not make up for that (kept on such a
+    gain at two threads, models timed measurably slower there minutes later)."""
+    return bool(lows) and all(low > KEEP_ABOVE for low in lows)
 
 
 def _faster(by_threads: Mapping[int, LatencyComparison]) -> bool:
@@ -481,12 +489,12 @@ def _end_to_end_check(
     and at every core (`tensat.latency.compare_latency`, `latency_check` seconds in all); the optimized model is
     kept only if `_faster`. Summed per-op costs miss what only a whole graph shows (fusions onnxruntime makes,
     which weights are still cached), so no cost model alone decides what is returned. A thread count stops being
-    timed once `FUTILE_PAIRS` pairs of blocks show no gain beyond what it must show (the timing's resolution, or,
-    once an earlier thread count showed a gain beyond it, any gain: the keep rule of `measurably_faster`), and the
-    next is not timed once one rejects the model: stopping early can only reject. One whose `CHECK_PAIRS` pairs
-    leave the answer open (faster in the median, not yet measurably) is timed on to `EXTENDED_PAIRS`, until
-    `EXTEND_SHARE` of its share of `latency_check` has passed: gains of a few percent are otherwise decided by the
-    noise of a shared machine, and the cap keeps a large model's extension from doubling the run. Each model runs
+    timed once `FUTILE_PAIRS` pairs of blocks show no gain beyond the timing's resolution (`KEEP_ABOVE`, the keep
+    rule of `measurably_faster`), and the next is not timed once one rejects the model: stopping early can only
+    reject. One whose `CHECK_PAIRS` pairs leave the answer open (faster in the median, not yet measurably) is timed
+    on to `EXTENDED_PAIRS`, until `EXTEND_SHARE` of its share of `latency_check` has passed: gains of a few percent
+    are otherwise decided by the noise of a shared machine, and the cap keeps a large model's extension from
+    doubling the run. Each model runs
     in `CHECK_SESSIONS` sessions in turns, so a verdict rests less on where one session's memory happened to lie
     (in one, for a model of over `ONE_SESSION_BYTES` of weights, since each session holds a copy of them, or one
     whose sessions, as verification opened them, take so long to open that the copies would cost more than
@@ -505,8 +513,6 @@ def _end_to_end_check(
     deadline = time.perf_counter() + opts.latency_check
     try:
         for k, t in enumerate(threads):
-            kept_so_far = _faster(by_threads)  # then any gain here keeps it (`measurably_faster`)
-            keep_above = 1.0 if kept_so_far else 1.0 + LATENCY_RESOLUTION
             share = _check_share(opts.latency_check, deadline, len(threads), len(threads) - k)
             by_threads[t] = compare_latency(
                 original,
@@ -520,12 +526,12 @@ def _end_to_end_check(
                 futile_after=futile,
                 extend_to=EXTENDED_PAIRS,
                 extend_seconds=EXTEND_SHARE * share,
-                keep_above=keep_above,
-                decided_above=keep_above + DECIDED_MARGIN,
+                keep_above=KEEP_ABOVE,
+                decided_above=KEEP_ABOVE + DECIDED_MARGIN,
                 decided_after=FUTILE_PAIRS,
                 copies=copies,
             )
-            if by_threads[t].interval[0] <= 1.0:  # rejected whatever the other thread counts show
+            if by_threads[t].interval[0] <= KEEP_ABOVE:  # rejected whatever the other thread counts show
                 break
     except Exception as exc:  # noqa: BLE001 - the graph is verified; a failed timing only loses the check
         raise_if_out_of_memory(exc)

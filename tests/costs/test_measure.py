@@ -887,13 +887,21 @@ def _check_a_clear_gain(monkeypatch, budget: float) -> tuple[api.LatencyCheck | 
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one thread count to time at")
-def test_after_a_thread_count_shows_a_gain_beyond_resolution_the_next_needs_only_some_gain(monkeypatch):
-    """The keep rule (`api.measurably_faster`) asks for a gain beyond the timing's resolution at one thread count
-    and for some gain at the others: the check's futility stop and extension at the later thread counts use that."""
+def test_every_thread_count_is_timed_against_the_resolution(monkeypatch):
+    """The keep rule (`api.measurably_faster`) asks for a gain beyond the timing's resolution at every thread count,
+    so the check's futility stop and extension use that bar at each one."""
     check, calls = _check_a_clear_gain(monkeypatch, 20.0)
     assert check is not None and check.kept and list(check.by_threads) == list(api.check_threads())
-    seen = [c["keep_above"] for c in calls]
-    assert seen == [1.0 + api.LATENCY_RESOLUTION] + [1.0] * (len(seen) - 1) and len(seen) > 1
+    assert [c["keep_above"] for c in calls] == [1.0 + api.LATENCY_RESOLUTION] * len(api.check_threads())
+
+
+def test_a_gain_within_the_resolution_at_one_thread_count_keeps_the_input():
+    """A clear gain at one thread count does not make up for a gain within the resolution at another: the user may
+    run at either."""
+    beyond, within = 1.0 + 2 * api.LATENCY_RESOLUTION, 1.0 + api.LATENCY_RESOLUTION / 2
+    assert api.measurably_faster([beyond, beyond])
+    assert not api.measurably_faster([beyond, within]) and not api.measurably_faster([within, beyond])
+    assert not api.measurably_faster([beyond, 0.99]) and not api.measurably_faster([])
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one thread count to time at")

@@ -286,7 +286,14 @@ def test_a_result_not_kept_says_why_with_its_figures() -> None:
     marginal = LatencyComparison(3.736, 3.705, 1.008, (1.004, 1.012), 10, 5, 1.0)
     check = api.LatencyCheck({1: marginal}, kept=api._faster({1: marginal}))
     assert not check.kept and api._not_faster(check).startswith(
-        "the optimized graph was faster end to end by less than the 1% two sessions of one model can differ by"
+        "the optimized graph was faster end to end at 1 thread by less than the 1% two sessions of one model can "
+        "differ by"
+    )
+    clear = LatencyComparison(3.736, 3.5, 1.067, (1.05, 1.08), 10, 5, 1.0)
+    check = api.LatencyCheck({1: clear, 2: marginal}, kept=api._faster({1: clear, 2: marginal}))
+    assert not check.kept and api._not_faster(check) == (
+        "the optimized graph was faster end to end at 2 threads by less than the 1% two sessions of one model can "
+        "differ by (1.067x at 1 thread, 95% interval 1.050-1.080, 1.008x at 2 threads, 95% interval 1.004-1.012)"
     )
 
 
