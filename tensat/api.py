@@ -401,10 +401,7 @@ class LatencyCheck:
 
 def _figures(timed: LatencyComparison, threads: int) -> str:
     """A timing's speedup and its interval, in words: `1.012x at 1 thread, 95% interval 1.004-1.020`."""
-    return (
-        f"{timed.speedup:.3f}x at {threads} thread{'s' if threads > 1 else ''}, 95% interval "
-        f"{timed.interval[0]:.3f}-{timed.interval[1]:.3f}"
-    )
+    return f"{timed.speedup:.3f}x at {_threads(threads)}, 95% interval {timed.interval[0]:.3f}-{timed.interval[1]:.3f}"
 
 
 def _latency_line(timed: LatencyComparison, threads: int, where: str = "") -> str:
@@ -412,7 +409,7 @@ def _latency_line(timed: LatencyComparison, threads: int, where: str = "") -> st
     could point the other way), its interval, and how many pairs it rests on."""
     low, high = timed.interval
     return (
-        f"latency   {timed.speedup:.3f}x end to end at {threads} thread{'s' if threads > 1 else ''}{where} "
+        f"latency   {timed.speedup:.3f}x end to end at {_threads(threads)}{where} "
         f"(95% interval {low:.3f}-{high:.3f}, {timed.pairs} pairs of timed blocks)"
     )
 
@@ -444,8 +441,13 @@ def _not_faster(check: LatencyCheck) -> str:
 
 
 def _counts(threads: Sequence[int]) -> str:
-    """Thread counts in words: `1 thread`, `1 thread, 2 threads`."""
-    return ", ".join(f"{t} thread{'s' if t > 1 else ''}" for t in threads)
+    """Thread counts in words: `1 thread, 2 threads`."""
+    return ", ".join(_threads(t) for t in threads)
+
+
+def _threads(count: int) -> str:
+    """A thread count in words: `1 thread`, `2 threads`."""
+    return f"{count} thread{'s' if count > 1 else ''}"
 
 
 def measurably_faster(lows: Collection[float]) -> bool:
@@ -494,11 +496,10 @@ def _end_to_end_check(
     reject. One whose `CHECK_PAIRS` pairs leave the answer open (faster in the median, not yet measurably) is timed
     on to `EXTENDED_PAIRS`, until `EXTEND_SHARE` of its share of `latency_check` has passed: gains of a few percent
     are otherwise decided by the noise of a shared machine, and the cap keeps a large model's extension from
-    doubling the run. Each model runs
-    in `CHECK_SESSIONS` sessions in turns, so a verdict rests less on where one session's memory happened to lie
-    (in one, for a model of over `ONE_SESSION_BYTES` of weights, since each session holds a copy of them, or one
-    whose sessions, as verification opened them, take so long to open that the copies would cost more than
-    `COPIES_SHARE` of the check's seconds).
+    doubling the run. Each model runs in `CHECK_SESSIONS` sessions in turns, so a verdict rests less on where one
+    session's memory happened to lie (in one, for a model of over `ONE_SESSION_BYTES` of weights, since each session
+    holds a copy of them, or one whose sessions, as verification opened them, take so long to open that the copies
+    would cost more than `COPIES_SHARE` of the check's seconds).
     Where the cost model predicts a gain (`predicted`, the input's cost over the candidate's) beyond the timing's
     resolution, no thread count stops as futile before `CHECK_PAIRS` pairs: ten pairs on a shared machine span a
     few percent, and a predicted gain of that size was otherwise rejected in one run and kept in the next.
