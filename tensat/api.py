@@ -37,8 +37,8 @@ from tensat.errors import (
 from tensat.extraction import EGraph
 from tensat.files import check_writable
 from tensat.ir import Graph, Node
+from tensat.latency import KEEP_ABOVE, LatencyComparison, compare_latency
 from tensat.latency import RESOLUTION as LATENCY_RESOLUTION
-from tensat.latency import LatencyComparison, compare_latency
 from tensat.measure import MeasuredCost, default_clock, make_measured_cost, resolve_device
 from tensat.measure.cache import default_cache_dir
 from tensat.onnx.symbolic import declared, fixed_shapes, generalize, halfway, other_shapes, sizes_to_try, unsized
@@ -414,10 +414,9 @@ def _latency_line(timed: LatencyComparison, threads: int, where: str = "") -> st
     )
 
 
-KEEP_ABOVE = 1.0 + LATENCY_RESOLUTION  # what a thread count's speedup must show beyond doubt (`measurably_faster`)
-FUTILE_PAIRS = 10  # the end-to-end check stops timing a thread count once this many pairs show no gain beyond it
-# (CHECK_PAIRS where the cost model predicts a gain beyond the timing's resolution: a gain of a few percent is
-# within the spread of ten pairs on a shared machine),
+FUTILE_PAIRS = 10  # the end-to-end check stops timing a thread count once this many pairs show no gain beyond
+# `KEEP_ABOVE`, the speedup it must show beyond doubt (`measurably_faster`; CHECK_PAIRS where the cost model predicts
+# a gain beyond it: a gain of a few percent is within the spread of ten pairs on a shared machine),
 DECIDED_MARGIN = 0.05  # or a gain beyond this much more than it must show
 CHECK_PAIRS = 40  # pairs of blocks the end-to-end check times at each thread count ...
 EXTENDED_PAIRS = 100  # ... and up to this many where the first CHECK_PAIRS leave the answer open, ...
@@ -510,7 +509,7 @@ def _end_to_end_check(
     threads = check_threads()
     by_threads: dict[int, LatencyComparison] = {}
     copies = check_copies(original, optimized, len(threads), opts.latency_check)
-    futile = CHECK_PAIRS if predicted > 1.0 + LATENCY_RESOLUTION else FUTILE_PAIRS
+    futile = CHECK_PAIRS if predicted > KEEP_ABOVE else FUTILE_PAIRS
     deadline = time.perf_counter() + opts.latency_check
     try:
         for k, t in enumerate(threads):

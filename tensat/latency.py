@@ -204,10 +204,11 @@ def time_models(
 
 
 RESOLUTION = 0.01  # two sessions of one model can differ by about this much (where their memory lies)
+KEEP_ABOVE = 1.0 + RESOLUTION  # a speedup a candidate is kept beyond: more than the sessions' difference
 FUTILE_HIGH = 1.05  # a candidate whose speedup's interval still reaches this high is timed on (see `_futile`)
 
 
-def _futile(timed: Interleaved, keep_above: float = 1.0 + RESOLUTION) -> bool:
+def _futile(timed: Interleaved, keep_above: float = KEEP_ABOVE) -> bool:
     """Whether no candidate of `timed` (the models after its first, the baseline) is faster so far than
     `keep_above`, the speedup the caller keeps a candidate beyond: every median block ratio is at most that, and the
     95% interval of none reaches `FUTILE_HIGH`. A burst of load on a shared machine can pull the median of a few
@@ -218,7 +219,7 @@ def _futile(timed: Interleaved, keep_above: float = 1.0 + RESOLUTION) -> bool:
     )
 
 
-def _undecided(timed: Interleaved, keep_above: float = 1.0 + RESOLUTION) -> bool:
+def _undecided(timed: Interleaved, keep_above: float = KEEP_ABOVE) -> bool:
     """Whether some candidate of `timed` looks faster than `keep_above` (its median block ratio above it) while the
     low end of its 95% interval is not yet above it: more pairs would tell."""
     return any(
@@ -307,7 +308,7 @@ def compare_latency(
     futile_after: int | None = None,
     extend_to: int | None = None,
     extend_seconds: float | None = None,
-    keep_above: float = 1.0 + RESOLUTION,
+    keep_above: float = KEEP_ABOVE,
     decided_above: float | None = None,
     decided_after: int | None = None,
     copies: int = 1,
@@ -363,7 +364,7 @@ def compare_many(
     futile_after: int | None = None,
     extend_to: int | None = None,
     extend_seconds: float | None = None,
-    keep_above: float = 1.0 + RESOLUTION,
+    keep_above: float = KEEP_ABOVE,
     decided_above: float | None = None,
     decided_after: int | None = None,
     copies: int = 1,
