@@ -315,7 +315,9 @@ def runtime_fusions(graph: Graph, device: str = "cpu") -> tuple[dict[int, int], 
       computing one of them (its Sum input), then an activation after it; an activation into a blocked
       BatchNormalization, which runs as a convolution;
     - a concat read only by a concat on the same axis, into the last of the chain (`tensat.ir.merged_concats`):
-      tensat writes the chain as one N-ary Concat, whose copy the last binary concat's price counts."""
+      tensat writes the chain as one N-ary Concat, whose copy the last binary concat's price counts;
+    - a TopK's second output into its first: tensat writes the values and the indices of one TopK as one node,
+      whose kernel computes both."""
     const = graph.weight_only()
     live = [i for i in graph.live() if not graph.nodes[i].is_leaf and i not in const]
     outputs = {n for _, n in graph.outputs}
@@ -348,8 +350,14 @@ def runtime_fusions(graph: Graph, device: str = "cpu") -> tuple[dict[int, int], 
                     return p
         return None
 
+    topk: dict[tuple[int, ...], int] = {}  # a TopK's input and attributes -> the first of its outputs
     for i in live:
         n = graph.nodes[i]
+        if n.op == "topk":
+            first = topk.setdefault((n.inputs[0], n.attr["axis"], n.attr["k"], n.attr["largest"]), i)
+            if first != i:
+                owner[i] = first
+            continue
         if n.op == "pad":
             if i not in graph.unfused and only_reader(i) and pads_into_conv(n):
                 conv = readers[i][0]

@@ -131,6 +131,12 @@ class _Exporter:
                 g, emitted, lambda j: j not in self.consts and self.uses.get(j) == 1 and j not in self.output_ids
             )
         )
+        self.topk_groups: dict[tuple[Any, ...], dict[int, int]] = {}
+        for i in emitted:
+            n = g.nodes[i]
+            if n.op == "topk":
+                key = (n.inputs[0], n.attr["axis"], n.attr["k"], n.attr["largest"])
+                self.topk_groups.setdefault(key, {})[n.attr["output"]] = i
         self.opaque_done: set[tuple[str, tuple[int, ...]]] = set()
         self.opaque_groups: dict[tuple[str, tuple[int, ...]], dict[int, int]] = {}
         for i in emitted:
@@ -935,6 +941,32 @@ def _ex_arg_reduction(e: _Exporter, i: int) -> None:
     e.emit(ops.get(n.op).onnx or "", [e.tensor(n.inputs[0])], [e.tensor(i)], f"{n.op}_{i}", **flags)
 
 
+@_emitter("topk")
+def _ex_topk(e: _Exporter, i: int) -> None:
+    """The values and the indices of one TopK as its two outputs: the first of the pair emitted writes both."""
+    n = e.graph.nodes[i]
+    a = n.attr
+    group = e.topk_groups.pop((n.inputs[0], a["axis"], a["k"], a["largest"]), None)
+    if group is None:
+        return
+    outs = [
+        e.tensor(group[k]) if k in group else e.namer(f"topk_{i}_{name}")
+        for k, name in enumerate(("values", "indices"))
+    ]
+    x = e.tensor(n.inputs[0])
+    if e.opset < 10:
+        if not a["largest"]:
+            raise ValueError(f"a TopK of the smallest elements needs opset 11, not {e.opset}")
+        e.emit("TopK", [x], outs, f"topk_{i}", axis=a["axis"], k=a["k"])
+        return
+    flags: dict[str, Any] = {"axis": a["axis"]}
+    if not a["largest"]:
+        if e.opset < 11:
+            raise ValueError(f"a TopK of the smallest elements needs opset 11, not {e.opset}")
+        flags["largest"] = 0
+    e.emit("TopK", [x, e.int64([a["k"]], f"topk_{i}_k")], outs, f"topk_{i}", **flags)
+
+
 @_emitter("einsum")
 def _ex_einsum(e: _Exporter, i: int) -> None:
     n = e.graph.nodes[i]
@@ -1020,6 +1052,14 @@ def _ex_gather_elements(e: _Exporter, i: int) -> None:
     n = e.graph.nodes[i]
     ins = [e.tensor(j) for j in n.inputs]
     e.emit("GatherElements", ins, [e.tensor(i)], f"gather_elements_{i}", axis=int(n.attr["axis"]))
+
+
+@_emitter("scatter_elements")
+def _ex_scatter_elements(e: _Exporter, i: int) -> None:
+    n = e.graph.nodes[i]
+    ins = [e.tensor(j) for j in n.inputs]
+    op_type = "ScatterElements" if e.opset >= 11 else "Scatter"  # its name before opset 11
+    e.emit(op_type, ins, [e.tensor(i)], f"scatter_elements_{i}", axis=int(n.attr["axis"]))
 
 
 @_emitter("gather_nd")

@@ -1132,6 +1132,27 @@ def _gather_elements(c: _Importer, node: NodeProto) -> list[Any]:
     return [c.op("gather_elements", [data, c.data(1)], axis=_axis(int(c.attrs.get("axis", 0)), len(c.shape(data))))]
 
 
+def _no_reduction(c: _Importer) -> None:
+    """A scatter is modelled as it replaces elements; one that adds or multiplies into them is kept opaque."""
+    reduction = c.attrs.get("reduction", b"none")
+    if (reduction.decode() if isinstance(reduction, bytes) else reduction) != "none":
+        raise _Unsupported(f"{c.node.op_type} with reduction {reduction!r}")
+
+
+@_lowering("ScatterND")
+def _scatter_nd(c: _Importer, node: NodeProto) -> list[Any]:
+    _no_reduction(c)
+    return [c.op("scatter_nd", [c.data(0), c.data(1), c.data(2)])]
+
+
+@_lowering("ScatterElements", "Scatter")
+def _scatter_elements(c: _Importer, node: NodeProto) -> list[Any]:
+    _no_reduction(c)
+    data = c.data(0)
+    axis = _axis(int(c.attrs.get("axis", 0)), len(c.shape(data)))
+    return [c.op("scatter_elements", [data, c.data(1), c.data(2)], axis=axis)]
+
+
 @_lowering("Expand")
 def _expand(c: _Importer, node: NodeProto) -> list[Any]:
     """x broadcast to the constant target: x reshaped to the output's rank first, as element-wise operands are."""
@@ -1233,6 +1254,21 @@ def _arg_reduction(c: _Importer, node: NodeProto) -> list[Any]:
     axis = _axis(int(c.attrs.get("axis", 0)), len(c.shape(x)))
     flags = {k: int(c.attrs.get(k, default)) for k, default in (("keepdims", 1), ("select_last_index", 0))}
     return [c.op(node.op_type.lower(), [x], axis=axis, **flags)]
+
+
+@_lowering("TopK")
+def _topk(c: _Importer, node: NodeProto) -> list[Any]:
+    """A sorted TopK of a constant k: its values and its indices, two ops of one kernel; unsorted stays opaque."""
+    x = c.data(0)
+    if not int(c.attrs.get("sorted", 1)):
+        raise _Unsupported("an unsorted TopK")
+    k = int(np.asarray(c.param(1)).reshape(-1)[0]) if c.opset >= 10 else int(c.attrs["k"])
+    attrs = {
+        "axis": _axis(int(c.attrs.get("axis", -1)), len(c.shape(x))),
+        "k": k,
+        "largest": int(c.attrs.get("largest", 1)),
+    }
+    return [c.op("topk", [x], **attrs, output=0), c.op("topk", [x], **attrs, output=1)]
 
 
 @_lowering("Einsum")

@@ -1,4 +1,5 @@
-"""Selection by index and broadcasting: Gather and GatherND by an index tensor, Expand, and a strided slice.
+"""Selection by index and broadcasting: Gather and GatherND by an index tensor, Expand, a strided slice, and the
+scatters that write updates at indices (ScatterND, ScatterElements).
 
 A Gather by one constant index is a slice (see `layout`); these are the ones whose indices are a tensor (token ids
 into an embedding table, a mask's positions). A slice whose step is not 1 is `stride`, so that the rules written
@@ -27,6 +28,7 @@ from tensat.ops.registry import (
     egg_rule,
     egg_vec,
     no_flops,
+    not_instantiated,
     numel,
     register,
     shape_from_attr,
@@ -114,10 +116,6 @@ def _gather_nd_eval(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:
     return np.stack(rows).reshape(_gather_nd_shape([data.shape, index.shape], a))
 
 
-def _gather_nd_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[str, Any]) -> None:
-    s.reject("gather_nd is not instantiated by the rule verifier")
-
-
 # the output's shape is an attribute, as gather's
 GATHER_ND = register(
     OpDef(
@@ -131,7 +129,7 @@ GATHER_ND = register(
         no_flops,
         onnx="GatherND",
         accepts=_gather_accepts,
-        equations=_gather_nd_equations,
+        equations=not_instantiated,
         domains={"batch_dims": [0]},
         solved={"shape": lambda s, out: out},
         int_exact=True,
@@ -345,6 +343,103 @@ GATHER_ELEMENTS = register(
         ranks=(SAME, SAME, SAME),
         accepts=_gather_accepts,
         equations=_gather_elements_equations,
+        domains={"axis": lambda rank: list(range(rank))},
+        int_exact=True,
+        breaks_layout=True,
+        operand_dtypes={1: "int64"},
+        enumerated_by_default=False,
+    )
+)
+
+
+def _scatter_accepts(dtypes: Sequence[str]) -> bool:
+    return len(dtypes) == 3 and any_data([dtypes[0], dtypes[2]]) and dtypes[1] in INDEX_TYPES
+
+
+def _scatter_nd_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
+    data, index, updates = shapes
+    check(len(index) >= 1 and index[-1] <= len(data), f"scatter_nd index {index} deeper than the data {data}")
+    want = tuple(index[:-1]) + tuple(data[index[-1] :])
+    check(tuple(updates) == want, f"scatter_nd updates {updates} into {data} by {index}: not {want}")
+    return tuple(data)
+
+
+def _scatter_nd_eval(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:
+    data, index, updates = xs
+    out = data.copy()
+    k = index.shape[-1]
+    index = index.astype(np.int64).reshape(-1, k)
+    index = np.where(index < 0, index + np.asarray(data.shape[:k], np.int64), index)
+    out[tuple(index.T)] = updates.reshape((index.shape[0], *data.shape[k:]))
+    return out
+
+
+# ONNX ScatterND without a reduction: the data with each index's slice replaced by its update (a sequence shifted
+# into a decoder's input, a cache written at a position); onnxruntime leaves the order of duplicate indices open,
+# and so does ONNX, so a model whose indices repeat has no one meaning
+SCATTER_ND = register(
+    OpDef(
+        "scatter_nd",
+        "ScatterND",
+        3,
+        (),
+        _scatter_nd_shape,
+        _scatter_nd_eval,
+        lambda op: [egg_rule(op, [], "s0")],
+        no_flops,
+        onnx="ScatterND",
+        standard_since=11,
+        accepts=_scatter_accepts,
+        equations=not_instantiated,
+        int_exact=True,
+        breaks_layout=True,
+        operand_dtypes={1: "int64"},
+        enumerated_by_default=False,
+    )
+)
+
+
+def _scatter_elements_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
+    data, index, updates = shapes
+    axis = attrs["axis"]
+    check(len(data) == len(index) and 0 <= axis < len(data), f"scatter_elements by {index} into {data} on {axis}")
+    check(tuple(updates) == tuple(index), f"scatter_elements updates {updates} by indices {index}")
+    check(all(i <= d for a, (i, d) in enumerate(zip(index, data)) if a != axis), f"{index} larger than {data}")
+    return tuple(data)
+
+
+def _scatter_elements_eval(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:
+    data, index, updates = xs
+    axis = a["axis"]
+    out = data.copy()
+    where: list[np.ndarray] = list(np.indices(index.shape, sparse=True))
+    where[axis] = np.where(index < 0, index + data.shape[axis], index).astype(np.int64)
+    out[tuple(where)] = updates
+    return out
+
+
+def _scatter_elements_rules(op: OpDef) -> list[str]:
+    query = ["(= (vec-length s0) (vec-length s1))", "(< -1 axis)", "(< axis (vec-length s0))"]
+    return [egg_rule(op, query, "s0")]
+
+
+# ONNX ScatterElements without a reduction: each update written at the data's element its index names along `axis`,
+# the other coordinates its own (a token written into a sequence at a position)
+SCATTER_ELEMENTS = register(
+    OpDef(
+        "scatter_elements",
+        "ScatterElements",
+        3,
+        (("axis", "int"),),
+        _scatter_elements_shape,
+        _scatter_elements_eval,
+        _scatter_elements_rules,
+        no_flops,
+        onnx="ScatterElements",
+        standard_since=11,
+        ranks=(SAME, SAME, SAME, SAME),
+        accepts=_scatter_accepts,
+        equations=not_instantiated,
         domains={"axis": lambda rank: list(range(rank))},
         int_exact=True,
         breaks_layout=True,

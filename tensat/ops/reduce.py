@@ -25,6 +25,7 @@ from tensat.ops.registry import (
     check,
     egg_dim,
     egg_rule,
+    not_instantiated,
     numel,
     register,
 )
@@ -195,6 +196,51 @@ def _arg_reduction(name: str, egg: str, onnx: str, fn: Any) -> OpDef:
 # the index of a maximum or minimum along an axis (a classifier's label, a greedy decoder's next token)
 ARG_MAX = register(_arg_reduction("argmax", "ArgMax", "ArgMax", np.argmax))
 ARG_MIN = register(_arg_reduction("argmin", "ArgMin", "ArgMin", np.argmin))
+
+
+def _topk_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
+    x, axis, k = shapes[0], attrs["axis"], attrs["k"]
+    check(0 <= axis < len(x) and 0 < k <= x[axis], f"topk of {k} along axis {axis} of {x}")
+    check(attrs["output"] in (0, 1) and attrs["largest"] in (0, 1), f"topk output {attrs['output']}")
+    return tuple(x[:axis]) + (k,) + tuple(x[axis + 1 :])
+
+
+def _topk_eval(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:
+    x, axis = xs[0], a["axis"]
+    key = x if not a["largest"] else (-x if x.dtype.kind == "f" else ~x)  # ~x reverses integers without overflow
+    index = np.take(np.argsort(key, axis=axis, kind="stable"), np.arange(a["k"]), axis=axis)
+    return index.astype(np.int64) if a["output"] else np.take_along_axis(x, index, axis=axis)
+
+
+def _topk_rules(op: OpDef) -> list[str]:
+    query = ["(< -1 axis)", "(< axis (vec-length s0))", "(< 0 k)", "(< k (+ (vec-get s0 axis) 1))"]
+    return [egg_rule(op, query, "(vec-set s0 axis k)")]
+
+
+# ONNX TopK, sorted: the k largest (or smallest) elements along an axis, output 0, or their int64 indices, output 1
+# (an expert router's choice); ties go to the lower index, as onnxruntime orders them. The two outputs are two ops
+# of one kernel: the exporter writes them as one TopK, and the cost model prices that kernel once
+# (`tensat.cost.runtime_fusions`)
+TOP_K = register(
+    OpDef(
+        "topk",
+        "TopK",
+        1,
+        (("axis", "int"), ("k", "int"), ("largest", "int"), ("output", "int")),
+        _topk_shape,
+        _topk_eval,
+        _topk_rules,
+        lambda s, o, a: float(numel(s[0])),
+        onnx="TopK",
+        dtype=lambda dtypes, a: "int64" if a["output"] else dtypes[0],
+        accepts=numeric,
+        equations=not_instantiated,
+        domains={"axis": lambda rank: list(range(rank)), "k": [1], "largest": [0, 1], "output": [0, 1]},
+        int_exact=True,
+        breaks_layout=True,
+        enumerated_by_default=False,
+    )
+)
 
 
 def axes_input_since(op: str) -> int:

@@ -412,6 +412,12 @@ def egg_dim(s: str, i: int | str) -> str:
     return f"(vec-get {s} {i})"
 
 
+def not_instantiated(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[str, Any]) -> None:
+    """`OpDef.equations` of an op no rule rewrites, whose shapes the rule verifier does not solve for (a gather or
+    scatter by an index tensor, a TopK): a rule naming it is refused by the verifier, not checked wrongly."""
+    s.reject("an op the rule verifier does not instantiate")
+
+
 def shape_from_attr(op: OpDef) -> list[str]:
     """The shape rule of an op whose shape is its `shape` attribute (leaves, opaque)."""
     return [f"(rule ({egg_match(op)}) ((set (shape-of e) shape)) :ruleset shapes)"]

@@ -81,6 +81,11 @@ SAMPLES: dict[str, tuple[list[tuple[np.ndarray, bool]], dict[str, Any], int]] = 
     "log_softmax": ([(real(2, 3, 5), False)], {"axis": 2}, 17),
     "trilu": ([(real(2, 4, 5), False)], {"upper": 0, "k": 1}, 17),
     "tile": ([(ints(2, 1, 3), False)], {"repeats": (1, 4, 2)}, 17),
+    "topk": (
+        [(np.array([[3, 1, 3, 2], [0, 5, 5, -1]], np.float32), False)],
+        {"axis": 1, "k": 3, "largest": 1, "output": 0},
+        17,
+    ),
     "argmax": ([(real(3, 4, 5), False)], {"axis": 1, "keepdims": 0, "select_last_index": 0}, 17),
     "argmin": ([(ints(3, 6), False)], {"axis": 1, "keepdims": 1, "select_last_index": 1}, 17),
     "einsum": (
@@ -144,6 +149,16 @@ SAMPLES: dict[str, tuple[list[tuple[np.ndarray, bool]], dict[str, Any], int]] = 
     "gather_nd": ([(real(3, 4, 5), False), (ints(2, 2, high=3), False)], {"batch_dims": 0, "shape": (2, 5)}, 17),
     "expand": ([(real(1, 3, 1), False)], {"shape": (2, 3, 4)}, 17),
     "gather_elements": ([(real(3, 5, 4), False), (ints(3, 2, 4, high=5), False)], {"axis": 1}, 17),
+    "scatter_nd": (
+        [(real(4, 3), False), (np.array([[1], [3]], np.int64), False), (real(2, 3), False)],
+        {},
+        17,
+    ),
+    "scatter_elements": (
+        [(real(3, 4), False), (np.array([[0, 2, 1, -1], [1, 0, 2, 0]], np.int64), False), (real(2, 4), False)],
+        {"axis": 0},
+        17,
+    ),
     "stride": ([(real(2, 9, 3), False)], {"axis": 1, "start": 1, "step": 2, "size": 4}, 17),
     "skip_layernorm": (
         [(real(1, 4, 8), False), (real(1, 4, 8), False), (real(8), True), (real(8), True)],

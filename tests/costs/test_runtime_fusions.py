@@ -15,7 +15,7 @@ from onnx import helper, numpy_helper
 import tensat
 import tensat.ir
 from tensat import api, onnx_io, ops
-from tensat.cost import AnalyticCost, fused_cost, fuses_into, item_of, runtime_fusions, runtime_items
+from tensat.cost import AnalyticCost, fused_cost, fuses_into, item_of, runtime_fusions, runtime_items, runtime_kernels
 from tensat.egraph import export
 from tensat.measure.units import pricing_unit, unit_model
 from tensat.onnx_io import import_model
@@ -303,3 +303,19 @@ def _array(*shape: int) -> np.ndarray:
 
 
 CONV = dict(strides=(1, 1), pads=(1, 1, 1, 1), dilations=(1, 1), group=1, act=ops.ACT_NONE)
+
+
+def test_the_two_outputs_of_a_topk_are_priced_as_one_kernel() -> None:
+    """tensat models a TopK's values and its indices as two ops and writes them as one node, whose kernel computes
+    both: a price counting each would count that kernel twice."""
+    k = numpy_helper.from_array(np.array([2], np.int64), "k")
+    nodes = [
+        helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=-1),
+        helper.make_node("TopK", ["x", "k"], ["low", "low_i"], axis=-1, largest=0),
+        helper.make_node("Cast", ["i"], ["i_f"], to=onnx.TensorProto.FLOAT),
+        helper.make_node("Add", ["v", "i_f"], ["y"]),
+        helper.make_node("Add", ["low", "y"], ["z"]),
+    ]
+    graph = import_model(make(nodes, [vi("x", [SEQ, HIDDEN])], [vi("z", [SEQ, 2])], [k]))
+    kernels = [[graph.nodes[i].op for i in ids] for ids, _ in runtime_kernels(graph)]
+    assert sorted(ks for ks in kernels if "topk" in ks) == [["topk"], ["topk", "topk"]]

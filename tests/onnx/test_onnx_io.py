@@ -995,3 +995,74 @@ def test_a_1d_conv_is_a_2d_conv_of_height_1(attrs: dict) -> None:
     assert "opaque" not in summary and summary["conv2d"] == 1
     conv = next(graph.nodes[i] for i in graph.live() if graph.nodes[i].op == "conv2d")
     assert conv.shape[2] == 1 and len(graph.nodes[conv.inputs[0]].shape) == 4
+
+
+def _topk_model(opset: int = 17) -> onnx.ModelProto:
+    """Three TopKs: both outputs read, only the values read (the smallest), only the indices read (integers)."""
+    inits = [init("k3", np.array([3], np.int64)), init("k2", np.array([2], np.int64))]
+    nodes = [
+        helper.make_node("TopK", ["x", "k3"], ["v", "i"], axis=1),
+        helper.make_node("TopK", ["x", "k2"], ["low", "low_i"], axis=0, largest=0),
+        helper.make_node("TopK", ["n", "k2"], ["n_v", "n_i"], axis=-1),
+        helper.make_node("Cast", ["i"], ["i_f"], to=TP.FLOAT),
+        helper.make_node("Add", ["v", "i_f"], ["vi"]),
+    ]
+    inputs = [vi("x", [4, 6]), vi("n", [3, 5], TP.INT64)]
+    outputs = [vi("vi", [4, 3]), vi("low", [2, 6]), vi("n_i", [3, 2], TP.INT64)]
+    return make(nodes, inputs, outputs, inits, opset=opset)
+
+
+def test_a_topk_is_modelled_as_its_two_outputs_and_written_back_as_one_node() -> None:
+    graph, out = roundtrip(_topk_model())
+    counts = ops_of(graph)
+    assert "opaque" not in counts and counts["topk"] == 4  # the values and indices of one, one output of the others
+    assert op_types(out).count("TopK") == 3
+    read = {name for n in out.graph.node for name in n.input} | {o.name for o in out.graph.output}
+    assert sorted(sum(name in read for name in n.output) for n in out.graph.node if n.op_type == "TopK") == [1, 1, 2]
+
+
+def test_topk_ties_go_to_the_lower_index_as_in_onnxruntime() -> None:
+    model = _topk_model()
+    graph = import_model(model)
+    x = np.array([[1, 3, 3, 0, 3, 1], [2, 2, 2, 2, 2, 2], [0, 0, 1, 1, 0, 0], [5, -1, 5, -1, 5, 4]], np.float32)
+    n = np.array([[7, 7, 1, 7, 2], [-3, 0, 0, -3, 9], [np.iinfo(np.int64).min, 4, 4, 0, 4]], np.int64)
+    feeds = {"x": x, "n": n}
+    want = run_model(model, feeds)
+    got = run_model(export_model(graph), feeds)
+    ours = graph.evaluate(feeds, [i for _, i in graph.outputs])
+    for name, i in graph.outputs:
+        np.testing.assert_array_equal(got[name], want[name])
+        np.testing.assert_array_equal(ours[i], want[name])
+
+
+def test_an_unsorted_topk_stays_opaque() -> None:
+    """ONNX leaves the order of an unsorted TopK's outputs open: no one meaning to model."""
+    nodes = [helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=1, sorted=0)]
+    model = make(nodes, [vi("x", [4, 6])], [vi("v", [4, 2])], [init("k", np.array([2], np.int64))])
+    assert "topk" not in ops_of(import_model(model)) and ops_of(import_model(model))["opaque"] == 1
+
+
+def test_scatters_without_a_reduction_are_modelled_and_with_one_stay_opaque() -> None:
+    inits = [
+        init("where", np.array([[2], [0]], np.int64)),
+        init("cols", np.array([[1, 0, 2], [3, 2, 0]], np.int64)),
+    ]
+    nodes = [
+        helper.make_node("ScatterND", ["x", "where", "u"], ["nd"]),
+        helper.make_node("ScatterND", ["x", "where", "u"], ["nd_sum"], reduction="add"),
+        helper.make_node("ScatterElements", ["ids", "cols", "tok"], ["shifted"], axis=1),
+    ]
+    inputs = [vi("x", [3, 4]), vi("u", [2, 4]), vi("ids", [2, 5], TP.INT64), vi("tok", [2, 3], TP.INT64)]
+    outputs = [vi("nd", [3, 4]), vi("nd_sum", [3, 4]), vi("shifted", [2, 5], TP.INT64)]
+    graph, out = roundtrip(make(nodes, inputs, outputs, inits, opset=18))
+    counts = ops_of(graph)
+    assert counts["scatter_nd"] == 1 and counts["scatter_elements"] == 1 and counts["opaque"] == 1
+    assert sorted(op_types(out)) == ["ScatterElements", "ScatterND", "ScatterND"]
+
+
+def test_a_scatter_before_opset_11_is_read_and_written_as_scatter() -> None:
+    cols = init("cols", np.array([[1, 0, 2], [3, 2, 0]], np.int64))
+    nodes = [helper.make_node("Scatter", ["x", "cols", "u"], ["y"], axis=1)]
+    model = make(nodes, [vi("x", [2, 5]), vi("u", [2, 3])], [vi("y", [2, 5])], [cols], opset=10)
+    graph, out = roundtrip(model)
+    assert ops_of(graph)["scatter_elements"] == 1 and op_types(out) == ["Scatter"]
