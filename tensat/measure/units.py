@@ -61,18 +61,21 @@ class Unit:
 
     @staticmethod
     def single(node: Node, in_shapes: Sequence[Sequence[int]], const: Sequence[Const]) -> Unit:
-        """The unit of one node: a `Scalar` operand timed with its value, and an integer operand the op types
+        """The unit of one node: a `Scalar` operand timed with its value, an integer operand the op types
         (`OpDef.operand_dtypes`: a Gather's or a GatherND's indices) that is a weight as zeros, indices in range
-        whatever the data's dims."""
+        whatever the data's dims, and an integer weight the op divides by (`OpDef.nonzero`: Mod's divisor, which
+        onnxruntime checks when it loads the model) as ones."""
         flags = list(const) + [False] * (len(in_shapes) - len(const))
         dtypes = ops.operand_dtypes(node.op, node.dtype, len(in_shapes))
         ext = tuple((tuple(int(d) for d in s), bool(c), t) for s, c, t in zip(in_shapes, flags, dtypes))
         un = UnitNode(node.op, tuple(node.attrs), tuple(("x", k) for k in range(len(in_shapes))))
-        indices = ops.get(node.op).operand_dtypes
+        d = ops.get(node.op)
+        indices = d.operand_dtypes
+        divisors = {k for k in d.nonzero if np.dtype(dtypes[k]).kind in "iu"}
         values = [
-            (k, c.value if isinstance(c, Scalar) else 0.0)
+            (k, c.value if isinstance(c, Scalar) else float(k in divisors))
             for k, c in enumerate(flags)
-            if isinstance(c, Scalar) or (c and k in indices and np.dtype(indices[k]).kind in "iu")
+            if isinstance(c, Scalar) or (c and (k in divisors or (k in indices and np.dtype(indices[k]).kind in "iu")))
         ]
         return Unit((un,), ext, tuple(values))
 

@@ -967,6 +967,14 @@ def _ex_topk(e: _Exporter, i: int) -> None:
     e.emit("TopK", [x, e.int64([a["k"]], f"topk_{i}_k")], outs, f"topk_{i}", **flags)
 
 
+@_emitter("mod", "isinf")
+def _ex_flagged(e: _Exporter, i: int) -> None:
+    """An element-wise op whose attributes are ONNX's own, written as they are."""
+    n = e.graph.nodes[i]
+    flags: dict[str, Any] = {k: int(n.attr[k]) for k in ops.get(n.op).attr_names}
+    e.emit(ops.get(n.op).onnx or "", [e.tensor(j) for j in n.inputs], [e.tensor(i)], f"{n.op}_{i}", **flags)
+
+
 @_emitter("einsum")
 def _ex_einsum(e: _Exporter, i: int) -> None:
     n = e.graph.nodes[i]

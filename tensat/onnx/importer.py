@@ -671,6 +671,27 @@ def _plain(op: ops.OpDef) -> Lowering:
     return lower
 
 
+@_lowering("Greater", "GreaterOrEqual")
+def _greater(c: _Importer, node: NodeProto) -> list[Any]:
+    """a > b as b < a, a >= b as b <= a."""
+    return [c.op("less" if node.op_type == "Greater" else "less_or_equal", [c.data(1), c.data(0)])]
+
+
+@_lowering("Mod")
+def _mod(c: _Importer, node: NodeProto) -> list[Any]:
+    fmod = int(c.attrs.get("fmod", 0))
+    a, b = c.data(0), c.data(1)
+    if not fmod and c.graph.nodes[a].dtype == "float32":
+        raise _Unsupported("a Mod of floats without fmod")  # ONNX refuses it
+    return [c.op("mod", [a, b], fmod=fmod)]
+
+
+@_lowering("IsInf")
+def _isinf(c: _Importer, node: NodeProto) -> list[Any]:
+    flags = {k: int(c.attrs.get(k, 1)) for k in ("detect_negative", "detect_positive")}
+    return [c.op("isinf", [c.data(0)], **flags)]
+
+
 @_lowering("Sub")
 def _sub(c: _Importer, node: NodeProto) -> list[Any]:
     """x - b as x + (-b) where b is a constant (the rules know add), else as sub."""

@@ -594,20 +594,91 @@ OR = register(binary("or", "Or", np.logical_or, onnx="Or", accepts=booleans, int
 NOT = register(unary("not", "Not", np.logical_not, onnx="Not", accepts=booleans, int_exact=True))
 EQUAL = register(binary("equal", "Equal", np.equal, onnx="Equal", dtype=_to_bool, accepts=any_data, int_exact=True))
 # A comparison's operands are timed as float32 (the item priced carries no operand types, and a boolean Less is no
-# ONNX op); IsNaN reads float32, as its `accepts` says.
+# ONNX op); IsNaN reads float32, as its `accepts` says. Greater and GreaterOrEqual are read as Less and LessOrEqual
+# of the operands swapped, which they are even at a NaN (false both ways).
 LESS = register(
     binary(
         "less",
         "Less",
         np.less,
         onnx="Less",
+        onnx_also=("Greater",),
         dtype=_to_bool,
         accepts=numeric,
         int_exact=True,
         operand_dtypes={0: "float32", 1: "float32"},
     )
 )
+
+
+def _mod(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:
+    x, y = xs
+    return np.fmod(x, y) if a["fmod"] else np.mod(x, y)
+
+
+# ONNX Mod: the remainder with the divisor's sign (numpy's and Python's), or with `fmod` the dividend's (C's fmod,
+# which ONNX requires of floats); a divisor of zero has no meaning, as in onnxruntime
+MOD = register(
+    OpDef(
+        "mod",
+        "Mod",
+        2,
+        (("fmod", "int"),),
+        broadcast_shape,
+        _mod,
+        _broadcast_rules,
+        elementwise_flops,
+        kind="broadcast",
+        onnx="Mod",
+        standard_since=10,
+        ranks=(SAME, SAME, SAME),
+        equations=_broadcast_equations,
+        accepts=numeric,
+        domains={"fmod": [0, 1]},
+        nonzero=(1,),
+        int_exact=True,
+        enumerated_by_default=False,
+    )
+)
+LESS_OR_EQUAL = register(
+    binary(
+        "less_or_equal",
+        "LessOrEqual",
+        np.less_equal,
+        onnx="LessOrEqual",
+        onnx_also=("GreaterOrEqual",),
+        standard_since=12,
+        dtype=_to_bool,
+        accepts=numeric,
+        int_exact=True,
+        operand_dtypes={0: "float32", 1: "float32"},
+        enumerated_by_default=False,
+    )
+)
 ISNAN = register(unary("isnan", "IsNaN", np.isnan, onnx="IsNaN", dtype=_to_bool, operand_dtypes={0: "float32"}))
+
+
+def _isinf(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:
+    x = xs[0]
+    return np.isinf(x) & (((x > 0) & bool(a["detect_positive"])) | ((x < 0) & bool(a["detect_negative"])))
+
+
+# an infinity, of either sign or of one (a mask's -inf found before a Softmax)
+ISINF = register(
+    unary(
+        "isinf",
+        "IsInf",
+        None,
+        evaluate=_isinf,
+        attrs=(("detect_negative", "int"), ("detect_positive", "int")),
+        onnx="IsInf",
+        standard_since=10,
+        dtype=_to_bool,
+        operand_dtypes={0: "float32"},
+        domains={"detect_negative": [0, 1], "detect_positive": [0, 1]},
+        enumerated_by_default=False,
+    )
+)
 
 
 def _where_accepts(dtypes: Sequence[str]) -> bool:

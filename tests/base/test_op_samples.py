@@ -100,6 +100,17 @@ SAMPLES: dict[str, tuple[list[tuple[np.ndarray, bool]], dict[str, Any], int]] = 
     "not": ([(flags(3, 4), False)], {}, 17),
     "equal": ([(ints(3, 4), False), (ints(3, 4), False)], {}, 17),
     "less": ([(real(3, 4), False), (real(3, 4), False)], {}, 17),
+    "less_or_equal": ([(ints(3, 4), False), (ints(1, 4), False)], {}, 17),
+    "mod": (
+        [(np.arange(-6, 6, dtype=np.int64).reshape(3, 4), False), (np.array([4, -3, 5, 2], np.int64), True)],
+        {"fmod": 0},
+        17,
+    ),
+    "isinf": (
+        [(np.array([[1.0, np.inf], [-np.inf, 2.0]], np.float32), False)],
+        {"detect_negative": 0, "detect_positive": 1},
+        17,
+    ),
     "isnan": ([(np.array([[1.0, np.nan], [0.0, 2.0]], np.float32), False)], {}, 17),
     "where": ([(flags(3, 4), False), (real(3, 4), False), (real(1, 4), False)], {}, 17),
     "conv2d": ([(real(1, 4, 6, 6), False), (real(5, 4, 3, 3), True), (real(5), True)], CONV, 17),

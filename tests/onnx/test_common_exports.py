@@ -1,8 +1,9 @@
 """Ops of common exports beyond the corpus: the activations of CNNs and detectors (LeakyRelu, HardSwish,
 HardSigmoid, PRelu, Mish...), ONNX's other reductions (ConvNeXt V2's ReduceL2), the integer inputs of a decoder
 whose positions are its attention mask's cumulative sum, pools with ceil_mode, Resize, a causal mask's Trilu, Tile,
-ArgMax and ArgMin, and Einsum. Each is read as a tensat op, not kept opaque, and written back as the model wrote
-it."""
+ArgMax and ArgMin, Einsum, the comparisons, Mod and IsInf, and an expert router's TopK and scatter. Each is read as
+a tensat op, not kept opaque, and written back as the model wrote it (Greater and GreaterOrEqual as the Less and
+LessOrEqual they are read as)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import tensat
 from tensat import ops
 from tensat.measure.timing import Runner
 from tensat.onnx_io import export_model, import_model
-from tensat.verify import compare_models, random_inputs
+from tensat.verify import compare_models, random_inputs, run_model
 from tests.helpers import make, vi
 
 RNG = np.random.default_rng(11)
@@ -448,3 +449,67 @@ def test_an_einsum_with_an_ellipsis_stays_opaque() -> None:
         opset=17,
     )
     assert "einsum" not in import_model(model).summary()
+
+
+def test_comparisons_mod_and_isinf_are_modelled_as_onnxruntime_computes_them() -> None:
+    """Greater and GreaterOrEqual are read as Less and LessOrEqual of the operands swapped (false both ways at a
+    NaN); Mod keeps the divisor's sign, or with fmod the dividend's; IsInf finds the signs it is asked for."""
+    nodes = [
+        helper.make_node("Greater", ["a", "b"], ["gt"]),
+        helper.make_node("GreaterOrEqual", ["a", "b"], ["ge"]),
+        helper.make_node("LessOrEqual", ["a", "b"], ["le"]),
+        helper.make_node("Mod", ["i", "j"], ["m"]),
+        helper.make_node("Mod", ["i", "j"], ["fm"], fmod=1),
+        helper.make_node("IsInf", ["a"], ["neg_inf"], detect_positive=0),
+        helper.make_node("IsInf", ["a"], ["inf"]),
+    ]
+    inputs = [vi("a", [2, 4]), vi("b", [2, 4]), vi("i", [2, 4], TP.INT64), vi("j", [4], TP.INT64)]
+    outputs = [vi(n, [2, 4], TP.BOOL) for n in ("gt", "ge", "le", "neg_inf", "inf")]
+    outputs[3:3] = [vi("m", [2, 4], TP.INT64), vi("fm", [2, 4], TP.INT64)]
+    model = make(nodes, inputs, outputs, opset=18)
+    graph = import_model(model)
+    counts = graph.summary()
+    assert "opaque" not in counts
+    assert (counts["less"], counts["less_or_equal"], counts["mod"], counts["isinf"]) == (1, 2, 2, 2)
+    a = np.array([[1, np.nan, 2, -np.inf], [np.inf, 0, -1, 3]], np.float32)
+    b = np.array([[1, 1, np.nan, 0], [2, 0, -2, np.inf]], np.float32)
+    i = np.array([[7, -7, 7, -7], [0, 5, -5, 6]], np.int64)
+    feeds = {"a": a, "b": b, "i": i, "j": np.array([3, 3, -3, -4], np.int64)}
+    want = run_model(model, feeds)
+    out = export_model(graph)
+    onnx.checker.check_model(out, full_check=True)
+    got = run_model(out, feeds)
+    ours = graph.evaluate(feeds, [n for _, n in graph.outputs])
+    for name, n in graph.outputs:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+        np.testing.assert_array_equal(ours[n], want[name], err_msg=name)
+
+
+def test_an_expert_router_is_modelled_and_optimizes() -> None:
+    """A mixture of experts' router, as Mixtral's export writes it: the top two of a softmax over the experts, the
+    weights renormalized, each token's expert ids scattered into a one-hot mask. Every node modelled (TopK as its
+    values and its indices, written back as one node), and the optimized model verified."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "gate"], ["logits"]),
+        helper.make_node("Softmax", ["logits"], ["p"], axis=-1),
+        helper.make_node("TopK", ["p", "k"], ["top", "expert"], axis=-1),
+        helper.make_node("ReduceSum", ["top", "last"], ["total"], keepdims=1),
+        helper.make_node("Div", ["top", "total"], ["w"]),
+        helper.make_node("ScatterElements", ["zeros", "expert", "w"], ["mask"], axis=1),
+        helper.make_node("Transpose", ["mask"], ["mask_t"], perm=[1, 0]),
+        helper.make_node("Transpose", ["mask_t"], ["y"], perm=[1, 0]),
+    ]
+    tokens, hidden, experts = 6, 16, 4
+    inits = [
+        _w("gate", hidden, experts),
+        numpy_helper.from_array(np.array([2], np.int64), "k"),
+        numpy_helper.from_array(np.array([-1], np.int64), "last"),
+        numpy_helper.from_array(np.zeros((tokens, experts), np.float32), "zeros"),
+    ]
+    model = make(nodes, [vi("x", [tokens, hidden])], [vi("y", [tokens, experts])], inits, opset=17)
+    assert {"topk", "scatter_elements"} <= set(import_model(model).summary())
+    result = tensat.optimize_with_details(model, cost="analytic", latency_check=0)
+    assert result.nodes_opaque == 0
+    assert result.verification is not None and result.verification.ok
+    written = [n.op_type for n in result.output.graph.node]
+    assert written.count("TopK") == 1 and "Transpose" not in written
