@@ -88,3 +88,38 @@ def test_the_report_shows_the_new_columns_and_the_targets() -> None:
     assert s["modelled_min"] == 0.99 and s["at_optimize_over_run_outside_10pct"] == []
     assert s["predicted_over_run_outside_10pct"] == ["bert"] and s["same_load_missing"] == ["odd"]
     assert "Models returned changed where a change is no rule's: odd." in text
+
+
+def test_a_model_s_same_load_ratio_is_the_median_of_its_checks_shown_with_their_range(tmp_path) -> None:
+    """Checks of one model minutes apart move with the machine's load: its ratio is their median, the report shows
+    their range, and a model outside 10% in any check is named beside those outside in the median."""
+    checks = [
+        {"predicted_ms": 2.2, "run_ms": 2.0, "ratio": 1.1 + 0.02},
+        {"error": "RuntimeError: no session"},
+        {"predicted_ms": 2.0, "run_ms": 2.0, "ratio": 1.0},
+        {"predicted_ms": 2.1, "run_ms": 2.0, "ratio": 1.05},
+    ]
+    figures = real_report.same_load_checks(checks)
+    assert figures["ratio"] == 1.05 and figures["predicted_ms"] == 2.1 and len(figures["checks"]) == 4
+    assert real_report.same_load_checks([{"error": "e1"}, {"error": "e2"}]) == {
+        "error": "e2",
+        "checks": [{"error": "e1"}, {"error": "e2"}],
+    }
+    rec = _record("llama", {"rms-norm-fuse": 9}, same_load=figures)
+    text = real_report.markdown([rec], machine_info())
+    assert "| 1.05 (1.00-1.12) |" in text
+    s = real_report.summary([rec])
+    assert s["predicted_over_run_outside_10pct"] == [] and s["predicted_over_run_a_check_outside_10pct"] == ["llama"]
+    assert "(in a check: llama)" in text
+
+
+def test_the_rounds_after_the_rows_check_each_model_tensat_returned_again(tmp_path) -> None:
+    path = real_report.tensat_output(tmp_path, "squeezenet")
+    onnx.save(build_model("squeezenet", **SMALL_SIZES["squeezenet"]), str(path))
+    first = real_report.same_load_checks([real_report.same_load(path)])
+    records = [_record("squeezenet", {}, same_load=first), _record("failed", {})]
+    real_report.more_same_load_checks(records, tmp_path)
+    checks = records[0]["same_load"]["checks"]
+    assert len(checks) == real_report.SAME_LOAD_CHECKS and all(c["ratio"] > 0 for c in checks)
+    assert records[0]["same_load"]["ratio"] == sorted(c["ratio"] for c in checks)[len(checks) // 2]
+    assert "same_load" not in records[1]
