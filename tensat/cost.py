@@ -354,7 +354,7 @@ def runtime_fusions(graph: Graph, device: str = "cpu") -> tuple[dict[int, int], 
     for i in live:
         n = graph.nodes[i]
         if n.op == "topk":
-            first = topk.setdefault((n.inputs[0], n.attr["axis"], n.attr["k"], n.attr["largest"]), i)
+            first = topk.setdefault(ops.topk_kernel(n.inputs, n.attr), i)
             if first != i:
                 owner[i] = first
             continue

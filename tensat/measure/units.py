@@ -70,12 +70,12 @@ class Unit:
         ext = tuple((tuple(int(d) for d in s), bool(c), t) for s, c, t in zip(in_shapes, flags, dtypes))
         un = UnitNode(node.op, tuple(node.attrs), tuple(("x", k) for k in range(len(in_shapes))))
         d = ops.get(node.op)
-        indices = d.operand_dtypes
-        divisors = {k for k in d.nonzero if np.dtype(dtypes[k]).kind in "iu"}
+        indices = {k for k, t in d.operand_dtypes.items() if np.dtype(t).kind in "iu"}  # as zeros
+        divisors = {k for k in d.nonzero if np.dtype(dtypes[k]).kind in "iu"}  # as ones
         values = [
             (k, c.value if isinstance(c, Scalar) else float(k in divisors))
             for k, c in enumerate(flags)
-            if isinstance(c, Scalar) or (c and (k in divisors or (k in indices and np.dtype(indices[k]).kind in "iu")))
+            if isinstance(c, Scalar) or (c and k in indices | divisors)
         ]
         return Unit((un,), ext, tuple(values))
 

@@ -135,8 +135,7 @@ class _Exporter:
         for i in emitted:
             n = g.nodes[i]
             if n.op == "topk":
-                key = (n.inputs[0], n.attr["axis"], n.attr["k"], n.attr["largest"])
-                self.topk_groups.setdefault(key, {})[n.attr["output"]] = i
+                self.topk_groups.setdefault(ops.topk_kernel(n.inputs, n.attr), {})[n.attr["output"]] = i
         self.opaque_done: set[tuple[str, tuple[int, ...]]] = set()
         self.opaque_groups: dict[tuple[str, tuple[int, ...]], dict[int, int]] = {}
         for i in emitted:
@@ -946,7 +945,7 @@ def _ex_topk(e: _Exporter, i: int) -> None:
     """The values and the indices of one TopK as its two outputs: the first of the pair emitted writes both."""
     n = e.graph.nodes[i]
     a = n.attr
-    group = e.topk_groups.pop((n.inputs[0], a["axis"], a["k"], a["largest"]), None)
+    group = e.topk_groups.pop(ops.topk_kernel(n.inputs, a), None)
     if group is None:
         return
     outs = [

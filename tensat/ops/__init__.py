@@ -43,7 +43,7 @@ from tensat.ops.kernels import CONTRIB, KERNELS
 from tensat.ops.layout import DEPTH_TO_SPACE_MODES, PAD_MODES
 from tensat.ops.matmul import einsum_equation, einsum_shape, einsum_subscripts
 from tensat.ops.pool import POOL_RANKS, RESIZE_MODES, RESIZE_NEAREST, RESIZE_TRANSFORMS
-from tensat.ops.reduce import REDUCTIONS, axes_input_since
+from tensat.ops.reduce import REDUCTIONS, axes_input_since, topk_kernel
 from tensat.ops.registry import (
     BY_EGG,
     EGG_SORT,
@@ -118,6 +118,7 @@ __all__ = [
     "register",
     "resolved",
     "axes_input_since",
+    "topk_kernel",
     "einsum_equation",
     "einsum_shape",
     "einsum_subscripts",

@@ -243,6 +243,12 @@ TOP_K = register(
 )
 
 
+def topk_kernel(inputs: Sequence[int], attrs: Mapping[str, Any]) -> tuple[int, ...]:
+    """What tells one TopK kernel from another, for the `topk` ops of its two outputs: its input, axis, k and
+    direction (the exporter writes the ops of one as one node, and the cost model prices it once)."""
+    return (inputs[0], attrs["axis"], attrs["k"], attrs["largest"])
+
+
 def axes_input_since(op: str) -> int:
     """The first opset at which ONNX gives reduction `op` its axes as an input, not an attribute (ReduceSum's
     came before the others')."""
