@@ -688,7 +688,7 @@ def _mod(c: _Importer, node: NodeProto) -> list[Any]:
 
 @_lowering("IsInf")
 def _isinf(c: _Importer, node: NodeProto) -> list[Any]:
-    flags = {k: int(c.attrs.get(k, 1)) for k in ("detect_negative", "detect_positive")}
+    flags = {k: int(c.attrs.get(k, 1)) for k in ops.get("isinf").attr_names}  # ONNX sets both by default
     return [c.op("isinf", [c.data(0)], **flags)]
 
 
