@@ -28,7 +28,22 @@ class Scalar:
     value: float
 
 
-Const = bool | Scalar  # per operand: whether it is computable from weights alone (a `Scalar` where its value counts)
+@dataclass(frozen=True)
+class Computed:
+    """A computed operand (not a weight) whose layout the priced graph fixes: `blocked`, whether onnxruntime's CPU
+    session holds it in its blocked NCHWc layout there (`blocked`). It is falsy, as `False` is: a plain `False`
+    leaves the layout to the measuring model's estimate by the tensor's extent, which cannot tell a feature map a
+    convolution computed from one of the same extent a Reshape of tokens made (SegFormer's decode head)."""
+
+    blocked: bool
+
+    def __bool__(self) -> bool:
+        return False
+
+
+# per operand: whether it is computable from weights alone (a `Scalar` where its value counts, a `Computed` where its
+# layout is known)
+Const = bool | Scalar | Computed
 
 
 class CostModel(Protocol):
@@ -93,14 +108,22 @@ class AnalyticCost:
 Item = tuple[Node, list[Shape], list[Const]]
 
 
-def item_of(graph: Graph, node: Node, const: set[int]) -> Item:
+def item_of(graph: Graph, node: Node, const: set[int], layout: Mapping[int, int] | None = None) -> Item:
     """How `node` of `graph` is priced: its operands' shapes, and whether each is a weight (of `const`, the graph's
-    weight-only nodes), a `Scalar` for a `fill` operand whose value decides the kernel."""
+    weight-only nodes), a `Scalar` for a `fill` operand whose value decides the kernel; with `layout` (the graph's
+    blocked tensors, `blocked`), each computed 4-D float operand is `Computed`, blocked or not."""
     values = ops.get(node.op).value_operands
     flags: list[Const] = []
     for k, j in enumerate(node.inputs):
         src = graph.nodes[j]
-        flags.append(Scalar(float(src.attr["value"])) if k in values and src.op == "fill" else j in const)
+        if k in values and src.op == "fill":
+            flags.append(Scalar(float(src.attr["value"])))
+        elif j in const:
+            flags.append(True)
+        elif layout is not None and len(src.shape) == 4 and src.dtype == "float32":
+            flags.append(Computed(j in layout))
+        else:
+            flags.append(False)
     return node, [graph.nodes[j].shape for j in node.inputs], flags
 
 
@@ -251,6 +274,21 @@ def blocked_conv(weight: Shape, group: int, block: int) -> bool:
 BLOCKED_POOLS = frozenset({"maxpool", "avgpool"})  # pools onnxruntime blocks whatever their input's layout
 BLOCKED_ACTIVATIONS = frozenset({"relu", "sigmoid", "tanh"})  # blocked where their input is; fused into a blocked Conv
 BLOCKED_UNARY = BLOCKED_ACTIVATIONS | {"globalavgpool", "globalmaxpool"}  # blocked where their input is
+# the Resizes onnxruntime runs as its blocked Upsample where their input is blocked: by whole scales, linear with these
+# coordinate transformations, or nearest with the asymmetric one rounding down (its NchwcTransformer, as 1.31 was
+# seen to run them)
+BLOCKED_RESIZE_LINEAR = frozenset(ops.RESIZE_TRANSFORMS.index(t) for t in ("half_pixel", "align_corners", "asymmetric"))
+BLOCKED_RESIZE_NEAREST = (ops.RESIZE_TRANSFORMS.index("asymmetric"), ops.RESIZE_NEAREST.index("floor"))
+
+
+def blocked_resize(node: Node, in_shape: Shape) -> bool:
+    """Whether onnxruntime's CPU session runs the Resize `node` of an input of `in_shape` as its blocked Upsample,
+    where that input is blocked."""
+    a = node.attr
+    whole = all(o % i == 0 for o, i in zip(node.shape[2:], in_shape[2:]))
+    if a["mode"] == ops.RESIZE_MODES.index("linear"):
+        return whole and a["transform"] in BLOCKED_RESIZE_LINEAR
+    return whole and (a["transform"], a["nearest"]) == BLOCKED_RESIZE_NEAREST
 
 
 def blocked(graph: Graph, live: Sequence[int], const: set[int], block: int) -> dict[int, int]:
@@ -258,7 +296,7 @@ def blocked(graph: Graph, live: Sequence[int], const: set[int], block: int) -> d
     NCHWc layout of channel block `block`, each with its logical channels: 4-D float convolutions
     (`blocked_conv`) and pools over channels a multiple of the block, then what reads only blocked tensors (an Add
     or Mul of equal shapes, a Concat on the channels of block-aligned parts, an activation, a BatchNormalization
-    with constant parameters, a global average pool)."""
+    with constant parameters, a global average pool, a Resize by whole scales, `blocked_resize`)."""
     out: dict[int, int] = {}
     for i in live:
         n = graph.nodes[i]
@@ -284,7 +322,21 @@ def blocked(graph: Graph, live: Sequence[int], const: set[int], block: int) -> d
             out[i] = sum(out[j] for j in ins)
         elif n.op in BLOCKED_UNARY or (n.op in PARAMETRIC_ACTIVATIONS and graph.nodes[ins[0]].op == "conv2d"):
             out[i] = out[ins[0]]
+        elif n.op == "resize" and blocked_resize(n, graph.nodes[ins[0]].shape):
+            out[i] = out[ins[0]]
     return out
+
+
+def graph_layout(graph: Graph, device: str, live: Sequence[int] | None = None) -> dict[int, int]:
+    """The nodes of `graph` onnxruntime computes in its blocked layout on `device` (`blocked`; none off the CPU or
+    where it runs none), of `live` (its runtime nodes, in topological order) where given."""
+    block = nchwc_block() if device == "cpu" else 0
+    if not block:
+        return {}
+    const = graph.weight_only()
+    if live is None:
+        live = [i for i in graph.live() if not graph.nodes[i].is_leaf and i not in const]
+    return blocked(graph, live, const, block)
 
 
 Extent = tuple[int, int, int]  # a 4-D tensor's batch, height and width
@@ -330,8 +382,7 @@ def runtime_fusions(graph: Graph, device: str = "cpu") -> tuple[dict[int, int], 
         rs = readers.get(x, ())
         return x not in const and x not in outputs and len(rs) == 1 and graph.nodes[rs[0]].inputs.count(x) == 1
 
-    block = nchwc_block() if device == "cpu" else 0
-    layout = blocked(graph, live, const, block) if block else {}
+    layout = graph_layout(graph, device, live)
     owner: dict[int, int] = {}  # a folded, fused or merged node -> the node whose kernel runs it
     act: dict[int, int] = {}  # a conv2d, matmul or blocked batchnorm -> the activation fused into it
     summed: set[int] = set()  # the blocked convolutions an Add is summed into
@@ -407,10 +458,11 @@ def runtime_kernels(graph: Graph, device: str = "cpu") -> list[Kernel]:
     fuses on its own (`runtime_fusions`; the kernels it makes of larger patterns are ops of the graph, see
     `tensat.ops.KERNELS`): each runtime node no other absorbs, with the nodes it absorbs (all sorted), and the item
     pricing the kernel (a convolution with its fused activation code, a MatMul with the addend of its Gemm, see
-    `fused_item`). Every price of a graph as it runs is the sum of these items, so the cost report's kernels are
-    the ones the search priced."""
+    `fused_item`; each computed 4-D operand with its layout, `item_of`). Every price of a graph as it runs is the
+    sum of these items, so the cost report's kernels are the ones the search priced."""
     const = graph.weight_only()
     owner, act = runtime_fusions(graph, device)
+    layout = graph_layout(graph, device)
     absorbed: dict[int, list[int]] = {}
     for node, root in owner.items():
         absorbed.setdefault(root, []).append(node)
@@ -421,11 +473,11 @@ def runtime_kernels(graph: Graph, device: str = "cpu") -> list[Kernel]:
             continue
         if i in act:
             n = Node(n.op, n.inputs, tuple((k, act[i] if k == "act" else v) for k, v in n.attrs), n.shape, n.dtype)
-        item = item_of(graph, n, const)
+        item = item_of(graph, n, const, layout)
         for m in absorbed.get(i, ()):
             reader = graph.nodes[m]
             if i in reader.inputs:
-                item = fused_item(item_of(graph, reader, const), reader.inputs.index(i), item) or item
+                item = fused_item(item_of(graph, reader, const, layout), reader.inputs.index(i), item) or item
         kernels.append((sorted([i, *absorbed.get(i, ())]), item))
     return kernels
 

@@ -1,5 +1,5 @@
 """What tests of several folders share: the repository root, ONNX model builders, the corpus of bad model inputs,
-and small versions of the benchmark graphs for the matcher and the sequential search."""
+small versions of the benchmark graphs for the matcher and the sequential search, and IR graphs of layouts."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import onnx
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
-from tensat import onnx_io
+from tensat import onnx_io, ops
 from tensat.ir import Graph
 from tensat.models import build_model
 
@@ -101,6 +101,34 @@ TINY_SIZES = {
     "vgg19": dict(image=32, fc=32),
     "resnet50": dict(image=32),
 }
+
+
+def resize(g: Graph, x: int, size: tuple[int, int], mode: str, transform: str, nearest: str = "floor") -> int:
+    """A Resize of `x` to `size` added to `g`, its mode, coordinate transformation and rounding by their names."""
+    codes = dict(
+        mode=ops.RESIZE_MODES.index(mode),
+        transform=ops.RESIZE_TRANSFORMS.index(transform),
+        nearest=ops.RESIZE_NEAREST.index(nearest),
+    )
+    return g.add("resize", [x], size=size, **codes)
+
+
+def decode_head() -> tuple[Graph, int, int]:
+    """SegFormer's decode head: a token grid read as an image (a Transpose and a Reshape) and upsampled, beside a
+    convolution's feature map of the same extent, upsampled too; onnxruntime runs the first Resize in NCHW and the
+    second as its blocked Upsample. Returns the graph and the two Resizes."""
+    rng = np.random.default_rng(0)
+
+    def weight(*shape: int) -> int:
+        return g.weight((rng.standard_normal(shape) * 0.1).astype(np.float32))
+
+    conv = dict(strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), group=1, act=0)
+    g = Graph()
+    grid = g.reshape(g.add("transpose", [g.input("t", (1, 196, 32))], perm=(0, 2, 1)), (1, 32, 14, 14))
+    fm = g.add("conv2d", [g.input("x", (1, 16, 14, 14)), weight(32, 16, 1, 1), weight(32)], **conv)
+    ups = [resize(g, x, (28, 28), "linear", "half_pixel") for x in (grid, fm)]
+    g.output("y", g.add("conv2d", [g.add("concat", ups, axis=1), weight(32, 64, 1, 1), weight(32)], **conv))
+    return g, ups[0], ups[1]
 
 
 def tiny_graph(name: str) -> Graph:

@@ -18,6 +18,7 @@ from tensat.cost import (
     FUSION_PRODUCERS,
     FUSION_READERS,
     AnalyticCost,
+    Computed,
     Const,
     Operand,
     Resolution,
@@ -26,6 +27,7 @@ from tensat.cost import (
     fused_cost,
     fused_item,
     fuses_into,
+    graph_layout,
 )
 from tensat.egraph import provenance
 from tensat.egraph.lower import LoweredGraph
@@ -172,6 +174,7 @@ class Export(LoweredGraph):
         fills = {dn.eclass: float(dn.attrs["value"]) for dn in decoded.values() if dn.op == "fill"}
         node_of = {to_i64(r.inputs[0]): setdefault(r.output, len(class_ids)) for r in frozen.functions["node-of"].rows}
         class_dtype = self._class_dtypes(decoded, node_of)
+        layout = self._class_layout(node_of, device_of(node_cost))
         forbidden: set[str] = set()
         costs: dict[str, float] = {}
         to_price: dict[str, tuple[Node, list[tuple[int, ...]], list[Const]]] = {}
@@ -208,13 +211,13 @@ class Export(LoweredGraph):
                 forbidden.add(nid)
                 costs[nid] = 0.0
                 continue
-            flags: tuple[Const, ...] = tuple([c in const for c in children])
+            flags: tuple[Const, ...] = tuple([True if c in const else layout.get(c, False) for c in children])
             if defs[op].value_operands:  # a constant whose value decides the kernel: priced with it (Pow's exponent)
                 flags = tuple(
                     Scalar(fills[c]) if k in defs[op].value_operands and c in fills else f
                     for k, (c, f) in enumerate(zip(children, flags))
                 )
-            if op in leaves or (op != "opaque" and children and False not in flags):
+            if op in leaves or (op != "opaque" and children and all(flags)):
                 costs[nid] = 0.0
             else:
                 dtype = class_dtype(dn.eclass)
@@ -475,6 +478,21 @@ class Export(LoweredGraph):
                 return FLOAT
 
         return safe
+
+    def _class_layout(self, node_of: dict[int, int], device: str) -> dict[int, Computed]:
+        """The layout of each e-class holding a computed 4-D float tensor of the input graph: the input's, as
+        onnxruntime runs it on `device` (`tensat.cost.graph_layout`). An e-class the input does not hold is left to
+        the measuring model's estimate by extent; one the input holds keeps the input's layout whichever of its
+        e-nodes the extraction takes, an estimate where a rewrite gives it a producer of another layout."""
+        graph = self.graph
+        layout = graph_layout(graph, device)
+        if not layout:
+            return {}
+        return {
+            node_of[i]: Computed(i in layout)
+            for i, n in enumerate(graph.nodes)
+            if i in node_of and len(n.shape) == 4 and n.dtype == FLOAT
+        }
 
     @staticmethod
     def _constant_classes(decoded: dict[str, DecodedNode]) -> set[int]:

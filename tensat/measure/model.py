@@ -35,6 +35,7 @@ from tensat.measure.units import (
     _with_prologue,
     pricing_unit,
     prologue_model,
+    prologue_operands,
     reorder_model,
     replicate,
     sample_outputs,
@@ -186,14 +187,32 @@ class MeasuredCost:
             return False
         return self.blocked_extents is None or (shape[0], shape[2], shape[3]) in self.blocked_extents
 
+    def _arrives_blocked(self, unit: Unit, k: int) -> bool:
+        """Whether the computed external `k` of `unit` arrives in the blocked layout: as the priced graph fixes it
+        (`Unit.layouts`), else by its extent (`_blocked`)."""
+        shape, _, dtype = unit.externals[k]
+        known = dict(unit.layouts).get(k)
+        if known is None:
+            return self._blocked(shape, dtype)
+        return known and _is_plausibly_blocked(shape, dtype)
+
     def _plain(self, unit: Unit) -> list[int]:
-        """The computed tensors of a unit that runs in NCHW (its externals by index, its output as -1) that could be
-        blocked but are not in the observed graph: no reorder is charged at them, and the unit's key says so."""
-        if unit.ops != ("reshape",) and not any(ops.get(op).breaks_layout for op in unit.ops):
-            return []
-        tensors = [(k, s, d) for k, (s, c, d) in enumerate(unit.externals) if not c]
-        tensors.append((-1, unit.out_shape, unit.dtype))
-        return [k for k, s, d in tensors if _is_plausibly_blocked(s, d) and not self._blocked(s, d)]
+        """The computed tensors of a unit that could be blocked but are not in the graph (its externals by index,
+        its output as -1, by `_arrives_blocked` and by extent): of a unit that runs in NCHW, no reorder is charged
+        at them; of one whose operands a prologue feeds blocked (`prologue_operands`), none feeds them. The unit's
+        key says so."""
+        if unit.ops == ("reshape",) or any(ops.get(op).breaks_layout for op in unit.ops):
+            tensors = [k for k, (_, c, _) in enumerate(unit.externals) if not c]
+            output = _is_plausibly_blocked(unit.out_shape, unit.dtype) and not self._blocked(unit.out_shape, unit.dtype)
+        else:
+            tensors, output = prologue_operands(unit), False
+        plain = [k for k in tensors if self._could_be_blocked(unit, k) and not self._arrives_blocked(unit, k)]
+        return [*plain, -1] if output else plain
+
+    @staticmethod
+    def _could_be_blocked(unit: Unit, k: int) -> bool:
+        shape, _, dtype = unit.externals[k]
+        return _is_plausibly_blocked(shape, dtype)
 
     @property
     def runner(self) -> Runner:
@@ -549,8 +568,8 @@ class MeasuredCost:
     def _reshape_entry(self, unit: Unit, cal: Calibration) -> CostEntry:
         us = cal.node_us
         boundary = 0.0
-        shape, const, dtype = unit.externals[0]
-        if cal.block and not const and self._blocked(shape, dtype):
+        shape, const, _ = unit.externals[0]
+        if cal.block and not const and self._arrives_blocked(unit, 0):
             boundary = self._reorder_us("out", shape)
         detail = {"view": True, "node_us": cal.node_us, "boundary_us": boundary}
         self.stats.measured += 1
@@ -566,7 +585,7 @@ class MeasuredCost:
         block = self.calibration.block  # a convolution reorders only an input of whole blocks of channels
         if const:
             return None
-        if perm == (0, 2, 3, 1) and self._blocked(shape, dtype):
+        if perm == (0, 2, 3, 1) and self._arrives_blocked(unit, 0):
             kind, at = "out_nhwc", shape
         elif perm == (0, 3, 1, 2) and self._blocked(unit.out_shape, unit.dtype) and unit.out_shape[1] % block == 0:
             kind, at = "in_nhwc", unit.out_shape
@@ -604,7 +623,7 @@ class MeasuredCost:
         place, as it does inside a graph (the output is then sampled, `sample_outputs`, as a graph output cannot
         alias the operand); the pools and the sampling go into the null model (second item), so that their time
         cancels, the unit's dispatch cost included."""
-        timed, prologue = _with_prologue(unit, self._blocked)
+        timed, prologue = _with_prologue(unit, lambda k: self._arrives_blocked(unit, k))
         with tempfile.TemporaryDirectory(prefix="tensat-probe-") as tmp:
             path = os.path.join(tmp, "opt.onnx")
             self.runner.session(unit_model(timed), optimized_path=path)
@@ -624,8 +643,8 @@ class MeasuredCost:
         4-D input (for a slice, its share of the tensor) and back into it at a 4-D output."""
         total = 0.0
         head = unit.nodes[0]
-        for shape, const, dtype in unit.externals:
-            if const or not self._blocked(shape, dtype):
+        for k, (shape, const, _) in enumerate(unit.externals):
+            if const or not self._arrives_blocked(unit, k):
                 continue
             share = 1.0
             if unit.ops == ("slice",):

@@ -15,7 +15,7 @@ import onnx
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 from tensat import ops
-from tensat.cost import Const, Scalar
+from tensat.cost import Computed, Const, Scalar
 from tensat.ir import Graph, Node
 from tensat.onnx.exporter import has_own_emitter
 from tensat.onnx_io import export_model
@@ -53,11 +53,14 @@ class UnitNode:
 @dataclass(frozen=True)
 class Unit:
     """A small subgraph timed as one: nodes in topological order (the last is the output), external inputs as
-    (shape, is_weight, dtype), and the weights timed with one repeated value, as (external, value)."""
+    (shape, is_weight, dtype), the weights timed with one repeated value, as (external, value), and the computed
+    externals whose layout the priced graph fixes, as (external, blocked) (`tensat.cost.Computed`). The layouts
+    are not part of the signature: the measuring model keys a unit by the layout it times it in."""
 
     nodes: tuple[UnitNode, ...]
     externals: tuple[tuple[Shape, bool, str], ...]
     values: tuple[tuple[int, float], ...] = ()
+    layouts: tuple[tuple[int, bool], ...] = ()
 
     @staticmethod
     def single(node: Node, in_shapes: Sequence[Sequence[int]], const: Sequence[Const]) -> Unit:
@@ -77,7 +80,8 @@ class Unit:
             for k, c in enumerate(flags)
             if isinstance(c, Scalar) or (c and k in indices | divisors)
         ]
-        return Unit((un,), ext, tuple(values))
+        layouts = tuple((k, c.blocked) for k, c in enumerate(flags) if isinstance(c, Computed))
+        return Unit((un,), ext, tuple(values), layouts)
 
     @property
     def ops(self) -> tuple[str, ...]:
@@ -150,7 +154,7 @@ def pricing_unit(node: Node, in_shapes: Sequence[Sequence[int]], const: Sequence
         product = Unit.single(node, shapes[:2], flags[:2])
         addend = (shapes[2], bool(flags[2]), node.dtype)
         add = UnitNode("add", (), (("n", 0), ("x", 2)))
-        return Unit((*product.nodes, add), (*product.externals, addend), product.values)
+        return Unit((*product.nodes, add), (*product.externals, addend), product.values, product.layouts)
     if d.kind in ("unary", "broadcast"):
         rank = len(node.shape)
         drop = next((k for k, dim in enumerate(node.shape) if dim != 1), max(rank - 1, 0))
@@ -164,7 +168,7 @@ def pricing_unit(node: Node, in_shapes: Sequence[Sequence[int]], const: Sequence
         return unit
     head = unit.nodes[0]
     attrs = tuple((k, ops.ACT_NONE if k == "act" else v) for k, v in head.attrs)
-    return Unit((UnitNode(head.op, attrs, head.inputs),), unit.externals, unit.values)
+    return Unit((UnitNode(head.op, attrs, head.inputs),), unit.externals, unit.values, unit.layouts)
 
 
 def _nbytes(shape: Sequence[int], dtype: str = "float32") -> int:
@@ -226,18 +230,21 @@ def unit_model(unit: Unit, seed: int = 0) -> ModelProto:
 
 
 _FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
+# the inputs of an ONNX op that are its parameters, not data, floats among them (a Resize's scales)
+PARAMETER_INPUTS = {"Resize": slice(1, None), "Upsample": slice(1, None)}
 
 
 def replicate(model: ModelProto, copies: int) -> ModelProto:
-    """`copies` copies of a one-output model side by side: integer initializers shared; graph inputs, float
-    initializers (the weights) and outputs distinct per copy (x__0, ..., y__0, ...). Inside a graph no kernel reads
-    a tensor the kernel before it has just read: copies sharing an input would each find it in the nearest caches.
-    Each copy's weights are the first's scaled a little, so that no two are equal, but for one-element weights:
-    their value may decide the kernel (Pow's exponent)."""
+    """`copies` copies of a one-output model side by side: integer initializers and parameters (`PARAMETER_INPUTS`)
+    shared; graph inputs, other float initializers (the weights) and outputs distinct per copy (x__0, ..., y__0,
+    ...). Inside a graph no kernel reads a tensor the kernel before it has just read: copies sharing an input would
+    each find it in the nearest caches. Each copy's weights are the first's scaled a little, so that no two are
+    equal, but for one-element weights: their value may decide the kernel (Pow's exponent)."""
     g1 = model.graph
-    shared = {t.name for t in g1.initializer if t.data_type not in _FLOAT_TYPES}
-    inits = [t for t in g1.initializer if t.data_type not in _FLOAT_TYPES]
-    floats = [(t, numpy_helper.to_array(t)) for t in g1.initializer if t.data_type in _FLOAT_TYPES]
+    parameters = {x for n in g1.node if n.op_type in PARAMETER_INPUTS for x in n.input[PARAMETER_INPUTS[n.op_type]]}
+    shared = {t.name for t in g1.initializer if t.data_type not in _FLOAT_TYPES or t.name in parameters}
+    inits = [t for t in g1.initializer if t.name in shared]
+    floats = [(t, numpy_helper.to_array(t)) for t in g1.initializer if t.name not in shared]
     nodes: list[onnx.NodeProto] = []
     inputs: list[onnx.ValueInfoProto] = []
     outputs: list[onnx.ValueInfoProto] = []
@@ -424,28 +431,41 @@ def _is_plausibly_blocked(shape: Sequence[int], dtype: str = "float32") -> bool:
     return len(shape) == 4 and np.dtype(dtype).kind == "f" and shape[1] % 4 == 0 and shape[1] > 0
 
 
-def _with_prologue(
-    unit: Unit, arrives_blocked: Callable[[Shape, str], bool] = _is_plausibly_blocked
-) -> tuple[Unit, list[Unit]]:
-    """Inside a graph, some operands arrive in the blocked layout, and onnxruntime runs what reads them blocked only
-    then: it fuses the residual Add of a Conv+Add into the convolution, runs a BatchNormalization (DenseNet's,
-    before its convolution) as a blocked Conv, and a Resize by whole scales (DPT's, after its convolutions) as a
-    blocked Upsample; from a graph input it would do none of these. So feed such operands (those
-    `arrives_blocked` accepts) through a 1x1 max pool (which runs blocked), returning the unit to optimize and the
-    prologue pools (one unit each)."""
-    fed: dict[str, slice] = {}  # op -> its operands fed so
+def _prologue_fed(unit: Unit) -> dict[str, slice]:
+    """The ops of `unit` whose operands `_with_prologue` may feed blocked, each with the operands it may."""
     if "conv2d" in unit.ops:
-        fed["add"] = slice(None)
-    elif unit.ops in (("batchnorm",), ("resize",)):
-        fed[unit.ops[0]] = slice(0, 1)  # the data; not the statistics
-    targets: list[int] = []
+        return {"add": slice(None)}
+    if unit.ops in (("batchnorm",), ("resize",)):
+        return {unit.ops[0]: slice(0, 1)}  # the data; not the statistics
+    return {}
+
+
+def prologue_operands(unit: Unit) -> list[int]:
+    """The computed externals of `unit` that `_with_prologue` feeds blocked where they arrive blocked."""
+    fed = _prologue_fed(unit)
+    found: list[int] = []
     for n in unit.nodes:
         if n.op not in fed:
             continue
         for kind, i in n.inputs[fed[n.op]]:
-            shape, const, dtype = unit.externals[i] if kind == "x" else ((), True, "")
-            if kind == "x" and not const and arrives_blocked(shape, dtype) and i not in targets:
-                targets.append(i)
+            if kind == "x" and not unit.externals[i][1] and i not in found:
+                found.append(i)
+    return found
+
+
+def _with_prologue(unit: Unit, arrives_blocked: Callable[[int], bool] | None = None) -> tuple[Unit, list[Unit]]:
+    """Inside a graph, some operands arrive in the blocked layout, and onnxruntime runs what reads them blocked only
+    then: it fuses the residual Add of a Conv+Add into the convolution, runs a BatchNormalization (DenseNet's,
+    before its convolution) as a blocked Conv, and a Resize by whole scales (DPT's, after its convolutions) as a
+    blocked Upsample; from a graph input it would do none of these. So feed such operands (the externals
+    `arrives_blocked` accepts, by index; without it, those `_is_plausibly_blocked`) through a 1x1 max pool (which
+    runs blocked), returning the unit to optimize and the prologue pools (one unit each)."""
+    fed = _prologue_fed(unit)
+
+    def plausibly(i: int) -> bool:
+        return _is_plausibly_blocked(unit.externals[i][0], unit.externals[i][2])
+
+    targets = [i for i in prologue_operands(unit) if (arrives_blocked or plausibly)(i)]
     if not targets:
         return unit, []
     where = {i: k for k, i in enumerate(targets)}
@@ -462,4 +482,4 @@ def _with_prologue(
                 refs.append((kind, i))
         body.append(UnitNode(n.op, n.attrs, tuple(refs)))
     prologue = [Unit((UnitNode("maxpool", POOL_1X1, (("x", 0),)),), (unit.externals[i],)) for i in targets]
-    return Unit(tuple(head + body), unit.externals), prologue
+    return Unit(tuple(head + body), unit.externals, unit.values, unit.layouts), prologue

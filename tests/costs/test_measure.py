@@ -24,7 +24,7 @@ import pytest
 import tensat
 import tensat.api as api
 from tensat import ops
-from tensat.cost import AnalyticCost, Scalar, graph_cost, item_of, runtime_kernels
+from tensat.cost import AnalyticCost, Computed, Scalar, graph_cost, graph_layout, item_of, runtime_kernels
 from tensat.cost_report import (
     cost_report,
     fused_graph_cost,
@@ -58,6 +58,7 @@ from tensat.measure_cli import add_cost_report_arguments, add_profile_arguments,
 from tensat.onnx_io import export_model, save_model
 from tensat.session import make_session, nchwc_block
 from tensat.verify import random_inputs
+from tests.helpers import decode_head, resize
 
 RNG = np.random.default_rng(3)
 FAST = 0.03  # seconds of timing per unit: enough to exercise the machinery, not to be accurate
@@ -239,6 +240,19 @@ def test_replicated_unit_model_runs_with_distinct_weights():
     assert len(floats) == 6 and not np.array_equal(floats[0], floats[2])
     outs = make_session(model, "cpu", 1).run(None, random_inputs(model))
     assert len(outs) == 3 and all(o.shape == (1, 16, 8, 8) for o in outs)
+
+
+def test_replicated_resizes_share_their_scales():
+    # a copy's weights are scaled to differ from the first's; a Resize's scales are its parameters, not weights, and
+    # 2.002 where 2 was written is a scale its linear mode refuses
+    g = Graph()
+    g.output("y", resize(g, g.input("x", (1, 8, 14, 14)), (28, 28), "linear", "half_pixel"))
+    node, shapes, const = items(g)[0]
+    model = replicate(unit_model(Unit.single(node, shapes, const)), 3)
+    scales = {t.name for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT and t.dims == [4]}
+    assert len(scales) == 1
+    outs = make_session(model, "cpu", 1).run(None, random_inputs(model))
+    assert len(outs) == 3 and all(o.shape == (1, 8, 28, 28) for o in outs)
 
 
 def test_working_set_counts_each_weight_once_and_every_computed_tensor():
@@ -622,6 +636,57 @@ def test_a_resize_by_whole_scales_on_a_blocked_input_is_timed_as_the_blocked_ups
     assert [n.op_type for n in null.graph.node] == ["MaxPool", "MaxPool"]  # the prologue pool and the sampling
     assert plan.blocked and plan.add_us == 0  # no reorders charged around it
     assert cost._measure(unit).detail["nchwc"]
+
+
+@pytest.mark.parametrize(
+    "mode,transform,nearest,size",
+    [
+        ("linear", "half_pixel", "floor", (28, 28)),
+        ("linear", "align_corners", "floor", (56, 56)),
+        ("linear", "asymmetric", "floor", (14, 28)),
+        ("linear", "pytorch_half_pixel", "floor", (28, 28)),
+        ("linear", "half_pixel", "floor", (21, 21)),
+        ("linear", "half_pixel", "floor", (7, 7)),
+        ("nearest", "asymmetric", "floor", (28, 28)),
+        ("nearest", "asymmetric", "round_prefer_floor", (28, 28)),
+        ("nearest", "half_pixel", "floor", (28, 28)),
+    ],
+)
+def test_the_resizes_tensat_holds_blocked_are_those_onnxruntime_runs_as_its_blocked_upsample(
+    tmp_path, mode, transform, nearest, size
+):
+    # onnxruntime's NchwcTransformer takes a Resize after a convolution into the blocked layout only by whole scales,
+    # linear but for pytorch_half_pixel, or nearest with the asymmetric transformation rounding down
+    if not nchwc_block():
+        pytest.skip("onnxruntime runs no blocked (NCHWc) layout on this CPU")
+    g = Graph()
+    c = g.add("conv2d", [g.input("x", (1, 16, 14, 14)), g.weight(w(32, 16, 1, 1)), g.weight(w(32))], **conv_attrs(1))
+    up = resize(g, c, size, mode, transform, nearest)
+    g.output("y", g.add("conv2d", [up, g.weight(w(32, 32, 1, 1)), g.weight(w(32))], **conv_attrs(1)))
+    path = tmp_path / "ran.onnx"
+    make_session(export_model(g).SerializeToString(), "cpu", 1, optimized_path=str(path))
+    ran = {(n.domain, n.op_type) for n in onnx.load(str(path)).graph.node}
+    assert ((NCHWC_DOMAIN, "Upsample") in ran) == (up in graph_layout(g, "cpu"))
+
+
+def test_a_resize_of_a_token_grid_is_priced_in_nchw_beside_feature_maps_of_its_extent(tmp_path):
+    # by extent alone, the token grid's Resize would be timed as the blocked Upsample its neighbour runs (a fourth
+    # of its time in NCHW); the graph's layout, carried by each operand, tells them apart
+    cost = cost_model(tmp_path)
+    _blocked_or_skip(cost)
+    g, of_grid, of_conv = decode_head()
+    cost.observe_graph(g)
+    kernels = {members[0]: item for members, item in runtime_kernels(g)}
+    assert kernels[of_grid][2] == [Computed(False)] and kernels[of_conv][2] == [Computed(True)]
+    plain, blocked = (pricing_unit(*kernels[i]) for i in (of_grid, of_conv))
+    assert cost._blocked_model(plain) is None and cost._key(plain).endswith("|nchw=0")
+    assert not cost._plan(plain).blocked
+    assert cost._plan(blocked).blocked and "|nchw=" not in cost._key(blocked)
+    unknown = pricing_unit(kernels[of_grid][0], kernels[of_grid][1], [False])
+    assert cost._plan(unknown).blocked  # the estimate by extent, where no layout is known
+    in_nchw, in_blocked = cost._measure(plain), cost._measure(blocked)
+    assert "fallback" not in in_nchw.detail and in_nchw.detail["copies"] > 1  # its scales shared by the copies
+    assert in_nchw.ms > in_blocked.ms
 
 
 def test_weights_are_evicted_only_where_the_copies_do_not_span_the_working_set(tmp_path):

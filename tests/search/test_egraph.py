@@ -11,9 +11,11 @@ import pytest
 
 import tensat.egraph as egraph_mod
 from tensat import extraction, rewrites
-from tensat.cost import AnalyticCost, Const, Resolution, Scalar, graph_cost, runtime_items
+from tensat.cost import AnalyticCost, Computed, Const, Resolution, Scalar, graph_cost, runtime_items
 from tensat.egraph import TensorEGraph, provenance
 from tensat.ir import Graph, Node, OpaqueSpec
+from tensat.session import nchwc_block
+from tests.helpers import decode_head
 
 RNG = np.random.default_rng(1)
 COST = AnalyticCost()
@@ -301,6 +303,17 @@ def test_enodes_are_priced_with_their_element_types():
     seen = _Operands()
     TensorEGraph(g).export(seen)
     assert seen.dtypes["and"] == {"bool"} and seen.dtypes["where"] == {"float32"}
+
+
+def test_an_operand_is_priced_in_the_layout_the_input_graph_holds_it_in():
+    """SegFormer's decode head upsamples a token grid read as an image and a feature map of the same extent: the
+    e-graph prices each Resize with its operand's layout as the input graph runs it, NCHW and blocked."""
+    if not nchwc_block():
+        pytest.skip("onnxruntime runs no blocked (NCHWc) layout on this CPU")
+    g, _, _ = decode_head()
+    seen = _Operands()
+    TensorEGraph(g).export(seen)
+    assert {Computed(False), Computed(True)} <= {flags[0] for flags in seen.const["resize"]}
 
 
 class _SlowLRN(_Counting):
