@@ -42,9 +42,11 @@ How a unit's cost is taken:
   runs them as a blocked Conv and a blocked Upsample only then; the pool and a one-pixel pool reading the output
   then form the null model. Conversely an op that cannot run blocked (slice, transpose, reshape, matmul, a grouped
   conv or pool onnxruntime keeps in NCHW) on a 4-D tensor is charged the reorders it causes between blocked
-  neighbours: splitting a merged conv's output costs what it costs. A tensor counts as blocked where the graph being
-  optimized holds tensors of its batch, height and width in the blocked layout (`observe_graph`): a transformer's
-  4-D attention tensors stay in NCHW, and no reorder is charged at them. A Transpose between NHWC and a blocked
+  neighbours: splitting a merged conv's output costs what it costs. An operand counts as blocked where the priced
+  graph holds it so (`tensat.cost.Computed`, `Unit.layouts`: a token grid reshaped to an image stays in NCHW
+  beside feature maps of its extent); an operand of unknown layout and an output, where the graph being optimized
+  holds tensors of its batch, height and width in the blocked layout (`observe_graph`): a transformer's 4-D
+  attention tensors stay in NCHW, and no reorder is charged at them. A Transpose between NHWC and a blocked
   tensor is that reorder, reading or writing channels last (onnxruntime folds it so), and costs only the reorder.
 - Reshape runs as a view inside a graph (onnxruntime aliases its buffer): it costs one node's dispatch, plus the
   reorder out of the blocked layout where that applies.
