@@ -141,6 +141,10 @@ class Export(LoweredGraph):
 
         E-nodes of the ops in `avoided` cost `AVOIDED_MS` more: chosen only where their e-class has no other (an
         onnxruntime kernel, where the model must keep to the ONNX standard's ops).
+
+        An e-node's computed 4-D operands are priced in the layout the input graph holds their e-class in
+        (`_class_layout`: a Resize of a token grid in NCHW, one of a feature map blocked), as the input's own price
+        is; an e-class the input does not hold is left to the measuring model's estimate by extent.
         """
         with _collector_paused():
             return self._export(node_cost, competitive, price_seconds, avoided)
