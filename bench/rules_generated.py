@@ -42,8 +42,9 @@ from tensat.models import SMALL_SIZES, build_model, model_names
 from tensat.options import RULE_SETS, positive_int
 from tensat.rewrites import GENERATED_DIR
 from tensat.rewrites.dsl import Rule
-from tensat.rewrites.generate import Settings, default_jobs, default_ops, generate, term_size
+from tensat.rewrites.generate import Settings, default_ops, generate, term_size
 from tensat.rewrites.verify import bindings
+from tensat.rewrites.workers import default_jobs
 
 # the runs: the default ops at 3 operators, and a longer one at 4 over a smaller op set; then the library's sets
 GENERATIONS = ("--max-ops 3", "--max-ops 4 --ops add,mul,sub,neg,relu,matmul,transpose")

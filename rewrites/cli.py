@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import time
 
-from tensat.options import RULE_SETS, Options
+from tensat.options import RULE_SETS, Options, positive_int
 
 from . import TENSAT_MULTI, TENSAT_SINGLE, rule_counts, rule_set
 from .dsl import Rule, RuleError, load_rule_files
-from .verify import verify_written
+from .verify import verify_each
+from .workers import default_jobs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,6 +23,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--trials", type=int, default=3, help="random bindings per attribute combination (default 3)")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the verifier (default 0)")
+    parser.add_argument(
+        "--jobs",
+        type=positive_int,
+        default=default_jobs(),
+        help="processes that verify the rules (default: one per core this process may use)",
+    )
     parser.add_argument(
         "--rules",
         choices=RULE_SETS,
@@ -83,8 +90,7 @@ def run(args: argparse.Namespace) -> int:
     failures = 0
     if args.verify:
         start = time.perf_counter()
-        for r in rules:
-            result = verify_written(r, trials=args.trials, seed=args.seed)
+        for result in verify_each(rules, trials=args.trials, seed=args.seed, jobs=args.jobs):
             failures += not result.ok
             print(result.line(), flush=True)
         print(

@@ -47,12 +47,9 @@ The result is written as a rule file (`rules_text`) whose header says how to mak
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import hashlib
 import itertools
-import multiprocessing
-import os
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -83,6 +80,7 @@ from .dsl import (
     pattern_ops,
 )
 from .verify import SPREADS, close, draw_leaves, kept_from_zero, pattern_shape, verify_rule
+from .workers import Workers
 
 LEAVES = ("x", "y", "z", "w")  # the tensor leaves, of which a generation takes the first `Settings.leaves`
 VECTORS = ("b", "c")  # rank-1 leaves of the leaves' size (`Settings.vectors`): a conv's bias
@@ -1686,43 +1684,10 @@ class Generated:
         return len({r.name.removesuffix("-rev") for r in self.rules if not r.multi})
 
 
-def default_jobs() -> int:
-    """The processes a generation verifies in unless told: one per core this process may use."""
-    return len(os.sched_getaffinity(0))
-
-
 def _verified_orientations(task: tuple[tuple[Rule, ...], int, int]) -> list[Rule]:
     """The rules of one candidate's orientations that pass verification (`verified`), for a worker process."""
     oriented, seed, rank = task
     return [r for r in (verified(r, seed, rank) for r in oriented) if r is not None]
-
-
-class Workers:
-    """A function over many tasks, in `jobs` worker processes where there are several (started at the first call
-    that has work for more than one, spawned: the caller's process runs egglog, whose threads a fork would copy
-    mid-state), one pool for a whole generation. The answers come back in order, so a run's rules do not depend on
-    `jobs`."""
-
-    def __init__(self, jobs: int) -> None:
-        self.jobs = jobs
-        self.pool: concurrent.futures.ProcessPoolExecutor | None = None
-
-    def __enter__(self) -> Workers:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(cancel_futures=True)
-
-    def map(self, fn: Callable[[Any], Any], tasks: Sequence[Any]) -> list[Any]:
-        """`fn` of each task, in order."""
-        if self.jobs <= 1 or len(tasks) <= 1:
-            return [fn(t) for t in tasks]
-        if self.pool is None:
-            self.pool = concurrent.futures.ProcessPoolExecutor(
-                self.jobs, mp_context=multiprocessing.get_context("spawn")
-            )
-        return list(self.pool.map(fn, tasks))
 
 
 def minimize(

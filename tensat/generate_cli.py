@@ -25,7 +25,6 @@ from tensat.rewrites.generate import (
     VECTORS,
     Generated,
     Settings,
-    default_jobs,
     default_ops,
     enumerable,
     generate,
@@ -33,6 +32,7 @@ from tensat.rewrites.generate import (
     rules_text,
     why_not_enumerable,
 )
+from tensat.rewrites.workers import default_jobs
 
 
 def library_file(settings: Settings) -> Path:

@@ -30,7 +30,6 @@ from tensat.rewrites.dsl import (
 )
 from tensat.rewrites.generate import (
     Settings,
-    Workers,
     constant_leaf,
     default_ops,
     enumerate_terms,
@@ -50,6 +49,7 @@ from tensat.rewrites.generate import (
     why_not_enumerable,
 )
 from tensat.rewrites.verify import verify_rule
+from tensat.rewrites.workers import Workers
 
 SMALL = Settings(max_ops=2, ops=("relu", "add", "mul", "transpose", "matmul"))
 T = (("perm", literal((1, 0))),)
@@ -484,6 +484,7 @@ def test_a_rule_over_four_tensors_keeps_only_the_equal_dims_it_needs() -> None:
     assert derived([*expected, hand["add-comm"]], targets, rank=2) == {t.name: "derived" for t in targets}
 
 
+@pytest.mark.slow  # two generations
 def test_a_per_channel_leaf_gives_the_rules_of_a_row_scale() -> None:
     """A leaf 1 in every dim but its second (`--channels 1`: a row at rank 2) scales a product's columns: the rule
     kept moves it onto the right operand, guarded by its one row, and derives the hand-written fold of a scale into
@@ -685,8 +686,8 @@ def test_rule_sets() -> None:
         rule_set("mine")
 
 
-SAMPLE = 6  # the default run verifies one in this many of the library's generated rules ...
-CONV_SAMPLE = 24  # ... and of those over a conv, whose verification evaluates numpy convolutions at many bindings
+SAMPLE = 12  # the default run verifies one in this many of the library's generated rules ...
+CONV_SAMPLE = 48  # ... and of those over a conv, whose verification evaluates numpy convolutions at many bindings
 
 
 def _library_rules_to_verify(every: int, every_conv: int) -> list[Rule]:
@@ -727,7 +728,7 @@ def test_the_library_s_generated_rules_say_how_they_were_made_and_verify() -> No
     assert failed == []
 
 
-SHAPE_SAMPLE = 45  # the default run checks one in this many of the library's generated rules at the probe shapes
+SHAPE_SAMPLE = 90  # the default run checks one in this many of the library's generated rules at the probe shapes
 
 
 def _leaf_rank(rule: Rule) -> int:

@@ -21,6 +21,7 @@ from tensat.models import build_model
 from tensat.onnx_io import export_model, import_model
 from tensat.rewrites.dsl import canonical_form, evaluate_sides, parse_rules
 from tensat.rewrites.verify import verify_all, verify_rule
+from tensat.rewrites.workers import default_jobs
 
 RNG = np.random.default_rng(3)
 
@@ -150,7 +151,7 @@ def test_tensat_rules_errors_are_one_line(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def verdicts() -> dict[str, object]:
-    return {v.rule: v for v in verify_all(trials=2)}
+    return {v.rule: v for v in verify_all(trials=2, jobs=default_jobs())}
 
 
 @pytest.mark.parametrize("name", [r.name for r in rewrites.all_rules()])
