@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import onnx
+import pytest
 
 from bench import real_report
 from bench.machine import machine_info
@@ -58,6 +59,7 @@ def test_the_prediction_is_read_against_the_time_of_the_model_returned() -> None
     assert real_report.predicted_ratio(_record("c", {}, same_load={"ratio": 0.95})) == 0.95
 
 
+@pytest.mark.slow  # a real model priced afresh and timed end to end
 def test_a_model_is_priced_and_timed_under_the_same_load(tmp_path) -> None:
     """The same-load figure of a real (small) model: its kernels priced afresh and its end-to-end time, both
     positive, their ratio theirs; a file that is no model gets an error, not a ratio."""
@@ -113,10 +115,11 @@ def test_a_model_s_same_load_ratio_is_the_median_of_its_checks_shown_with_their_
     assert "(in a check: llama)" in text
 
 
+@pytest.mark.slow  # two same-load checks of a real model
 def test_the_rounds_after_the_rows_check_each_model_tensat_returned_again(tmp_path) -> None:
     path = real_report.tensat_output(tmp_path, "squeezenet")
     onnx.save(build_model("squeezenet", **SMALL_SIZES["squeezenet"]), str(path))
-    # the row's own check, as `run_model` takes it (one is timed in the test before): the rounds add the others
+    # the row's own check, as `run_model` takes it: the rounds add the others
     first = real_report.same_load_checks([{"predicted_ms": 2.0, "run_ms": 1.0, "ratio": 2.0}])
     records = [_record("squeezenet", {}, same_load=first), _record("failed", {})]
     real_report.more_same_load_checks(records, tmp_path)

@@ -67,6 +67,7 @@ def test_exploration_also_stops_once_the_sampled_cost_has_been_flat_for_a_share_
     assert hasty.cost_after <= hasty.cost_before
 
 
+@pytest.mark.slow  # a search of BERT through both stages (the default run checks `all` in the test of its checkpoint)
 def test_with_every_rule_the_multi_pattern_rules_run_in_the_first_iterations_of_the_whole_exploration() -> None:
     """`--rules all` explores with the hand-written rules, then goes on with the generated ones too: the second stage
     continues the exploration, and does not start over the unthrottled multi-pattern iteration that is meant for
