@@ -291,6 +291,18 @@ def blocked_resize(node: Node, in_shape: Shape) -> bool:
     return whole and (a["transform"], a["nearest"]) == BLOCKED_RESIZE_NEAREST
 
 
+BINARY_ELEMENTWISE = frozenset({"add", "mul", "sub", "div"})
+
+
+def blocked_binary(op: str, shapes: Sequence[Shape], blocked_operands: Sequence[bool]) -> bool:
+    """Whether onnxruntime's CPU session runs an element-wise binary op of `shapes` in its blocked layout, its
+    operands blocked as `blocked_operands` say: an Add or a Mul of two blocked tensors, the Mul of equal shapes only.
+    It runs the others in NCHW, with a reorder out of the layout at each blocked operand (seen with onnxruntime
+    1.31: a squeeze-and-excitation's channel scale, a Sub or a Div, an Add of a scalar)."""
+    both = len(shapes) == 2 and all(blocked_operands)
+    return op in ("add", "mul") and both and (op == "add" or tuple(shapes[0]) == tuple(shapes[1]))
+
+
 def blocked(graph: Graph, live: Sequence[int], const: set[int], block: int) -> dict[int, int]:
     """The nodes of `live` (in topological order) whose output onnxruntime's CPU session computes in its blocked
     NCHWc layout of channel block `block`, each with its logical channels: 4-D float convolutions
@@ -314,9 +326,8 @@ def blocked(graph: Graph, live: Sequence[int], const: set[int], block: int) -> d
                 out[i] = out[ins[0]]
         elif not all(j in out for j in ins):
             continue
-        elif n.op in ("add", "mul") and len(ins) == 2:
-            same = graph.nodes[ins[0]].shape == graph.nodes[ins[1]].shape
-            if out[ins[0]] == out[ins[1]] and (same or n.op == "add"):
+        elif n.op in BINARY_ELEMENTWISE and len(ins) == 2:
+            if out[ins[0]] == out[ins[1]] and blocked_binary(n.op, [graph.nodes[j].shape for j in ins], [True, True]):
                 out[i] = out[ins[0]]
         elif n.op == "concat" and n.attr["axis"] == 1 and all(out[j] % block == 0 for j in ins):
             out[i] = sum(out[j] for j in ins)
@@ -467,6 +478,7 @@ def runtime_kernels(graph: Graph, device: str = "cpu") -> list[Kernel]:
     for node, root in owner.items():
         absorbed.setdefault(root, []).append(node)
     kernels: list[Kernel] = []
+    reordered: set[int] = set()
     for i in graph.live():
         n = graph.nodes[i]
         if n.is_leaf or i in const or i in owner:
@@ -478,8 +490,26 @@ def runtime_kernels(graph: Graph, device: str = "cpu") -> list[Kernel]:
             reader = graph.nodes[m]
             if i in reader.inputs:
                 item = fused_item(item_of(graph, reader, const, layout), reader.inputs.index(i), item) or item
+        if i not in layout and n.op != "transpose":
+            item = _shared_reorders(item, reordered)
         kernels.append((sorted([i, *absorbed.get(i, ())]), item))
     return kernels
+
+
+def _shared_reorders(item: Item, reordered: set[int]) -> Item:
+    """The item of a kernel onnxruntime runs out of the blocked layout, its blocked operands read from the NCHW copy
+    an earlier such kernel's reorder made (`reordered`, the operands reordered so far, which this one adds its
+    own to): onnxruntime reorders a tensor out of the layout once for all its readers in NCHW, so only the first is
+    charged for it (a squeeze-and-excitation's pool and its channel scale read one copy). A Transpose is left out:
+    its reorder reads channels last, another copy."""
+    node, shapes, flags = item
+    shared = list(flags)
+    for k, j in enumerate(node.inputs[: len(flags)]):
+        if isinstance(flags[k], Computed) and flags[k].blocked:
+            if j in reordered:
+                shared[k] = Computed(False)
+            reordered.add(j)
+    return node, shapes, shared
 
 
 def runtime_items(graph: Graph, device: str = "cpu") -> list[Item]:

@@ -18,7 +18,7 @@ import onnx
 from onnx import ModelProto
 
 from tensat import ops
-from tensat.cost import AnalyticCost, Const, Extent, Resolution, blocked_extents
+from tensat.cost import BINARY_ELEMENTWISE, AnalyticCost, Const, Extent, Resolution, blocked_binary, blocked_extents
 from tensat.errors import TensatError, one_line
 from tensat.ir import Graph, Node
 from tensat.measure.bar import Progress
@@ -201,13 +201,25 @@ class MeasuredCost:
         its output as -1, by `_arrives_blocked` and by extent): of a unit that runs in NCHW, no reorder is charged
         at them; of one whose operands a prologue feeds blocked (`prologue_operands`), none feeds them. The unit's
         key says so."""
-        if unit.ops == ("reshape",) or any(ops.get(op).breaks_layout for op in unit.ops):
+        if unit.ops == ("reshape",) or _binary(unit) or any(ops.get(op).breaks_layout for op in unit.ops):
             tensors = [k for k, (_, c, _) in enumerate(unit.externals) if not c]
             output = _is_plausibly_blocked(unit.out_shape, unit.dtype) and not self._blocked(unit.out_shape, unit.dtype)
         else:
             tensors, output = prologue_operands(unit), False
         plain = [k for k in tensors if self._could_be_blocked(unit, k) and not self._arrives_blocked(unit, k)]
         return [*plain, -1] if output else plain
+
+    def _leaves_layout(self, unit: Unit) -> bool:
+        """Whether the unit runs out of the blocked layout between blocked neighbours, the reorders that causes
+        charged to it (`_boundary_us`): an op that breaks the layout (`OpDef.breaks_layout`), or an element-wise
+        binary op onnxruntime does not run blocked with the operands it gets (`tensat.cost.blocked_binary`: a
+        squeeze-and-excitation's channel scale)."""
+        if any(ops.get(op).breaks_layout for op in unit.ops):
+            return True
+        if not _binary(unit):
+            return False
+        arriving = [not c and self._arrives_blocked(unit, k) for k, (_, c, _) in enumerate(unit.externals)]
+        return any(arriving) and not blocked_binary(unit.ops[0], [e[0] for e in unit.externals], arriving)
 
     @staticmethod
     def _could_be_blocked(unit: Unit, k: int) -> bool:
@@ -487,8 +499,8 @@ class MeasuredCost:
                     if found is not None:
                         plan.model, plan.null_model = found
                     plan.blocked = found is not None
-                    # ops that run in the blocked layout or force reorders around them (`OpDef.breaks_layout`)
-                    if not plan.blocked and any(ops.get(op).breaks_layout for op in unit.ops):
+                    # ops that run out of the blocked layout force reorders around them (`_leaves_layout`)
+                    if not plan.blocked and self._leaves_layout(unit):
                         plan.add_us = self._boundary_us(unit)
                 return plan
         except Exception as exc:  # noqa: BLE001 - onnxruntime raises many types; never stop the optimization
@@ -727,6 +739,11 @@ class _Plan:
             return False
         a, b = (w.median_us for w in self.windows)
         return abs(a - b) > WINDOW_TOL * max(min(a, b), 1e-3) + WINDOW_ABS_US
+
+
+def _binary(unit: Unit) -> bool:
+    """Whether `unit` is one element-wise binary op of two operands (`tensat.cost.BINARY_ELEMENTWISE`)."""
+    return len(unit.nodes) == 1 and unit.ops[0] in BINARY_ELEMENTWISE and len(unit.externals) == 2
 
 
 def _past(deadline: float | None) -> bool:

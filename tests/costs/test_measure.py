@@ -695,6 +695,80 @@ def test_the_resizes_tensat_holds_blocked_are_those_onnxruntime_runs_as_its_bloc
     assert ((NCHWC_DOMAIN, "Upsample") in ran) == (up in graph_layout(g, "cpu"))
 
 
+def _binary_between_convolutions(op: str, operand: str) -> tuple[Graph, int, int]:
+    """A convolution's output combined by `op` with `operand` (a channel scale a squeeze-and-excitation computes,
+    a second convolution's output of the same shape, or a scalar), then convolved again: the graph, the binary
+    node, and the convolution after it."""
+    g = Graph()
+    x = g.input("x", (1, 32, 14, 14))
+    a = g.add("conv2d", [x, g.weight(w(32, 32, 1, 1)), g.weight(w(32))], **conv_attrs(1))
+    if operand == "scale":
+        pooled = g.add("globalavgpool", [a])
+        squeezed = g.add("conv2d", [pooled, g.weight(w(16, 32, 1, 1)), g.weight(w(16))], **conv_attrs(1))
+        b = g.add("sigmoid", [g.add("conv2d", [squeezed, g.weight(w(32, 16, 1, 1)), g.weight(w(32))], **conv_attrs(1))])
+    elif operand == "same":
+        b = g.add("conv2d", [x, g.weight(w(32, 32, 1, 1)), g.weight(w(32))], **conv_attrs(1))
+    else:
+        b = g.weight(np.array(2.0, np.float32))
+    combined = g.add(op, [a, b])
+    after = g.add("conv2d", [combined, g.weight(w(32, 32, 1, 1)), g.weight(w(32))], **conv_attrs(1))
+    g.output("y", after)
+    return g, combined, after
+
+
+@pytest.mark.parametrize(
+    "op,operand",
+    [("mul", "scale"), ("mul", "same"), ("add", "scale"), ("add", "scalar"), ("sub", "same"), ("div", "same")],
+)
+def test_the_binary_ops_tensat_holds_blocked_are_those_onnxruntime_runs_without_reorders(tmp_path, op, operand):
+    # onnxruntime keeps an Add of blocked tensors, and a Mul of two of one shape, in the blocked layout; a channel
+    # scale, a Sub, a Div or an operand that is a constant takes it out, with a reorder out at each blocked operand
+    if not nchwc_block():
+        pytest.skip("onnxruntime runs no blocked (NCHWc) layout on this CPU")
+    g, combined, _ = _binary_between_convolutions(op, operand)
+    path = tmp_path / "ran.onnx"
+    make_session(export_model(g).SerializeToString(), "cpu", 1, optimized_path=str(path))
+    ran = onnx.load(str(path)).graph.node
+    reordered = {o for n in ran if n.op_type == "ReorderOutput" for o in n.output}
+    (node,) = [n for n in ran if n.op_type == ops.get(op).onnx]
+    assert (not reordered & set(node.input)) == (combined in graph_layout(g, "cpu"))
+
+
+def test_a_channel_scale_between_blocked_convolutions_is_charged_its_reorders(tmp_path):
+    # a squeeze-and-excitation's Mul runs in NCHW: out of the layout at both operands, back into it for the next
+    # convolution. A Mul of two tensors of one shape runs blocked, and is charged none
+    cost = cost_model(tmp_path)
+    _blocked_or_skip(cost)
+    for operand, charged in (("scale", True), ("same", False)):
+        g, combined, _ = _binary_between_convolutions("mul", operand)
+        cost.observe_graph(g)
+        kernels = {members[0]: item for members, item in runtime_kernels(g)}
+        node, shapes, flags = kernels[combined]
+        assert flags == [Computed(True), Computed(True)]
+        unit = pricing_unit(node, shapes, flags)
+        plan = cost._plan(unit)
+        reorders = sum(cost._reorder_us("out", s) for s in shapes) + cost._reorder_us("in", node.shape)
+        assert plan.add_us == (pytest.approx(reorders) if charged else 0.0)
+        plain = pricing_unit(node, shapes, [Computed(False), Computed(False)])
+        assert cost._plan(plain).add_us == 0.0 and cost._key(plain) != cost._key(unit)
+
+
+def test_a_tensor_two_kernels_read_out_of_the_blocked_layout_is_reordered_once():
+    # a squeeze-and-excitation pooled by ReduceMean: onnxruntime reorders the convolution's output out of the blocked
+    # layout once, and the pool and the channel scale both read that copy; only the first is charged the reorder
+    g = Graph()
+    a = g.add("conv2d", [g.input("x", (1, 32, 14, 14)), g.weight(w(32, 32, 1, 1)), g.weight(w(32))], **conv_attrs(1))
+    pooled = g.add("reducemean", [a], axes=(2, 3), keepdims=True)
+    scale = g.add("conv2d", [pooled, g.weight(w(32, 32, 1, 1)), g.weight(w(32))], **conv_attrs(1))
+    scaled = g.add("mul", [a, g.add("sigmoid", [scale])])
+    g.output("y", g.add("conv2d", [scaled, g.weight(w(32, 32, 1, 1)), g.weight(w(32))], **conv_attrs(1)))
+    if not graph_layout(g, "cpu"):
+        pytest.skip("onnxruntime runs no blocked (NCHWc) layout on this CPU")
+    kernels = {members[0]: item for members, item in runtime_kernels(g)}
+    assert kernels[pooled][2] == [Computed(True)]
+    assert kernels[scaled][2] == [Computed(False), Computed(True)]
+
+
 def test_a_resize_of_a_token_grid_is_priced_in_nchw_beside_feature_maps_of_its_extent(tmp_path):
     # by extent alone, the token grid's Resize would be timed as the blocked Upsample its neighbour runs (a fourth
     # of its time in NCHW); the graph's layout, carried by each operand, tells them apart
