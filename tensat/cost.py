@@ -478,7 +478,6 @@ def runtime_kernels(graph: Graph, device: str = "cpu") -> list[Kernel]:
     for node, root in owner.items():
         absorbed.setdefault(root, []).append(node)
     kernels: list[Kernel] = []
-    reordered: set[int] = set()
     for i in graph.live():
         n = graph.nodes[i]
         if n.is_leaf or i in const or i in owner:
@@ -490,26 +489,8 @@ def runtime_kernels(graph: Graph, device: str = "cpu") -> list[Kernel]:
             reader = graph.nodes[m]
             if i in reader.inputs:
                 item = fused_item(item_of(graph, reader, const, layout), reader.inputs.index(i), item) or item
-        if i not in layout and n.op != "transpose":
-            item = _shared_reorders(item, reordered)
         kernels.append((sorted([i, *absorbed.get(i, ())]), item))
     return kernels
-
-
-def _shared_reorders(item: Item, reordered: set[int]) -> Item:
-    """The item of a kernel onnxruntime runs out of the blocked layout, its blocked operands read from the NCHW copy
-    an earlier such kernel's reorder made (`reordered`, the operands reordered so far, which this one adds its
-    own to): onnxruntime reorders a tensor out of the layout once for all its readers in NCHW, so only the first is
-    charged for it (a squeeze-and-excitation's pool and its channel scale read one copy). A Transpose is left out:
-    its reorder reads channels last, another copy."""
-    node, shapes, flags = item
-    shared = list(flags)
-    for k, j in enumerate(node.inputs[: len(flags)]):
-        if isinstance(flags[k], Computed) and flags[k].blocked:
-            if j in reordered:
-                shared[k] = Computed(False)
-            reordered.add(j)
-    return node, shapes, shared
 
 
 def runtime_items(graph: Graph, device: str = "cpu") -> list[Item]:

@@ -212,11 +212,13 @@ class MeasuredCost:
     def _leaves_layout(self, unit: Unit) -> bool:
         """Whether the unit runs out of the blocked layout between blocked neighbours, the reorders that causes
         charged to it (`_boundary_us`): an op that breaks the layout (`OpDef.breaks_layout`), or an element-wise
-        binary op onnxruntime does not run blocked with the operands it gets (`tensat.cost.blocked_binary`: a
-        squeeze-and-excitation's channel scale)."""
+        binary op of two computed operands onnxruntime does not run blocked (`tensat.cost.blocked_binary`: a
+        squeeze-and-excitation's channel scale). One with a constant operand is left as it was: onnxruntime folds a
+        Mul or an Add of a convolution's output by a constant of its channels into the convolution, which tensat's
+        catalogue of its fusions does not say."""
         if any(ops.get(op).breaks_layout for op in unit.ops):
             return True
-        if not _binary(unit):
+        if not _binary(unit) or any(c for _, c, _ in unit.externals):
             return False
         arriving = [not c and self._arrives_blocked(unit, k) for k, (_, c, _) in enumerate(unit.externals)]
         return any(arriving) and not blocked_binary(unit.ops[0], [e[0] for e in unit.externals], arriving)

@@ -736,7 +736,7 @@ def test_the_binary_ops_tensat_holds_blocked_are_those_onnxruntime_runs_without_
 
 def test_a_channel_scale_between_blocked_convolutions_is_charged_its_reorders(tmp_path):
     # a squeeze-and-excitation's Mul runs in NCHW: out of the layout at both operands, back into it for the next
-    # convolution. A Mul of two tensors of one shape runs blocked, and is charged none
+    # convolution. A Mul of two tensors of one shape runs blocked, and is charged none, as is one by a constant
     cost = cost_model(tmp_path)
     _blocked_or_skip(cost)
     for operand, charged in (("scale", True), ("same", False)):
@@ -751,22 +751,9 @@ def test_a_channel_scale_between_blocked_convolutions_is_charged_its_reorders(tm
         assert plan.add_us == (pytest.approx(reorders) if charged else 0.0)
         plain = pricing_unit(node, shapes, [Computed(False), Computed(False)])
         assert cost._plan(plain).add_us == 0.0 and cost._key(plain) != cost._key(unit)
-
-
-def test_a_tensor_two_kernels_read_out_of_the_blocked_layout_is_reordered_once():
-    # a squeeze-and-excitation pooled by ReduceMean: onnxruntime reorders the convolution's output out of the blocked
-    # layout once, and the pool and the channel scale both read that copy; only the first is charged the reorder
-    g = Graph()
-    a = g.add("conv2d", [g.input("x", (1, 32, 14, 14)), g.weight(w(32, 32, 1, 1)), g.weight(w(32))], **conv_attrs(1))
-    pooled = g.add("reducemean", [a], axes=(2, 3), keepdims=True)
-    scale = g.add("conv2d", [pooled, g.weight(w(32, 32, 1, 1)), g.weight(w(32))], **conv_attrs(1))
-    scaled = g.add("mul", [a, g.add("sigmoid", [scale])])
-    g.output("y", g.add("conv2d", [scaled, g.weight(w(32, 32, 1, 1)), g.weight(w(32))], **conv_attrs(1)))
-    if not graph_layout(g, "cpu"):
-        pytest.skip("onnxruntime runs no blocked (NCHWc) layout on this CPU")
+    g, combined, _ = _binary_between_convolutions("mul", "scalar")  # one onnxruntime folds into the convolution
     kernels = {members[0]: item for members, item in runtime_kernels(g)}
-    assert kernels[pooled][2] == [Computed(True)]
-    assert kernels[scaled][2] == [Computed(False), Computed(True)]
+    assert cost._plan(pricing_unit(*kernels[combined])).add_us == 0.0
 
 
 def test_a_resize_of_a_token_grid_is_priced_in_nchw_beside_feature_maps_of_its_extent(tmp_path):
