@@ -19,8 +19,8 @@ def default_jobs() -> int:
 class Workers:
     """A function over many tasks, in `jobs` worker processes where there are several (started at the first call
     that has work for more than one, spawned: the caller's process runs egglog, whose threads a fork would copy
-    mid-state), one pool for a whole job. The answers come back in order, so that a run's rules and verdicts do not
-    depend on `jobs`."""
+    mid-state), one pool for a whole job. The answers come back in the order of the tasks, so that a generation's
+    rules do not depend on `jobs`."""
 
     def __init__(self, jobs: int) -> None:
         self.jobs = jobs

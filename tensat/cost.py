@@ -294,6 +294,14 @@ def blocked_resize(node: Node, in_shape: Shape) -> bool:
 BINARY_ELEMENTWISE = frozenset({"add", "mul", "sub", "div"})
 
 
+def priced_by_layout(op: str, const: Sequence[Const]) -> bool:
+    """Whether an element-wise node's price depends on its operands' layout: a binary op of two computed operands,
+    which onnxruntime runs blocked or in NCHW between reorders by their layout (`blocked_binary`). One with a
+    constant operand is not: onnxruntime folds a Mul or an Add of a convolution's output by a constant of its
+    channels into the convolution, which tensat's catalogue of its fusions does not say."""
+    return op in BINARY_ELEMENTWISE and len(const) == 2 and not any(const)
+
+
 def blocked_binary(op: str, shapes: Sequence[Shape], blocked_operands: Sequence[bool]) -> bool:
     """Whether onnxruntime's CPU session runs an element-wise binary op of `shapes` in its blocked layout, its
     operands blocked as `blocked_operands` say: an Add or a Mul of two blocked tensors, the Mul of equal shapes only.

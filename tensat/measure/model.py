@@ -18,7 +18,7 @@ import onnx
 from onnx import ModelProto
 
 from tensat import ops
-from tensat.cost import BINARY_ELEMENTWISE, AnalyticCost, Const, Extent, Resolution, blocked_binary, blocked_extents
+from tensat.cost import AnalyticCost, Const, Extent, Resolution, blocked_binary, blocked_extents, priced_by_layout
 from tensat.errors import TensatError, one_line
 from tensat.ir import Graph, Node
 from tensat.measure.bar import Progress
@@ -212,15 +212,13 @@ class MeasuredCost:
     def _leaves_layout(self, unit: Unit) -> bool:
         """Whether the unit runs out of the blocked layout between blocked neighbours, the reorders that causes
         charged to it (`_boundary_us`): an op that breaks the layout (`OpDef.breaks_layout`), or an element-wise
-        binary op of two computed operands onnxruntime does not run blocked (`tensat.cost.blocked_binary`: a
-        squeeze-and-excitation's channel scale). One with a constant operand is left as it was: onnxruntime folds a
-        Mul or an Add of a convolution's output by a constant of its channels into the convolution, which tensat's
-        catalogue of its fusions does not say."""
+        binary op of two computed operands onnxruntime does not run blocked (`_binary`, `tensat.cost.blocked_binary`:
+        a squeeze-and-excitation's channel scale)."""
         if any(ops.get(op).breaks_layout for op in unit.ops):
             return True
-        if not _binary(unit) or any(c for _, c, _ in unit.externals):
+        if not _binary(unit):
             return False
-        arriving = [not c and self._arrives_blocked(unit, k) for k, (_, c, _) in enumerate(unit.externals)]
+        arriving = [self._arrives_blocked(unit, k) for k in range(len(unit.externals))]
         return any(arriving) and not blocked_binary(unit.ops[0], [e[0] for e in unit.externals], arriving)
 
     @staticmethod
@@ -744,8 +742,9 @@ class _Plan:
 
 
 def _binary(unit: Unit) -> bool:
-    """Whether `unit` is one element-wise binary op of two operands (`tensat.cost.BINARY_ELEMENTWISE`)."""
-    return len(unit.nodes) == 1 and unit.ops[0] in BINARY_ELEMENTWISE and len(unit.externals) == 2
+    """Whether `unit` is one element-wise binary op whose price depends on its operands' layout
+    (`tensat.cost.priced_by_layout`)."""
+    return len(unit.nodes) == 1 and priced_by_layout(unit.ops[0], [c for _, c, _ in unit.externals])
 
 
 def _past(deadline: float | None) -> bool:

@@ -15,7 +15,7 @@ import onnx
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 from tensat import ops
-from tensat.cost import Computed, Const, Scalar
+from tensat.cost import Computed, Const, Scalar, priced_by_layout
 from tensat.ir import Graph, Node
 from tensat.onnx.exporter import has_own_emitter
 from tensat.onnx_io import export_model
@@ -138,8 +138,9 @@ def pricing_unit(node: Node, in_shapes: Sequence[Sequence[int]], const: Sequence
     - a convolution with a fused activation is timed as the plain convolution: onnxruntime applies the activation in
       its output loop (see `tensat.cost.FUSED_ACTIVATIONS`), so the fused and the unfused pair price the same;
     - an element-wise op is timed without the leading dimensions of size 1 its output has (a Mul on 1x64x1024 and
-      on 64x1024 run the same loop), unless an operand is held in the blocked layout: then its 4-D shape tells the
-      measuring model the reorders onnxruntime puts around it (`MeasuredCost._leaves_layout`);
+      on 64x1024 run the same loop), unless its price depends on its operands' layout (`tensat.cost.priced_by_layout`)
+      and one is held blocked: then its 4-D shape tells the measuring model the reorders onnxruntime puts around it
+      (`MeasuredCost._leaves_layout`);
     - a commutative op is timed with its operands in one order (variables before weights, then by shape);
     - a MatMul given a third operand, the addend of the Gemm onnxruntime fuses it into (`tensat.cost.fused_item`),
       is timed as the MatMul and the Add, which onnxruntime fuses in the unit as in the graph; an N-D product as the
@@ -156,7 +157,8 @@ def pricing_unit(node: Node, in_shapes: Sequence[Sequence[int]], const: Sequence
         addend = (shapes[2], bool(flags[2]), node.dtype)
         add = UnitNode("add", (), (("n", 0), ("x", 2)))
         return Unit((*product.nodes, add), (*product.externals, addend), product.values, product.layouts)
-    if d.kind in ("unary", "broadcast") and not any(isinstance(c, Computed) and c.blocked for c in flags):
+    blocked = any(isinstance(c, Computed) and c.blocked for c in flags)
+    if d.kind in ("unary", "broadcast") and not (blocked and priced_by_layout(node.op, flags)):
         rank = len(node.shape)
         drop = next((k for k, dim in enumerate(node.shape) if dim != 1), max(rank - 1, 0))
         padded = [(1,) * (rank - len(s)) + s for s in shapes]
