@@ -508,6 +508,9 @@ class _Plan:
                     shape_vars.add(v)
                     changed = True
         self.shape_vars = shape_vars
+        # in the rule's order, not the set's: the solver draws as it meets them, and a set of names iterates in an
+        # order that changes with the process's string hashing
+        self.shape_order = [v for v in self.contexts if v in shape_vars]
         self.enumerated = [v for v in self.contexts if v not in self.defs and v not in shape_vars]
         self.rank_defs = [v for v in self.defs if v not in shape_vars]
         self.positive_vars, self.nonzero_vars = kept_from_zero(rule.lhs)
@@ -646,12 +649,12 @@ class _Builder:
         self.s = Solver(rng)
         self.dims = {k: tuple(self.s.sym(1, 4) for _ in range(ranks[k])) for k in plan.slots}
         self.attrs: dict[str, Any] = dict(env)
-        for v in plan.shape_vars:
+        for v in plan.shape_order:
             if v in plan.defs:
                 continue
             op, attr, key = plan.contexts[v]
             self.attrs[v] = ops.get(op).solved[attr](self, self.dims[key])
-        pending = [v for v in plan.shape_vars if v in plan.defs]
+        pending = [v for v in plan.shape_order if v in plan.defs]
         for _ in range(len(pending) + 1):
             left = []
             for v in pending:
@@ -1175,8 +1178,8 @@ def _verify_task(task: tuple[Rule, int, int]) -> VerifyResult:
 
 def verify_each(rules: Sequence[Rule], trials: int = 3, seed: int = 0, jobs: int = 1) -> Iterator[VerifyResult]:
     """`verify_written` of each rule, in order, in `jobs` processes: each verdict as soon as it and those before it
-    are done. The verifier's draws follow the rule's name; the number of cases of a few rules still differs with
-    the rules a process verified before them."""
+    are done. The verifier's draws follow the rule's name alone, so the verdicts and their cases do not depend on
+    `jobs`, on the order, or on the process."""
     with Workers(jobs) as workers:
         yield from workers.each(_verify_task, [(r, trials, seed) for r in rules])
 

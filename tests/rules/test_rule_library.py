@@ -4,6 +4,9 @@ e-graph and chosen by extraction."""
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -302,6 +305,30 @@ def test_a_rule_wrong_only_where_an_operand_broadcasts_fails_at_every_seed(seed)
     assert not v.ok, v.line()
     x, y = (v.counterexample["shapes"][k] for k in ("x", "y"))
     assert 1 in (x[1], y[1]) and x[1] != y[1]
+
+
+CASES_OF_RESHAPE_RESHAPE = (
+    "from tensat.rewrites import all_rules; from tensat.rewrites.verify import verify_written; "
+    "print(verify_written(next(r for r in all_rules() if r.name == 'reshape-reshape')).cases)"
+)
+
+
+def test_a_rules_cases_do_not_follow_the_processs_string_hashing():
+    """The verifier's draws follow the rule's name alone: processes that hash strings apart check a rule whose
+    attributes are solved from its shapes (reshape-reshape's target shapes) on the same cases. The solver took
+    those attributes in a set's order, and the case count changed with PYTHONHASHSEED (0 and 1 gave 31 and 30)."""
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CASES_OF_RESHAPE_RESHAPE],
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for seed in (0, 1)
+    ]
+    counts = [run.communicate(timeout=120)[0].strip() for run in runs]
+    assert all(run.returncode == 0 for run in runs)
+    assert len(set(counts)) == 1, counts
 
 
 def test_a_rule_the_verifier_cannot_instantiate_fails():
