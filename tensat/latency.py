@@ -219,11 +219,13 @@ def _futile(timed: Interleaved, keep_above: float = KEEP_ABOVE) -> bool:
     )
 
 
-def _undecided(timed: Interleaved, keep_above: float = KEEP_ABOVE) -> bool:
+def _undecided(timed: Interleaved, keep_above: float = KEEP_ABOVE, seed: int = 0) -> bool:
     """Whether some candidate of `timed` looks faster than `keep_above` (its median block ratio above it) while the
-    low end of its 95% interval is not yet above it: more pairs would tell."""
+    low end of its 95% interval is not yet above it: more pairs would tell. The interval is the verdict's own
+    (`median_interval` with the timing's `seed`): one of fewer draws can put the low end above `keep_above` where
+    the verdict's is not, and a candidate faster in the median is then neither timed on nor kept."""
     return any(
-        statistics.median(r) > keep_above and median_interval(r, draws=400)[0] <= keep_above
+        statistics.median(r) > keep_above and median_interval(r, seed)[0] <= keep_above
         for r in _candidate_ratios(timed)
     )
 
@@ -398,7 +400,7 @@ def compare_many(
             if _decided(timed, decided_above):
                 break
         at_cap = timed.runs >= cap * timed.block
-        if extend_to is not None and cap < extend_to and at_cap and _undecided(timed, keep_above):
+        if extend_to is not None and cap < extend_to and at_cap and _undecided(timed, keep_above, seed):
             cap = extend_to
             if extend_seconds is not None:
                 limit = min(max_seconds, extend_seconds)

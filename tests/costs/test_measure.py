@@ -993,6 +993,29 @@ def test_a_candidate_is_undecided_while_it_looks_faster_and_is_not_yet_measurabl
     assert not _undecided(_ratios_timed([1.005 + 0.0001 * k for k in range(40)]), keep_above=1.0)  # decided above 1
 
 
+def test_whether_a_candidate_is_timed_on_follows_the_interval_its_verdict_gives():
+    """At the cap of pairs, a candidate is timed on where the verdict's own interval (its draws, its seed) leaves
+    it open: one of fewer draws could put its low end above the keep line where the verdict's is below it, and the
+    candidate, faster in the median, was then neither timed on nor kept."""
+    from tensat.latency import _undecided, median_interval
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        ratios = list(1.05 + 0.06 * rng.standard_normal(40))
+        quick, verdict = median_interval(ratios, draws=400)[0], median_interval(ratios)[0]
+        if verdict < quick:
+            break
+    else:
+        pytest.fail("no sample whose quick interval ends above the verdict's")
+    keep = (quick + verdict) / 2
+    assert statistics.median(ratios) > keep
+    assert _undecided(_ratios_timed(ratios), keep_above=keep)
+    for seed in (1, 2):
+        low = median_interval(ratios, seed)[0]
+        assert _undecided(_ratios_timed(ratios), keep_above=low + 1e-9, seed=seed)
+        assert not _undecided(_ratios_timed(ratios), keep_above=low - 1e-9, seed=seed)
+
+
 def test_a_candidate_faster_beyond_doubt_is_decided():
     from tensat.latency import _decided
 
@@ -1016,7 +1039,7 @@ def test_an_undecided_candidate_is_timed_on_to_the_extended_pairs_and_a_decided_
     fast, slow = export_model(relu_chain(1)), export_model(relu_chain(300))
     decided = compare_latency(slow, fast, max_seconds=30.0, pairs=8, extend_to=20)
     assert decided.pairs == 8 and decided.interval[0] > 1 + latency.RESOLUTION
-    monkeypatch.setattr(latency, "_undecided", lambda timed, keep_above: True)
+    monkeypatch.setattr(latency, "_undecided", lambda timed, keep_above, seed: True)
     extended = compare_latency(slow, fast, max_seconds=30.0, pairs=8, extend_to=20)
     assert extended.pairs == 20
     cut = compare_latency(slow, fast, max_seconds=30.0, pairs=8, extend_to=20, extend_seconds=0.0)
