@@ -8,11 +8,12 @@ search measures it), the time onnxruntime's profiler gives that kernel inside th
 median over the runs), and, inside the kernel's own timed model (`MeasuredCost.copies_for` copies, evicted before
 each run as when it is priced), the profiler's time of the first copy and the median of the later ones; and the
 later copies' median once more with the output buffers left cold: the graph's working set evicted before each run
-(the rest of it, beside the copies' weights, for a kernel with weights) and only the inputs read again. The graph's
-kernels are matched to tensat's in order within each op type both list as many of (`ran_as`; the NCHWc reorders
-onnxruntime puts around blocked kernels are counted apart, and Reshapes, views on both sides, are left out of the
-match: onnxruntime puts its own around the Gemms it makes of N-D MatMuls); the ratios are over the kernels
-matched.
+(the rest of it, beside the copies' weights, for a kernel with weights) and only the inputs read again; and with
+nothing read again, the inputs as cold as the outputs. The graph's kernels are matched to tensat's within each op
+type both list as many of, by the shape of their second input where both sides have the same ones, else in order
+(`ran_as`, `match_kernels`; the NCHWc reorders onnxruntime puts around blocked kernels are counted apart, and
+Reshapes, views on both sides, are left out of the match: onnxruntime puts its own around the Gemms it makes of
+N-D MatMuls); the ratios are over the kernels matched.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ import os
 import statistics
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from onnx import ModelProto
 
@@ -43,24 +44,45 @@ MODELS = ("mobilenet_v2", "resnet50", "bert", "clip_vision", "swin", "convnext",
 RUNS = 200  # profiled runs of a graph or a unit's model
 WARMUP = 20
 REORDERS = ("ReorderInput", "ReorderOutput")
+GAPS = 5  # the kernels of each model listed by how far their time in the graph exceeds their price
 
 
-def kernel_times(events: Sequence[dict[str, Any]], skip: int = WARMUP) -> list[tuple[str, str, float]]:
-    """(node name, op type, median microseconds) of each kernel of an onnxruntime profile, in the order the first
-    run ran them, over the runs after the first `skip`."""
-    order: list[str] = []
-    op_of: dict[str, str] = {}
+class Ran(NamedTuple):
+    """One kernel of an onnxruntime profile: its node, its op type, its median time, and the shape of its second
+    input (a convolution's weight; None for a kernel of one input, or where the profile does not say)."""
+
+    name: str
+    op: str
+    us: float
+    weight: tuple[int, ...] | None = None
+
+
+def _second_input(args: Mapping[str, Any]) -> tuple[int, ...] | None:
+    """The shape of a profiled kernel's second input (`input_type_shape`: one {type: dims} per input)."""
+    shapes = args.get("input_type_shape") or []
+    if len(shapes) < 2 or not isinstance(shapes[1], Mapping):
+        return None
+    dims = next(iter(shapes[1].values()), None)
+    return tuple(int(d) for d in dims) if isinstance(dims, list) else None
+
+
+def kernel_times(events: Sequence[dict[str, Any]], skip: int = WARMUP) -> list[Ran]:
+    """Each kernel of an onnxruntime profile (`Ran`), in the order the first run ran them, its median over the runs
+    after the first `skip`."""
+    first: dict[str, dict[str, Any]] = {}
     times: dict[str, list[float]] = {}
     for e in events:
         if e.get("cat") != "Node" or not str(e.get("name", "")).endswith("_kernel_time"):
             continue
         name = e["name"][: -len("_kernel_time")]
         if name not in times:
-            order.append(name)
-            op_of[name] = e["args"]["op_name"]
+            first[name] = e["args"]
             times[name] = []
         times[name].append(float(e["dur"]))
-    return [(n, op_of[n], statistics.median(times[n][skip:] or times[n])) for n in order]
+    return [
+        Ran(n, args["op_name"], statistics.median(times[n][skip:] or times[n]), _second_input(args))
+        for n, args in first.items()
+    ]
 
 
 def profiled(
@@ -68,7 +90,7 @@ def profiled(
     model: ModelProto | bytes,
     cold: Callable[[Callable[[], None]], Callable[[], None] | None],
     unit: bool,
-) -> list[tuple[str, str, float]]:
+) -> list[Ran]:
     """The kernels of `model` as onnxruntime's profiler times them, one intra-op thread, each run preceded by what
     `cold` gives for the bound run (nothing where it gives None). A unit's timed model runs in a session as units
     are timed (`Runner.session`: common-subexpression elimination off, which would merge its copies), a whole model
@@ -91,12 +113,12 @@ def profiled(
             return kernel_times(json.load(f))
 
 
-def _copies(cost: MeasuredCost, unit: Unit) -> tuple[float, float, float]:
+def _copies(cost: MeasuredCost, unit: Unit) -> tuple[float, float, float, float]:
     """The profiler's time of the first copy of `unit` in its timed model and the later copies' median, each run
-    prepared as the unit is priced (a Transpose's outputs cold, `OpDef.cold_output`), and the later copies' median
-    with the output buffers left cold (NaN for a unit priced without timing, a view or one onnxruntime
-    cannot run alone, and for one it runs as reorders only)."""
-    nan = (math.nan, math.nan, math.nan)
+    prepared as the unit is priced (a Transpose's outputs cold, `OpDef.cold_output`), the later copies' median
+    with the output buffers left cold, and with the inputs left cold as well (NaN for a unit priced without
+    timing, a view or one onnxruntime cannot run alone, and for one it runs as reorders only)."""
+    nan = (math.nan, math.nan, math.nan, math.nan)
     plan = cost._plan(unit)
     if isinstance(plan, CostEntry) or unit.ops == ("reshape",):
         return nan
@@ -110,13 +132,18 @@ def _copies(cost: MeasuredCost, unit: Unit) -> tuple[float, float, float]:
             cost, model, lambda run: r.cold_weights(run, plan.evict_bytes, warm_outputs=not plan.cold_output), unit=True
         )
         outs = profiled(cost, model, lambda run: r.cold_weights(run, cold, warm_outputs=False), unit=True)
+        every = profiled(
+            cost, model, lambda run: r.cold_weights(run, cold, warm_outputs=False, warm_inputs=False), unit=True
+        )
     except Exception:  # noqa: BLE001 - onnxruntime raises many types; the unit is priced by its fallback
         return nan
-    own = [t for _, op, t in warm if op not in extra]
-    own_cold = [t for _, op, t in outs if op not in extra]
+    own = [k.us for k in warm if k.op not in extra]
+    own_cold = [k.us for k in outs if k.op not in extra]
+    all_cold = [k.us for k in every if k.op not in extra]
     if not own:
         return nan
-    return own[0], statistics.median(own[1:] or own), statistics.median(own_cold[1:] or own_cold)
+    later = (statistics.median(ts[1:] or ts) for ts in (own, own_cold, all_cold))
+    return (own[0], *later)
 
 
 GEMM = "matmul+add"  # the one fused label onnxruntime runs as an op of its own, a Gemm
@@ -132,22 +159,41 @@ def ran_as(label: str) -> str:
     return onnx_op.split(":")[-1] if onnx_op else first
 
 
-def match_kernels(rows: Sequence[dict[str, Any]], ran: Sequence[tuple[str, str, float]]) -> bool:
-    """Give each of tensat's kernels (`rows`) the time of the graph's kernel it is, in order within each op type
-    (`ran_as`, `in_graph_us`), for every op type both sides list as many of (Reshapes, views, apart: onnxruntime
-    puts its own around the Gemms it makes of N-D MatMuls); whether every op type matched."""
+def _weight_of(row: Mapping[str, Any]) -> tuple[int, ...] | None:
+    """The shape of the second input of one of tensat's kernels (a convolution's weight), as `Ran.weight` is."""
+    shapes = row.get("shapes") or []
+    return tuple(shapes[1]) if len(shapes) > 1 else None
+
+
+def _paired(group: Sequence[dict[str, Any]], kernels: Sequence[Ran]) -> list[tuple[dict[str, Any], Ran]]:
+    """tensat's kernels of one op type beside the graph's, as many on each side: by the shape of their second
+    input, in order among equal shapes, where both sides have the same shapes (a residual block's shortcut
+    convolution, which onnxruntime may run before the block's main one, then keeps its own time); in order
+    where they do not (onnxruntime pads a blocked convolution's weight to whole blocks of channels)."""
+    if sorted(map(repr, map(_weight_of, group))) != sorted(repr(k.weight) for k in kernels):
+        return list(zip(group, kernels))
+    waiting: dict[tuple[int, ...] | None, list[Ran]] = {}
+    for k in kernels:
+        waiting.setdefault(k.weight, []).append(k)
+    return [(row, waiting[_weight_of(row)].pop(0)) for row in group]
+
+
+def match_kernels(rows: Sequence[dict[str, Any]], ran: Sequence[Ran]) -> bool:
+    """Give each of tensat's kernels (`rows`) the time of the graph's kernel it is (`ran_as`, `in_graph_us`), for
+    every op type both sides list as many of (`_paired`; Reshapes, views, apart: onnxruntime puts its own around
+    the Gemms it makes of N-D MatMuls); whether every op type matched."""
     ours: dict[str, list[dict[str, Any]]] = {}
-    theirs: dict[str, list[float]] = {}
+    theirs: dict[str, list[Ran]] = {}
     for row in rows:
         ours.setdefault(ran_as(row["kernel"]), []).append(row)
-    for _, op, t in ran:
-        theirs.setdefault(op, []).append(t)
+    for k in ran:
+        theirs.setdefault(k.op, []).append(k)
     ours.pop("Reshape", None)
     theirs.pop("Reshape", None)
     for op, group in ours.items():
         if len(group) == len(theirs.get(op, ())):
-            for row, t in zip(group, theirs[op]):
-                row["ran_as"], row["in_graph_us"] = op, t
+            for row, k in _paired(group, theirs[op]):
+                row["ran_as"], row["in_graph_us"] = op, k.us
     return ours.keys() == theirs.keys() and all(len(ours[op]) == len(theirs[op]) for op in ours)
 
 
@@ -160,15 +206,15 @@ def model_record(path: Path) -> dict[str, Any]:
         kernels = [k for k in runtime_kernels(graph, device_of(cost)) if k[1][0].op != "opaque"]
         cost.prefetch([item for _, item in kernels])
         in_graph = profiled(cost, path.read_bytes(), lambda run: None, unit=False)
-        ran = [k for k in in_graph if k[1] not in REORDERS]
+        ran = [k for k in in_graph if k.op not in REORDERS]
         rows: list[dict[str, Any]] = []
-        units: dict[str, tuple[float, float, float]] = {}
+        units: dict[str, tuple[float, float, float, float]] = {}
         for _, (node, shapes, const) in kernels:
             unit = pricing_unit(node, shapes, const)
             key = unit.signature()
             if key not in units:
                 units[key] = _copies(cost, unit)
-            first, later, cold = units[key]
+            first, later, cold, all_cold = units[key]
             rows.append(
                 {
                     "kernel": unit.label(),
@@ -177,6 +223,7 @@ def model_record(path: Path) -> dict[str, Any]:
                     "first_copy_us": first,
                     "later_copies_us": later,
                     "cold_outputs_us": cold,
+                    "all_cold_us": all_cold,
                 }
             )
         matched = match_kernels(rows, ran)
@@ -186,20 +233,31 @@ def model_record(path: Path) -> dict[str, Any]:
             "kernels": rows,
             "working_set_mib": round((cost.working_set or 0) / 2**20, 1),
             "price_ms": sum(r["price_us"] for r in rows) / 1e3,
-            "in_graph_ms": sum(t for _, _, t in ran) / 1e3,
-            "reorders_ms": sum(t for _, op, t in in_graph if op in REORDERS) / 1e3,
+            "in_graph_ms": sum(k.us for k in ran) / 1e3,
+            "reorders_ms": sum(k.us for k in in_graph if k.op in REORDERS) / 1e3,
             "baseline_ms": cost.baseline_ms,
         }
 
 
 def _sums(rows: Sequence[dict[str, Any]]) -> tuple[float, ...]:
-    """In graph, priced, first copy, later copies and later copies with cold outputs, summed in milliseconds."""
-    keys = ("in_graph_us", "price_us", "first_copy_us", "later_copies_us", "cold_outputs_us")
+    """In graph, priced, first copy, later copies, and later copies with cold outputs and with everything cold,
+    summed in milliseconds."""
+    keys = ("in_graph_us", "price_us", "first_copy_us", "later_copies_us", "cold_outputs_us", "all_cold_us")
     return tuple(sum(k.get(key, math.nan) for k in rows) / 1e3 for key in keys)
 
 
 def _ratios(values: Sequence[float], base: float) -> str:
     return " | ".join(f"{v / base:.2f}" if base and not math.isnan(v) else "—" for v in values)
+
+
+def _widest(kernels: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The `GAPS` matched kernels whose time in the graph exceeds their price the most, that far first."""
+    matched = [k for k in kernels if "in_graph_us" in k and k["in_graph_us"] > k["price_us"]]
+    return sorted(matched, key=lambda k: k["price_us"] - k["in_graph_us"])[:GAPS]
+
+
+def _us(value: float) -> str:
+    return "—" if math.isnan(value) else f"{value:.0f}"
 
 
 def render(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
@@ -214,20 +272,23 @@ def render(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
         "model (the NCHWc reorders apart); `first copy` and `later copies`: inside each kernel's own timed model, "
         "evicted before each run as when it is priced, the first copy's time and the later copies' median; `cold "
         "outputs`: the later copies' median with the graph's working set evicted before each run and only the "
-        "inputs read again, the output buffers left cold. `priced` and `in graph` sum every kernel; the ratios, "
-        "the kernels matched (in order within each kind of op both list as many of; Reshapes, views, apart); the "
+        "inputs read again, the output buffers left cold; `all cold`: the same with the inputs left cold too, as "
+        "a graph's own input is. `priced` and `in graph` sum every kernel; the ratios, "
+        "the kernels matched (within each kind of op both list as many of, by their weights' shapes where both "
+        "sides have the same ones, else in order; Reshapes, views, apart); the "
         "profiler adds its own microsecond or two to every kernel, in the graph and in the units alike. "
         "See `bench/unit_context.py`.",
         "",
         "| model | working set (MiB) | kernels | priced (ms) | in graph (ms) | reorders in graph (ms) "
-        "| priced / in graph | first copy / in graph | later copies / in graph | cold outputs / in graph |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| priced / in graph | first copy / in graph | later copies / in graph | cold outputs / in graph "
+        "| all cold / in graph |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     by_op: dict[str, list[dict[str, Any]]] = {}
     for r in records:
         rows = [k for k in r["kernels"] if "in_graph_us" in k and not math.isnan(k["first_copy_us"])]
-        g, priced, first, later, cold = _sums(rows)
-        ratios = _ratios((priced, first, later, cold), g)
+        g, priced, first, later, cold, every = _sums(rows)
+        ratios = _ratios((priced, first, later, cold, every), g)
         lines.append(
             f"| {r['model']} | {r.get('working_set_mib', math.nan):.0f} | {len(r['kernels'])}"
             f"{'' if r['matched'] else f' ({len(rows)} matched)'} | {r['price_ms']:.2f} | {r['in_graph_ms']:.2f} | "
@@ -240,12 +301,29 @@ def render(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
             "",
             "By the op type onnxruntime ran, over the kernels matched:",
             "",
-            "| op | kernels | in graph (ms) | priced / in graph | later copies / in graph | cold outputs / in graph |",
-            "|---|---:|---:|---:|---:|---:|",
+            "| op | kernels | in graph (ms) | priced / in graph | later copies / in graph | cold outputs / in graph "
+            "| all cold / in graph |",
+            "|---|---:|---:|---:|---:|---:|---:|",
         ]
         for op, rows in sorted(by_op.items(), key=lambda item: -_sums(item[1])[0]):
-            g, priced, _, later, cold = _sums(rows)
-            lines.append(f"| {op} | {len(rows)} | {g:.2f} | {_ratios((priced, later, cold), g)} |")
+            g, priced, _, later, cold, every = _sums(rows)
+            lines.append(f"| {op} | {len(rows)} | {g:.2f} | {_ratios((priced, later, cold, every), g)} |")
+    gaps = [(r["model"], k) for r in records for k in _widest(r["kernels"])]
+    if gaps:
+        lines += [
+            "",
+            f"The {GAPS} kernels of each model whose time in the graph exceeds their price the most (microseconds):",
+            "",
+            "| model | kernel | input, weight | priced | in graph | later copies | cold outputs | all cold |",
+            "|---|---|---|---:|---:|---:|---:|---:|",
+        ]
+        for model, k in gaps:
+            shapes = ", ".join("x".join(map(str, s)) for s in k["shapes"][:2])
+            times = " | ".join(
+                _us(k.get(key, math.nan))
+                for key in ("price_us", "in_graph_us", "later_copies_us", "cold_outputs_us", "all_cold_us")
+            )
+            lines.append(f"| {model} | {k['kernel']} | {shapes} | {times} |")
     return "\n".join(lines) + "\n"
 
 

@@ -103,21 +103,23 @@ class Runner:
         self._scratch[:count:LINE_FLOATS].max()  # one read per cache line loads every line, in less time
 
     def cold_weights(
-        self, run: Callable[[], None], nbytes: int, warm_outputs: bool = True
+        self, run: Callable[[], None], nbytes: int, warm_outputs: bool = True, warm_inputs: bool = True
     ) -> Callable[[], None] | None:
         """What to do before each timed run of a bound model (None: nothing): on CPU, evict `nbytes` from the
         caches, then touch the model's inputs and (with `warm_outputs`) its output buffers again (inside a graph an
         op's input has just been computed and its output goes to a recycled buffer: only the weights are cold).
         Without `warm_outputs` the outputs stay as cold as the rest, as in a graph whose arena buffers were last
-        written before the rest of its working set passed (`bench.unit_context` times both)."""
+        written before the rest of its working set passed; without `warm_inputs` the inputs too, as a graph's own
+        input is (`bench.unit_context` times all three)."""
         if self.device != "cpu" or nbytes <= 0:
             return None
         inputs, outputs = run._keep[0], run._keep[3]  # type: ignore[attr-defined]
         warmed = outputs if warm_outputs else []
+        read = inputs if warm_inputs else []
 
         def before() -> None:
             self.evict(nbytes)
-            for arr in inputs:
+            for arr in read:
                 arr.sum()
             for arr in warmed:
                 np.add(arr, 0.0, out=arr)
