@@ -3,10 +3,12 @@ small versions of the benchmark graphs for the matcher and the sequential search
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
@@ -28,6 +30,17 @@ TEST_MACHINE = {
     "highs": "1.0",
     "date": "today",
 }
+
+
+# the benchmark graphs a test over all of them takes longest on: their convolutions and sizes make such a test run
+# several times as long as on the others, which cover the same code in the default run
+HEAVY_GRAPHS = ("inception_v3", "resnet50", "resnext50", "vgg19")
+
+
+def slow_params(names: Iterable[str], slow: Iterable[str] = HEAVY_GRAPHS) -> list:
+    """`names` as pytest parameters, those among `slow` marked slow (run with `pytest -m slow`)."""
+    marked = set(slow)
+    return [pytest.param(n, marks=pytest.mark.slow) if n in marked else n for n in names]
 
 
 def vi(name: str, shape, elem: int = TP.FLOAT) -> onnx.ValueInfoProto:

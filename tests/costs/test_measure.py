@@ -67,7 +67,7 @@ from tensat.measure_cli import add_cost_report_arguments, add_profile_arguments,
 from tensat.onnx_io import export_model, save_model
 from tensat.session import make_session, nchwc_block
 from tensat.verify import random_inputs
-from tests.helpers import decode_head, resize
+from tests.helpers import decode_head, resize, slow_params
 
 RNG = np.random.default_rng(3)
 FAST = 0.03  # seconds of timing per unit: enough to exercise the machinery, not to be accurate
@@ -1351,7 +1351,7 @@ def _preactivation() -> Graph:
 KERNEL_GRAPHS = ["nasrnn", "squeezenet", "resnext50", "bert", "inception_v3", "resnet50", "nasnet_a", "vgg19"]
 
 
-@pytest.mark.parametrize("name", [*KERNEL_GRAPHS, "preactivation"])
+@pytest.mark.parametrize("name", slow_params([*KERNEL_GRAPHS, "preactivation"]))
 def test_the_catalogue_counts_the_kernels_onnxruntime_runs(name, tmp_path):
     """tensat's catalogue of what onnxruntime fuses (`runtime_kernels`) gives as many kernels as onnxruntime's own
     optimized model of the graph tensat writes has nodes (its layout reorders aside): each fusion it misses, or

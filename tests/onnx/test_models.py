@@ -23,6 +23,7 @@ from tensat.models import (
     format_catalog,
     model_names,
 )
+from tests.helpers import HEAVY_GRAPHS, slow_params
 
 ALLOWED_OPS = {
     "Conv",
@@ -142,7 +143,7 @@ def test_bad_sizes() -> None:
         build_model("inception_v3", image=64)
 
 
-@pytest.mark.parametrize("name", list(SMALL))
+@pytest.mark.parametrize("name", slow_params(SMALL))
 def test_small_model_runs(name: str) -> None:
     model = _small(name)
     _check_structure(model)
@@ -213,9 +214,7 @@ def test_full_size_deterministic() -> None:
     assert build_model("nasrnn").SerializeToString() == build_model("nasrnn").SerializeToString()
 
 
-@pytest.mark.parametrize(  # full-size VGG-19 and NASNet-A take the longest of them: in the slow run
-    "name", [pytest.param(n, marks=pytest.mark.slow) if n in ("vgg19", "nasnet_a") else n for n in FULL]
-)
+@pytest.mark.parametrize("name", slow_params(FULL, (*HEAVY_GRAPHS, "nasnet_a")))
 def test_full_size_model(name: str) -> None:
     model = build_model(name)
     _check_structure(model)

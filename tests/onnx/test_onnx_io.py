@@ -16,7 +16,7 @@ from tensat.errors import ModelError
 from tensat.ir import Graph
 from tensat.onnx_io import EXPORTERS, IMPORTERS, export_model, import_model, load_model, save_model
 from tensat.verify import random_inputs, run_model
-from tests.helpers import bad_model_inputs, make, vi
+from tests.helpers import bad_model_inputs, make, slow_params, vi
 
 RNG = np.random.default_rng(1234)
 
@@ -86,9 +86,7 @@ BENCH_SIZES = {
 }
 
 
-@pytest.mark.parametrize(  # VGG-19 takes the longest of them: in the slow run
-    "name", [pytest.param(n, marks=pytest.mark.slow) if n == "vgg19" else n for n in sorted(BENCH_SIZES)]
-)
+@pytest.mark.parametrize("name", slow_params(sorted(BENCH_SIZES)))
 def test_bench_model_roundtrip(name: str) -> None:
     from tensat.models import build_model
 

@@ -13,23 +13,18 @@ from onnx import TensorProto, helper, numpy_helper
 import tensat
 from tensat import extraction
 from tensat.models import SMALL_SIZES, build_model, model_names
+from tests.helpers import HEAVY_GRAPHS, slow_params
 
 SMALL = SMALL_SIZES
 
 FAST = dict(ilp_time_limit=5, time_limit=20, iter_limit=6, cost="analytic", latency_check=0)
 
 
-LONGEST = ("inception_v3", "resnext50", "nasnet_a")
-
-
 def test_small_configs_cover_every_benchmark():
     assert sorted(SMALL) == sorted(model_names())
 
 
-@pytest.mark.parametrize(
-    "name",
-    [pytest.param(n, marks=pytest.mark.slow) if n in LONGEST else n for n in sorted(SMALL)],
-)  # the three longest run with the slow tests
+@pytest.mark.parametrize("name", slow_params(sorted(SMALL), (*HEAVY_GRAPHS, "nasnet_a")))
 def test_benchmark_graph_optimizes_end_to_end(name):
     model = build_model(name, **SMALL[name])
     result = tensat.optimize_with_details(model, **FAST)
