@@ -23,6 +23,7 @@ def test_a_budget_too_short_to_explore_still_returns_a_verified_graph_no_costlie
     assert result.cost_after <= result.cost_before * (1 + 1e-9)
 
 
+@pytest.mark.slow  # two searches of ResNeXt-50, one to saturation (the default run checks the stop in the next test)
 def test_exploration_stops_once_the_sampled_cost_stops_falling_and_loses_nothing() -> None:
     graph = build_model("resnext50", **SMALL_SIZES["resnext50"])  # saturates, but only after its cost stops falling
     sampled = tensat.optimize_with_details(graph, cost="analytic", latency_check=0, verify=False)

@@ -24,7 +24,7 @@ def test_small_configs_cover_every_benchmark():
     assert sorted(SMALL) == sorted(model_names())
 
 
-@pytest.mark.parametrize("name", slow_params(sorted(SMALL), (*HEAVY_GRAPHS, "nasnet_a")))
+@pytest.mark.parametrize("name", slow_params(sorted(SMALL), (*HEAVY_GRAPHS, "nasnet_a", "nasrnn")))
 def test_benchmark_graph_optimizes_end_to_end(name):
     model = build_model(name, **SMALL[name])
     result = tensat.optimize_with_details(model, **FAST)

@@ -389,6 +389,7 @@ def test_a_rule_keeps_only_the_equal_shapes_it_needs() -> None:
         assert not shape_sound(replace(kept, guards=tuple(g for g in kept.guards if g != guard)), rank=2)
 
 
+@pytest.mark.slow  # a generation over slices at every start and size their op declares
 def test_slices_are_enumerated_and_their_rules_are_general(small_slices: object) -> None:
     """A slice is enumerated at the starts and sizes its op declares for the generator (valid at every leaf size);
     the rules found are of every start and size, and derive the hand-written commutations of a slice."""
@@ -686,7 +687,7 @@ def test_rule_sets() -> None:
         rule_set("mine")
 
 
-SAMPLE = 12  # the default run verifies one in this many of the library's generated rules ...
+SAMPLE = 24  # the default run verifies one in this many of the library's generated rules ...
 CONV_SAMPLE = 48  # ... and of those over a conv, whose verification evaluates numpy convolutions at many bindings
 
 
@@ -728,7 +729,7 @@ def test_the_library_s_generated_rules_say_how_they_were_made_and_verify() -> No
     assert failed == []
 
 
-SHAPE_SAMPLE = 90  # the default run checks one in this many of the library's generated rules at the probe shapes
+SHAPE_SAMPLE = 180  # the default run checks one in this many of the library's generated rules at the probe shapes
 
 
 def _leaf_rank(rule: Rule) -> int:
@@ -774,6 +775,7 @@ def test_a_fourth_leaf_gives_the_rules_over_four_tensors() -> None:
     assert derived(result.rules, [distribute], rank=1) == {"a": "derived"}
 
 
+@pytest.mark.slow  # generations over the ops a default run leaves out
 def test_the_ops_read_for_common_exports_are_enumerated_where_named() -> None:
     """A default run leaves out the ops read for the coverage of common exports (`OpDef.enumerated_by_default`), so
     that three operators over the default ops stay a run of minutes; named with `--ops`, they are enumerated, and

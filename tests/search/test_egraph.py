@@ -460,6 +460,7 @@ def test_an_iteration_predicted_to_end_past_the_time_limit_is_not_started():
     assert TensorEGraph(qkv_graph(n=4)).explore(time_limit=single[-1].seconds / 4, k_multi=0).iterations
 
 
+@pytest.mark.slow  # two explorations (the default run compares two in test_a_reused_egraph_explores_like_a_fresh_one)
 def test_exploration_is_deterministic():
     runs = []
     for _ in range(2):
