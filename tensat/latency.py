@@ -146,6 +146,15 @@ class Interleaved:
         self.samples: list[list[float]] = [[] for _ in sessions]
         self.seconds = 0.0  # wall time spent in turns
 
+    def size_blocks(self) -> None:
+        """Run each model once and set `block` to as many runs as fit in about `BLOCK_SECONDS` (1 to `MAX_BLOCK`):
+        small models are then timed in a steady cache state, and large ones still give enough pairs of blocks."""
+        t = time.perf_counter()
+        for run in self.runs_of:
+            run()
+        single = (time.perf_counter() - t) / len(self.runs_of)
+        self.block = max(1, min(MAX_BLOCK, int(BLOCK_SECONDS / max(single, 1e-9))))
+
     @property
     def runs(self) -> int:
         """Counted runs per model so far."""
@@ -382,11 +391,7 @@ def compare_many(
     timed = Interleaved(
         models, provider=provider, threads=threads, seed=seed, clock=clock, copies=copies, shapes=shapes
     )
-    t = time.perf_counter()
-    for run in timed.runs_of:
-        run()
-    single = (time.perf_counter() - t) / len(models)
-    timed.block = max(1, min(MAX_BLOCK, int(BLOCK_SECONDS / max(single, 1e-9))))
+    timed.size_blocks()
     cap = pairs
     limit = max_seconds
     decided_at = decided_after if decided_after is not None else futile_after
