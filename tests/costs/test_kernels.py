@@ -19,7 +19,7 @@ from onnx import helper, numpy_helper
 
 import tensat
 from tensat import api, extraction, onnx_io, ops, rewrites
-from tensat.cost import AnalyticCost, Const
+from tensat.cost import AnalyticCost, Const, runtime_cost
 from tensat.cost_report import load_graph
 from tensat.egraph import TensorEGraph, provenance
 from tensat.ir import Graph, Node
@@ -110,6 +110,24 @@ def _squeeze_excite(keepdims: int = 1) -> onnx.ModelProto:
 
 def _cost(tmp_path) -> MeasuredCost:
     return MeasuredCost("cpu", cache_path=tmp_path / "costs.sqlite3", progress=False, max_seconds=0.3)
+
+
+def _cost_of_the_run(tmp_path, model: onnx.ModelProto) -> MeasuredCost:
+    """The cost model of an `_optimize` run of `model`: its cache, sized by the graph the run read, so that pricing
+    a node the run priced finds the run's own price and does not time it again (a second timing, under other load,
+    can order two close prices the other way)."""
+    cost = _cost(tmp_path)
+    cost.observe_graph(onnx_io.import_model(model, runtime_fusions=True))
+    return cost
+
+
+def _priced_by_the_run(tmp_path, model: onnx.ModelProto, *others: onnx.ModelProto) -> tuple[list[float], MeasuredCost]:
+    """What the `_optimize` run of `model` priced it and each of `others` at, each read and priced as the run prices
+    a graph (`runtime_cost`), from the run's cache; asserts that none was timed anew."""
+    cost = _cost_of_the_run(tmp_path, model)
+    prices = [runtime_cost(onnx_io.import_model(m, runtime_fusions=True), cost) for m in (model, *others)]
+    assert cost.stats.measured == 0
+    return prices, cost
 
 
 def _run(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
@@ -212,15 +230,14 @@ def test_the_residual_add_is_written_as_sum_exactly_where_the_two_ops_price_belo
 ) -> None:
     model = _post_norm()
     result = _optimize(model, tmp_path, monkeypatch)
-    cost = _cost(tmp_path)  # the prices the run measured, from its cache
-    x, h = (1, SEQ, HIDDEN), (HIDDEN,)
-    kernel = cost(Node("skip_layernorm", (), (("epsilon", 1e-5),), x, "float32"), [x, x, h, h], [0, 0, 1, 1])
-    plain = cost(Node("sum", (), (), x, "float32"), [x, x]) + cost(
-        Node("layernorm", (), (("axis", 2), ("epsilon", 1e-5)), x, "float32"), [x, h, h], [0, 1, 1]
-    )
+    plain_model = onnx.ModelProto()
+    plain_model.CopyFrom(model)
+    (residual,) = [n for n in plain_model.graph.node if n.op_type == "Add" and "x" in n.input]
+    residual.op_type = "Sum"  # onnxruntime does not fuse a Sum into the LayerNormalization
+    (kernel, plain), cost = _priced_by_the_run(tmp_path, model, plain_model)
     unfused = result.rules.get("skip-layernorm-unfuse") == 1
     tolerance = cost.resolution
-    if plain * (1 + tolerance.relative) + tolerance.ms < kernel:
+    if plain * (1 + tolerance.relative) + 2 * tolerance.ms < kernel:
         assert unfused and result.returned_input is None
     if kernel < plain:
         assert not unfused
@@ -259,21 +276,23 @@ def test_an_lrn_onnxruntime_runs_slower_is_written_as_its_definition_and_timed_f
 POOL_RULES = ("band-conv-as-channel-pool", "band-conv-as-channel-pool-3d")
 
 
-@pytest.mark.parametrize(("channels", "size", "rule"), [(256, 27, POOL_RULES[0]), (192, 56, POOL_RULES[1])])
+@pytest.mark.parametrize(("channels", "size", "forms"), [(256, 27, {POOL_RULES[0]}), (192, 56, {None, POOL_RULES[1]})])
 def test_lrn_sums_its_window_with_the_form_that_prices_lowest(
-    channels: int, size: int, rule: str, tmp_path, monkeypatch
+    channels: int, size: int, forms: set[str | None], tmp_path, monkeypatch
 ) -> None:
     """LRN's window sum over the channels is a 1x1 Conv with a band weight (channels squared multiply-adds a pixel),
     an average pool down the channels made the rows of a one-channel image, or a 3-D pool down the channels made the
     depth of a one-channel volume. Over CaffeNet's second LRN (256 channels of 27x27) onnxruntime's 2-D pool is the
-    fastest by far; over GoogLeNet's second (192 of 56x56) the 2-D pool, over rows of 3136, is slower than the Conv,
-    and the 3-D pool several times faster than both. The rules offer every form and the extraction chooses by
-    measured cost; every change is traced to the rule that made it."""
+    fastest by far; over GoogLeNet's second (192 of 56x56) the 2-D pool, over rows of 3136, is several times slower
+    than the Conv and the 3-D pool, and which of those two is faster depends on the machine (the 3-D pool by several
+    times on an AMD EPYC, the two a few percent apart on an Intel Xeon). The rules offer every form and the
+    extraction chooses by measured cost; every change is traced to the rule that made it."""
     model = _lrn_net((1, channels, size, size))
     result = _optimize(model, tmp_path, monkeypatch)
     written = collections.Counter(n.op_type for n in result.output.graph.node)
-    assert [r for r in POOL_RULES if r in result.rules] == [rule]
-    assert (written["AveragePool"], written["Conv"]) == (1, 1)
+    chosen = [r for r in POOL_RULES if r in result.rules]
+    assert len(chosen) <= 1 and (chosen[0] if chosen else None) in forms
+    assert (written["AveragePool"], written["Conv"]) == ((1, 1) if chosen else (0, 2))
     assert result.rules.get("lrn-definition") == 1 and "(unexplained)" not in result.rules
     x = RNG.standard_normal((1, 3, size, size)).astype(np.float32)
     np.testing.assert_allclose(_run(result.output, x), _run(model, x), rtol=1e-5, atol=1e-6)
@@ -294,7 +313,7 @@ def test_a_spatial_mean_becomes_a_global_average_pool_where_that_prices_lower(
     assert pooled == (result.returned_input is None and result.cost_after < result.cost_before)
     written = {n.op_type for n in result.output.graph.node}
     assert ("GlobalAveragePool" in written, "ReduceMean" in written) == (pooled, not pooled)
-    cost = _cost(tmp_path)  # the prices the run measured, from its cache
+    cost = _cost_of_the_run(tmp_path, model)
     shape, out = (1, 64, 56, 56), (1, 64, 1, 1)
     mean = cost(
         Node("reducemean", (), (("axes", (2, 3)), ("keepdims", keepdims)), out if keepdims else out[:2], "float32"),
@@ -302,6 +321,7 @@ def test_a_spatial_mean_becomes_a_global_average_pool_where_that_prices_lower(
     )
     pool = cost(Node("globalavgpool", (), (), out, "float32"), [shape])
     tolerance = cost.resolution
+    assert cost.stats.measured == 0  # the prices the extraction chose by, not a second timing
     if keepdims and pool * (1 + tolerance.relative) + tolerance.ms < mean:
         assert pooled
     assert fusions.check_kernels(result.output).match
@@ -327,12 +347,13 @@ def test_a_pool_that_is_one_window_over_its_input_becomes_the_global_pool_where_
     assert pooled == (result.returned_input is None and result.cost_after < result.cost_before)
     written = {n.op_type for n in result.output.graph.node}
     assert ("GlobalAveragePool" in written, "AveragePool" in written) == (pooled, not pooled)
-    cost = _cost(tmp_path)
+    cost = _cost_of_the_run(tmp_path, model)
     shape, out = (1, c, 7, 7), (1, c, 1, 1)
     window = (("kernel", (1280, 1280)), ("strides", (1280, 1280)), ("pads", (0, 0, 1273, 1273)))
     padded = cost(Node("avgpool", (), window + (("count_include_pad", 0),), out, "float32"), [shape])
     pool = cost(Node("globalavgpool", (), (), out, "float32"), [shape])
     tolerance = cost.resolution
+    assert cost.stats.measured == 0  # the prices the extraction chose by, not a second timing
     if pool * (1 + tolerance.relative) + tolerance.ms < padded:
         assert pooled
 
@@ -356,12 +377,13 @@ def test_attention_written_as_einsums_becomes_matmuls_where_they_price_lower(tmp
     context = "einsum-as-matmul-4d" in result.rules
     written = collections.Counter(n.op_type for n in result.output.graph.node)
     assert written["Einsum"] == 2 - context - ("einsum-as-matmul-transposed-4d" in result.rules)
-    cost = _cost(tmp_path)
+    cost = _cost_of_the_run(tmp_path, model)
     scores = (1, 4, 64, 64)
     equation = ("equation", ops.einsum_subscripts("bhqk,bhkd->bhqd"))
     einsum = cost(Node("einsum", (), (equation, ("shape", tuple(shape))), tuple(shape), "float32"), [scores, shape])
     matmul = cost(Node("matmul", (), (), tuple(shape), "float32"), [scores, shape])
     tolerance = cost.resolution
+    assert cost.stats.measured == 0  # the prices the extraction chose by, not a second timing
     if matmul * (1 + tolerance.relative) + tolerance.ms < einsum:
         assert context
 
@@ -383,12 +405,13 @@ def test_a_linear_layer_written_as_an_einsum_becomes_a_matmul_where_that_prices_
     chosen = rule in result.rules
     written = {n.op_type for n in result.output.graph.node}
     assert ("MatMul" in written, "Einsum" in written) == (chosen, not chosen)
-    cost = _cost(tmp_path)
+    cost = _cost_of_the_run(tmp_path, model)
     out = (1, SEQ, 4 * HIDDEN)
     attrs = (("equation", ops.einsum_subscripts(equation)), ("shape", out))
-    einsum = cost(Node("einsum", (), attrs, out, "float32"), [(1, SEQ, HIDDEN), weight])
-    matmul = cost(Node("matmul", (), (), out, "float32"), [(1, SEQ, HIDDEN), (1, HIDDEN, 4 * HIDDEN)])
+    einsum = cost(Node("einsum", (), attrs, out, "float32"), [(1, SEQ, HIDDEN), weight], [0, 1])
+    matmul = cost(Node("matmul", (), (), out, "float32"), [(1, SEQ, HIDDEN), (1, HIDDEN, 4 * HIDDEN)], [0, 1])
     tolerance = cost.resolution
+    assert cost.stats.measured == 0  # the prices the extraction chose by, not a second timing
     if matmul * (1 + tolerance.relative) + tolerance.ms < einsum:
         assert chosen
 
