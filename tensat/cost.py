@@ -72,14 +72,21 @@ class Resolution(NamedTuple):
 EXACT = Resolution(0.0, 0.0)  # an estimate that computes: equal prices are equal work
 
 
-# Activations onnxruntime fuses into the Conv before them (FusedConv), as conv2d's fused activation code. A
-# convolution with one is priced as the plain convolution by every cost model: onnxruntime applies the activation
-# in the convolution's output loop, at no cost worth a measurement, so a Conv and the Relu it fuses price as the
-# Conv alone (`runtime_fusions`), and writing the fusion into the graph (`conv-relu-fuse`) gains nothing.
+# Activations onnxruntime fuses into the Conv before them (FusedConv), as conv2d's fused activation code. A Conv and
+# the activation it fuses price as one kernel (`runtime_fusions`, `fused_item`), so writing the fusion into the graph
+# (`conv-relu-fuse`) gains nothing.
 FUSED_ACTIVATIONS = {name: code for name, code in ops.ACT_CODES.items() if code != ops.ACT_NONE}
 # Activations onnxruntime fuses into the Conv before them whose parameters conv2d's activation code does not hold (a
-# Clip's bounds, a LeakyRelu's slope): the convolution reading them is priced as the plain one all the same.
+# Clip's bounds, a LeakyRelu's slope).
 PARAMETRIC_ACTIVATIONS = frozenset({"clip", "leakyrelu", "hardsigmoid"})
+# Of the fused activations, those the convolution applies inside its own output loop (MLAS's Relu), at no cost a
+# timing tells apart: a convolution with one is priced as the plain convolution. The others (Sigmoid, Tanh and the
+# parametric ones) run as a pass over each block of the output after the convolution computed it, which over a
+# large feature map costs a fifth to twice the convolution's own time: the convolution is timed with them.
+IN_KERNEL_ACTIVATIONS = frozenset({"relu"})
+# The attribute of a conv2d's pricing item that carries the parametric activation fused into it (its op and
+# attributes, `fused_item`): a pricing item only, never a node of a graph
+FUSED_READER = "fused_reader"
 
 
 def _bytes(shape: Sequence[int], itemsize: int = 4) -> float:
@@ -210,16 +217,40 @@ def fuses_into(
     return not a_const and w_const and b_const and gemm_bias(product, weight, bias)
 
 
+def conv_activated(conv: Node, act: Node) -> Node | None:
+    """The node that prices `conv` (a conv2d without an activation) with the activation `act` fused into it, as
+    onnxruntime runs the two: the convolution with `act`'s activation code (a Sigmoid, a Tanh), or with `act` itself
+    as its `FUSED_READER` (a Clip with its bounds, a LeakyRelu with its slope); None for an activation the
+    convolution applies inside its own output loop (`IN_KERNEL_ACTIVATIONS`: its price counts it), or an op that is
+    not an activation."""
+    if act.op in IN_KERNEL_ACTIVATIONS:
+        return None
+    if act.op in FUSED_ACTIVATIONS:
+        attrs = tuple((k, FUSED_ACTIVATIONS[act.op] if k == "act" else v) for k, v in conv.attrs)
+    elif act.op in PARAMETRIC_ACTIVATIONS:
+        attrs = (*conv.attrs, (FUSED_READER, (act.op, tuple(act.attrs))))
+    else:
+        return None
+    return Node(conv.op, conv.inputs, attrs, conv.shape, conv.dtype)
+
+
 def fused_item(reader: Item, k: int, producer: Item) -> Item | None:
     """The item that prices the kernel of `producer` with `reader` fused into it (reading the product as its operand
-    `k`, see `fuses_into`), where that kernel does work the producer's own item does not price: an Add fused into a
-    MatMul is a Gemm, which writes its addend into the output before it accumulates the product there, a pass over
-    the output a MatMul does not make; it is priced as the MatMul with the addend as a third operand (timed as the
-    MatMul and the Add, which onnxruntime fuses as in the graph, see `tensat.measure.pricing_unit`). None where the
-    producer's price counts the reader: a BatchNormalization folded into a convolution's weights, an activation in
-    its output loop."""
+    `k`, see `fuses_into`), where that kernel does work the producer's own item does not price:
+    - an Add fused into a MatMul is a Gemm, which writes its addend into the output before it accumulates the
+      product there, a pass over the output a MatMul does not make; it is priced as the MatMul with the addend as a
+      third operand (timed as the MatMul and the Add, which onnxruntime fuses as in the graph, see
+      `tensat.measure.pricing_unit`);
+    - an activation fused into a convolution that applies it in a pass over the output (`conv_activated`) is priced
+      as the convolution with it, timed as the Conv and the activation, which onnxruntime fuses as in the graph.
+    None where the producer's price counts the reader: a BatchNormalization folded into a convolution's weights, a
+    Relu in its output loop."""
     r_node, r_shapes, r_const = reader
     p_node, p_shapes, p_const = producer
+    if p_node.op == "conv2d" and k == 0 and p_node.attr.get("act") == ops.ACT_NONE:
+        if FUSED_READER in p_node.attr or (node := conv_activated(p_node, r_node)) is None:
+            return None
+        return node, list(p_shapes), list(p_const)
     if r_node.op != "add" or p_node.op != "matmul" or len(p_shapes) != 2 or len(r_shapes) != 2:
         return None
     return p_node, [*p_shapes, r_shapes[1 - k]], [*p_const, r_const[1 - k]]
@@ -493,10 +524,11 @@ def runtime_kernels(graph: Graph, device: str = "cpu") -> list[Kernel]:
         if i in act:
             n = Node(n.op, n.inputs, tuple((k, act[i] if k == "act" else v) for k, v in n.attrs), n.shape, n.dtype)
         item = item_of(graph, n, const, layout)
-        for m in absorbed.get(i, ()):
+        for m in absorbed.get(i, ()):  # each reading the kernel's node, or a node fused into it (a BatchNormalization)
             reader = graph.nodes[m]
-            if i in reader.inputs:
-                item = fused_item(item_of(graph, reader, const, layout), reader.inputs.index(i), item) or item
+            k = next((k for k, x in enumerate(reader.inputs) if x == i or owner.get(x) == i), None)
+            if k is not None:
+                item = fused_item(item_of(graph, reader, const, layout), k, item) or item
         kernels.append((sorted([i, *absorbed.get(i, ())]), item))
     return kernels
 

@@ -237,8 +237,9 @@ class SequentialSearch:
 
     def _fused_price(self, i: int, view: Callable[[int], _NodeView] | None = None) -> float | None:
         """What node `i` costs fused into the node computing one of its operands, as in tensat's extraction
-        (`tensat.cost.fused_cost`: nothing, but the Gemm's price less the MatMul's, at most the Add's own, for an
-        Add fused into a MatMul); None where it is not fused."""
+        (`tensat.cost.fused_cost`: nothing, but the fused kernel's price less the producer's, at most the node's
+        own, for an Add fused into a MatMul and an activation a convolution applies in a pass over its output);
+        None where it is not fused."""
         found = self._fused_into(i, view)
         if found is None:
             return None

@@ -110,15 +110,16 @@ class Export(LoweredGraph):
         computations (a Mul before or after a Reshape) measured a hair apart. An e-node priced like an input node
         shares that node's measurement, so a graph that drops an Add and keeps its MatMuls' prices still wins.
         An e-node onnxruntime fuses into the e-node below it costs what it adds to that e-node's kernel
-        (`_runtime_fused`, `tensat.cost.fused_cost`), as the runtime runs it: nothing for a BatchNormalization, an
-        activation or a Clip over an e-class that holds a convolution; on the CPU, for an Add over one that holds a
-        MatMul (a Gemm: any addend of a 2-D product, a constant bias of an N-D one), the Gemm's price less the
-        MatMul's, at most the Add's own. The fusions only a whole graph shows (an activation through the node it
-        fuses after, a Transpose folded into a MatMul, onnxruntime's blocked layout) are left to the graph's price.
-        So writing a fusion the runtime makes anyway gains nothing (a convolution's fused activation is priced as
-        the plain convolution, see `tensat.cost.FUSED_ACTIVATIONS`), and a rewrite that takes one apart (a Relu
-        moved past a MaxPool, a Transpose moved between a MatMul and its bias) pays for the node it leaves on its
-        own. The price assumes the convolution or MatMul is chosen, and read by that node alone; where the
+        (`_runtime_fused`, `tensat.cost.fused_cost`), as the runtime runs it: nothing for a BatchNormalization or a
+        Relu over an e-class that holds a convolution; for another activation there (a Clip, a Sigmoid), the price of
+        the convolution timed with it less the plain convolution's, at most the activation's own; on the CPU, for an
+        Add over one that holds a MatMul (a Gemm: any addend of a 2-D product, a constant bias of an N-D one), the
+        Gemm's price less the MatMul's, at most the Add's own. The fusions only a whole graph shows (an activation
+        through the node it fuses after, a Transpose folded into a MatMul, onnxruntime's blocked layout) are left
+        to the graph's price. So writing a fusion the runtime makes anyway gains nothing (a convolution with its
+        fused activation code prices as the pair, see `tensat.cost.fused_item`), and a rewrite that takes one apart
+        (a Relu moved past a MaxPool, a Transpose moved between a MatMul and its bias) pays for the node it leaves
+        on its own. The price assumes the convolution or MatMul is chosen, and read by that node alone; where the
         extracted graph differs, its price as written (`tensat.cost.runtime_cost`) tells.
 
         With `competitive` (for a cost model that measures, where every price takes time), only e-nodes that can
@@ -738,9 +739,9 @@ def _runtime_fused(
     decoded: dict[str, DecodedNode], const: set[int], shapes: dict[int, tuple[int, ...]], device: str
 ) -> Iterator[tuple[str, int, str]]:
     """The e-nodes onnxruntime on `device` fuses into an e-node of an e-class they read (`tensat.cost.fuses_into`,
-    with the e-classes' shapes `shapes`): a BatchNormalization, an activation or a Clip over an e-class holding a
-    convolution, an Add over one holding a MatMul; each with the operand it reads that e-class as, and the first
-    e-node there it fuses into."""
+    with the e-classes' shapes `shapes`): a BatchNormalization or an activation (a Clip among them) over an
+    e-class holding a convolution, an Add over one holding a MatMul; each with the operand it reads that e-class as,
+    and the first e-node there it fuses into."""
     producers: dict[int, list[tuple[str, DecodedNode]]] = {}  # e-class -> its convolutions and MatMuls
     for pid, dn in decoded.items():
         if dn.op in FUSION_PRODUCERS and dn.eclass not in const:

@@ -15,7 +15,7 @@ import onnx
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 from tensat import ops
-from tensat.cost import Computed, Const, Scalar, priced_by_layout
+from tensat.cost import FUSED_READER, IN_KERNEL_ACTIVATIONS, Computed, Const, Scalar, priced_by_layout
 from tensat.ir import Graph, Node
 from tensat.onnx.exporter import has_own_emitter
 from tensat.onnx_io import export_model
@@ -135,8 +135,10 @@ def pricing_unit(node: Node, in_shapes: Sequence[Sequence[int]], const: Sequence
     computation written two ways is timed once. Two separate measurements of it would differ by noise alone (or by
     when each was taken), and the extractor would prefer the cheaper-looking form, which can undo what onnxruntime
     fuses (its GELU and LayerNorm fusions match operands in the order exporters write them). So:
-    - a convolution with a fused activation is timed as the plain convolution: onnxruntime applies the activation in
-      its output loop (see `tensat.cost.FUSED_ACTIVATIONS`), so the fused and the unfused pair price the same;
+    - a convolution with a fused activation is timed with it, as the Conv and the activation, which onnxruntime
+      fuses as in the graph (a parametric one, a Clip with its bounds, is the item's `tensat.cost.FUSED_READER`); with
+      a Relu, which the convolution applies inside its own output loop (`tensat.cost.IN_KERNEL_ACTIVATIONS`), as the
+      plain convolution. The fused and the unfused pair price the same either way (`tensat.cost.fused_item`);
     - an element-wise op is timed without the leading dimensions of size 1 its output has (a Mul on 1x64x1024 and
       on 64x1024 run the same loop), unless its price depends on its operands' layout (`tensat.cost.priced_by_layout`)
       and one is held blocked: then its 4-D shape tells the measuring model the reorders onnxruntime puts around it
@@ -167,11 +169,18 @@ def pricing_unit(node: Node, in_shapes: Sequence[Sequence[int]], const: Sequence
         ordered = sorted(zip(shapes, flags), key=lambda sf: (bool(sf[1]), sf[0]))
         shapes, flags = [s for s, _ in ordered], [f for _, f in ordered]
     unit = Unit.single(node, shapes, flags)
-    if node.op != "conv2d" or node.attr.get("act", ops.ACT_NONE) == ops.ACT_NONE:
+    if node.op != "conv2d":
+        return unit
+    reader = node.attr.get(FUSED_READER)
+    in_kernel = ops.ACT_NAMES[node.attr.get("act", ops.ACT_NONE)] in IN_KERNEL_ACTIVATIONS
+    if reader is None and not in_kernel:
         return unit
     head = unit.nodes[0]
-    attrs = tuple((k, ops.ACT_NONE if k == "act" else v) for k, v in head.attrs)
-    return Unit((UnitNode(head.op, attrs, head.inputs),), unit.externals, unit.values, unit.layouts)
+    attrs = tuple((k, ops.ACT_NONE if k == "act" and in_kernel else v) for k, v in head.attrs if k != FUSED_READER)
+    nodes = [UnitNode(head.op, attrs, head.inputs)]
+    if reader is not None:
+        nodes.append(UnitNode(reader[0], tuple(reader[1]), (("n", 0),)))
+    return Unit(tuple(nodes), unit.externals, unit.values, unit.layouts)
 
 
 def _nbytes(shape: Sequence[int], dtype: str = "float32") -> int:

@@ -5,6 +5,7 @@ accuracy and repeatability are measured by bench/cost_report.py."""
 from __future__ import annotations
 
 import argparse
+import collections
 import math
 import multiprocessing
 import os
@@ -16,6 +17,7 @@ import textwrap
 import time
 import warnings
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import onnx
@@ -25,6 +27,7 @@ import tensat
 import tensat.api as api
 from tensat import ops
 from tensat.cost import (
+    FUSED_ACTIVATIONS,
     AnalyticCost,
     Computed,
     Scalar,
@@ -65,7 +68,7 @@ from tensat.measure.cache import CostCache, CostEntry, default_cache_dir
 from tensat.measure.model import _bucket
 from tensat.measure_cli import add_cost_report_arguments, add_profile_arguments, run_cost_report, run_profile
 from tensat.onnx_io import export_model, save_model
-from tensat.session import make_session, nchwc_block
+from tensat.session import make_session, nchwc_block, runtime_graph
 from tensat.verify import random_inputs
 from tests.helpers import decode_head, resize, slow_params
 
@@ -135,20 +138,19 @@ def test_unit_signature_names_op_attrs_shapes_and_weights():
     assert flipped.signature() != ua.signature() and not flipped.weighted and ua.weighted
 
 
-@pytest.mark.parametrize("act", [ops.ACT_RELU, ops.ACT_SIGMOID])
-def test_a_fused_activation_costs_nothing_more(act: int, tmp_path) -> None:
-    """onnxruntime applies an activation fused into a Conv in the convolution's output loop: the fused convolution
-    is timed and priced as the plain one (both cost models), so writing the fusion gains nothing, and a prefetch
+def _activated(node: Node, act: int) -> Node:
+    return Node(
+        "conv2d", node.inputs, tuple((k, act if k == "act" else v) for k, v in node.attrs), node.shape, "float32"
+    )
+
+
+def test_a_relu_fused_into_a_convolution_costs_nothing_more(tmp_path) -> None:
+    """onnxruntime applies a Relu fused into a Conv inside the convolution's output loop: the fused convolution is
+    timed and priced as the plain one (both cost models), so writing the fusion gains nothing, and a prefetch
     measures the one unit."""
     node, shapes, const = items(small_cnn())[0]
     assert node.op == "conv2d" and node.attr["act"] == 0
-    fused = Node(
-        "conv2d",
-        node.inputs,
-        tuple((k, act if k == "act" else v) for k, v in node.attrs),
-        node.shape,
-        node.dtype,
-    )
+    fused = _activated(node, ops.ACT_RELU)
     assert pricing_unit(fused, shapes, const) == pricing_unit(node, shapes, const)
     for cost in (cost_model(tmp_path), AnalyticCost()):
         plain = cost(node, shapes, const)
@@ -157,6 +159,39 @@ def test_a_fused_activation_costs_nothing_more(act: int, tmp_path) -> None:
     measured = cost_model(tmp_path / "fresh")
     measured.prefetch([(fused, shapes, const)])
     assert measured.stats.measured == 1
+
+
+def _conv_then(op: str, **attrs: Any) -> Graph:
+    g = Graph()
+    x = g.input("x", (1, 16, 28, 28))
+    conv = g.add("conv2d", [x, g.weight(w(32, 16, 3, 3)), g.weight(w(32))], **conv_attrs())
+    g.output("y", g.add(op, [conv], **attrs))
+    return g
+
+
+@pytest.mark.parametrize(
+    ("op", "attrs"), [("sigmoid", {}), ("tanh", {}), ("clip", {"min": 0.0, "max": 6.0}), ("leakyrelu", {"alpha": 0.1})]
+)
+def test_an_activation_fused_into_a_convolution_is_timed_with_it(op: str, attrs: dict, tmp_path) -> None:
+    """onnxruntime applies the other activations it fuses into a Conv in a pass over the output (a Clip's, over a
+    large feature map, costs a fifth to a half of the convolution): the graph's kernel is priced as the Conv and the
+    activation, timed in a unit onnxruntime runs as the one fused kernel it runs in the graph, and the fused pair
+    written as the convolution's activation code prices the same."""
+    graph = _conv_then(op, **attrs)
+    ((nodes, (node, shapes, const)),) = runtime_kernels(graph)
+    assert [graph.nodes[i].op for i in nodes] == ["conv2d", op]
+    unit = pricing_unit(node, shapes, const)
+    assert unit.ops == ("conv2d", op) if op in ("clip", "leakyrelu") else unit.ops == ("conv2d",)
+    assert unit != pricing_unit(*items(_conv_then("relu"))[0])
+    ran = collections.Counter(n.op_type for n in runtime_graph(unit_model(unit)).graph.node)
+    assert (
+        ran[next(iter(ran.keys() & {"Conv", "FusedConv"}))] == 1
+        and sum(ran.values()) - ran["ReorderInput"] - ran["ReorderOutput"] == 1
+    ), ran
+    cost = cost_model(tmp_path)
+    assert runtime_cost(graph, cost) == pytest.approx(cost(node, shapes, const))
+    if op in FUSED_ACTIVATIONS:  # the pair written as one conv2d: the same unit
+        assert pricing_unit(_activated(items(_conv_then("relu"))[0][0], FUSED_ACTIVATIONS[op]), shapes, const) == unit
 
 
 def test_one_elementwise_computation_written_two_ways_is_priced_once(tmp_path):
