@@ -27,7 +27,7 @@ import numpy as np
 from onnx import ModelProto
 
 from tensat.session import ModelSource, Serialized, make_session, proto_of, shared_session
-from tensat.verify import random_inputs
+from tensat.verify import timing_inputs
 
 
 @dataclass
@@ -134,7 +134,8 @@ class Interleaved:
         spinning = threads == 1
         self.sessions = sessions = [shared_session(m, provider, threads, spinning=spinning) for m in models]
         extra = [[make_session(m, provider, threads, spinning=spinning) for m in models] for _ in range(copies - 1)]
-        feeds = random_inputs(protos[0], seed, shapes)  # at `shapes` where the models' inputs have symbolic dims
+        feeds = timing_inputs(protos[0], seed, shapes)  # at `shapes` where the models' inputs have symbolic dims
+        self.feeds = feeds
         self.runs_of = [runner(sess, feeds, provider) for sess in sessions]
         self.copies = [self.runs_of, *[[runner(sess, feeds, provider) for sess in row] for row in extra]]
         for runs in self.copies:

@@ -43,10 +43,10 @@ def _initializer_names(model: ModelProto) -> set[str]:
 
 
 def random_inputs(
-    model: ModelProto, seed: int = 0, shapes: Mapping[str, Sequence[int]] | None = None
+    model: ModelProto, seed: int = 0, shapes: Mapping[str, Sequence[int]] | None = None, integers: int | None = None
 ) -> dict[str, np.ndarray]:
     """Seeded feeds for every graph input, of the shapes `shapes` gives or else the declared ones: floats standard
-    normal, integers 0 or 1, booleans random.
+    normal, integers 0 or 1 (all `integers` where given), booleans random.
 
     Integers of 0 and 1 are valid wherever a model reads an integer input: token ids index any vocabulary, and an
     attention mask takes no other value (OPT computes its positions as the mask's cumulative sum, and a mask of
@@ -72,6 +72,8 @@ def random_inputs(
             raise ModelError(f"input '{vi.name}' has element type {tt.elem_type}, which numpy cannot hold") from None
         if dtype.kind == "f":
             feeds[vi.name] = np.asarray(rng.standard_normal(shape)).astype(dtype)
+        elif dtype.kind in "iu" and integers is not None:
+            feeds[vi.name] = np.full(shape, integers, dtype)
         elif dtype.kind in "iu":
             feeds[vi.name] = np.asarray(rng.integers(0, 2, size=shape)).astype(dtype)
         elif dtype.kind == "b":
@@ -79,6 +81,18 @@ def random_inputs(
         else:
             raise ModelError(f"input '{vi.name}' is of type {dtype}; cannot make random inputs for it")
     return feeds
+
+
+def timing_inputs(
+    model: ModelProto, seed: int = 0, shapes: Mapping[str, Sequence[int]] | None = None
+) -> dict[str, np.ndarray]:
+    """Seeded feeds that time a model as it serves an unpadded batch (`random_inputs` with every integer 1: token ids
+    of 1, an attention mask of ones). A mask of random zeros masks half the keys at random, and onnxruntime's CPU
+    Softmax, and its attention kernels, run several times slower over rows where half the scores are large
+    negatives (their exponentials underflow): timing with it would time a path an unpadded input never takes, and
+    one the unit prices, timed on random scores, do not see. Verification keeps the random zeros and ones, which
+    test what the mask computes."""
+    return random_inputs(model, seed, shapes, integers=1)
 
 
 def run_model(

@@ -69,7 +69,7 @@ from tensat.measure.model import _bucket
 from tensat.measure_cli import add_cost_report_arguments, add_profile_arguments, run_cost_report, run_profile
 from tensat.onnx_io import export_model, save_model
 from tensat.session import make_session, nchwc_block, runtime_graph
-from tensat.verify import random_inputs
+from tensat.verify import random_inputs, timing_inputs
 from tests.helpers import decode_head, resize, slow_params
 
 RNG = np.random.default_rng(3)
@@ -930,6 +930,37 @@ def test_interleaved_turns_count_runs_per_model():
     timed.turn(1)
     assert timed.runs == 4 and [len(s) for s in timed.samples] == [4, 4] and timed.seconds > 0
     assert all(s.runs == 4 for s in timed.stats())
+
+
+def _masked_lookup() -> onnx.ModelProto:
+    """Token ids looked up in a table, scaled by an attention mask, as a transformer reads its two integer inputs."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [
+        helper.make_node("Gather", ["table", "input_ids"], ["emb"]),
+        helper.make_node("Cast", ["attention_mask"], ["m"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["m", "axis"], ["mu"]),
+        helper.make_node("Mul", ["emb", "mu"], ["y"]),
+    ]
+    ints = [helper.make_tensor_value_info(n, TensorProto.INT64, [1, 16]) for n in ("input_ids", "attention_mask")]
+    inits = [numpy_helper.from_array(w(4, 8), "table"), numpy_helper.from_array(np.array([-1], np.int64), "axis")]
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8])
+    graph = helper.make_graph(nodes, "g", ints, [out], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_the_end_to_end_timing_feeds_an_unpadded_batch() -> None:
+    """Timed end to end, a model's integer inputs are ones (token ids of 1, an attention mask of ones), as an
+    unpadded batch runs; verification draws zeros and ones, which test what the mask computes."""
+    model = _masked_lookup()
+    timed = Interleaved([model, model], warmup=0)
+    assert set(timed.feeds) == {"input_ids", "attention_mask"}
+    assert all(v.dtype == np.int64 and (v == 1).all() for v in timed.feeds.values())
+    drawn = random_inputs(model)
+    assert all(set(np.unique(v)) == {0, 1} for v in drawn.values())
+    assert all(np.array_equal(timing_inputs(model, 3)[k], v) for k, v in timed.feeds.items())
 
 
 def test_fresh_cost_report_notes_how_it_was_taken(tmp_path):
