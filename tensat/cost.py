@@ -217,6 +217,13 @@ def fuses_into(
     return not a_const and w_const and b_const and gemm_bias(product, weight, bias)
 
 
+def with_activation(conv: Node, code: int) -> Node:
+    """`conv` (a conv2d) with the fused activation `code`."""
+    return Node(
+        conv.op, conv.inputs, tuple((k, code if k == "act" else v) for k, v in conv.attrs), conv.shape, conv.dtype
+    )
+
+
 def conv_activated(conv: Node, act: Node) -> Node | None:
     """The node that prices `conv` (a conv2d without an activation) with the activation `act` fused into it, as
     onnxruntime runs the two: the convolution with `act`'s activation code (a Sigmoid, a Tanh), or with `act` itself
@@ -226,12 +233,11 @@ def conv_activated(conv: Node, act: Node) -> Node | None:
     if act.op in IN_KERNEL_ACTIVATIONS:
         return None
     if act.op in FUSED_ACTIVATIONS:
-        attrs = tuple((k, FUSED_ACTIVATIONS[act.op] if k == "act" else v) for k, v in conv.attrs)
-    elif act.op in PARAMETRIC_ACTIVATIONS:
+        return with_activation(conv, FUSED_ACTIVATIONS[act.op])
+    if act.op in PARAMETRIC_ACTIVATIONS:
         attrs = (*conv.attrs, (FUSED_READER, (act.op, tuple(act.attrs))))
-    else:
-        return None
-    return Node(conv.op, conv.inputs, attrs, conv.shape, conv.dtype)
+        return Node(conv.op, conv.inputs, attrs, conv.shape, conv.dtype)
+    return None
 
 
 def fused_item(reader: Item, k: int, producer: Item) -> Item | None:
@@ -522,7 +528,7 @@ def runtime_kernels(graph: Graph, device: str = "cpu") -> list[Kernel]:
         if n.is_leaf or i in const or i in owner:
             continue
         if i in act:
-            n = Node(n.op, n.inputs, tuple((k, act[i] if k == "act" else v) for k, v in n.attrs), n.shape, n.dtype)
+            n = with_activation(n, act[i])
         item = item_of(graph, n, const, layout)
         for m in absorbed.get(i, ()):  # each reading the kernel's node, or a node fused into it (a BatchNormalization)
             reader = graph.nodes[m]

@@ -36,6 +36,7 @@ from tensat.cost import (
     item_of,
     runtime_cost,
     runtime_kernels,
+    with_activation,
 )
 from tensat.cost_report import (
     cost_report,
@@ -70,7 +71,7 @@ from tensat.measure_cli import add_cost_report_arguments, add_profile_arguments,
 from tensat.onnx_io import export_model, save_model
 from tensat.session import make_session, nchwc_block, runtime_graph
 from tensat.verify import random_inputs, timing_inputs
-from tests.helpers import decode_head, resize, slow_params
+from tests.helpers import decode_head, make, resize, slow_params, vi
 
 RNG = np.random.default_rng(3)
 FAST = 0.03  # seconds of timing per unit: enough to exercise the machinery, not to be accurate
@@ -138,19 +139,13 @@ def test_unit_signature_names_op_attrs_shapes_and_weights():
     assert flipped.signature() != ua.signature() and not flipped.weighted and ua.weighted
 
 
-def _activated(node: Node, act: int) -> Node:
-    return Node(
-        "conv2d", node.inputs, tuple((k, act if k == "act" else v) for k, v in node.attrs), node.shape, "float32"
-    )
-
-
 def test_a_relu_fused_into_a_convolution_costs_nothing_more(tmp_path) -> None:
     """onnxruntime applies a Relu fused into a Conv inside the convolution's output loop: the fused convolution is
     timed and priced as the plain one (both cost models), so writing the fusion gains nothing, and a prefetch
     measures the one unit."""
     node, shapes, const = items(small_cnn())[0]
     assert node.op == "conv2d" and node.attr["act"] == 0
-    fused = _activated(node, ops.ACT_RELU)
+    fused = with_activation(node, ops.ACT_RELU)
     assert pricing_unit(fused, shapes, const) == pricing_unit(node, shapes, const)
     for cost in (cost_model(tmp_path), AnalyticCost()):
         plain = cost(node, shapes, const)
@@ -191,7 +186,9 @@ def test_an_activation_fused_into_a_convolution_is_timed_with_it(op: str, attrs:
     cost = cost_model(tmp_path)
     assert runtime_cost(graph, cost) == pytest.approx(cost(node, shapes, const))
     if op in FUSED_ACTIVATIONS:  # the pair written as one conv2d: the same unit
-        assert pricing_unit(_activated(items(_conv_then("relu"))[0][0], FUSED_ACTIVATIONS[op]), shapes, const) == unit
+        assert (
+            pricing_unit(with_activation(items(_conv_then("relu"))[0][0], FUSED_ACTIVATIONS[op]), shapes, const) == unit
+        )
 
 
 def test_one_elementwise_computation_written_two_ways_is_priced_once(tmp_path):
@@ -942,13 +939,9 @@ def _masked_lookup() -> onnx.ModelProto:
         helper.make_node("Unsqueeze", ["m", "axis"], ["mu"]),
         helper.make_node("Mul", ["emb", "mu"], ["y"]),
     ]
-    ints = [helper.make_tensor_value_info(n, TensorProto.INT64, [1, 16]) for n in ("input_ids", "attention_mask")]
+    ints = [vi(n, [1, 16], TensorProto.INT64) for n in ("input_ids", "attention_mask")]
     inits = [numpy_helper.from_array(w(4, 8), "table"), numpy_helper.from_array(np.array([-1], np.int64), "axis")]
-    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8])
-    graph = helper.make_graph(nodes, "g", ints, [out], initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    return make(nodes, ints, [vi("y", [1, 16, 8])], inits)
 
 
 def test_the_end_to_end_timing_feeds_an_unpadded_batch() -> None:

@@ -19,8 +19,7 @@ import tensat
 import tensat.api as api
 from tensat import ops
 from tensat.cli import main
-from tensat.cost import AnalyticCost, graph_cost, runtime_cost
-from tensat.ir import Node
+from tensat.cost import AnalyticCost, graph_cost, runtime_cost, with_activation
 from tensat.models import SMALL_SIZES, build_model
 from tensat.onnx_io import import_model
 from tensat.progress import STAGES, StderrProgress
@@ -193,7 +192,7 @@ def test_no_gain_onnxruntime_gets_by_itself_is_claimed() -> None:
     graph.output("y", graph.add("relu", [conv]))
     cost = AnalyticCost()
     c = graph.nodes[conv]
-    fused = Node(c.op, c.inputs, tuple((k, ops.ACT_RELU if k == "act" else v) for k, v in c.attrs), c.shape, c.dtype)
+    fused = with_activation(c, ops.ACT_RELU)
     plain = cost(c, [(1, 3, 8, 8), (4, 3, 3, 3), (4,)])
     assert (
         runtime_cost(graph, cost)
