@@ -431,6 +431,9 @@ def summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     warms = [r["tensat_warm"]["seconds"] for r in records if r["tensat_warm"]["ok"]]
     out["first_run_max_s"] = max(firsts, default=float("nan"))
     out["warm_run_max_s"] = max(warms, default=float("nan"))
+    checked = [r for r in records if r["tensat_warm"]["ok"] and (r["tensat_warm"]["stats"] or {}).get("latency_check")]
+    out["warm_checks_read"] = sum(bool(r["tensat_warm"]["stats"]["latency_check"].get("reused")) for r in checked)
+    out["warm_checks"] = len(checked)
     return out
 
 
@@ -451,7 +454,8 @@ def markdown(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
         "end in onnxruntime (CPU, all graph optimizations on) over the input model: median over pairs of "
         f"interleaved blocks, each model in {SESSIONS} sessions taking turns, with a 95% bootstrap interval; "
         "`threads=N` is the intra-op thread count. First: a fresh process with an empty cost cache; warm: a second "
-        "process with the cache the first filled. Predicted: the speedup the optimizing process priced. "
+        "process with the cache the first filled (its measured costs, and its end-to-end verdict for a second run "
+        "whose candidate is the first's). Predicted: the speedup the optimizing process priced. "
         "Predicted / run: the returned model's kernels priced afresh on an empty cost cache over its end-to-end time "
         f"at one thread (in {SESSIONS} sessions, each unit in {SAME_LOAD_WINDOWS} windows), both taken in turns in one "
         f"process (the cost model's error), the median of {SAME_LOAD_CHECKS} such checks minutes apart, with their "
@@ -506,7 +510,8 @@ def markdown(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
         + "; as the optimizing process priced it: "
         f"{', '.join(s['at_optimize_over_run_outside_10pct']) or 'none'}.",
         f"- Longest default run: {s['first_run_max_s']:.1f} s the first time, {s['warm_run_max_s']:.1f} s "
-        f"with a warm cost cache.",
+        f"with a warm cost cache; {s['warm_checks_read']} of the {s['warm_checks']} warm runs that reached the "
+        "end-to-end check read the first run's verdict (their candidate was the first run's).",
     ]
     for key, value in s.items():
         if isinstance(value, dict):

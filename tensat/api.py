@@ -8,6 +8,8 @@ failure degrades the run, to what the failing stage's fallback leaves (at worst 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import os
@@ -41,6 +43,8 @@ from tensat.latency import KEEP_ABOVE, LatencyComparison, compare_latency
 from tensat.latency import RESOLUTION as LATENCY_RESOLUTION
 from tensat.measure import MeasuredCost, default_clock, make_measured_cost, resolve_device
 from tensat.measure.cache import default_cache_dir
+from tensat.measure.timing import last_level_cache, level_two_cache
+from tensat.onnx.external import content_digest
 from tensat.onnx.symbolic import declared, fixed_shapes, generalize, halfway, other_shapes, sizes_to_try, unsized
 from tensat.options import Options
 from tensat.progress import ProgressFn, report
@@ -154,6 +158,8 @@ class OptimizeResult:
             lines.append(_latency_line(lat, 1, f" at {_shape_text(shapes)}"))
         if self.latency is not None:
             lines += [_latency_line(lat, threads) for threads, lat in self.latency.by_threads.items()]
+            if self.latency.reused:
+                lines[-1] += "; an earlier run's timing of the same two models on this machine"
         lines.append(
             "result    "
             + (
@@ -383,13 +389,24 @@ def check_threads() -> tuple[int, ...]:
 @dataclass
 class LatencyCheck:
     """The optimized model timed against the input end to end, at the thread counts of `check_threads()` in order
-    until one shows it not measurably faster (which rejects it whatever the others show)."""
+    until one shows it not measurably faster (which rejects it whatever the others show); `reused` where the
+    verdict is an earlier run's, which timed the same two models on this machine (`_verdict_key`)."""
 
     by_threads: dict[int, LatencyComparison]
     kept: bool  # whether the optimized model was kept
+    reused: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kept": self.kept, **{f"threads={t}": c.to_dict() for t, c in self.by_threads.items()}}
+        timed = {f"threads={t}": c.to_dict() for t, c in self.by_threads.items()}
+        return {"kept": self.kept, **({"reused": True} if self.reused else {}), **timed}
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any], reused: bool = False) -> LatencyCheck:
+        """The check `to_dict` wrote."""
+        by_threads = {
+            int(k.split("=", 1)[1]): LatencyComparison.from_dict(v) for k, v in d.items() if k.startswith("threads=")
+        }
+        return LatencyCheck(by_threads, bool(d["kept"]), reused)
 
     def __repr__(self) -> str:
         return f"<LatencyCheck {'kept' if self.kept else 'not kept'}: {self.figures()}>"
@@ -1240,12 +1257,45 @@ def _verify(run: _Run) -> None:
         _reject(run, "the optimized graph rounds differently under onnxruntime's fused kernels")
 
 
+VERDICT_VERSION = 1  # raised when the end-to-end check's rule or timing changes: earlier verdicts then go unread
+
+
+def _verdict_key(original: Serialized, optimized: Serialized, opts: Options) -> str:
+    """What an end-to-end verdict holds for: the two models' contents, the thread counts, seconds and seed they were
+    timed with, the keep rule, and the machine's core count and cache sizes (the device fingerprint names a CPU by
+    its model name alone, which covers parts of other caches)."""
+    parts = {
+        "version": VERDICT_VERSION,
+        "models": [content_digest(m.proto, m.data) for m in (original, optimized)],
+        "threads": list(check_threads()),
+        "seconds": opts.latency_check,
+        "seed": opts.seed,
+        "keep_above": KEEP_ABOVE,
+        "machine": [os.cpu_count(), last_level_cache(), level_two_cache()],
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
 def _latency_check(run: _Run) -> None:
+    """Time the candidate against the input end to end (`_end_to_end_check`), or read the verdict of an earlier run
+    that timed the same two models on this machine, which the measured cost model's cache keeps by its device
+    fingerprint (`_verdict_key`): a second run on a model returns what the first returned, where a verdict near its
+    threshold could otherwise fall the other way, and takes no second timing."""
     opts = run.opts
-    run.log.say("latency", f"timing both models end to end (at most {opts.latency_check:g} s)")
-    device = run.measured.device if run.measured is not None else _check_device(opts)
-    predicted = run.cost_before / run.candidate_cost if run.candidate_cost > 0 else 1.0
-    run.check = _end_to_end_check(*_checked(run), device, opts, run.log, predicted)
+    models = _checked(run)
+    measured = run.measured
+    key = _verdict_key(*models, opts) if measured is not None else None
+    found = measured.cache.verdict(measured.fingerprint, key) if measured is not None and key is not None else None
+    if found is not None:
+        run.check = LatencyCheck.from_dict(found, reused=True)
+        run.log.say("latency", f"an earlier run timed these two models: {run.check.figures()}")
+    else:
+        run.log.say("latency", f"timing both models end to end (at most {opts.latency_check:g} s)")
+        device = measured.device if measured is not None else _check_device(opts)
+        predicted = run.cost_before / run.candidate_cost if run.candidate_cost > 0 else 1.0
+        run.check = _end_to_end_check(*models, device, opts, run.log, predicted)
+        if run.check is not None and measured is not None and key is not None:
+            measured.cache.put_verdict(measured.fingerprint, key, run.check.to_dict())
     if run.check is not None and not run.check.kept:
         _reject(run, _not_faster(run.check))
 

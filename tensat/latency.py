@@ -290,6 +290,20 @@ class LatencyComparison:
         """The candidate is slower beyond noise: the whole interval lies below 1."""
         return self.interval[1] < 1.0
 
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> LatencyComparison:
+        """The comparison `to_dict` wrote."""
+        low, high = d["interval"]
+        return LatencyComparison(
+            float(d["baseline_ms"]),
+            float(d["candidate_ms"]),
+            float(d["speedup"]),
+            (float(low), float(high)),
+            int(d["pairs"]),
+            int(d["block"]),
+            float(d["seconds"]),
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "baseline_ms": self.baseline_ms,

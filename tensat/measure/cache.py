@@ -2,8 +2,9 @@
 
 One database file serves every run and every process. Rows are keyed by the device fingerprint (a hash of the
 device name, execution provider, onnxruntime version, thread count and measurement method) and by the signature
-of the measured unit (op, attributes, input shapes and dtypes, which inputs are weights). Values are plain numbers
-and JSON text, never pickles.
+of the measured unit (op, attributes, input shapes and dtypes, which inputs are weights); the end-to-end check's
+verdicts, by the fingerprint and a hash of the two models it timed and how. Values are plain numbers and JSON text,
+never pickles.
 
 Concurrency: WAL journal mode and a busy timeout let several processes read and write at once; every write is
 one short transaction of `INSERT OR REPLACE`, retried while another writer holds the lock. Damage: a file that is
@@ -37,6 +38,8 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS costs (fingerprint TEXT NOT NULL, signature TEXT NOT NULL, op TEXT NOT NULL, "
     "ms REAL NOT NULL, spread REAL NOT NULL, runs INTEGER NOT NULL, detail TEXT NOT NULL, updated REAL NOT NULL, "
     "PRIMARY KEY (fingerprint, signature)) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS verdicts (fingerprint TEXT NOT NULL, key TEXT NOT NULL, verdict TEXT NOT NULL, "
+    "updated REAL NOT NULL, PRIMARY KEY (fingerprint, key)) WITHOUT ROWID",
 )
 
 
@@ -131,6 +134,7 @@ class CostCache:
                     elif row[0] != str(SCHEMA_VERSION):
                         conn.execute("DELETE FROM costs")
                         conn.execute("DELETE FROM devices")
+                        conn.execute("DELETE FROM verdicts")
                         conn.execute("UPDATE meta SET value=? WHERE key='schema'", (str(SCHEMA_VERSION),))
 
             self._retry(init)
@@ -291,6 +295,28 @@ class CostCache:
 
         self._run(write)
 
+    def verdict(self, fingerprint: str, key: str) -> dict[str, Any] | None:
+        """The end-to-end verdict recorded under `key` on `fingerprint` (`put_verdict`), or None."""
+
+        def query(conn: sqlite3.Connection) -> Any:
+            sql = "SELECT verdict FROM verdicts WHERE fingerprint=? AND key=?"
+            return conn.execute(sql, (fingerprint, key)).fetchone()
+
+        row = self._run(query)
+        return None if row is None else _loads(row[0]) or None
+
+    def put_verdict(self, fingerprint: str, key: str, verdict: Mapping[str, Any]) -> None:
+        """Record an end-to-end verdict (plain JSON) under `key`: what timing two given models against each other on
+        this device found, so that a later run which times the same two models can read it instead."""
+        data = (fingerprint, key, json.dumps(dict(verdict), sort_keys=True), time.time())
+
+        def write(conn: sqlite3.Connection) -> None:
+            with conn:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("INSERT OR REPLACE INTO verdicts VALUES (?, ?, ?, ?)", data)
+
+        self._run(write)
+
     def count(self, fingerprint: str | None = None) -> int:
         """Number of cached costs (for one fingerprint, or all)."""
 
@@ -302,17 +328,16 @@ class CostCache:
         return int(self._run(query))
 
     def clear(self, fingerprint: str | None = None) -> None:
-        """Forget cached costs (and calibration) of one fingerprint, or everything."""
+        """Forget cached costs (and calibration and end-to-end verdicts) of one fingerprint, or everything."""
 
         def write(conn: sqlite3.Connection) -> None:
             with conn:
                 conn.execute("BEGIN IMMEDIATE")
-                if fingerprint is None:
-                    conn.execute("DELETE FROM costs")
-                    conn.execute("DELETE FROM devices")
-                else:
-                    conn.execute("DELETE FROM costs WHERE fingerprint=?", (fingerprint,))
-                    conn.execute("DELETE FROM devices WHERE fingerprint=?", (fingerprint,))
+                for table in ("costs", "devices", "verdicts"):
+                    if fingerprint is None:
+                        conn.execute(f"DELETE FROM {table}")
+                    else:
+                        conn.execute(f"DELETE FROM {table} WHERE fingerprint=?", (fingerprint,))
 
         self._run(write)
 

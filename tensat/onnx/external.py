@@ -3,6 +3,7 @@ with its large initializers in an external data file."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 import mmap
 import os
@@ -216,6 +217,24 @@ def external_info(tensor: TensorProto) -> tuple[str, int, int | None]:
     info = {e.key: e.value for e in tensor.external_data}
     length = info.get("length")
     return info.get("location", ""), int(info.get("offset", 0)), int(length) if length is not None else None
+
+
+def content_digest(model: ModelProto, data: bytes) -> str:
+    """A hash of what `model` (serialized as `data`) computes with: its bytes, and the size and modification time of
+    each external data file they name (the bytes hold only the files' names), so that a model whose weights on disk
+    were rewritten hashes anew."""
+    h = hashlib.sha256(data)
+    directory = external_dir(model)
+    files = sorted({external_info(t)[0] for t in model_tensors(model) if has_external(t)})
+    for name in files:
+        path = os.path.join(directory, name) if directory is not None else name
+        try:
+            st = os.stat(path)
+        except OSError:
+            h.update(f"\0{name}:missing".encode())
+        else:
+            h.update(f"\0{name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()
 
 
 # the memory maps made so far, by file, offset, dtype and shape: a weight read twice (the model as given and the

@@ -1283,6 +1283,40 @@ def test_optimizing_with_measured_costs_times_the_result_against_the_input(monke
         tensat.optimize_with_details(g, cost="measured", latency_check=-1)
 
 
+def test_a_second_run_on_the_same_model_reads_the_first_run_s_end_to_end_verdict(monkeypatch, tmp_path):
+    """A verdict near its threshold can fall either way when timed again: a second run on the same model, whose
+    candidate is the same, reads the first run's verdict from the cost cache and returns what the first returned;
+    other check seconds time anew."""
+    measured = cost_model(tmp_path)
+    monkeypatch.setattr(api, "make_cost_model", lambda name, device="auto", progress=False: measured)
+    g = Graph()
+    x = g.input("x", (4, 1024))
+    weight = g.weight(w(1024, 1024))
+    g.output("y", g.add("add", [g.add("matmul", [x, weight]), g.add("matmul", [x, weight])]))
+    timed = []
+    real_check = api._end_to_end_check
+
+    def counted(*args, **kw):
+        timed.append(args[0])
+        return real_check(*args, **kw)
+
+    monkeypatch.setattr(api, "_end_to_end_check", counted)
+    kw = dict(cost="measured", latency_check=1.0, iter_limit=2, time_limit=10, ilp_time_limit=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        first = tensat.optimize_with_details(g, **kw)
+        second = tensat.optimize_with_details(g, **kw)
+    assert first.latency is not None and not first.latency.reused and len(timed) == 1
+    assert second.latency is not None and second.latency.reused and len(timed) == 1  # not timed again
+    assert second.latency.to_dict() == {**first.latency.to_dict(), "reused": True}
+    assert second.returned_input == first.returned_input
+    assert export_model(second.graph).SerializeToString() == export_model(first.graph).SerializeToString()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        third = tensat.optimize_with_details(g, **{**kw, "latency_check": 1.5})
+    assert third.latency is not None and not third.latency.reused and len(timed) == 2
+
+
 def test_exploration_samples_are_priced_analytically_and_only_the_extraction_measures(monkeypatch, tmp_path):
     """Measuring each iteration's new e-nodes spent the exploration's time on pricing: a sample of the extracted
     cost is priced by the analytic estimate; the measured model prices the input and the extraction's export."""

@@ -14,6 +14,7 @@ from onnx import helper, numpy_helper
 from tensat import ops
 from tensat.errors import ModelError
 from tensat.ir import Graph
+from tensat.onnx.external import content_digest
 from tensat.onnx_io import EXPORTERS, IMPORTERS, export_model, import_model, load_model, save_model
 from tensat.verify import random_inputs, run_model
 from tests.helpers import bad_model_inputs, make, slow_params, vi
@@ -517,6 +518,22 @@ def test_external_data_outside_dir_is_refused(tmp_path, kind: str) -> None:
     with pytest.raises(ModelError) as err:
         import_model(path)
     assert "\n" not in str(err.value) and "outside the model's directory" in str(err.value)
+
+
+def test_a_model_s_content_digest_changes_with_its_weights_on_disk(tmp_path) -> None:
+    """The end-to-end verdicts are kept by the models' contents: a model kept on disk hashes its data file too,
+    whose rewrite leaves the proto's bytes as they were."""
+    path = _external_model(tmp_path)
+    model = load_model(path, keep_external=True)
+    data = model.SerializeToString()
+    before = content_digest(model, data)
+    assert content_digest(model, data) == before
+    weights = tmp_path / "weights.bin"
+    weights.write_bytes(bytes(reversed(weights.read_bytes())))
+    os.utime(weights, ns=(os.stat(weights).st_atime_ns, os.stat(weights).st_mtime_ns + 10**9))
+    assert content_digest(model, data) != before
+    inline = onnx.load(path)
+    assert content_digest(inline, inline.SerializeToString()) != content_digest(model, data)
 
 
 def test_external_data_proto_without_directory(tmp_path) -> None:
