@@ -2,7 +2,7 @@
 
 `pytest` loads "tensat"; `pytest --hypothesis-profile=long` loads the nightly one (hypothesis' own pytest plugin
 handles that option). Tests without their own `max_examples` get the profile's (100, nightly 1000); the property
-tests of tests/pipeline/test_properties.py scale theirs from it (110 random graphs, nightly 1100). The regular
+tests of tests/pipeline/test_properties.py scale theirs from it (60 random graphs, nightly 600). The regular
 profile is derandomized and keeps no example database, so CI runs the same examples every time.
 """
 

@@ -445,6 +445,7 @@ def test_two_processes_fill_one_cache_and_a_third_measures_nothing(tmp_path):
     assert _measure_in_subprocess(str(tmp_path), 6) == 0
 
 
+@pytest.mark.slow
 def test_a_second_optimize_run_in_a_new_process_measures_nothing(tmp_path):
     script = textwrap.dedent(f"""
         import numpy as np, tensat

@@ -384,7 +384,9 @@ def _consistent(res: ExtractionResult, greedy_cost: float) -> None:
         assert res.cost == pytest.approx(greedy_cost)
 
 
-@pytest.mark.parametrize("limit, solver", [(0.3, "highs"), (2.0, "highs"), (2.5, "cbc")])
+@pytest.mark.parametrize(
+    "limit, solver", [(0.3, "highs"), (2.0, "highs"), pytest.param(2.5, "cbc", marks=pytest.mark.slow)]
+)
 def test_time_limit_status_is_honest(limit: float, solver: str, no_path_bound: None) -> None:
     eg = load_egraph(DATA / "vgg.json")  # its ILP does not close within seconds
     greedy = greedy_dag(eg)
@@ -408,7 +410,7 @@ def test_vgg_gap_tolerance_ends_the_cut_loop(no_path_bound: None) -> None:
     assert res.cost - res.bound <= 0.5 * res.cost and res.bound <= 4.85076 + 1e-9
 
 
-@pytest.mark.parametrize("solver", ["highs", "cbc"])
+@pytest.mark.parametrize("solver", ["highs", pytest.param("cbc", marks=pytest.mark.slow)])
 def test_vgg_stall_window_stops_the_search(solver: str, no_path_bound: None) -> None:
     """No cheaper selection than greedy turns up on vgg: the stall window ends the run, honestly."""
     eg = load_egraph(DATA / "vgg.json")

@@ -199,6 +199,7 @@ def test_nasnet_adapter_downsamples_larger_prev() -> None:
     assert res.shape == (1, 20, 4, 4) and np.isfinite(res).all()
 
 
+@pytest.mark.slow
 def test_deterministic() -> None:
     kwargs = SMALL["nasnet_a"]
     a = build_model("nasnet_a", seed=3, **kwargs).SerializeToString()

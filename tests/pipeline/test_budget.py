@@ -51,6 +51,7 @@ def test_out_of_range_budget_and_patience_are_one_line_errors(options: dict[str,
         tensat.optimize_with_details(build_model("squeezenet"), cost="analytic", **options)
 
 
+@pytest.mark.slow
 def test_exploration_also_stops_once_the_sampled_cost_has_been_flat_for_a_share_of_the_budget(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -82,6 +83,7 @@ def test_with_every_rule_the_multi_pattern_rules_run_in_the_first_iterations_of_
     assert len(iterations) > 1 and not any(i.multi for i in iterations[1:])
 
 
+@pytest.mark.slow
 def test_a_generated_set_is_registered_as_the_e_graph_comes_to_hold_its_ops() -> None:
     """`--rules generated` registers the rules over the input's ops, then, stage by stage, those over the ops the
     e-graph came to hold: a rule over an op the input lacks is registered once a rule built it, and the closure of
@@ -100,6 +102,7 @@ def test_a_generated_set_is_registered_as_the_e_graph_comes_to_hold_its_ops() ->
     assert len(registered) < len(rewrites.select_rules(present, rewrites.rule_set("generated")))
 
 
+@pytest.mark.slow
 def test_all_carries_the_graph_of_the_hand_written_rules_into_its_extraction() -> None:
     """`--rules all` explores with the hand-written rules first, extracts a graph from their e-graph, and carries it
     into the final extraction as a start: what `all` extracts costs no more than that graph, however much the

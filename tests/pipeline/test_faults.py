@@ -853,6 +853,7 @@ def quick_measured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return default_cache_path()
 
 
+@pytest.mark.slow
 def test_a_corrupted_cost_cache_is_rebuilt_and_the_optimization_runs(quick_measured: Path) -> None:
     quick_measured.write_bytes(b"this is not an SQLite database" * 100)
     graph = _graph()

@@ -687,8 +687,8 @@ def test_rule_sets() -> None:
         rule_set("mine")
 
 
-SAMPLE = 24  # the default run verifies one in this many of the library's generated rules ...
-CONV_SAMPLE = 48  # ... and of those over a conv, whose verification evaluates numpy convolutions at many bindings
+SAMPLE = 48  # the default run verifies one in this many of the library's generated rules ...
+CONV_SAMPLE = 96  # ... and of those over a conv, whose verification evaluates numpy convolutions at many bindings
 
 
 def _library_rules_to_verify(every: int, every_conv: int) -> list[Rule]:
