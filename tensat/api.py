@@ -1284,8 +1284,8 @@ def _latency_check(run: _Run) -> None:
     opts = run.opts
     models = _checked(run)
     measured = run.measured
-    key = _verdict_key(*models, opts) if measured is not None else None
-    found = measured.cache.verdict(measured.fingerprint, key) if measured is not None and key is not None else None
+    key = _verdict_key(*models, opts) if measured is not None else ""
+    found = measured.cache.verdict(measured.fingerprint, key) if measured is not None else None
     if found is not None:
         run.check = LatencyCheck.from_dict(found, reused=True)
         run.log.say("latency", f"an earlier run timed these two models: {run.check.figures()}")
@@ -1294,7 +1294,7 @@ def _latency_check(run: _Run) -> None:
         device = measured.device if measured is not None else _check_device(opts)
         predicted = run.cost_before / run.candidate_cost if run.candidate_cost > 0 else 1.0
         run.check = _end_to_end_check(*models, device, opts, run.log, predicted)
-        if run.check is not None and measured is not None and key is not None:
+        if run.check is not None and measured is not None:
             measured.cache.put_verdict(measured.fingerprint, key, run.check.to_dict())
     if run.check is not None and not run.check.kept:
         _reject(run, _not_faster(run.check))
