@@ -237,9 +237,9 @@ class MeasuredCost:
         """The device's calibration constants (measured and stored on first use)."""
         if self._calibration is None:
             found = self.cache.device(self.fingerprint)
-            cal = found[1] if found else None
-            if cal and {"node_us", "run_us", "block"} <= set(cal):
-                self._calibration = Calibration(float(cal["node_us"]), float(cal["run_us"]), int(cal["block"]))
+            stored = Calibration.from_dict(found[1]) if found and found[1] else None
+            if stored is not None:
+                self._calibration = stored
             else:
                 self._calibration = self.calibrate()
                 self.cache.put_device(self.fingerprint, self.info, self._calibration.to_dict())
@@ -457,10 +457,12 @@ class MeasuredCost:
         """Bytes to evict before a timed run of `copies` copies of a unit with `weight_bytes` of weights: the rest
         of the working set, which inside the graph passes through the caches between two runs of the unit (none
         for a unit without weights, or with one cache line of them: its data is recently computed tensors, and one
-        line fetched cold costs less than the eviction's own effects on the unit)."""
+        line fetched cold costs less than the eviction's own effects on the unit), and no more than the device's
+        `Calibration.evict_cap`: beyond it the eviction slows the inputs read again after it, which inside the
+        graph were just computed."""
         if not streams_weights(weight_bytes):
             return 0
-        return max(0, self._ws_bucket() * 2**20 - copies * weight_bytes)
+        return min(max(0, self._ws_bucket() * 2**20 - copies * weight_bytes), self.calibration.evict_cap)
 
     def _fallback(self, unit: Unit, exc: BaseException) -> CostEntry:
         label = unit.label()
