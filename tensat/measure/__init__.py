@@ -23,9 +23,10 @@ How a unit's cost is taken:
   an octave), so its weights are cold; its input has just been computed and its output
   goes to a recycled buffer. Where the K copies' weights do not span the working set, the rest is evicted before
   every timed run (a scratch buffer is read), and then the inputs are read and the output buffers written again.
-  The eviction streams no more than the device's cap (`Calibration.evict_cap`, `measure_rewarm_cap`): on some
-  CPUs a tensor read again after a long eviction still reads slower than one the graph has just computed, and a
-  convolution with a few KiB of weights over a large feature map was priced well above its time in the graph.
+  The eviction streams no more than half the last-level cache (`weight_evict_cap`): on some CPUs a tensor read
+  again after a longer eviction reads slower than one the graph has just computed, by a share that follows the
+  load of the machine's other cores, and a convolution with a few KiB of weights over a large feature map was
+  priced well above its time in the graph.
 - Rounds alternate the unit model with a null model (K one-element Relus, same number of inputs and outputs); a
   round's sample is (t_unit - t_null) / K, plus the per-node dispatch cost of a near-empty node (`node_us`,
   calibrated per device from a chain of 64 tiny nodes), so the session's fixed per-run overhead and the per-output

@@ -20,7 +20,7 @@ from tensat.errors import TensatError
 from tensat.measure.units import _tiny_model
 from tensat.session import make_session, onnxruntime_module
 
-METHOD = "blocked-evict-v19"
+METHOD = "blocked-evict-v20"
 DEVICES = ("auto", "cpu", "cuda")
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 

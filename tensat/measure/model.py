@@ -457,12 +457,12 @@ class MeasuredCost:
         """Bytes to evict before a timed run of `copies` copies of a unit with `weight_bytes` of weights: the rest
         of the working set, which inside the graph passes through the caches between two runs of the unit (none
         for a unit without weights, or with one cache line of them: its data is recently computed tensors, and one
-        line fetched cold costs less than the eviction's own effects on the unit), and no more than the device's
-        `Calibration.evict_cap`: beyond it the eviction slows the inputs read again after it, which inside the
-        graph were just computed."""
+        line fetched cold costs less than the eviction's own effects on the unit), and no more than the runner's
+        `weight_evict_cap`: beyond it the eviction slows the inputs read again after it, which inside the graph
+        were just computed."""
         if not streams_weights(weight_bytes):
             return 0
-        return min(max(0, self._ws_bucket() * 2**20 - copies * weight_bytes), self.calibration.evict_cap)
+        return min(max(0, self._ws_bucket() * 2**20 - copies * weight_bytes), self.runner.weight_evict_cap)
 
     def _fallback(self, unit: Unit, exc: BaseException) -> CostEntry:
         label = unit.label()

@@ -22,8 +22,6 @@ from tensat.session import make_session, nchwc_block, onnxruntime_module
 ALIGNMENT = 64  # bytes: bound buffers start at such a boundary, as onnxruntime's own do
 EVICT_CAP = 256 * 2**20  # at most this many bytes are streamed through the caches before a timed run
 EVICT_FLOOR = 32 * 2**20  # and at least this many, where the evicted working set is larger
-REWARM_BYTES = 2 * 2**20  # the tensor the eviction probe reads again: larger than a level-2 cache, as a feature map
-REWARM_TOL = 0.10  # an eviction may slow a tensor read again after it by at most this share (`measure_rewarm_cap`)
 
 
 def _caches() -> list[tuple[int, int]]:
@@ -66,6 +64,19 @@ def evict_cap(cache_bytes: int | None) -> int:
     return max(EVICT_FLOOR, min(EVICT_CAP, 2 * cache_bytes))
 
 
+def weight_evict_cap(cache_bytes: int | None) -> int:
+    """Bytes at most streamed to make a unit's weights cold: half the last-level cache (`EVICT_CAP` where its size
+    is unknown). A unit's inputs are read and its outputs written again after the eviction, as inside a graph,
+    where they were just computed; after a longer eviction they read slower than that by a share that follows the
+    load of the machine's other cores (on a shared AVX2 EPYC a 2 MiB tensor read again after streaming twice its
+    32 MiB cache took 1.04x its time in a quiet spell and 1.23x in a busy one), while after half the cache the
+    graph's time was matched in both. A unit whose copies' weights span less of the working set is dominated by its
+    activations, whose reads the eviction would distort more than its weights' coldness changes them."""
+    if not cache_bytes:
+        return EVICT_CAP
+    return min(EVICT_CAP, cache_bytes // 2)
+
+
 STABLE_TOL = 0.02
 LINE_FLOATS = LINE_BYTES // 4  # float32 values in a cache line
 
@@ -91,7 +102,9 @@ class Runner:
         self.ort = onnxruntime_module()
         self._null: dict[int, Callable[[], None]] = {}
         self._scratch: np.ndarray | None = None
-        self.evict_cap = evict_cap(last_level_cache() if device == "cpu" else None)
+        cache = last_level_cache() if device == "cpu" else None
+        self.evict_cap = evict_cap(cache)
+        self.weight_evict_cap = weight_evict_cap(cache)
         self.near_cache = level_two_cache() if device == "cpu" else None
 
     def evict(self, nbytes: int) -> None:
@@ -272,58 +285,26 @@ def time_pair(
 @dataclass(frozen=True)
 class Calibration:
     """Per-device constants, measured once per fingerprint: per-node dispatch cost, per-run session overhead of an
-    end-to-end run (sess.run as `tensat.latency` times it), the NCHWc block size (0 = no blocked layout), and the
-    most bytes an eviction cooling a unit's weights may stream (`measure_rewarm_cap`; 0 where nothing is evicted,
-    off the CPU)."""
+    end-to-end run (sess.run as `tensat.latency` times it) and the NCHWc block size (0 = no blocked layout)."""
 
     node_us: float
     run_us: float
     block: int
-    evict_cap: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {"node_us": self.node_us, "run_us": self.run_us, "block": self.block, "evict_cap": self.evict_cap}
+        return {"node_us": self.node_us, "run_us": self.run_us, "block": self.block}
 
     @staticmethod
     def from_dict(found: dict[str, Any]) -> Calibration | None:
         """The calibration stored as `to_dict` wrote it (None for one stored without every field)."""
-        if not {"node_us", "run_us", "block", "evict_cap"} <= set(found):
+        if not {"node_us", "run_us", "block"} <= set(found):
             return None
-        node_us, run_us = float(found["node_us"]), float(found["run_us"])
-        return Calibration(node_us, run_us, int(found["block"]), int(found["evict_cap"]))
-
-
-def measure_rewarm_cap(runner: Runner, rounds: int = 40) -> int:
-    """The most bytes an eviction may stream on `runner`'s CPU before a tensor read again after it no longer reads
-    as fast as without it (within `REWARM_TOL`): of a quarter, a half, one and two last-level caches, the largest
-    that keeps that, and never less than the quarter. A unit's weights are made cold by an eviction before each
-    timed run, after which its inputs are read and its outputs written again, as inside a graph, where they were
-    just computed. On some CPUs (an AVX2 EPYC) data read again after streaming twice the last-level cache is still
-    read slower, and a 1x1 convolution over a large feature map, with a few KiB of weights, ran well above its time
-    in its graph; inside the graph the weights pass through far fewer distinct bytes than every
-    tensor the graph computes, as onnxruntime reuses its buffers. Candidates are timed in turns, the median of
-    `rounds` reads of each."""
-    cache = last_level_cache()
-    if not cache:
-        return runner.evict_cap
-    sizes = sorted({min(runner.evict_cap, max(1, int(cache * share))) for share in (0.25, 0.5, 1.0, 2.0)})
-    tensor = aligned(np.ones(REWARM_BYTES // 4, np.float32))
-    times: dict[int, list[float]] = {size: [] for size in (0, *sizes)}
-    for k in range(rounds):
-        for size in list(times) if k % 2 == 0 else list(times)[::-1]:
-            runner.evict(size)
-            tensor.sum()
-            t0 = runner.clock()
-            tensor.sum()
-            times[size].append(runner.clock() - t0)
-    base = statistics.median(times[0])
-    kept = [size for size in sizes if statistics.median(times[size]) <= (1 + REWARM_TOL) * base]
-    return max([sizes[0], *kept])
+        return Calibration(float(found["node_us"]), float(found["run_us"]), int(found["block"]))
 
 
 def measure_calibration(runner: Runner, clock: str) -> Calibration:
-    """Measure the per-node dispatch cost, the per-run overhead, the NCHWc block size and the eviction cap on
-    `runner`'s device (`clock` names the clock end-to-end runs are timed by, see `tensat.latency.time_models`)."""
+    """Measure the per-node dispatch cost, the per-run overhead and the NCHWc block size on `runner`'s device
+    (`clock` names the clock end-to-end runs are timed by, see `tensat.latency.time_models`)."""
     with _silenced():
         r = runner
         long, short = r.bound(r.session(chain_model(65))), r.bound(r.session(chain_model(1)))
@@ -334,5 +315,4 @@ def measure_calibration(runner: Runner, clock: str) -> Calibration:
         )[0]
         run_us = max(stats.median_ms * 1e3 - node_us, 0.0)
         block = nchwc_block() if r.device == "cpu" else 0
-        cap = measure_rewarm_cap(r) if r.device == "cpu" else 0
-    return Calibration(round(node_us, 4), round(run_us, 3), block, cap)
+    return Calibration(round(node_us, 4), round(run_us, 3), block)

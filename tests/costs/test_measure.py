@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
 import math
 import multiprocessing
 import os
@@ -1024,59 +1023,16 @@ def test_eviction_streams_twice_the_last_level_cache_within_its_bounds():
     assert Runner("cpu", 1).evict_cap == evict_cap(found)
 
 
-class _EvictionSlowsRereads:
-    """A runner's eviction and clock for `measure_rewarm_cap`: a tensor read again after an eviction of more than
-    `clean` bytes reads `slower` times as long as without one."""
+def test_a_unit_s_weights_are_cooled_by_at_most_half_the_last_level_cache(tmp_path, monkeypatch):
+    """A unit with weights evicts the rest of a large working set only up to the runner's cap, half the last-level
+    cache; a unit whose output is timed cold still streams the whole eviction."""
+    from tensat.measure.timing import EVICT_CAP, Runner, weight_evict_cap
 
-    def __init__(self, clean: int, slower: float) -> None:
-        self.clean, self.slower = clean, slower
-        self.last = 0
-        self.now = 0.0
-        self.ticks = 0
-        self.sizes: set[int] = set()
-
-    def evict(self, nbytes: int) -> None:
-        self.last = nbytes
-        self.sizes.add(nbytes)
-
-    def clock(self) -> float:
-        self.ticks += 1
-        if self.ticks % 2 == 0:  # the second reading of a pair: the read took its time
-            self.now += self.slower if self.last > self.clean else 1.0
-        return self.now
-
-
-def test_the_eviction_cap_is_the_largest_that_leaves_a_tensor_read_again_as_fast(monkeypatch):
-    """Weights are made cold by an eviction; the calibration caps it at the largest of a quarter, a half, one and
-    two last-level caches after which a tensor read again reads within `REWARM_TOL` of its time without one, and at
-    the quarter where every size slows it."""
-    from tensat.measure.timing import REWARM_TOL, Runner, measure_rewarm_cap
-
-    monkeypatch.setattr("tensat.measure.timing.last_level_cache", lambda: 32 * 2**20)
-    runner = Runner("cpu", 1)
-    runner.evict_cap = 64 * 2**20
-    for clean, expected in ((16 * 2**20, 16 * 2**20), (64 * 2**20, 64 * 2**20), (0, 8 * 2**20)):
-        fake = _EvictionSlowsRereads(clean, 1 + 2 * REWARM_TOL)
-        monkeypatch.setattr(runner, "evict", fake.evict)
-        monkeypatch.setattr(runner, "clock", fake.clock)
-        assert measure_rewarm_cap(runner, rounds=4) == expected
-        assert fake.sizes == {0, 8 * 2**20, 16 * 2**20, 32 * 2**20, 64 * 2**20}
-    fake = _EvictionSlowsRereads(0, 1 + REWARM_TOL / 2)  # within the tolerance: the most is kept
-    monkeypatch.setattr(runner, "evict", fake.evict)
-    monkeypatch.setattr(runner, "clock", fake.clock)
-    assert measure_rewarm_cap(runner, rounds=4) == 64 * 2**20
-
-
-def test_a_unit_s_weights_are_cooled_by_at_most_the_device_s_eviction_cap(tmp_path):
-    """A unit with weights evicts the rest of a large working set only up to the calibration's cap; a unit whose
-    output is timed cold still streams the whole eviction; a calibration stored without the cap is measured again."""
-    from tensat.measure.timing import Calibration
-
+    assert weight_evict_cap(32 * 2**20) == 16 * 2**20 and weight_evict_cap(1024 * 2**20) == EVICT_CAP
+    assert weight_evict_cap(None) == EVICT_CAP
+    monkeypatch.setattr("tensat.measure.timing.last_level_cache", lambda: 12 * 2**20)
+    assert Runner("cpu", 1).weight_evict_cap == 6 * 2**20
     cost = cost_model(tmp_path, working_set=256 * 2**20)
-    cal = cost.calibration
-    assert 0 < cal.evict_cap <= cost.runner.evict_cap
-    assert Calibration.from_dict(cal.to_dict()) == cal
-    assert Calibration.from_dict({"node_us": 0.3, "run_us": 9.0, "block": 8}) is None
     g = Graph()
     x = g.input("x", (1, 64, 28, 28))
     k, b = g.weight(w(64, 64, 1, 1)), g.weight(w(64))
@@ -1084,14 +1040,22 @@ def test_a_unit_s_weights_are_cooled_by_at_most_the_device_s_eviction_cap(tmp_pa
     g.output("y", y)
     plan = cost._plan(pricing_unit(g.nodes[y], [g.nodes[j].shape for j in (x, k, b)], [False, True, True]))
     rest = 256 * 2**20 - plan.copies * plan.unit.weight_bytes()
-    assert plan.evict_bytes == min(cal.evict_cap, rest)
-    cost._calibration = dataclasses.replace(cal, evict_cap=2**20)
+    assert plan.evict_bytes == min(cost.runner.weight_evict_cap, rest) > 0
+    monkeypatch.setattr(cost.runner, "weight_evict_cap", 2**20)
     assert cost._plan(plan.unit).evict_bytes == 2**20
-    cost._calibration = cal
-    cost.cache.put_device(cost.fingerprint, cost.info, {k: v for k, v in cal.to_dict().items() if k != "evict_cap"})
+
+
+def test_a_calibration_is_read_back_as_stored_and_measured_again_where_a_field_is_missing(tmp_path):
+    from tensat.measure.timing import Calibration
+
+    cost = cost_model(tmp_path)
+    cal = cost.calibration
+    assert Calibration.from_dict(cal.to_dict()) == cal
+    assert Calibration.from_dict({"node_us": 0.3, "run_us": 9.0}) is None
+    cost.cache.put_device(cost.fingerprint, cost.info, {"node_us": 0.3, "run_us": 9.0})
     again = cost_model(tmp_path)
-    assert again.calibration.evict_cap > 0
-    assert "evict_cap" in again.cache.device(again.fingerprint)[1]
+    assert again.calibration.block == cal.block
+    assert "block" in again.cache.device(again.fingerprint)[1]
 
 
 def _ratios_timed(ratios: list[float]) -> SimpleNamespace:
