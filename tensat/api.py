@@ -134,6 +134,13 @@ class OptimizeResult:
                 lines.append(f"extract   {x.method}'s selection: the ILP found none cheaper ({stop})")
             else:
                 lines.append(f"extract   {x.method} ({stop or x.status})")
+        deferred = ((self.measurement or {}).get("stats") or {}).get("deferred", 0)
+        if deferred:
+            lines.append(
+                f"prices    {deferred} unit(s) left unmeasured when the time budget's pricing share ran out, "
+                "priced as unlikely alternatives; a later run with this cost cache measures them (and may extract "
+                "another graph), or a larger time_budget (--time-budget) measures them now"
+            )
         if self.rules:
             lines.append(
                 "rules     "

@@ -63,7 +63,9 @@ CHUNK = 24
 @dataclass
 class MeasureStats:
     """What a measured cost model did: units priced now (timed, or a reshape view priced from the calibration),
-    found in the cache, priced by the analytic estimate (opaque ops; units onnxruntime could not run)."""
+    found in the cache, priced by the analytic estimate (opaque ops; units onnxruntime could not run), and left
+    unmeasured at a deadline and not measured since (`deferred`, their keys: a later run measures them, so its
+    prices, and the graph it extracts, can differ from this one's)."""
 
     measured: int = 0
     cached: int = 0
@@ -72,6 +74,7 @@ class MeasureStats:
     seconds: float = 0.0
     analytic_ops: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    deferred: set[str] = field(default_factory=set)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -79,6 +82,7 @@ class MeasureStats:
             "cached": self.cached,
             "analytic": self.analytic,
             "failed": self.failed,
+            "deferred": len(self.deferred),
             "seconds": round(self.seconds, 3),
             "analytic_ops": dict(self.analytic_ops),
             "errors": list(self.errors[:20]),
@@ -419,6 +423,7 @@ class MeasuredCost:
         finally:
             bar.close()
             self.stats.seconds += time.perf_counter() - start
+        self.stats.deferred = (self.stats.deferred | left).difference(self._memo)
         return left
 
     # -- measuring ----------------------------------------------------------------------------------------------

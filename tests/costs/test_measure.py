@@ -399,11 +399,25 @@ def test_prefetch_starts_no_window_after_its_deadline_and_resumes_partly_timed_u
 
     full._window = count
     assert full.prefetch(listed, deadline=time.perf_counter() + 600.0) == []
+    assert full.stats.deferred == set()
     assert resumed in ([1], [1, 2])  # one more window on top of the cached one (and a third if the two disagree)
     assert full.detail(unit)["windows_us"][0] == entry.detail["windows_us"][0] and "partial" not in full.detail(unit)
     again = cost_model(tmp_path)
     again.prefetch(listed)
     assert again.stats.measured == 0 and again.stats.cached > 0
+
+
+def test_units_left_unmeasured_at_a_deadline_are_counted_as_deferred_until_measured(tmp_path):
+    listed = items(small_cnn())
+    cost = cost_model(tmp_path)
+    left = cost.prefetch(listed, deadline=time.perf_counter())
+    units = {cost._key(pricing_unit(*listed[i])) for i in left}
+    assert cost.describe()["stats"]["deferred"] == len(units) > 1  # counted once per unit, not per item
+    first = listed[left[0]]
+    cost.prefetch([first])
+    assert cost.stats.deferred == units - {cost._key(pricing_unit(*first))}  # measured since: no longer deferred
+    cost.prefetch(listed, deadline=time.perf_counter() + 600.0)
+    assert cost.stats.deferred == set()
 
 
 def test_a_partly_timed_unit_stays_priced_when_the_next_deadline_passes_before_it(tmp_path):

@@ -3,6 +3,7 @@ a readable summary (the command line's one error style is in tests/cli/test_cli.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import logging
@@ -309,6 +310,16 @@ def test_results_have_short_reprs_and_a_summary() -> None:
     lines = result.summary().splitlines()
     assert [ln.split()[0] for ln in lines[:3]] == ["cost", "nodes", "e-graph"]
     assert lines[-1].startswith(("result", "warning")) and all(len(ln) < 400 for ln in lines)
+
+
+def test_the_summary_says_when_prices_were_left_to_a_later_run() -> None:
+    """A run whose pricing share ran out before every unit was measured says how many, and what a later run or a
+    larger budget does about it; a run that measured everything it wanted says nothing of it."""
+    result = tensat.optimize_with_details(build_model("nasrnn", **SMALL_SIZES["nasrnn"]), **FAST)
+    assert not any(line.startswith("prices") for line in result.summary().splitlines())
+    cut = dataclasses.replace(result, measurement={"stats": {"measured": 40, "deferred": 3}})
+    (line,) = [line for line in cut.summary().splitlines() if line.startswith("prices")]
+    assert line.startswith("prices    3 unit(s) left unmeasured") and "--time-budget" in line
 
 
 def test_the_extract_line_names_the_selection_returned_and_why_not_the_ilp_s() -> None:
