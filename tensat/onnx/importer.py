@@ -860,6 +860,8 @@ def _pool(c: _Importer, node: NodeProto) -> list[Any]:
     cip = int(c.attrs.get("count_include_pad", 0))
     if c.attrs.get("ceil_mode", 0):
         pads, cip = _ceil_pads(sx, kernel, strides, pads, cip if node.op_type == "AveragePool" else None)
+    if not cip:
+        kernel, pads = _window_in_input(sx, kernel, strides, pads, c.dims_vary(node.input[0], len(sx))[2:].tolist())
     if node.op_type == "MaxPool":
         return [c.op("maxpool", [x], kernel=kernel, strides=strides, pads=pads)]
     return [c.op("avgpool", [x], kernel=kernel, strides=strides, pads=pads, count_include_pad=cip)]
@@ -898,6 +900,26 @@ def _ceil_pads(
     if any(e >= k for e, k in zip(ends, kernel)):
         raise _Unsupported("a ceil_mode pool whose end pad would reach its kernel")
     return (*pads[:spatial], *ends), 0
+
+
+def _window_in_input(
+    x: tuple[int, ...], kernel: Sequence[int], strides: Sequence[int], pads: Sequence[int], varies: Sequence[bool]
+) -> tuple[list[int], tuple[int, ...]]:
+    """A pool's kernel and pads with each axis's one window cut at the input's end: where the axis has one window
+    and it runs past the input into the end pad, that part of it reads pads only, which an average not counting
+    its pads leaves out of its divisor and a max reads as -inf, so the kernel ends at the input's end and the end
+    pad goes. EfficientNet-B0 exports its global average pool as a ceil_mode pool of a 1280 kernel over 7x7, whose
+    floor-mode pool with end pads of 1273 onnxruntime runs over every pad; cut, it is the 7x7 pool it computes. An
+    axis whose size `varies` with the model's symbolic dims keeps its window (the cut would fix its size)."""
+    spatial = len(kernel)
+    kernel, pads = list(kernel), list(pads)
+    for i in range(spatial):
+        size, begin, end = x[2 + i], pads[i], pads[spatial + i]
+        if varies[i]:
+            continue
+        if ops.conv.window_out(size, kernel[i], strides[i], begin, end) == 1 and kernel[i] > begin + size:
+            kernel[i], pads[spatial + i] = begin + size, 0
+    return kernel, tuple(pads)
 
 
 @_lowering("GlobalAveragePool", "GlobalMaxPool")

@@ -7,6 +7,8 @@ LessOrEqual they are read as)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import onnx
 import pytest
@@ -160,23 +162,68 @@ def test_a_ceil_mode_pool_is_read_as_the_floor_mode_pool_it_equals(
         attrs["count_include_pad"] = cip
     ceil = -(-(size + 2 * pad - kernel) // stride) + 1
     out = ceil - 1 if (ceil - 1) * stride >= size + pad else ceil
-    model = make(
+    model = _pool_model(op_type, attrs, size, out)
+    graph = import_model(model)
+    assert [n.op for n in graph.nodes if not n.is_leaf] == [read_as]
+    assert compare_models(model, export_model(graph)).ok
+    if read_as != "opaque":
+        _computes_as_onnxruntime(model, graph)
+
+
+def _pool_model(op_type: str, attrs: dict[str, Any], size: int, out: int) -> onnx.ModelProto:
+    """One pool of a 1x3 x `size` x `size` input, of an `out` x `out` output."""
+    return make(
         [helper.make_node(op_type, ["x"], ["y"], **attrs)],
         [vi("x", [1, 3, size, size])],
         [vi("y", [1, 3, out, out])],
         [],
         opset=17,
     )
-    graph = import_model(model)
-    assert [n.op for n in graph.nodes if not n.is_leaf] == [read_as]
-    written = export_model(graph)
-    assert compare_models(model, written).ok
-    if read_as == "opaque":
-        return
+
+
+def _computes_as_onnxruntime(model: onnx.ModelProto, graph: tensat.Graph) -> None:
+    """The graph read from `model` computes its output as onnxruntime runs it, on random inputs."""
     feeds = random_inputs(model)
     (got,) = tensat.session.make_session(model, "cpu", threads=1).run(None, feeds)
     ((_, y),) = graph.outputs
     np.testing.assert_allclose(graph.evaluate(feeds, [y])[y], got, rtol=1e-5, atol=1e-6)
+
+
+WINDOWS_CUT = [
+    # op, attributes, input size, the kernel and pads read
+    (
+        "AveragePool",
+        dict(kernel_shape=[1280, 1280], strides=[1280, 1280], ceil_mode=1, count_include_pad=1),
+        7,
+        (7, 7),
+        (0, 0, 0, 0),
+    ),  # EfficientNet-B0's global average pool
+    ("MaxPool", dict(kernel_shape=[9, 9], strides=[2, 2], pads=[1, 1, 1, 1]), 7, (8, 8), (1, 1, 0, 0)),
+    ("AveragePool", dict(kernel_shape=[9, 9], strides=[2, 2], pads=[1, 1, 1, 1]), 7, (8, 8), (1, 1, 0, 0)),
+    (
+        "AveragePool",
+        dict(kernel_shape=[9, 9], strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=1),
+        7,
+        (9, 9),
+        (1, 1, 1, 1),
+    ),  # counts its end pads: kept
+    ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2]), 7, (3, 3), (0, 0, 0, 0)),  # three windows: kept
+]
+
+
+@pytest.mark.parametrize(("op_type", "attrs", "size", "kernel", "pads"), WINDOWS_CUT)
+def test_a_pool_s_one_window_is_read_cut_at_the_input_s_end(
+    op_type: str, attrs: dict[str, Any], size: int, kernel: tuple[int, ...], pads: tuple[int, ...]
+) -> None:
+    """Where an axis has one window and it runs past the input into the end pads, the window is read ending at the
+    input's end, without the end pads it reads nothing else from: the pool it computes, which onnxruntime runs
+    without iterating over the pads. An average counting its pads keeps them."""
+    model = _pool_model(op_type, attrs, size, 1 if kernel[0] > 3 else 3)
+    graph = import_model(model)
+    (pool,) = [n for n in graph.nodes if not n.is_leaf]
+    assert (pool.attr["kernel"], pool.attr["pads"]) == (kernel, pads)
+    _computes_as_onnxruntime(model, graph)
+    assert compare_models(model, export_model(graph)).ok
 
 
 RESIZES = [
