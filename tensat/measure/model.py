@@ -340,8 +340,17 @@ class MeasuredCost:
         wanted first), and no window starts after it: a unit timed in fewer windows than it wanted is priced for
         this run and cached as partial, and a unit with no window is left out. A later call prices a partial unit
         from its cached windows and times only the windows it still wants, so that runs whose deadline falls at
-        the same place still complete the cache between them.
+        the same place still complete the cache between them. The units left, and those deferred by an earlier
+        call and still unpriced, are the stats' `deferred`.
         """
+        left = self._prefetch_units(units, between, deadline)
+        self.stats.deferred = (self.stats.deferred | left).difference(self._memo)
+        return left
+
+    def _prefetch_units(
+        self, units: Iterable[Unit], between: Callable[[], None] | None, deadline: float | None
+    ) -> set[str]:
+        """`prefetch_units`, but for the deferred units' count."""
         todo: dict[str, Unit] = {}
         for u in units:
             k = self._key(u)
@@ -423,7 +432,6 @@ class MeasuredCost:
         finally:
             bar.close()
             self.stats.seconds += time.perf_counter() - start
-        self.stats.deferred = (self.stats.deferred | left).difference(self._memo)
         return left
 
     # -- measuring ----------------------------------------------------------------------------------------------

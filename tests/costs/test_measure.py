@@ -418,6 +418,11 @@ def test_units_left_unmeasured_at_a_deadline_are_counted_as_deferred_until_measu
     assert cost.stats.deferred == units - {cost._key(pricing_unit(*first))}  # measured since: no longer deferred
     cost.prefetch(listed, deadline=time.perf_counter() + 600.0)
     assert cost.stats.deferred == set()
+    late = cost_model(tmp_path / "late")
+    assert late.prefetch(listed, deadline=time.perf_counter())
+    cost_model(tmp_path / "late").prefetch(listed)  # another process fills the cache
+    assert late.prefetch(listed, deadline=time.perf_counter()) == []  # found there, not measured
+    assert late.stats.deferred == set() and late.stats.measured == 0
 
 
 def test_a_partly_timed_unit_stays_priced_when_the_next_deadline_passes_before_it(tmp_path):
