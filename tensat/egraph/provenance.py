@@ -47,6 +47,7 @@ class DecodedNode:
 
 
 UNEXPLAINED = "(unexplained)"
+BUILT_DEPTH = 3  # levels above a new e-class that `rules_behind` looks for the right side that built it
 MAX_BINDINGS = 64  # per pattern: enough for any rule over one e-class, and a bound where operand orders multiply
 _DEFERRED = "(deferred)"  # in a binding: a right side's attributes to check once its other variables are bound
 
@@ -160,21 +161,30 @@ def rules_behind(
             parents.setdefault(child, []).append(dn)
 
     def built(now: DecodedNode) -> list[str]:
-        """The rules whose right side, matched at an e-node over `now`'s e-class, built that e-class as chosen: a
-        new e-class of one e-node that a later rewrite took as an operand (its left side bound a variable to it), so
-        that no right side the selection uses built it. What else that right side built below it as chosen is
-        that rewrite's too (covered)."""
-        for parent in parents.get(now.eclass, ()):
-            others = [dn for dn in everything.of[parent.eclass] if dn is not parent]
-            found = []
-            for m in matchers:
-                rhs = m.explained_by(others, everything, parent, parent.eclass, everything, from_input=False)
-                inner = [] if rhs is None else list(_inner_classes(rhs, parent, choices, decoded, everything))
-                if (now.eclass, now.op) in inner:
-                    found.append(m.rule.name)
-                    covered.update(inner)
-            if found:
-                return found
+        """The rules whose right side, matched at an e-node over `now`'s e-class (its parent, else up to
+        `BUILT_DEPTH` levels above: a 1-D convolution's 2-D form builds the Reshape of its input two levels down),
+        built that e-class as chosen: a new e-class of one e-node that a later rewrite took as an operand (its left
+        side bound a variable to it), so that no right side the selection uses built it. What else that right side
+        built below it as chosen is that rewrite's too (covered)."""
+        level, seen = [now.eclass], {now.eclass}
+        for _ in range(BUILT_DEPTH):
+            above: list[int] = []
+            for c in level:
+                for parent in parents.get(c, ()):
+                    others = [dn for dn in everything.of[parent.eclass] if dn is not parent]
+                    found = []
+                    for m in matchers:
+                        rhs = m.explained_by(others, everything, parent, parent.eclass, everything, from_input=False)
+                        inner = [] if rhs is None else list(_inner_classes(rhs, parent, choices, decoded, everything))
+                        if (now.eclass, now.op) in inner:
+                            found.append(m.rule.name)
+                            covered.update(inner)
+                    if found:
+                        return found
+                    if parent.eclass not in seen:
+                        seen.add(parent.eclass)
+                        above.append(parent.eclass)
+            level = above
         return []
 
     for name in reversed(changed_classes(choices, original, decoded, roots)):  # parents first

@@ -226,7 +226,7 @@ class _Exporter:
         needed: list[int] = []
         for i in emitted:
             n = g.nodes[i]
-            ins = n.inputs[:2] if n.op == "conv2d" and self._zero_bias(i) else n.inputs
+            ins = n.inputs[:2] if n.op in ("conv2d", "conv1d") and self._zero_bias(i) else n.inputs
             needed += [j for j in ins if j in self.consts]
         needed += [i for _, i in g.outputs if i in self.consts]
         needed += [i for _, i in self.aliases if i in self.consts]
@@ -580,17 +580,16 @@ def _window_attrs(e: _Exporter, i: int) -> dict[str, Any]:
     }
 
 
-@_emitter("conv2d")
+@_emitter("conv2d", "conv1d")
 def _ex_conv(e: _Exporter, i: int) -> None:
     n = e.graph.nodes[i]
-    a = n.attr
     ins = [e.tensor(j) for j in (n.inputs[:2] if e._zero_bias(i) else n.inputs)]
-    act = a["act"]
-    out = e.tensor(i) if act == ops.ACT_NONE else e.namer(f"conv2d_{i}_linear")
-    e.emit("Conv", ins, [out], f"conv2d_{i}", **_window_attrs(e, i))
+    act = n.attr.get("act", ops.ACT_NONE)
+    out = e.tensor(i) if act == ops.ACT_NONE else e.namer(f"{n.op}_{i}_linear")
+    e.emit("Conv", ins, [out], f"{n.op}_{i}", **_window_attrs(e, i))
     if act != ops.ACT_NONE:
         op_type = _onnx_type(ops.ACT_NAMES[act])
-        e.emit(op_type, [out], [e.tensor(i)], f"conv2d_{i}_{op_type.lower()}")
+        e.emit(op_type, [out], [e.tensor(i)], f"{n.op}_{i}_{op_type.lower()}")
 
 
 @_emitter("conv_transpose2d")

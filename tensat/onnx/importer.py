@@ -768,33 +768,19 @@ def _spatial_pads(
 
 
 def _conv1d(c: _Importer, x: int, w: int) -> int:
-    """A 1-D Conv as conv2d over a height of 1: (N, C, L) read as (N, C, 1, L), the kernel (M, C/g, K) as
-    (M, C/g, 1, K), and the output read back as (N, M, L'). The convolution rules and the blocked layout of 2-D
-    convolutions then apply to it."""
+    """A 1-D Conv as written (`conv1d`): the rule `conv1d-as-conv2d` offers its 2-D form over a height of 1, and
+    measured costs choose between the two."""
     sx, sw = c.shape(x), c.shape(w)
     kernel = [int(k) for k in c.attrs.get("kernel_shape", sw[2:])]
     if tuple(kernel) != sw[2:]:
         raise _Unsupported("kernel_shape disagrees with weight")
-    strides = [1, int(c.attrs.get("strides", [1])[0])]
-    dilations = [1, int(c.attrs.get("dilations", [1])[0])]
-    x4 = (sx[0], sx[1], 1, sx[2])
-    if _text(c.attrs.get("auto_pad"), "NOTSET") == "NOTSET":
-        begin, end = (int(p) for p in c.attrs.get("pads", [0, 0]))
-        pads: tuple[int, ...] = (0, begin, 0, end)
-    else:
-        pads = _spatial_pads(c, x4, [1, kernel[0]], strides, dilations)
+    strides = [int(s) for s in c.attrs.get("strides", [1])]
+    dilations = [int(d) for d in c.attrs.get("dilations", [1])]
+    pads = _spatial_pads(c, sx, kernel, strides, dilations)
     b = c.data(2) if c.present(2) else c.graph.weight(np.zeros(sw[0], dtype=np.float32), "zero_bias")
-    y = c.op(
-        "conv2d",
-        [c.reshape(x, x4), c.reshape(w, (sw[0], sw[1], 1, sw[2])), b],
-        strides=strides,
-        pads=pads,
-        dilations=dilations,
-        group=int(c.attrs.get("group", 1)),
-        act=ops.ACT_NONE,
+    return c.op(
+        "conv1d", [x, w, b], strides=strides, pads=pads, dilations=dilations, group=int(c.attrs.get("group", 1))
     )
-    out = c.shape(y)
-    return c.reshape(y, (out[0], out[1], out[3]))
 
 
 @_lowering("Conv")

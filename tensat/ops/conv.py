@@ -1,5 +1,5 @@
-"""Conv 2-D with bias and fused activation, the transposed Conv 2-D (ONNX ConvTranspose), and the sliding-window
-helpers pooling shares.
+"""Conv 2-D with bias and fused activation, Conv 1-D with bias, the transposed Conv 2-D (ONNX ConvTranspose), and the
+sliding-window helpers pooling shares.
 
 Inputs: x (N,C,H,W), w (M, C/group, KH, KW), b (M,). pads = (top, left, bottom, right) as in ONNX's
 (begin..., end...) order for 2-D. `act` is a fused activation code (Tensat's numbering, `ACT_NAMES`).
@@ -61,13 +61,18 @@ def windows(x: np.ndarray, kernel: Sequence[int], strides: Sequence[int], dilati
     return as_strided(x, shape, at, writeable=False)
 
 
+def _check_channels(name: str, shapes: Sequence[Shape], group: int, rank: int) -> None:
+    """A convolution's input, weight and bias ranks and its channel, group and bias sizes, in 1-D and 2-D."""
+    x, w, b = shapes
+    check(len(x) == rank and len(w) == rank, f"{name} needs {rank}-D input and weight, got {x} and {w}")
+    check(group >= 1 and x[1] == w[1] * group, f"{name} channels {x[1]} != {w[1]} x group {group}")
+    check(w[0] % group == 0, f"{name} out channels {w[0]} not divisible by group {group}")
+    check(tuple(b) == (w[0],), f"{name} bias shape {b} != ({w[0]},)")
+
+
 def _conv_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
     x, w, b = shapes
-    check(len(x) == 4 and len(w) == 4, f"conv2d needs 4-D input and weight, got {x} and {w}")
-    group = attrs["group"]
-    check(group >= 1 and x[1] == w[1] * group, f"conv2d channels {x[1]} != {w[1]} x group {group}")
-    check(w[0] % group == 0, f"conv2d out channels {w[0]} not divisible by group {group}")
-    check(tuple(b) == (w[0],), f"conv2d bias shape {b} != ({w[0]},)")
+    _check_channels("conv2d", shapes, attrs["group"], 4)
     check_window("conv2d", attrs)
     (sh, sw), (pt, pl, pb, pr), (dh, dw) = attrs["strides"], attrs["pads"], attrs["dilations"]
     oh = window_out(x[2], w[2], sh, pt, pb, dh)
@@ -136,15 +141,20 @@ def _conv_rules(op: OpDef) -> list[str]:
     return [egg_rule(op, query, egg_vec([egg_dim(s0, 0), egg_dim(s1, 0), oh, ow]))]
 
 
-def _conv_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[str, Any]) -> None:
+def _channel_equations(s: Equations, out: Dims, ins: Sequence[Dims], group: int) -> None:
+    """A convolution's batch, channel, group and bias equations, the same in 1-D and 2-D."""
     x, w, b = ins
-    g = at["group"]
     s.eq(out[0], x[0])
     s.eq(out[1], w[0])
     s.eq(b[0], w[0])
-    s.eq(x[1], s.mul(w[1], g))
-    if g != 1:
-        s.eq(w[0], s.mul(s.sym(1, 2), g))
+    s.eq(x[1], s.mul(w[1], group))
+    if group != 1:
+        s.eq(w[0], s.mul(s.sym(1, 2), group))
+
+
+def _conv_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[str, Any]) -> None:
+    x, w, b = ins
+    _channel_equations(s, out, ins, at["group"])
     for i in (2, 3):
         s.hint(x[i], 3, 9)
         s.hint(w[i], 1, 3)
@@ -198,6 +208,88 @@ CONV2D = register(
         int_exact=True,
         int_exact_if={"act": frozenset({ACT_NONE, ACT_RELU})},
         breaks_layout=True,
+    )
+)
+
+
+def _conv1d_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
+    x, w, b = shapes
+    _check_channels("conv1d", shapes, attrs["group"], 3)
+    check_window("conv1d", attrs, spatial=1)
+    (s,), (begin, end), (d,) = attrs["strides"], attrs["pads"], attrs["dilations"]
+    length = window_out(x[2], w[2], s, begin, end, d)
+    check(length >= 1, f"conv1d kernel {w[2]} larger than padded input {x[2]}")
+    return (x[0], w[0], length)
+
+
+def _conv1d_eval(xs: Sequence[np.ndarray], a: Attrs) -> np.ndarray:
+    """The 1-D convolution as the 2-D one over a height of 1 (ONNX's semantics are the same)."""
+    x, w, b = xs
+    (s,), (begin, end), (d,) = a["strides"], a["pads"], a["dilations"]
+    out = conv2d_reference(x[:, :, None, :], w[:, :, None, :], b, (1, s), (0, begin, 0, end), (1, d), a["group"])
+    return out[:, :, 0, :]
+
+
+def _conv1d_rules(op: OpDef) -> list[str]:
+    s0, s1 = "s0", "s1"
+    length = (
+        f"(+ (/ (- (+ {egg_dim(s0, 2)} (+ (vec-get pads 0) (vec-get pads 1))) (+ (* (vec-get dilations 0) "
+        f"(- {egg_dim(s1, 2)} 1)) 1)) (vec-get strides 0)) 1)"
+    )
+    query = [
+        "(= (vec-length s0) 3)",
+        "(= (vec-length s1) 3)",
+        f"(= {egg_dim(s0, 1)} (* {egg_dim(s1, 1)} group))",
+        f"(= 0 (% {egg_dim(s1, 0)} group))",
+        f"(= s2 (vec-of {egg_dim(s1, 0)}))",
+    ]
+    return [egg_rule(op, query, egg_vec([egg_dim(s0, 0), egg_dim(s1, 0), length]))]
+
+
+def _conv1d_equations(s: Equations, out: Dims, ins: Sequence[Dims], at: Mapping[str, Any]) -> None:
+    x, w, b = ins
+    _channel_equations(s, out, ins, at["group"])
+    s.hint(x[2], 5, 12)
+    s.hint(w[2], 1, 4)
+    s.hint(x[0], 1, 2)
+    s.eq(
+        out[2],
+        s.apply(
+            lambda size, k, st, p, d: window_out(size, k, st[0], p[0], p[1], d[0]),
+            x[2],
+            w[2],
+            at["strides"],
+            at["pads"],
+            at["dilations"],
+        ),
+    )
+
+
+# ONNX Conv of an NCL tensor (speech and audio encoders' feature extractors, their positional convolutions): its
+# own op, so that the 1-D kernel onnxruntime runs is priced as written, and the 2-D form over a height of 1 (the
+# blocked kernels of `conv2d`) is a rule's (`conv1d-as-conv2d`) that measured costs choose or not
+CONV1D = register(
+    OpDef(
+        "conv1d",
+        "Conv1d",
+        3,
+        (("strides", "ints"), ("pads", "ints"), ("dilations", "ints"), ("group", "int")),
+        _conv1d_shape,
+        _conv1d_eval,
+        _conv1d_rules,
+        lambda s, o, a: 2.0 * numel(o) * s[1][1] * s[1][2],
+        onnx="Conv",
+        ranks=(3, 3, 3, 1),
+        equations=_conv1d_equations,
+        domains={
+            "strides": [(1,), (2,)],
+            "pads": [(0, 0), (1, 1), (0, 2)],
+            "dilations": [(1,), (2,)],
+            "group": [1, 2],
+        },
+        enumerated_by_default=False,
+        sampled=("strides", "pads", "dilations", "group"),
+        int_exact=True,
     )
 )
 

@@ -114,6 +114,11 @@ SAMPLES: dict[str, tuple[list[tuple[np.ndarray, bool]], dict[str, Any], int]] = 
     "isnan": ([(np.array([[1.0, np.nan], [0.0, 2.0]], np.float32), False)], {}, 17),
     "where": ([(flags(3, 4), False), (real(3, 4), False), (real(1, 4), False)], {}, 17),
     "conv2d": ([(real(1, 4, 6, 6), False), (real(5, 4, 3, 3), True), (real(5), True)], CONV, 17),
+    "conv1d": (
+        [(real(1, 4, 11), False), (real(6, 2, 3), True), (real(6), True)],
+        {"strides": (2,), "pads": (1, 2), "dilations": (2,), "group": 2},
+        17,
+    ),
     "conv_transpose2d": (
         [(real(1, 4, 5, 4), False), (real(4, 3, 3, 3), True), (real(6), True)],
         {"strides": (2, 2), "pads": (1, 0, 1, 1), "dilations": (1, 2), "group": 2, "output_padding": (1, 0)},

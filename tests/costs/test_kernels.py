@@ -202,6 +202,11 @@ def test_a_pre_norm_sum_read_again_stays_plain_ops() -> None:
         ("gelu", [(1, SEQ, HIDDEN)], {"approximate": 0}),
         ("lrn", [(1, 16, 14, 14)], {"size": 5, "alpha": 1e-4, "beta": 0.75, "bias": 1.0}),
         ("band", [], {"channels": 16, "size": 5, "alpha": 1e-4}),
+        (
+            "conv1d",
+            [(1, 32, 400), (32, 16, 3), (32,)],
+            {"strides": (2,), "pads": (1, 1), "dilations": (1,), "group": 2},
+        ),
         ("multihead_attention", [(1, SEQ, HIDDEN)] * 3 + [(1, 1, SEQ, SEQ)], {"num_heads": 4, "scale": 0.125}),
         (
             "attention",
@@ -355,6 +360,41 @@ def test_a_pool_that_is_one_window_over_its_input_becomes_the_global_pool_where_
     assert cost.stats.measured == 0  # the prices the extraction chose by, not a second timing
     if pool * (1 + tolerance.relative) + tolerance.ms < windowed:
         assert pooled
+
+
+def test_a_1d_convolution_becomes_the_2d_one_over_a_height_of_1_where_that_prices_lower(tmp_path, monkeypatch) -> None:
+    """A speech encoder's feature convolution is read as the 1-D Conv it is, and priced as onnxruntime runs that;
+    the rule `conv1d-as-conv2d` offers the 2-D form (blocked on the CPU), and the extraction takes it where it
+    prices lower."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[3], strides=[2], pads=[1, 1]),
+        helper.make_node("Tanh", ["c"], ["y"]),
+    ]
+    model = make(nodes, [vi("x", [1, 64, 801])], [vi("y", [1, 64, 401])], [_w("w", 64, 64, 3), _w("b", 64)])
+    assert onnx_io.import_model(model).summary()["conv1d"] == 1
+    result = _optimize(model, tmp_path, monkeypatch)
+    x = RNG.standard_normal((1, 64, 801)).astype(np.float32)
+    np.testing.assert_allclose(_run(result.output, x), _run(model, x), rtol=1e-4, atol=1e-5)
+    two_d = "conv1d-as-conv2d" in result.rules
+    assert two_d == (result.returned_input is None and result.cost_after < result.cost_before)
+    kernels = [n.attribute for n in result.output.graph.node if n.op_type == "Conv"]
+    assert len(kernels) == 1
+    written = next(a for a in kernels[0] if a.name == "kernel_shape").ints
+    assert list(written) == ([1, 3] if two_d else [3])
+    cost = _cost_of_the_run(tmp_path, model)
+    window = (("strides", (2,)), ("pads", (1, 1)), ("dilations", (1,)), ("group", 1))
+    one_d = cost(Node("conv1d", (), window, (1, 64, 401), "float32"), [(1, 64, 801), (64, 64, 3), (64,)], [0, 1, 1])
+    window_2d = (("strides", (1, 2)), ("pads", (0, 1, 0, 1)), ("dilations", (1, 1)), ("group", 1), ("act", 0))
+    plain = cost(
+        Node("conv2d", (), window_2d, (1, 64, 1, 401), "float32"),
+        [(1, 64, 1, 801), (64, 64, 1, 3), (64,)],
+        [0, 1, 1],
+    )
+    assert cost.stats.measured == 0  # the prices the extraction chose by, not a second timing
+    tolerance = cost.resolution
+    if one_d * (1 - tolerance.relative) - tolerance.ms > plain * 1.5:
+        assert two_d
+    assert fusions.check_kernels(result.output).match
 
 
 def test_attention_written_as_einsums_becomes_matmuls_where_they_price_lower(tmp_path, monkeypatch) -> None:

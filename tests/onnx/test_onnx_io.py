@@ -994,9 +994,9 @@ def test_reading_back_tensats_own_export_without_the_checker_gives_the_same_grap
     ],
     ids=["padded", "strided, grouped", "auto_pad", "dilated"],
 )
-def test_a_1d_conv_is_a_2d_conv_of_height_1(attrs: dict) -> None:
-    """Whisper's and wav2vec 2.0's Conv1d: read as conv2d over (N, C, 1, L), so that the convolution rules apply,
-    and written so that it computes what the model does."""
+def test_a_1d_conv_is_read_as_conv1d(attrs: dict) -> None:
+    """Whisper's and wav2vec 2.0's Conv1d: read as the 1-D op it is (its pads resolved), and written so that it
+    computes what the model does."""
     group = attrs.get("group", 1)
     w = randn(6, 4 // group, attrs["kernel_shape"][0])
     model = make(
@@ -1007,9 +1007,9 @@ def test_a_1d_conv_is_a_2d_conv_of_height_1(attrs: dict) -> None:
     )
     graph, out = roundtrip(model)
     summary = ops_of(graph)
-    assert "opaque" not in summary and summary["conv2d"] == 1
-    conv = next(graph.nodes[i] for i in graph.live() if graph.nodes[i].op == "conv2d")
-    assert conv.shape[2] == 1 and len(graph.nodes[conv.inputs[0]].shape) == 4
+    assert "opaque" not in summary and "conv2d" not in summary and summary["conv1d"] == 1
+    conv = next(graph.nodes[i] for i in graph.live() if graph.nodes[i].op == "conv1d")
+    assert len(conv.shape) == 3 and len(conv.attr["pads"]) == 2
 
 
 def _topk_model(opset: int = 17) -> onnx.ModelProto:
