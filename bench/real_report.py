@@ -312,6 +312,10 @@ def changes(rec: dict[str, Any]) -> str:
             f"{stats['onnx_nodes_read']} ONNX nodes read)"
         )
     found = "; ".join(parts) or "no rule's change: the input as tensat writes it"
+    merged = stats.get("with_merges")
+    if merged and not stats.get("returned_input"):
+        merges = ", ".join(f"{name} x{n}" for name, n in merged["rules"].items())
+        found += f"; searched again without multi-pattern rules, a first graph with {merges} not timed faster"
     if kept_input(rec) or stats.get("returned_input"):
         return f"{rec['model']}: the input returned ({stats.get('returned_input')}); the extracted graph: {found}"
     return f"{rec['model']}: the optimized graph returned; {found}"

@@ -96,6 +96,9 @@ class OptimizeResult:
     # for a model with symbolic input dims: the shapes it was optimized at, and its symbolic dims
     shapes_optimized: dict[str, list[int]] | None = None
     symbolic_dims: dict[str, list[int | str]] | None = None
+    # a first candidate that owed part of its change to multi-pattern rules and did not time faster, after which
+    # the graph returned was searched for without them (None where no second search ran)
+    with_merges: WithMerges | None = None
 
     @property
     def modelled(self) -> float:
@@ -163,6 +166,13 @@ class OptimizeResult:
         if self.latency_other_shape is not None:
             shapes, lat = self.latency_other_shape
             lines.append(_latency_line(lat, 1, f" at {_shape_text(shapes)}"))
+        if self.with_merges is not None:
+            first = self.with_merges
+            lines.append(
+                "merges    a first graph, with rules "
+                + ", ".join(f"{name} x{n}" for name, n in first.rules.items())
+                + f", was not returned ({first.check.figures()}): searched again without multi-pattern rules"
+            )
         if self.latency is not None:
             lines += [_latency_line(lat, threads) for threads, lat in self.latency.by_threads.items()]
             if self.latency.reused:
@@ -220,6 +230,7 @@ class OptimizeResult:
             if self.latency_other_shape is None
             else {"shapes": self.latency_other_shape[0], **self.latency_other_shape[1].to_dict()},
             "measurement": self.measurement,
+            "with_merges": None if self.with_merges is None else self.with_merges.to_dict(),
             "warnings": list(self.warnings),
             "options": {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in self.options.__dict__.items()},
         }
@@ -572,6 +583,19 @@ def _end_to_end_check(
 # The run: named stages over one state object
 
 
+@dataclass(frozen=True)
+class WithMerges:
+    """A candidate that owed part of its change to multi-pattern rules and that the end-to-end check did not find
+    faster, after which the run searched again without those rules (`_search_without_merges`)."""
+
+    rules: dict[str, int]  # the rules behind its changes, as `OptimizeResult.rules`
+    check: LatencyCheck  # its end-to-end check
+    reason: str  # why it was not returned
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rules": dict(self.rules), "latency_check": self.check.to_dict(), "reason": self.reason}
+
+
 @dataclass
 class _Run:
     """One optimization run, filled in stage by stage: what every stage reads and writes.
@@ -617,6 +641,8 @@ class _Run:
     report: VerifyReport | None = None
     check: LatencyCheck | None = None
     returned_input: str | None = "no cheaper graph found"
+    started: float = field(default_factory=time.perf_counter)  # when the run began, for `RUN_SECONDS`
+    with_merges: WithMerges | None = None  # the first candidate, where a search without merges followed its check
 
 
 def _budget_left(run: _Run, share: float = 1.0) -> float:
@@ -1406,6 +1432,57 @@ def _shape_text(shapes: Mapping[str, Sequence[int]]) -> str:
     return " ".join(f"{name}={','.join(str(d) for d in dims)}" for name, dims in shapes.items())
 
 
+RUN_SECONDS = 60.0  # the whole run's time that a second search without merges, and its checks, must fit in
+
+
+def _merges_rejected(run: _Run) -> bool:
+    """Whether to search again without multi-pattern rules: the end-to-end check did not find a candidate faster
+    that owes part of its change to them, and a second search with its checks fits in `RUN_SECONDS`.
+
+    A merge's gain depends on the thread count, and units are priced at one thread: two products of one input made
+    one (BERT's query, key and value projections) ran faster at one thread and slower at two, and the check then
+    returned the input, losing the gain of every change the candidate did not owe to the merge."""
+    if run.check is None or run.check.kept or run.with_merges is not None or run.opts.k_multi == 0:
+        return False
+    if not _merges(run):
+        return False
+    needed = run.opts.time_budget + run.opts.latency_check + run.times.get("export", 0.0) + run.times.get("verify", 0.0)
+    return time.perf_counter() - run.started + needed <= RUN_SECONDS
+
+
+def _merges(run: _Run) -> list[str]:
+    """The multi-pattern rules behind the candidate's changes."""
+    multi = {r.name for r in rewrites.rule_set(run.opts.rules) if r.multi}
+    return sorted(name for name in run.candidate_rules if name in multi)
+
+
+def _search_without_merges(run: _Run) -> None:
+    """Search again from the graph the first search started from, without multi-pattern rules (`k_multi=0`), and
+    put what it finds through the same checks; the first candidate is kept in `run.with_merges`. The run's options
+    and times go on as the first search's: the result reports the options asked for, and each stage's time is the
+    sum of its two runs."""
+    assert run.check is not None and run.returned_input is not None
+    run.with_merges = WithMerges(dict(run.candidate_rules), run.check, run.returned_input)
+    run.log.say(
+        "explore", f"searching again without multi-pattern rules ({', '.join(_merges(run))} did not time faster)"
+    )
+    first_opts, first_times = run.opts, run.times
+    run.opts, run.times = replace(run.opts, k_multi=0), {}
+    run.te = run.exported = run.last_export = run.sampled = run.checkpoint = run.guided = run.chosen = None
+    run.stats, run.candidate_rules = ExplorationStats(), {}
+    run.candidate_model = run.written = run.report = run.check = None
+    run.candidate_cost, run.returned_input = 0.0, "no cheaper graph found"
+    try:
+        _perform(run, _SEARCH_AND_CHECKS)
+    finally:
+        run.opts = first_opts
+        run.times = {k: first_times.get(k, 0.0) + run.times.get(k, 0.0) for k in {**first_times, **run.times}}
+    if run.returned_input is not None:
+        run.returned_input = (
+            f"{run.with_merges.reason}; searched again without multi-pattern rules: {run.returned_input}"
+        )
+
+
 def _will_time(run: _Run) -> bool:
     """Whether the run times a candidate against the input end to end."""
     return run.opts.latency_check > 0 and run.model is not None
@@ -1425,14 +1502,19 @@ def _report_costs(run: _Run) -> None:
     run.cost.report()
 
 
-_PIPELINE = (
-    _Stage("import", _import),
-    _Stage(None, _price_input),
-    _Stage(None, _search, fallback=_search_failed),
+_CHECKS = (
     _Stage("export", _export_candidate, fallback=_unexportable, when=_has_candidate),
     _Stage(None, _price_candidate, when=_has_candidate),
     _Stage("verify", _verify, when=lambda run: _has_candidate(run) and run.opts.verify),
     _Stage("latency_check", _latency_check, when=lambda run: _has_candidate(run) and _will_time(run)),
+)
+_SEARCH_AND_CHECKS = (_Stage(None, _search, fallback=_search_failed), *_CHECKS)
+
+_PIPELINE = (
+    _Stage("import", _import),
+    _Stage(None, _price_input),
+    *_SEARCH_AND_CHECKS,
+    _Stage(None, _search_without_merges, when=_merges_rejected),
     _Stage("verify_shapes", _generalize, when=lambda run: _has_candidate(run) and run.opts.verify and _symbolic(run)),
     _Stage(None, _accept, when=_has_candidate),
     _Stage(None, _report_costs),
@@ -1506,6 +1588,7 @@ def _result(run: _Run, output_path: str | os.PathLike[str] | None) -> OptimizeRe
         egraph=run.exported.egraph.without(run.exported.forbidden) if run.exported is not None else None,
         shapes_verified=run.shapes_verified if optimized else [],
         latency_other_shape=run.timed_other,
+        with_merges=run.with_merges,
     )
 
 
