@@ -50,6 +50,11 @@ class _Namer:
         return name
 
 
+# a MatMul written as a FusedMatMul: {operand index: the tensor read there}, the nodes folded into it, its
+# attributes, and the node whose tensor it writes (the MatMul's own, or the scale of its output folded in)
+FusedMatMulPlan = tuple[dict[int, int], set[int], dict[str, Any], int]
+
+
 @dataclass
 class _Exporter:
     """Builds the ONNX graph for one IR graph; the emitters in EXPORTERS append nodes through it."""
@@ -142,7 +147,7 @@ class _Exporter:
             n = g.nodes[i]
             if n.op == "opaque":
                 self.opaque_groups.setdefault((n.attr["key"], n.inputs), {})[n.attr["index"]] = i
-        fused = set(self.gemms.values()).union(*(folded for _, folded, _ in self.fused_matmuls.values()))
+        fused = set(self.gemms.values()).union(*(plan[1] for plan in self.fused_matmuls.values()))
         for i in emitted:
             n = g.nodes[i]
             if i in self.absorbed or i in fused or (n.op == "slice" and i in self.splits and self.splits[i] is None):
@@ -331,15 +336,18 @@ class _Exporter:
                     break
         return out
 
-    def _find_fused_matmuls(self, emitted: Sequence[int]) -> dict[int, tuple[dict[int, int], set[int], dict[str, Any]]]:
+    def _find_fused_matmuls(self, emitted: Sequence[int]) -> dict[int, FusedMatMulPlan]:
         """MatMuls onnxruntime's CPU session runs as a FusedMatMul, with what it folds into them: matmul id ->
-        ({operand index: the tensor the FusedMatMul reads there}, the nodes folded, FusedMatMul's attributes). It
-        folds into an operand a Transpose of the last two axes (`tensat.cost.transposes_into_matmul`'s swap) and a
-        Mul by a one-element constant (its MatMulScaleFusion), each read by nothing else, in either order. Written as
-        the FusedMatMul it runs, the model asks for the kernel it gets (`tensat.onnx.fusions.check_kernels`)."""
+        ({operand index: the tensor the FusedMatMul reads there}, the nodes folded, FusedMatMul's attributes, the
+        node whose tensor it writes). It folds into an operand a Transpose of the last two axes
+        (`tensat.cost.transposes_into_matmul`'s swap) and a Mul by a one-element constant (its MatMulScaleFusion),
+        each read by nothing else, in either order; and, where the MatMul is read by nothing else, a Mul of its
+        output by a one-element constant, whose tensor the FusedMatMul then writes. Written as the FusedMatMul it
+        runs, the model asks for the kernel it gets (`tensat.onnx.fusions.check_kernels`)."""
         g = self.graph
         in_gemm = set(self.gemms.values())
-        out: dict[int, tuple[dict[int, int], set[int], dict[str, Any]]] = {}
+        out: dict[int, FusedMatMulPlan] = {}
+        claimed: set[int] = set()  # folded into an earlier MatMul's FusedMatMul (a scale of its output)
         for i in emitted:
             n = g.nodes[i]
             if n.op != "matmul" or i in in_gemm or n.dtype != FLOAT:
@@ -349,7 +357,7 @@ class _Exporter:
             attrs: dict[str, Any] = {"transA": 0, "transB": 0, "alpha": 1.0}
             for k, j in enumerate(n.inputs):
                 trans = "transA" if k == 0 else "transB"
-                while j not in self.consts and self.uses.get(j) == 1 and j not in self.output_ids:
+                while j not in self.consts and self.uses.get(j) == 1 and j not in self.output_ids | claimed:
                     src = g.nodes[j]
                     rank = len(src.shape)
                     scales = [x for x in src.inputs if x in self.consts and self.consts[x].size == 1]
@@ -364,8 +372,18 @@ class _Exporter:
                     folded.add(j)
                     j = next(x for x in src.inputs if x not in scales)
                     reads[k] = j
+            writes = i
+            if self.uses.get(i) == 1 and i not in self.output_ids:
+                (r,) = self.readers[i]
+                scale = g.nodes[r]
+                scales = [x for x in scale.inputs if x in self.consts and self.consts[x].size == 1]
+                if scale.op == "mul" and len(scales) == 1 and len(set(scale.inputs)) == 2 and scale.dtype == FLOAT:
+                    attrs["alpha"] *= float(self.consts[scales[0]].reshape(()))
+                    folded.add(r)
+                    writes = r
             if folded:
-                out[i] = (reads, folded, attrs)
+                out[i] = (reads, folded, attrs, writes)
+                claimed |= folded
         return out
 
     def _find_transposed_b(self) -> set[int]:
@@ -1101,9 +1119,9 @@ def _ex_stride(e: _Exporter, i: int) -> None:
 
 def _ex_matmul_as_fused(e: _Exporter, i: int) -> None:
     """A MatMul written as the FusedMatMul onnxruntime runs it as (`_Exporter._find_fused_matmuls`)."""
-    reads, _, attrs = e.fused_matmuls[i]
+    reads, _, attrs, writes = e.fused_matmuls[i]
     operands = [e.tensor(reads.get(k, j)) for k, j in enumerate(e.graph.nodes[i].inputs)]
-    e.emit("FusedMatMul", operands, [e.tensor(i)], f"fused_matmul_{i}", domain=ops.CONTRIB, **attrs)
+    e.emit("FusedMatMul", operands, [e.tensor(writes)], f"fused_matmul_{i}", domain=ops.CONTRIB, **attrs)
     e.domains.add(ops.CONTRIB)
 
 

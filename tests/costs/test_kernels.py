@@ -544,7 +544,29 @@ def test_a_matmul_onnxruntime_runs_as_a_fused_matmul_is_written_as_one() -> None
     assert onnx_io.import_model(fused).compact().nodes  # tensat reads back what it wrote
 
 
-# -- attention
+def test_a_scale_of_a_matmul_s_output_is_written_into_its_fused_matmul() -> None:
+    """LeViT's scores: q @ k, both transposed in ways no FusedMatMul folds, then a Mul by a scalar. onnxruntime runs
+    the MatMul and the Mul as one FusedMatMul (MatMulScaleFusion folds a scale of the output too), so the model is
+    written with it; where the product is read by another node as well, the Mul stays its own."""
+    g = Graph()
+    x = g.input("x", (1, 16, 4, 8))
+    q, k = g.add("transpose", [x], perm=(0, 2, 1, 3)), g.add("transpose", [x], perm=(0, 2, 3, 1))
+    product = g.add("matmul", [q, k])
+    scale = g.add("fill", [], value=0.25, shape=(), dtype=1)
+    g.output("s", g.add("softmax", [g.add("mul", [product, scale])], axis=3))
+    plain, fused = onnx_io.export_model(g), onnx_io.export_model(g, fuse_matmuls=True)
+    assert not fusions.check_kernels(plain).match
+    (node,) = [n for n in fused.graph.node if n.op_type == "FusedMatMul"]
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs["alpha"] == pytest.approx(0.25) and attrs["transA"] == attrs["transB"] == 0
+    assert not {"Mul", "MatMul"} & {n.op_type for n in fused.graph.node}
+    assert fusions.check_kernels(fused).match
+    feeds = {"x": RNG.standard_normal((1, 16, 4, 8)).astype(np.float32)}
+    got, want = (make_session(m, "cpu", 1).run(None, feeds)[0] for m in (fused, plain))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    g.output("p", product)  # read twice: onnxruntime leaves the Mul, and so does the export
+    both = onnx_io.export_model(g, fuse_matmuls=True)
+    assert "Mul" in {n.op_type for n in both.graph.node} and fusions.check_kernels(both).match
 
 
 HEADS = 4
