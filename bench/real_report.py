@@ -441,6 +441,16 @@ def summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _checks_taken(records: Sequence[dict[str, Any]]) -> str:
+    """How many same-load checks each model had, in words: the report's last rounds may have been cut short."""
+    counts = {len(r["same_load"].get("checks", ())) or 1 for r in records if r.get("same_load")}
+    if counts in (set(), {SAME_LOAD_CHECKS}):
+        return f"the median of {SAME_LOAD_CHECKS} such checks minutes apart, with their range"
+    if counts == {1}:
+        return "one such check (the rounds after the last row were not run)"
+    return f"the median of {min(counts)}-{max(counts)} such checks minutes apart, with their range"
+
+
 def markdown(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
     """The report: the machine, one row per model, and the summary against the targets."""
     threads = sorted({k for r in records for who in r.get("latency", {}) for k in r["latency"][who]})
@@ -462,9 +472,8 @@ def markdown(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
         "whose candidate is the first's). Predicted: the speedup the optimizing process priced. "
         "Predicted / run: the returned model's kernels priced afresh on an empty cost cache over its end-to-end time "
         f"at one thread (in {SESSIONS} sessions, each unit in {SAME_LOAD_WINDOWS} windows), both taken in turns in one "
-        f"process (the cost model's error), the median of {SAME_LOAD_CHECKS} such checks minutes apart, with their "
-        "range; at optimize / run: the price the optimizing process measured over the "
-        "time the report took later (the machine's drift between the two as well).",
+        f"process (the cost model's error), {_checks_taken(records)}; at optimize / run: the price the optimizing "
+        "process measured over the time the report took later (the machine's drift between the two as well).",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
