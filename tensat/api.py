@@ -15,7 +15,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -147,7 +147,7 @@ class OptimizeResult:
         if self.rules:
             lines.append(
                 "rules     "
-                + ", ".join(f"{name} x{n}" for name, n in self.rules.items())
+                + _rule_counts(self.rules)
                 + ("" if self.returned_input is None else " (in the extracted graph, which was not returned)")
             )
         lines.append("time      " + ", ".join(f"{k} {v:.2f}s" for k, v in self.times.items()))
@@ -170,7 +170,7 @@ class OptimizeResult:
             first = self.with_merges
             lines.append(
                 "merges    a first graph, with rules "
-                + ", ".join(f"{name} x{n}" for name, n in first.rules.items())
+                + _rule_counts(first.rules)
                 + f", was not returned ({first.check.figures()}): searched again without multi-pattern rules"
             )
         if self.latency is not None:
@@ -234,6 +234,11 @@ class OptimizeResult:
             "warnings": list(self.warnings),
             "options": {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in self.options.__dict__.items()},
         }
+
+
+def _rule_counts(rules: Mapping[str, int]) -> str:
+    """Rules with how many changes each explains, as the summary lists them: `name x2, other x1`."""
+    return ", ".join(f"{name} x{n}" for name, n in rules.items())
 
 
 def make_cost_model(name: str, device: str = "auto", progress: bool | ProgressFn = False) -> CostModel:
@@ -1432,6 +1437,11 @@ def _shape_text(shapes: Mapping[str, Sequence[int]]) -> str:
     return " ".join(f"{name}={','.join(str(d) for d in dims)}" for name, dims in shapes.items())
 
 
+# the fields of `_Run` the search and the checks fill in, from `te` to `returned_input`
+_SEARCH_STATE = frozenset(
+    ("te", "stats", "exported", "last_export", "sampled", "checkpoint", "guided", "chosen", "candidate")
+    + ("candidate_rules", "candidate_model", "written", "candidate_cost", "report", "check", "returned_input")
+)
 RUN_SECONDS = 60.0  # the whole run's time that a second search without merges, and its checks, must fit in
 
 
@@ -1468,10 +1478,9 @@ def _search_without_merges(run: _Run) -> None:
     )
     first_opts, first_times = run.opts, run.times
     run.opts, run.times = replace(run.opts, k_multi=0), {}
-    run.te = run.exported = run.last_export = run.sampled = run.checkpoint = run.guided = run.chosen = None
-    run.stats, run.candidate_rules = ExplorationStats(), {}
-    run.candidate_model = run.written = run.report = run.check = None
-    run.candidate_cost, run.returned_input = 0.0, "no cheaper graph found"
+    for f in fields(_Run):  # the search's and the checks' state back to where a run starts it
+        if f.name in _SEARCH_STATE:
+            setattr(run, f.name, f.default_factory() if f.default_factory is not MISSING else f.default)
     try:
         _perform(run, _SEARCH_AND_CHECKS)
     finally:

@@ -360,31 +360,39 @@ class _Exporter:
                 while j not in self.consts and self.uses.get(j) == 1 and j not in self.output_ids | claimed:
                     src = g.nodes[j]
                     rank = len(src.shape)
-                    scales = [x for x in src.inputs if x in self.consts and self.consts[x].size == 1]
+                    scale = self._scale_of(j)
                     if src.op == "transpose" and not attrs[trans]:
                         if tuple(src.attr["perm"]) != (*range(rank - 2), rank - 1, rank - 2):
                             break
                         attrs[trans] = 1
-                    elif src.op == "mul" and len(scales) == 1 and len(src.inputs) == 2 and len(set(src.inputs)) == 2:
-                        attrs["alpha"] *= float(self.consts[scales[0]].reshape(()))
+                    elif scale is not None:
+                        attrs["alpha"] *= float(self.consts[scale].reshape(()))
                     else:
                         break
                     folded.add(j)
-                    j = next(x for x in src.inputs if x not in scales)
+                    j = next(x for x in src.inputs if x != scale)
                     reads[k] = j
             writes = i
             if self.uses.get(i) == 1 and i not in self.output_ids:
                 (r,) = self.readers[i]
-                scale = g.nodes[r]
-                scales = [x for x in scale.inputs if x in self.consts and self.consts[x].size == 1]
-                if scale.op == "mul" and len(scales) == 1 and len(set(scale.inputs)) == 2 and scale.dtype == FLOAT:
-                    attrs["alpha"] *= float(self.consts[scales[0]].reshape(()))
+                scale = self._scale_of(r)
+                if scale is not None:
+                    attrs["alpha"] *= float(self.consts[scale].reshape(()))
                     folded.add(r)
                     writes = r
             if folded:
                 out[i] = (reads, folded, attrs, writes)
                 claimed |= folded
         return out
+
+    def _scale_of(self, i: int) -> int | None:
+        """The one-element constant node `i` multiplies a tensor by, where `i` is such a Mul (what onnxruntime's
+        MatMulScaleFusion folds into a FusedMatMul's alpha), else None."""
+        n = self.graph.nodes[i]
+        scales = [x for x in n.inputs if x in self.consts and self.consts[x].size == 1]
+        if n.op == "mul" and len(scales) == 1 and len(n.inputs) == 2 and len(set(n.inputs)) == 2:
+            return scales[0]
+        return None
 
     def _find_transposed_b(self) -> set[int]:
         """2-D constants held as the transposed view of a weight (the importer reads a Gemm with transB so), read
