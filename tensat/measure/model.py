@@ -58,6 +58,8 @@ WINDOWS = 2  # timing windows per unit, separated in time by the other units of 
 WINDOW_TOL = 0.05  # a unit's first two windows agree if their medians differ by at most this share
 WINDOW_ABS_US = 0.05  # plus this many microseconds (else a third window decides)
 CHUNK = 24
+GRACE_SECONDS = 1.0  # a deadline passing with less than half this left to time (at the pace so far) is extended by it
+# once: a unit deferred to a later run makes that run price, and so extract and time end to end, another graph
 
 
 @dataclass
@@ -330,18 +332,20 @@ class MeasuredCost:
     ) -> set[str]:
         """Load or measure every unit not yet known; the keys of those left unmeasured at `deadline`.
 
-        Units are measured in chunks; each unit is timed in `WINDOWS` windows separated by the other units of its
-        chunk (a third window where the first two disagree by more than `WINDOW_TOL`), and its cost is the median
-        of the window medians, so a burst of load from other processes does not stay in the cache. Every other
-        window goes through the chunk backwards, so each unit's windows centre on the chunk's middle. `between`, if
-        given, is called after every window (the accuracy report times end-to-end runs there).
+        Units are measured in chunks; each unit is timed in `WINDOWS` windows separated by the other units of
+        its chunk (a third window where the first two disagree by more than `WINDOW_TOL`), and its cost is the
+        median of the window medians, so a burst of load from other processes does not stay in the cache. Every
+        other window goes through the chunk backwards, so each unit's windows centre on the chunk's middle.
+        `between`, if given, is called after every window (the accuracy report times end-to-end runs there).
 
         Without `deadline` units are measured sorted by label; with one, in the order given (the caller's most
-        wanted first), and no window starts after it: a unit timed in fewer windows than it wanted is priced for
-        this run and cached as partial, and a unit with no window is left out. A later call prices a partial unit
-        from its cached windows and times only the windows it still wants, so that runs whose deadline falls at
-        the same place still complete the cache between them. The units left, and those deferred by an earlier
-        call and still unpriced, are the stats' `deferred`.
+        wanted first), and no window starts after it, unless so little is left that it is timed now
+        (`_grace_until`: deferring it would make a later run price, extract and time another graph). A unit
+        timed in fewer windows than it wanted is priced for this run and cached as partial, and a unit with no
+        window is left out. A later call prices a partial unit from its cached windows and times only the
+        windows it still wants, so that runs whose deadline falls at the same place still complete the cache
+        between them. The units left, and those deferred by an earlier call and still unpriced, are the stats'
+        `deferred`.
         """
         left = self._prefetch_units(units, between, deadline)
         self.stats.deferred = (self.stats.deferred | left).difference(self._memo)
@@ -377,11 +381,26 @@ class MeasuredCost:
         windows = self.windows or WINDOWS
         bar = Progress(len(order) * windows, f"measuring {len(order)} op costs on {self.device}", self.progress)
 
+        limit, graced, windows_timed = deadline, False, 0
+
+        def past() -> bool:
+            """Whether the deadline has passed, extended once where what is left is short (`_grace_until`)."""
+            nonlocal limit, graced
+            if not _past(limit):
+                return False
+            if not graced and limit is not None:
+                graced = True
+                left_windows = len(order) * windows - windows_timed
+                limit = _grace_until(time.perf_counter() - start, windows_timed, left_windows) or limit
+            return _past(limit)
+
         def timed(plan: _Plan | CostEntry) -> bool:
             """Time one more window of `plan` unless the deadline has passed (then: False)."""
-            if _past(deadline):
+            nonlocal windows_timed
+            if past():
                 return False
             self._window(plan)
+            windows_timed += 1
             if between is not None:
                 between()
             return True
@@ -390,14 +409,14 @@ class MeasuredCost:
         try:
             for c in range(0, len(order), self.chunk):
                 chunk = order[c : c + self.chunk]
-                if _past(deadline):
+                if past():
                     left.update(k for k, _ in chunk if k not in self._memo)
                     continue
                 plans: dict[str, _Plan | CostEntry] = {}  # planned on the way to a unit's first window
                 cut = False
                 for w in range(windows):
                     for k, unit in chunk if w % 2 == 0 else chunk[::-1]:
-                        if k not in plans and not (cut := cut or _past(deadline)):
+                        if k not in plans and not (cut := cut or past()):
                             planned = plans[k] = self._plan(unit)
                             if isinstance(planned, _Plan) and k in resume:
                                 planned.windows.extend(resume[k])
@@ -760,6 +779,14 @@ def _binary(unit: Unit) -> bool:
     """Whether `unit` is one element-wise binary op whose price depends on its operands' layout
     (`tensat.cost.priced_by_layout`)."""
     return len(unit.nodes) == 1 and priced_by_layout(unit.ops[0], [c for _, c, _ in unit.externals])
+
+
+def _grace_until(elapsed: float, windows_timed: int, windows_left: int) -> float | None:
+    """The `time.perf_counter()` value a passed deadline moves to (None: it stays), `GRACE_SECONDS` from now where
+    the windows left, at the pace of the `windows_timed` timed in `elapsed` seconds, take at most half of it."""
+    if windows_timed <= 0 or windows_left <= 0 or 2 * windows_left * elapsed / windows_timed > GRACE_SECONDS:
+        return None
+    return time.perf_counter() + GRACE_SECONDS
 
 
 def _past(deadline: float | None) -> bool:

@@ -25,6 +25,7 @@ import pytest
 
 import tensat
 import tensat.api as api
+import tensat.measure.model as measure_model
 from tensat import ops
 from tensat.cost import (
     FUSED_ACTIVATIONS,
@@ -405,6 +406,41 @@ def test_prefetch_starts_no_window_after_its_deadline_and_resumes_partly_timed_u
     again = cost_model(tmp_path)
     again.prefetch(listed)
     assert again.stats.measured == 0 and again.stats.cached > 0
+
+
+def test_a_deadline_passing_with_little_left_is_extended_once_by_the_grace():
+    """What is left is timed where, at the pace so far, it takes at most half of `GRACE_SECONDS`; else it waits."""
+    grace = measure_model.GRACE_SECONDS
+    now = time.perf_counter()
+    until = measure_model._grace_until(1.0, 100, 10)  # 0.1 s left at that pace
+    assert until is not None and now + grace <= until <= time.perf_counter() + grace
+    assert measure_model._grace_until(1.0, 10, 10) is None  # a second left: deferred
+    assert measure_model._grace_until(0.0, 0, 1) is None  # no pace yet: nothing timed before the deadline
+    assert measure_model._grace_until(1.0, 10, 0) is None
+
+
+def test_a_prefetch_whose_deadline_passes_within_the_grace_prices_every_unit(tmp_path, monkeypatch):
+    """The first window overruns the deadline: with a grace that covers the rest at that pace, nothing is left
+    (with the default, `test_prefetch_starts_no_window_after_its_deadline...`, most of it is)."""
+    monkeypatch.setattr(measure_model, "GRACE_SECONDS", 600.0)
+    listed = items(small_cnn())
+    cost = cost_model(tmp_path)
+    deadline = time.perf_counter() + 0.5
+    timed, windows = cost._window, []
+
+    def first_window_overruns(plan):
+        timed(plan)
+        if not windows:
+            time.sleep(max(0.0, deadline - time.perf_counter()))
+        windows.append(plan)
+
+    cost._window = first_window_overruns
+    assert cost.prefetch(listed, deadline=deadline) == []
+    assert cost.stats.deferred == set() and len(windows) > 1
+    with CostCache(tmp_path / "costs.sqlite3") as cache:
+        units = {cost._key(pricing_unit(*it)): pricing_unit(*it) for it in listed}
+        found = cache.get_many(cost.fingerprint, units)
+    assert found and not any((e.detail or {}).get("partial") for e in found.values())
 
 
 def test_units_left_unmeasured_at_a_deadline_are_counted_as_deferred_until_measured(tmp_path):
