@@ -13,7 +13,9 @@ nothing read again, the inputs as cold as the outputs. The graph's kernels are m
 type both list as many of, by the shape of their second input where both sides have the same ones, else in order
 (`ran_as`, `match_kernels`; the NCHWc reorders onnxruntime puts around blocked kernels are counted apart, and
 Reshapes, views on both sides, are left out of the match: onnxruntime puts its own around the Gemms it makes of
-N-D MatMuls); the ratios are over the kernels matched.
+N-D MatMuls); the ratios are over the kernels matched. Each matched kernel also gets the output buffer
+onnxruntime's arena gives it in the graph it runs (`simulate_arena`), and the report prices it with its outputs cold
+where that buffer is out of the last-level cache (`cold_buffer`): how much of the gap a model of the arena closes.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import onnx
 from onnx import ModelProto
 
 from bench.machine import header
@@ -37,6 +40,7 @@ from tensat.cost import device_of, runtime_kernels
 from tensat.cost_report import load_graph
 from tensat.measure import MeasuredCost, Unit, make_measured_cost, pricing_unit
 from tensat.measure.cache import CostEntry
+from tensat.measure.timing import last_level_cache
 from tensat.measure.units import replicate, unit_model
 from tensat.session import make_session
 
@@ -44,17 +48,37 @@ MODELS = ("mobilenet_v2", "resnet50", "bert", "clip_vision", "swin", "convnext",
 RUNS = 200  # profiled runs of a graph or a unit's model
 WARMUP = 20
 REORDERS = ("ReorderInput", "ReorderOutput")
+ALIASED = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})  # kernels aliasing input 0
+# onnxruntime's CPU kernels that may write their output over input 0 (`KernelDefBuilder::MayInplace(0, 0)`)
+IN_PLACE = frozenset(
+    {
+        "Relu",
+        "Sigmoid",
+        "Tanh",
+        "Elu",
+        "Selu",
+        "Celu",
+        "LeakyRelu",
+        "HardSigmoid",
+        "Softplus",
+        "Softsign",
+        "ThresholdedRelu",
+        "Cast",
+    }
+)
 GAPS = 5  # the kernels of each model listed by how far their time in the graph exceeds their price
 
 
 class Ran(NamedTuple):
-    """One kernel of an onnxruntime profile: its node, its op type, its median time, and the shape of its second
-    input (a convolution's weight; None for a kernel of one input, or where the profile does not say)."""
+    """One kernel of an onnxruntime profile: its node, its op type, its median time, the shape of its second
+    input (a convolution's weight; None for a kernel of one input, or where the profile does not say), and the
+    shapes of its outputs."""
 
     name: str
     op: str
     us: float
     weight: tuple[int, ...] | None = None
+    outputs: tuple[tuple[int, ...], ...] = ()
 
 
 def _second_input(args: Mapping[str, Any]) -> tuple[int, ...] | None:
@@ -64,6 +88,15 @@ def _second_input(args: Mapping[str, Any]) -> tuple[int, ...] | None:
         return None
     dims = next(iter(shapes[1].values()), None)
     return tuple(int(d) for d in dims) if isinstance(dims, list) else None
+
+
+def _shapes(entries: Any) -> tuple[tuple[int, ...], ...]:
+    """The shapes of a profiled kernel's `input_type_shape` or `output_type_shape` (one {type: dims} each)."""
+    shapes = []
+    for entry in entries or []:
+        dims = next(iter(entry.values()), None) if isinstance(entry, Mapping) else None
+        shapes.append(tuple(int(d) for d in dims) if isinstance(dims, list) else ())
+    return tuple(shapes)
 
 
 def kernel_times(events: Sequence[dict[str, Any]], skip: int = WARMUP) -> list[Ran]:
@@ -80,7 +113,13 @@ def kernel_times(events: Sequence[dict[str, Any]], skip: int = WARMUP) -> list[R
             times[name] = []
         times[name].append(float(e["dur"]))
     return [
-        Ran(n, args["op_name"], statistics.median(times[n][skip:] or times[n]), _second_input(args))
+        Ran(
+            n,
+            args["op_name"],
+            statistics.median(times[n][skip:] or times[n]),
+            _second_input(args),
+            _shapes(args.get("output_type_shape")),
+        )
         for n, args in first.items()
     ]
 
@@ -90,11 +129,12 @@ def profiled(
     model: ModelProto | bytes,
     cold: Callable[[Callable[[], None]], Callable[[], None] | None],
     unit: bool,
+    optimized_path: str | None = None,
 ) -> list[Ran]:
     """The kernels of `model` as onnxruntime's profiler times them, one intra-op thread, each run preceded by what
     `cold` gives for the bound run (nothing where it gives None). A unit's timed model runs in a session as units
     are timed (`Runner.session`: common-subexpression elimination off, which would merge its copies), a whole model
-    in one as a user runs it."""
+    in one as a user runs it (the graph onnxruntime runs written to `optimized_path`, if given)."""
     r = cost.runner
     with tempfile.TemporaryDirectory(prefix="tensat-profile-") as tmp:
         data = model if isinstance(model, bytes) else model.SerializeToString()
@@ -102,7 +142,9 @@ def profiled(
         if unit:
             sess = r.session(data, profile_prefix=prefix)
         else:
-            sess = make_session(data, "cpu", threads=1, log_severity=4, profile_prefix=prefix)
+            sess = make_session(
+                data, "cpu", threads=1, log_severity=4, profile_prefix=prefix, optimized_path=optimized_path
+            )
         run = r.bound(sess)
         before = cold(run)
         for _ in range(WARMUP + RUNS):
@@ -111,6 +153,99 @@ def profiled(
             run()
         with open(sess.end_profiling(), encoding="utf-8") as f:
             return kernel_times(json.load(f))
+
+
+def _touch(
+    graph: onnx.GraphProto, ran: Sequence[Ran], last: dict[str, int], start: int
+) -> tuple[dict[str, tuple[str, int | None]], int]:
+    """One run of `graph` through `simulate_arena`'s planner, its byte clock starting at `start`: each output's
+    buffer kind and reuse distance (None for a fresh buffer), and the clock at the end. `last` (a buffer's clock at
+    its last touch) carries over from the run before."""
+    nodes = {n.name: n for n in graph.node}
+    weights = {t.name: _tensor_bytes(t.dims, t.data_type) for t in graph.initializer}
+    kept = {o.name for o in graph.output}
+    size: dict[str, int] = {}
+    shape: dict[str, tuple[int, ...]] = {}
+    uses: dict[str, int] = dict.fromkeys(kept, 1)
+    for k in ran:
+        for name, dims in zip(nodes[k.name].output if k.name in nodes else (), k.outputs):
+            shape[name], size[name] = dims, 4 * math.prod(dims)
+    for k in ran:
+        for name in nodes[k.name].input if k.name in nodes else ():
+            if name in size:
+                uses[name] = uses.get(name, 0) + 1
+    buffer: dict[str, str] = {}
+    count: dict[str, int] = {}
+    free: list[str] = []  # the freed buffers, the most recently freed first
+    out: dict[str, tuple[str, int | None]] = {}
+    clock = start
+    for k in ran:
+        node = nodes.get(k.name)
+        if node is None:
+            continue
+        ins = [name for name in node.input if name]
+        first = ins[0] if ins else ""
+        made: list[str] = []
+        for name in node.output:
+            if name not in size:
+                continue
+            kind, b = "fresh", name
+            if node.op_type in ALIASED and first in buffer:
+                kind, b = "alias", buffer[first]
+            elif (
+                node.op_type in IN_PLACE
+                and first in buffer
+                and count[buffer[first]] == 1
+                and shape[first] == shape[name]
+            ):
+                kind, b = "in place", buffer[first]
+            elif name in kept:
+                kind = "graph output"
+            else:
+                reused = next((f for f in free if shape.get(f) == shape[name]), None)
+                if reused is not None:
+                    free.remove(reused)
+                    kind, b = "reused", reused
+            if b == name:
+                count[b] = 0
+            buffer[name] = b
+            count[b] += uses.get(name, 0)
+            seen = last.get(b)
+            out[k.name] = out.get(k.name) or (kind, None if seen is None or kind == "graph output" else clock - seen)
+            made.append(name)
+        for name in ins:
+            clock += size.get(name, weights.get(name, 0))
+            if name in buffer:
+                last[buffer[name]] = clock
+        for name in made:
+            clock += size[name]
+            last[buffer[name]] = clock
+        for name in ins:
+            if name in buffer:
+                count[buffer[name]] -= 1
+        for b in [buffer[name] for name in (*ins, *made) if name in buffer]:
+            if count[b] == 0 and b not in free:
+                free.insert(0, b)
+    return out, clock
+
+
+def _tensor_bytes(dims: Sequence[int], data_type: int) -> int:
+    """Bytes of an initializer of `dims` and ONNX element type `data_type`."""
+    return math.prod(dims) * onnx.helper.tensor_dtype_to_np_dtype(data_type).itemsize
+
+
+def simulate_arena(graph: onnx.GraphProto, ran: Sequence[Ran]) -> dict[str, tuple[str, int | None]]:
+    """Where each kernel of `ran` (in the order onnxruntime ran them, with their output shapes) writes its first
+    output, as onnxruntime's CPU allocation planner places it: a view of its input (`ALIASED`), its input's buffer
+    updated in place (`IN_PLACE` ops, whose input dies there, of the same shape), the buffer of a tensor of the same
+    shape freed most recently, or a buffer of its own; and the bytes the graph touched (every tensor and weight a
+    kernel reads, and every output it writes) since that buffer was last touched, in the steady state of runs one
+    after another: a buffer of its own was last touched in the run before. A graph output is allocated for the
+    caller each run (distance None)."""
+    last: dict[str, int] = {}
+    _, total = _touch(graph, ran, last, 0)
+    out, _ = _touch(graph, ran, last, total)
+    return out
 
 
 def _copies(cost: MeasuredCost, unit: Unit) -> tuple[float, float, float, float]:
@@ -179,9 +314,9 @@ def _paired(group: Sequence[dict[str, Any]], kernels: Sequence[Ran]) -> list[tup
 
 
 def match_kernels(rows: Sequence[dict[str, Any]], ran: Sequence[Ran]) -> bool:
-    """Give each of tensat's kernels (`rows`) the time of the graph's kernel it is (`ran_as`, `in_graph_us`), for
-    every op type both sides list as many of (`_paired`; Reshapes, views, apart: onnxruntime puts its own around
-    the Gemms it makes of N-D MatMuls); whether every op type matched."""
+    """Give each of tensat's kernels (`rows`) the time and name of the graph's kernel it is (`ran_as`, `in_graph_us`,
+    `node`), for every op type both sides list as many of (`_paired`; Reshapes, views, apart: onnxruntime puts its
+    own around the Gemms it makes of N-D MatMuls); whether every op type matched."""
     ours: dict[str, list[dict[str, Any]]] = {}
     theirs: dict[str, list[Ran]] = {}
     for row in rows:
@@ -193,7 +328,7 @@ def match_kernels(rows: Sequence[dict[str, Any]], ran: Sequence[Ran]) -> bool:
     for op, group in ours.items():
         if len(group) == len(theirs.get(op, ())):
             for row, k in _paired(group, theirs[op]):
-                row["ran_as"], row["in_graph_us"] = op, k.us
+                row["ran_as"], row["in_graph_us"], row["node"] = op, k.us, k.name
     return ours.keys() == theirs.keys() and all(len(ours[op]) == len(theirs[op]) for op in ours)
 
 
@@ -205,7 +340,9 @@ def model_record(path: Path) -> dict[str, Any]:
         cost.observe_graph(graph)
         kernels = [k for k in runtime_kernels(graph, device_of(cost)) if k[1][0].op != "opaque"]
         cost.prefetch([item for _, item in kernels])
-        in_graph = profiled(cost, path.read_bytes(), lambda run: None, unit=False)
+        optimized = os.path.join(cache, "optimized.onnx")
+        in_graph = profiled(cost, path.read_bytes(), lambda run: None, unit=False, optimized_path=optimized)
+        buffers = simulate_arena(onnx.load(optimized, load_external_data=False).graph, in_graph)
         ran = [k for k in in_graph if k.op not in REORDERS]
         rows: list[dict[str, Any]] = []
         units: dict[str, tuple[float, float, float, float]] = {}
@@ -227,6 +364,10 @@ def model_record(path: Path) -> dict[str, Any]:
                 }
             )
         matched = match_kernels(rows, ran)
+        for row in rows:
+            if row.get("node") in buffers:
+                row["buffer"], distance = buffers[row["node"]]
+                row["reuse_mib"] = None if distance is None else round(distance / 2**20, 2)
         return {
             "model": path.stem,
             "matched": matched,
@@ -236,6 +377,7 @@ def model_record(path: Path) -> dict[str, Any]:
             "in_graph_ms": sum(k.us for k in ran) / 1e3,
             "reorders_ms": sum(k.us for k in in_graph if k.op in REORDERS) / 1e3,
             "baseline_ms": cost.baseline_ms,
+            "last_level_cache_mib": (last_level_cache() or 0) / 2**20,
         }
 
 
@@ -244,6 +386,27 @@ def _sums(rows: Sequence[dict[str, Any]]) -> tuple[float, ...]:
     summed in milliseconds."""
     keys = ("in_graph_us", "price_us", "first_copy_us", "later_copies_us", "cold_outputs_us", "all_cold_us")
     return tuple(sum(k.get(key, math.nan) for k in rows) / 1e3 for key in keys)
+
+
+def cold_buffer(kernel: Mapping[str, Any], cache_mib: float) -> bool:
+    """Whether the arena gives `kernel` (`simulate_arena`'s `buffer` and `reuse_mib`) an output buffer out of the
+    caches: one of its own or a graph output, each last touched a run before, or one reused after more bytes than
+    the last-level cache holds."""
+    distance = kernel.get("reuse_mib")
+    return kernel.get("buffer") in ("fresh", "graph output") or (distance is not None and distance > cache_mib)
+
+
+def _arena_us(kernel: Mapping[str, Any], cache_mib: float) -> float:
+    """A kernel's price with its outputs cold where its arena buffer is (`cold_buffer`), else its price."""
+    return kernel["cold_outputs_us"] if cold_buffer(kernel, cache_mib) else kernel["price_us"]
+
+
+def _buffer_class(kernel: Mapping[str, Any], cache_mib: float) -> str:
+    """Which kind of arena buffer `kernel` writes, with a reused one split by its distance from the cache's size."""
+    kind = kernel.get("buffer", "not placed")
+    if kind == "reused":
+        return "reused, beyond the cache" if cold_buffer(kernel, cache_mib) else "reused, within the cache"
+    return kind
 
 
 def _ratios(values: Sequence[float], base: float) -> str:
@@ -273,7 +436,9 @@ def render(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
         "evicted before each run as when it is priced, the first copy's time and the later copies' median; `cold "
         "outputs`: the later copies' median with the graph's working set evicted before each run and only the "
         "inputs read again, the output buffers left cold; `all cold`: the same with the inputs left cold too, as "
-        "a graph's own input is. `priced` and `in graph` sum every kernel; the ratios, "
+        "a graph's own input is; `arena`: the price with the outputs cold where onnxruntime's arena gives the "
+        "kernel a buffer out of the caches (`cold_buffer`), else the price. `priced` and `in graph` sum every "
+        "kernel; the ratios, "
         "the kernels matched (within each kind of op both list as many of, by their weights' shapes where both "
         "sides have the same ones, else in order; Reshapes, views, apart); the "
         "profiler adds its own microsecond or two to every kernel, in the graph and in the units alike. "
@@ -281,14 +446,17 @@ def render(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
         "",
         "| model | working set (MiB) | kernels | priced (ms) | in graph (ms) | reorders in graph (ms) "
         "| priced / in graph | first copy / in graph | later copies / in graph | cold outputs / in graph "
-        "| all cold / in graph |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| all cold / in graph | arena / in graph |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     by_op: dict[str, list[dict[str, Any]]] = {}
+    by_buffer: dict[str, list[dict[str, Any]]] = {}
     for r in records:
         rows = [k for k in r["kernels"] if "in_graph_us" in k and not math.isnan(k["first_copy_us"])]
         g, priced, first, later, cold, every = _sums(rows)
-        ratios = _ratios((priced, first, later, cold, every), g)
+        cache = r.get("last_level_cache_mib", 0.0)
+        arena = sum(_arena_us(k, cache) for k in rows) / 1e3 if any("buffer" in k for k in rows) else math.nan
+        ratios = _ratios((priced, first, later, cold, every, arena), g)
         lines.append(
             f"| {r['model']} | {r.get('working_set_mib', math.nan):.0f} | {len(r['kernels'])}"
             f"{'' if r['matched'] else f' ({len(rows)} matched)'} | {r['price_ms']:.2f} | {r['in_graph_ms']:.2f} | "
@@ -296,6 +464,7 @@ def render(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
         )
         for k in rows:
             by_op.setdefault(k["ran_as"], []).append(k)
+            by_buffer.setdefault(_buffer_class(k, cache), []).append(k)
     if by_op:
         lines += [
             "",
@@ -308,6 +477,19 @@ def render(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
         for op, rows in sorted(by_op.items(), key=lambda item: -_sums(item[1])[0]):
             g, priced, _, later, cold, every = _sums(rows)
             lines.append(f"| {op} | {len(rows)} | {g:.2f} | {_ratios((priced, later, cold, every), g)} |")
+    if any("buffer" in k for rows in by_buffer.values() for k in rows):
+        lines += [
+            "",
+            "By the output buffer onnxruntime's arena gives the kernel (`simulate_arena`: a buffer of its own, last "
+            "touched a run before; a freed buffer of the same shape reused, within or beyond the last-level cache's "
+            "size of traffic since it was last touched; its input's, in place; a view; a graph output):",
+            "",
+            "| output buffer | kernels | in graph (ms) | priced / in graph | cold outputs / in graph |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for kind, rows in sorted(by_buffer.items(), key=lambda item: -_sums(item[1])[0]):
+            g, priced, _, _, cold, _ = _sums(rows)
+            lines.append(f"| {kind} | {len(rows)} | {g:.2f} | {_ratios((priced, cold), g)} |")
     gaps = [(r["model"], k) for r in records for k in _widest(r["kernels"])]
     if gaps:
         lines += [

@@ -151,12 +151,15 @@ class MeasuredCost:
         clock: str | None = None,
         windows: int | None = None,
         chunk: int = CHUNK,
+        cold_outputs: bool = False,
     ) -> None:
         if int(threads) < 1:
             raise TensatError(f"threads must be positive, got {threads}")
         if windows is not None and int(windows) < 1:
             raise TensatError(f"windows must be positive, got {windows}")
         self.windows = None if windows is None else int(windows)
+        # every unit without weights timed with its outputs cold, as a permutation is (`bench.cold_outputs`)
+        self.cold_outputs = bool(cold_outputs)
         self.chunk = max(1, int(chunk))
         self.device = resolve_device(device)
         self.threads = int(threads)
@@ -267,7 +270,13 @@ class MeasuredCost:
         plain = self._plain(unit)
         if plain:
             sig = f"{sig}|nchw={','.join(map(str, plain))}"
+        if self._cold_unit(unit):
+            sig = f"{sig}|cold-outputs"
         return sig
+
+    def _cold_unit(self, unit: Unit) -> bool:
+        """Whether `cold_outputs` times `unit` with its outputs cold (a unit without weights)."""
+        return self.cold_outputs and not unit.weighted
 
     @staticmethod
     def _reorder_key(kind: str, shape: Sequence[int]) -> str:
@@ -515,7 +524,7 @@ class MeasuredCost:
                 return folded
         try:
             with _silenced():
-                plan = _Plan(unit, self.copies_for(unit))
+                plan = _Plan(unit, self.copies_for(unit), cold=self._cold_unit(unit))
                 plan.evict_bytes = self.evict_bytes(unit.weight_bytes(), plan.copies)
                 if plan.cold_output:
                     plan.evict_bytes = max(plan.evict_bytes, self.runner.evict_cap)
@@ -656,6 +665,7 @@ class MeasuredCost:
             clock=self.clock,
             windows=self.windows if windows is None else windows,
             chunk=self.chunk if chunk is None else chunk,
+            cold_outputs=self.cold_outputs,
         )
         fresh._calibration = self.calibration
         fresh.blocked_extents = self.blocked_extents
@@ -761,11 +771,12 @@ class _Plan:
     failure: CostEntry | None = None
     windows_wanted: int = WINDOWS
     evict_bytes: int = 0
+    cold: bool = False  # its outputs cold whatever its ops (`MeasuredCost.cold_outputs`)
 
     @property
     def cold_output(self) -> bool:
         """Whether the unit is timed with its output buffers left out of the caches (`OpDef.cold_output`)."""
-        return all(ops.get(op).cold_output for op in self.unit.ops)
+        return self.cold or all(ops.get(op).cold_output for op in self.unit.ops)
 
     def disagree(self) -> bool:
         """The first two windows differ by more than WINDOW_TOL (a third window decides)."""
@@ -820,13 +831,17 @@ def make_measured_cost(
     *,
     threads: int | None = None,
     working_set: int | None = None,
+    cold_outputs: bool = False,
 ) -> MeasuredCost:
     """The measured cost model on `device` ("auto", "cpu" or "cuda"), caching in `cache_path` (default: the user
-    cache directory, or `$TENSAT_CACHE_DIR`). `threads` defaults to `$TENSAT_MEASURE_THREADS` or 1."""
+    cache directory, or `$TENSAT_CACHE_DIR`). `threads` defaults to `$TENSAT_MEASURE_THREADS` or 1; `cold_outputs`
+    times every unit without weights with its outputs cold (`MeasuredCost`)."""
     if threads is None:
         env = os.environ.get("TENSAT_MEASURE_THREADS", "").strip()
         try:
             threads = int(env) if env else 1
         except ValueError:
             raise TensatError(f"TENSAT_MEASURE_THREADS must be an integer, got {env!r}") from None
-    return MeasuredCost(device, cache_path, progress, threads=threads, working_set=working_set)
+    return MeasuredCost(
+        device, cache_path, progress, threads=threads, working_set=working_set, cold_outputs=cold_outputs
+    )

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import math
 
-from bench.unit_context import Ran, kernel_times, match_kernels, render
+import numpy as np
+import onnx
+import onnx.numpy_helper
+
+from bench.unit_context import Ran, cold_buffer, kernel_times, match_kernels, render, simulate_arena
 
 
 def _event(name: str, op: str, dur: float, *shapes: list[int]) -> dict[str, object]:
@@ -107,3 +111,71 @@ def test_a_shortcut_convolution_run_first_keeps_its_own_time() -> None:
     padded = [k._replace(weight=(k.weight[0], 80, *k.weight[2:])) if k.weight else k for k in ran]
     assert match_kernels(rows, padded)
     assert [r["in_graph_us"] for r in rows] == [30.0, 90.0, 100.0, 110.0]
+
+
+def _arena_graph() -> tuple[onnx.GraphProto, list[Ran]]:
+    """a = x + w; b = relu(a); c = b * w; d = reshape(c); e = d + w; out = e * w, every tensor 1x256 floats."""
+    row = [1, 256]
+    w = onnx.numpy_helper.from_array(np.ones(row, np.float32), "w")
+    to = onnx.numpy_helper.from_array(np.array(row, np.int64), "to")
+    steps = [("a", "Add", ["x", "w"]), ("b", "Relu", ["a"]), ("c", "Mul", ["b", "w"])]
+    steps += [("d", "Reshape", ["c", "to"]), ("e", "Add", ["d", "w"]), ("out", "Mul", ["e", "w"])]
+    nodes = [onnx.helper.make_node(op, ins, [name], name=f"n_{name}") for name, op, ins in steps]
+    value = onnx.helper.make_tensor_value_info
+    graph = onnx.helper.make_graph(
+        nodes, "g", [value("x", onnx.TensorProto.FLOAT, row)], [value("out", onnx.TensorProto.FLOAT, row)], [w, to]
+    )
+    return graph, [Ran(f"n_{name}", op, 1.0, None, ((1, 256),)) for name, op, _ in steps]
+
+
+def test_the_arena_places_outputs_as_onnxruntimes_planner_does() -> None:
+    graph, ran = _arena_graph()
+    placed = simulate_arena(graph, ran)
+    assert {name: kind for name, (kind, _) in placed.items()} == {
+        "n_a": "fresh",
+        "n_b": "in place",
+        "n_c": "fresh",
+        "n_d": "alias",
+        "n_e": "reused",
+        "n_out": "graph output",
+    }
+    # e takes a's buffer, freed after c read b (a's, in place): then c's weight and output, d's reads and output
+    assert placed["n_e"][1] == 4 * 1024 + 16
+    # a buffer of its own was last touched the run before: a's, when `out` read e
+    assert placed["n_a"][1] == 2 * 1024
+    assert placed["n_c"][1] == 4 * 1024 + 5 * 1024
+    assert placed["n_out"][1] is None
+
+
+def test_a_kernel_is_priced_cold_where_its_arena_buffer_is_out_of_the_cache() -> None:
+    assert cold_buffer({"buffer": "fresh", "reuse_mib": 1.0}, 32.0)
+    assert cold_buffer({"buffer": "graph output", "reuse_mib": None}, 32.0)
+    assert cold_buffer({"buffer": "reused", "reuse_mib": 40.0}, 32.0)
+    assert not cold_buffer({"buffer": "reused", "reuse_mib": 3.0}, 32.0)
+    assert not cold_buffer({"buffer": "in place", "reuse_mib": 0.0}, 32.0)
+    assert not cold_buffer({}, 32.0)
+
+
+def test_the_report_prices_outputs_cold_where_the_arena_buffer_is() -> None:
+    info = {"cpu": "cpu", "cores": 2, "memory_gib": 1, "gpus": [], "python": "3", "versions": {}, "highs": "1"}
+    info["date"] = "today"
+    times = {"first_copy_us": 1.0, "later_copies_us": 1.0, "all_cold_us": 1.0, "shapes": []}
+    far = {"kernel": "add", "ran_as": "Add", "price_us": 80.0, "cold_outputs_us": 90.0, "in_graph_us": 100.0}
+    near = {"kernel": "mul", "ran_as": "Mul", "price_us": 10.0, "cold_outputs_us": 20.0, "in_graph_us": 25.0}
+    record = {
+        "model": "m",
+        "matched": True,
+        "working_set_mib": 12.0,
+        "last_level_cache_mib": 32.0,
+        "kernels": [
+            {**times, **far, "buffer": "fresh", "reuse_mib": 50.0},
+            {**times, **near, "buffer": "reused", "reuse_mib": 3.0},
+        ],
+        "price_ms": 0.09,
+        "in_graph_ms": 0.125,
+        "reorders_ms": 0.0,
+    }
+    table = render([record], info)
+    assert "| 0.72 | 0.02 | 0.02 | 0.88 | 0.02 | 0.80 |" in table
+    assert "| fresh | 1 | 0.10 | 0.80 | 0.90 |" in table
+    assert "| reused, within the cache | 1 | 0.03 | 0.40 | 0.80 |" in table

@@ -883,6 +883,29 @@ def test_weights_are_evicted_only_where_the_copies_do_not_span_the_working_set(t
     assert order[::2] == ["before"] * 10 and sorted(order[1::2]) == ["a"] * 5 + ["b"] * 5
 
 
+def test_cold_outputs_times_every_unit_without_weights_with_its_outputs_cold(tmp_path):
+    """`cold_outputs` (the `bench.cold_outputs` experiment) times a unit without weights as a Transpose is timed,
+    its whole cache evicted and only its input read again, and caches it under its own key; a unit whose weights
+    stream through the caches is timed as before."""
+    g = Graph()
+    x = g.input("x", (1, 64, 256))
+    s = g.add("add", [x, x])
+    y = g.add("matmul", [s, g.weight(w(256, 512))])
+    g.output("y", y)
+    units = {
+        i: pricing_unit(g.nodes[i], [g.nodes[j].shape for j in g.nodes[i].inputs], [False, i == y]) for i in (s, y)
+    }
+    warm, cold = cost_model(tmp_path / "warm"), cost_model(tmp_path / "cold", cold_outputs=True)
+    assert units[y].weighted and not units[s].weighted
+    assert not warm._plan(units[s]).cold_output
+    plan = cold._plan(units[s])
+    assert plan.cold_output and plan.evict_bytes == cold.runner.evict_cap
+    assert cold._key(units[s]) != warm._key(units[s])
+    assert not cold._plan(units[y]).cold_output and cold._key(units[y]) == warm._key(units[y])
+    assert cold._measure(units[s]).detail["cold_output"]
+    assert cold.uncached(windows=1)._plan(units[s]).cold_output
+
+
 def test_a_transpose_is_timed_writing_to_buffers_out_of_the_caches(tmp_path, monkeypatch):
     """A Transpose's strided stores go, inside a graph, to a recycled buffer last used long before: its unit is timed
     with the whole cache evicted and only its input read again (`OpDef.cold_output`). A MatMul of activations, and a

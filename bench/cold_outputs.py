@@ -1,0 +1,95 @@
+"""Predicted over run with the units priced as today and with every unit without weights timed with its outputs cold.
+
+    python -m bench.cold_outputs                           # nine models of the corpus
+    python -m bench.cold_outputs --only hubert --out-dir DIR
+
+Units are timed with their output buffers warm, while inside a graph onnxruntime's arena hands a kernel a buffer
+last touched long before (`bench.unit_context`: memory-bound kernels run slower in the graph than priced). For each
+input model: same-load checks (`bench.real_report.same_load`: the kernels priced afresh on an empty cost cache,
+between end-to-end runs at one thread), `ROUNDS` rounds of the two pricings in turns, today's
+(`MeasuredCost` as it is) and with `MeasuredCost.cold_outputs`; the predicted cost over the end-to-end time of
+each, and their medians.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.machine import header
+from bench.real_models import per_model_parser, per_model_report
+from bench.real_report import same_load
+
+MODELS = (
+    "swinv2",
+    "hubert",
+    "efficientnet_b0_ts15",
+    "segformer_seg",
+    "mobilevit",
+    "resnet50",
+    "bert",
+    "convnext",
+    "mobilenet_v2",
+)
+ROUNDS = 2
+VARIANTS = {"today": False, "cold outputs": True}
+
+
+def model_record(path: Path) -> dict[str, Any]:
+    """One model's same-load checks, the two pricings in turns for `ROUNDS` rounds."""
+    checks: dict[str, list[dict[str, Any]]] = {name: [] for name in VARIANTS}
+    for _ in range(ROUNDS):
+        for name, cold in VARIANTS.items():
+            checks[name].append(same_load(path, cold_outputs=cold))
+    return {"model": path.stem, "checks": checks}
+
+
+def median_ratio(checks: Sequence[dict[str, Any]]) -> float | None:
+    """The median predicted-over-run ratio of the checks that measured (None where none did)."""
+    ratios = [c["ratio"] for c in checks if "ratio" in c]
+    return statistics.median(ratios) if ratios else None
+
+
+def _cell(checks: Sequence[dict[str, Any]]) -> str:
+    ratio = median_ratio(checks)
+    if ratio is None:
+        return next((c["error"] for c in checks if "error" in c), "—")
+    each = ", ".join(f"{c['ratio']:.3f}" for c in checks if "ratio" in c)
+    predicted = statistics.median(c["predicted_ms"] for c in checks if "ratio" in c)
+    return f"{ratio:.3f} ({each}); {predicted:.2f} ms"
+
+
+def render(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
+    """The markdown report: per model, each pricing's predicted over run."""
+    lines = [
+        "# Predicted over run, with units' outputs warm (today) and cold",
+        "",
+        header(info),
+        "",
+        "One intra-op thread, CPU, input models of the corpus. Each cell: the median predicted cost over the "
+        f"end-to-end time of {ROUNDS} same-load checks (each check's own), the checks, and the median predicted "
+        "cost; the two pricings taken in turns. `cold outputs`: every unit without weights timed with its output "
+        "buffers out of the caches (`MeasuredCost.cold_outputs`). See `bench/cold_outputs.py`.",
+        "",
+        "| model | today | cold outputs |",
+        "|---|---|---|",
+    ]
+    for r in records:
+        lines.append(f"| {r['model']} | {' | '.join(_cell(r['checks'][name]) for name in VARIANTS)} |")
+    within = {
+        name: sum(1 for r in records if (m := median_ratio(r["checks"][name])) is not None and abs(m - 1) <= 0.1)
+        for name in VARIANTS
+    }
+    lines += ["", "Within 10%: " + ", ".join(f"{name} {n} of {len(records)}" for name, n in within.items()) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return per_model_report(per_model_parser("cold_outputs", __doc__, MODELS).parse_args(argv), model_record, render)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
