@@ -13,7 +13,6 @@ each, and their medians.
 
 from __future__ import annotations
 
-import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 
 from bench.machine import header
 from bench.real_models import per_model_parser, per_model_report
-from bench.real_report import same_load
+from bench.real_report import same_load, same_load_checks
 
 MODELS = (
     "swinv2",
@@ -49,17 +48,15 @@ def model_record(path: Path) -> dict[str, Any]:
 
 def median_ratio(checks: Sequence[dict[str, Any]]) -> float | None:
     """The median predicted-over-run ratio of the checks that measured (None where none did)."""
-    ratios = [c["ratio"] for c in checks if "ratio" in c]
-    return statistics.median(ratios) if ratios else None
+    return same_load_checks(checks).get("ratio")
 
 
 def _cell(checks: Sequence[dict[str, Any]]) -> str:
-    ratio = median_ratio(checks)
-    if ratio is None:
-        return next((c["error"] for c in checks if "error" in c), "—")
+    summary = same_load_checks(checks)
+    if "ratio" not in summary:
+        return summary["error"]
     each = ", ".join(f"{c['ratio']:.3f}" for c in checks if "ratio" in c)
-    predicted = statistics.median(c["predicted_ms"] for c in checks if "ratio" in c)
-    return f"{ratio:.3f} ({each}); {predicted:.2f} ms"
+    return f"{summary['ratio']:.3f} ({each}); {summary['predicted_ms']:.2f} ms"
 
 
 def render(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:

@@ -155,80 +155,6 @@ def profiled(
             return kernel_times(json.load(f))
 
 
-def _touch(
-    graph: onnx.GraphProto, ran: Sequence[Ran], last: dict[str, int], start: int
-) -> tuple[dict[str, tuple[str, int | None]], int]:
-    """One run of `graph` through `simulate_arena`'s planner, its byte clock starting at `start`: each output's
-    buffer kind and reuse distance (None for a fresh buffer), and the clock at the end. `last` (a buffer's clock at
-    its last touch) carries over from the run before."""
-    nodes = {n.name: n for n in graph.node}
-    weights = {t.name: _tensor_bytes(t.dims, t.data_type) for t in graph.initializer}
-    kept = {o.name for o in graph.output}
-    size: dict[str, int] = {}
-    shape: dict[str, tuple[int, ...]] = {}
-    uses: dict[str, int] = dict.fromkeys(kept, 1)
-    for k in ran:
-        for name, dims in zip(nodes[k.name].output if k.name in nodes else (), k.outputs):
-            shape[name], size[name] = dims, 4 * math.prod(dims)
-    for k in ran:
-        for name in nodes[k.name].input if k.name in nodes else ():
-            if name in size:
-                uses[name] = uses.get(name, 0) + 1
-    buffer: dict[str, str] = {}
-    count: dict[str, int] = {}
-    free: list[str] = []  # the freed buffers, the most recently freed first
-    out: dict[str, tuple[str, int | None]] = {}
-    clock = start
-    for k in ran:
-        node = nodes.get(k.name)
-        if node is None:
-            continue
-        ins = [name for name in node.input if name]
-        first = ins[0] if ins else ""
-        made: list[str] = []
-        for name in node.output:
-            if name not in size:
-                continue
-            kind, b = "fresh", name
-            if node.op_type in ALIASED and first in buffer:
-                kind, b = "alias", buffer[first]
-            elif (
-                node.op_type in IN_PLACE
-                and first in buffer
-                and count[buffer[first]] == 1
-                and shape[first] == shape[name]
-            ):
-                kind, b = "in place", buffer[first]
-            elif name in kept:
-                kind = "graph output"
-            else:
-                reused = next((f for f in free if shape.get(f) == shape[name]), None)
-                if reused is not None:
-                    free.remove(reused)
-                    kind, b = "reused", reused
-            if b == name:
-                count[b] = 0
-            buffer[name] = b
-            count[b] += uses.get(name, 0)
-            seen = last.get(b)
-            out[k.name] = out.get(k.name) or (kind, None if seen is None or kind == "graph output" else clock - seen)
-            made.append(name)
-        for name in ins:
-            clock += size.get(name, weights.get(name, 0))
-            if name in buffer:
-                last[buffer[name]] = clock
-        for name in made:
-            clock += size[name]
-            last[buffer[name]] = clock
-        for name in ins:
-            if name in buffer:
-                count[buffer[name]] -= 1
-        for b in [buffer[name] for name in (*ins, *made) if name in buffer]:
-            if count[b] == 0 and b not in free:
-                free.insert(0, b)
-    return out, clock
-
-
 def _tensor_bytes(dims: Sequence[int], data_type: int) -> int:
     """Bytes of an initializer of `dims` and ONNX element type `data_type`."""
     return math.prod(dims) * onnx.helper.tensor_dtype_to_np_dtype(data_type).itemsize
@@ -242,9 +168,77 @@ def simulate_arena(graph: onnx.GraphProto, ran: Sequence[Ran]) -> dict[str, tupl
     kernel reads, and every output it writes) since that buffer was last touched, in the steady state of runs one
     after another: a buffer of its own was last touched in the run before. A graph output is allocated for the
     caller each run (distance None)."""
-    last: dict[str, int] = {}
-    _, total = _touch(graph, ran, last, 0)
-    out, _ = _touch(graph, ran, last, total)
+    nodes = {n.name: n for n in graph.node}
+    weights = {t.name: _tensor_bytes(t.dims, t.data_type) for t in graph.initializer}
+    kept = {o.name for o in graph.output}
+    size: dict[str, int] = {}
+    shape: dict[str, tuple[int, ...]] = {}
+    uses: dict[str, int] = dict.fromkeys(kept, 1)
+    for k in ran:
+        for name, dims in zip(nodes[k.name].output if k.name in nodes else (), k.outputs):
+            shape[name], size[name] = dims, 4 * math.prod(dims)
+    for k in ran:
+        for name in nodes[k.name].input if k.name in nodes else ():
+            if name in size:
+                uses[name] = uses.get(name, 0) + 1
+    last: dict[str, int] = {}  # a buffer's byte clock at its last touch, carried from one run to the next
+    clock = 0
+    out: dict[str, tuple[str, int | None]] = {}
+    for _ in range(2):  # the first run leaves the clocks the second, the steady state, starts from
+        buffer: dict[str, str] = {}
+        count: dict[str, int] = {}
+        free: list[str] = []  # the freed buffers, the most recently freed first
+        out = {}
+        for k in ran:
+            node = nodes.get(k.name)
+            if node is None:
+                continue
+            ins = [name for name in node.input if name]
+            first = ins[0] if ins else ""
+            made: list[str] = []
+            for name in node.output:
+                if name not in size:
+                    continue
+                kind, b = "fresh", name
+                if node.op_type in ALIASED and first in buffer:
+                    kind, b = "alias", buffer[first]
+                elif (
+                    node.op_type in IN_PLACE
+                    and first in buffer
+                    and count[buffer[first]] == 1
+                    and shape[first] == shape[name]
+                ):
+                    kind, b = "in place", buffer[first]
+                elif name in kept:
+                    kind = "graph output"
+                else:
+                    reused = next((f for f in free if shape.get(f) == shape[name]), None)
+                    if reused is not None:
+                        free.remove(reused)
+                        kind, b = "reused", reused
+                if b == name:
+                    count[b] = 0
+                buffer[name] = b
+                count[b] += uses.get(name, 0)
+                seen = last.get(b)
+                out[k.name] = out.get(k.name) or (
+                    kind,
+                    None if seen is None or kind == "graph output" else clock - seen,
+                )
+                made.append(name)
+            for name in ins:
+                clock += size.get(name, weights.get(name, 0))
+                if name in buffer:
+                    last[buffer[name]] = clock
+            for name in made:
+                clock += size[name]
+                last[buffer[name]] = clock
+            for name in ins:
+                if name in buffer:
+                    count[buffer[name]] -= 1
+            for b in [buffer[name] for name in (*ins, *made) if name in buffer]:
+                if count[b] == 0 and b not in free:
+                    free.insert(0, b)
     return out
 
 
