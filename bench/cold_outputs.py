@@ -1,4 +1,4 @@
-"""Predicted over run with the units priced as today and with every unit without weights timed with its outputs cold.
+"""Predicted over run with the units without weights timed with their outputs warm, in the last-level cache, or cold.
 
     python -m bench.cold_outputs                           # nine models of the corpus
     python -m bench.cold_outputs --only hubert --out-dir DIR
@@ -6,9 +6,8 @@
 Units are timed with their output buffers warm, while inside a graph onnxruntime's arena hands a kernel a buffer
 last touched long before (`bench.unit_context`: memory-bound kernels run slower in the graph than priced). For each
 input model: same-load checks (`bench.real_report.same_load`: the kernels priced afresh on an empty cost cache,
-between end-to-end runs at one thread), `ROUNDS` rounds of the two pricings in turns, today's
-(`MeasuredCost` as it is) and with `MeasuredCost.cold_outputs`; the predicted cost over the end-to-end time of
-each, and their medians.
+between end-to-end runs at one thread), `ROUNDS` rounds of the pricings in turns, one per place of the outputs
+(`MeasuredCost.outputs`, `VARIANTS`); the predicted cost over the end-to-end time of each, and their medians.
 """
 
 from __future__ import annotations
@@ -34,15 +33,15 @@ MODELS = (
     "mobilenet_v2",
 )
 ROUNDS = 2
-VARIANTS = {"today": False, "cold outputs": True}
+VARIANTS = {"today": "warm", "outputs in LLC": "llc", "cold outputs": "cold"}
 
 
 def model_record(path: Path) -> dict[str, Any]:
-    """One model's same-load checks, the two pricings in turns for `ROUNDS` rounds."""
+    """One model's same-load checks, the pricings in turns for `ROUNDS` rounds."""
     checks: dict[str, list[dict[str, Any]]] = {name: [] for name in VARIANTS}
     for _ in range(ROUNDS):
-        for name, cold in VARIANTS.items():
-            checks[name].append(same_load(path, cold_outputs=cold))
+        for name, outputs in VARIANTS.items():
+            checks[name].append(same_load(path, outputs=outputs))
     return {"model": path.stem, "checks": checks}
 
 
@@ -62,17 +61,18 @@ def _cell(checks: Sequence[dict[str, Any]]) -> str:
 def render(records: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
     """The markdown report: per model, each pricing's predicted over run."""
     lines = [
-        "# Predicted over run, with units' outputs warm (today) and cold",
+        "# Predicted over run, with units' outputs warm (today), in the last-level cache, and cold",
         "",
         header(info),
         "",
         "One intra-op thread, CPU, input models of the corpus. Each cell: the median predicted cost over the "
         f"end-to-end time of {ROUNDS} same-load checks (each check's own), the checks, and the median predicted "
-        "cost; the two pricings taken in turns. `cold outputs`: every unit without weights timed with its output "
-        "buffers out of the caches (`MeasuredCost.cold_outputs`). See `bench/cold_outputs.py`.",
+        "cost; the pricings taken in turns. `outputs in LLC`: every unit without weights timed with its output "
+        "buffers pushed out of the core's level-2 cache into the last-level one; `cold outputs`: out of every cache "
+        "(`MeasuredCost.outputs`). See `bench/cold_outputs.py`.",
         "",
-        "| model | today | cold outputs |",
-        "|---|---|---|",
+        f"| model | {' | '.join(VARIANTS)} |",
+        "|---" * (len(VARIANTS) + 1) + "|",
     ]
     for r in records:
         lines.append(f"| {r['model']} | {' | '.join(_cell(r['checks'][name]) for name in VARIANTS)} |")

@@ -244,19 +244,17 @@ def run_model(name: str, src: Path, work: Path, seconds: float) -> dict[str, Any
     return rec
 
 
-def same_load(path: Path, cold_outputs: bool = False) -> dict[str, Any]:
+def same_load(path: Path, outputs: str = "warm") -> dict[str, Any]:
     """The model's kernels priced afresh on an empty cost cache, between its end-to-end runs at one thread
     (`tensat.cost_report.cost_report`, reading the model as `tensat optimize` reads its input; each unit in
     `SAME_LOAD_WINDOWS` windows; the model in `SESSIONS` sessions, as its speedups are timed): the predicted cost
     and the end-to-end time taken under the same load. The prediction of the optimizing process and a time taken
     minutes later in another process differ by the shared machine's drift as well; this is the cost model's own
-    error. A model it cannot price gets the error instead. `cold_outputs`: the units priced with
-    `MeasuredCost.cold_outputs`."""
+    error. A model it cannot price gets the error instead. `outputs`: where the units without weights find
+    their output buffers (`MeasuredCost.outputs`)."""
     try:
         with tempfile.TemporaryDirectory(prefix="tensat-same-load-") as cache:
-            cost = make_measured_cost(
-                "cpu", Path(cache) / "costs.sqlite3", progress=False, threads=1, cold_outputs=cold_outputs
-            )
+            cost = make_measured_cost("cpu", Path(cache) / "costs.sqlite3", progress=False, threads=1, outputs=outputs)
             report = cost_report(
                 load_graph(path), cost, name=path.stem, per_node=False, sessions=SESSIONS, windows=SAME_LOAD_WINDOWS
             )

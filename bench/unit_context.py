@@ -244,7 +244,7 @@ def simulate_arena(graph: onnx.GraphProto, ran: Sequence[Ran]) -> dict[str, tupl
 
 def _copies(cost: MeasuredCost, unit: Unit) -> tuple[float, float, float, float]:
     """The profiler's time of the first copy of `unit` in its timed model and the later copies' median, each run
-    prepared as the unit is priced (a Transpose's outputs cold, `OpDef.cold_output`), the later copies' median
+    prepared as the unit is priced (a Transpose's outputs cold, `_Plan.output_place`), the later copies' median
     with the output buffers left cold, and with the inputs left cold as well (NaN for a unit priced without
     timing, a view or one onnxruntime cannot run alone, and for one it runs as reorders only)."""
     nan = (math.nan, math.nan, math.nan, math.nan)
@@ -258,7 +258,10 @@ def _copies(cost: MeasuredCost, unit: Unit) -> tuple[float, float, float, float]
     extra = (*REORDERS, "MaxPool") if plan.null_model is not None else REORDERS  # a prologue's pools and samples
     try:
         warm = profiled(
-            cost, model, lambda run: r.cold_weights(run, plan.evict_bytes, warm_outputs=not plan.cold_output), unit=True
+            cost,
+            model,
+            lambda run: r.cold_weights(run, plan.evict_bytes, warm_outputs=plan.output_place == "warm"),
+            unit=True,
         )
         outs = profiled(cost, model, lambda run: r.cold_weights(run, cold, warm_outputs=False), unit=True)
         every = profiled(

@@ -61,6 +61,10 @@ CHUNK = 24
 GRACE_SECONDS = 1.0  # a deadline passing with less than half this left to time (at the pace so far) is extended by it
 # once: a unit deferred to a later run makes that run price, and so extract and time end to end, another graph
 
+# where a unit without weights finds its output buffers when it is timed: rewritten just before it (warm), pushed out
+# of the core's own caches into the last-level one (llc), or out of every cache (cold)
+OUTPUTS = ("warm", "llc", "cold")
+
 
 @dataclass
 class MeasureStats:
@@ -151,15 +155,17 @@ class MeasuredCost:
         clock: str | None = None,
         windows: int | None = None,
         chunk: int = CHUNK,
-        cold_outputs: bool = False,
+        outputs: str = "warm",
     ) -> None:
         if int(threads) < 1:
             raise TensatError(f"threads must be positive, got {threads}")
         if windows is not None and int(windows) < 1:
             raise TensatError(f"windows must be positive, got {windows}")
         self.windows = None if windows is None else int(windows)
-        # every unit without weights timed with its outputs cold, as a permutation is (`bench.cold_outputs`)
-        self.cold_outputs = bool(cold_outputs)
+        if outputs not in OUTPUTS:
+            raise TensatError(f"outputs must be one of {', '.join(OUTPUTS)}, got {outputs!r}")
+        # where a unit without weights finds its output buffers when it runs (`OUTPUTS`, `bench.cold_outputs`)
+        self.outputs = outputs
         self.chunk = max(1, int(chunk))
         self.device = resolve_device(device)
         self.threads = int(threads)
@@ -270,13 +276,15 @@ class MeasuredCost:
         plain = self._plain(unit)
         if plain:
             sig = f"{sig}|nchw={','.join(map(str, plain))}"
-        if self._cold_unit(unit):
-            sig = f"{sig}|cold-outputs"
+        outputs = self._unit_outputs(unit)
+        if outputs != "warm":
+            sig = f"{sig}|outputs={outputs}"
         return sig
 
-    def _cold_unit(self, unit: Unit) -> bool:
-        """Whether `cold_outputs` times `unit` with its outputs cold (a unit without weights)."""
-        return self.cold_outputs and not unit.weighted
+    def _unit_outputs(self, unit: Unit) -> str:
+        """Where `unit`'s output buffers are when it is timed (`OUTPUTS`): `outputs` for a unit without weights,
+        warm for one with them."""
+        return "warm" if unit.weighted else self.outputs
 
     @staticmethod
     def _reorder_key(kind: str, shape: Sequence[int]) -> str:
@@ -505,6 +513,16 @@ class MeasuredCost:
             return 0
         return min(max(0, self._ws_bucket() * 2**20 - copies * weight_bytes), self.runner.weight_evict_cap)
 
+    def output_evict_bytes(self, place: str) -> int:
+        """Bytes to evict before a timed run so that the unit's outputs are where `place` says (`OUTPUTS`): twice
+        the core's level-2 cache for the last-level cache (none where its size is unknown), the runner's
+        `evict_cap` for none."""
+        if place == "cold":
+            return self.runner.evict_cap
+        if place == "llc" and self.runner.near_cache:
+            return 2 * self.runner.near_cache
+        return 0
+
     def _fallback(self, unit: Unit, exc: BaseException) -> CostEntry:
         label = unit.label()
         self.stats.failed += 1
@@ -524,10 +542,10 @@ class MeasuredCost:
                 return folded
         try:
             with _silenced():
-                plan = _Plan(unit, self.copies_for(unit), cold=self._cold_unit(unit))
-                plan.evict_bytes = self.evict_bytes(unit.weight_bytes(), plan.copies)
-                if plan.cold_output:
-                    plan.evict_bytes = max(plan.evict_bytes, self.runner.evict_cap)
+                plan = _Plan(unit, self.copies_for(unit), outputs=self._unit_outputs(unit))
+                plan.evict_bytes = max(
+                    self.evict_bytes(unit.weight_bytes(), plan.copies), self.output_evict_bytes(plan.output_place)
+                )
                 if self.windows is not None:
                     plan.windows_wanted = self.windows
                 elif (
@@ -573,7 +591,7 @@ class MeasuredCost:
                         plan.copies,
                         max_seconds=budget,
                         clock=r.clock,
-                        before=r.cold_weights(run, plan.evict_bytes, warm_outputs=not plan.cold_output),
+                        before=r.cold_weights(run, plan.evict_bytes, warm_outputs=plan.output_place == "warm"),
                     )
                 )
         except Exception as exc:  # noqa: BLE001
@@ -606,8 +624,8 @@ class MeasuredCost:
             detail["working_set_mib"] = self._ws_bucket()
         if plan.evict_bytes:
             detail["evict_mib"] = round(plan.evict_bytes / 2**20, 1)
-        if plan.cold_output:
-            detail["cold_output"] = True
+        if plan.output_place != "warm":
+            detail["outputs"] = plan.output_place
         spread = max(w.spread for w in plan.windows)
         return CostEntry(us / 1e3, spread, detail["rounds"], plan.unit.label(), detail)
 
@@ -665,7 +683,7 @@ class MeasuredCost:
             clock=self.clock,
             windows=self.windows if windows is None else windows,
             chunk=self.chunk if chunk is None else chunk,
-            cold_outputs=self.cold_outputs,
+            outputs=self.outputs,
         )
         fresh._calibration = self.calibration
         fresh.blocked_extents = self.blocked_extents
@@ -771,12 +789,13 @@ class _Plan:
     failure: CostEntry | None = None
     windows_wanted: int = WINDOWS
     evict_bytes: int = 0
-    cold: bool = False  # its outputs cold whatever its ops (`MeasuredCost.cold_outputs`)
+    outputs: str = "warm"  # where its output buffers are whatever its ops (`MeasuredCost.outputs`)
 
     @property
-    def cold_output(self) -> bool:
-        """Whether the unit is timed with its output buffers left out of the caches (`OpDef.cold_output`)."""
-        return self.cold or all(ops.get(op).cold_output for op in self.unit.ops)
+    def output_place(self) -> str:
+        """Where the unit's output buffers are when it is timed (`OUTPUTS`): out of the caches for a unit whose ops
+        all write to buffers last used long before (`OpDef.cold_output`), else `outputs`."""
+        return "cold" if all(ops.get(op).cold_output for op in self.unit.ops) else self.outputs
 
     def disagree(self) -> bool:
         """The first two windows differ by more than WINDOW_TOL (a third window decides)."""
@@ -831,17 +850,15 @@ def make_measured_cost(
     *,
     threads: int | None = None,
     working_set: int | None = None,
-    cold_outputs: bool = False,
+    outputs: str = "warm",
 ) -> MeasuredCost:
     """The measured cost model on `device` ("auto", "cpu" or "cuda"), caching in `cache_path` (default: the user
-    cache directory, or `$TENSAT_CACHE_DIR`). `threads` defaults to `$TENSAT_MEASURE_THREADS` or 1; `cold_outputs`
-    times every unit without weights with its outputs cold (`MeasuredCost`)."""
+    cache directory, or `$TENSAT_CACHE_DIR`). `threads` defaults to `$TENSAT_MEASURE_THREADS` or 1; `outputs`
+    is where every unit without weights finds its output buffers (`OUTPUTS`)."""
     if threads is None:
         env = os.environ.get("TENSAT_MEASURE_THREADS", "").strip()
         try:
             threads = int(env) if env else 1
         except ValueError:
             raise TensatError(f"TENSAT_MEASURE_THREADS must be an integer, got {env!r}") from None
-    return MeasuredCost(
-        device, cache_path, progress, threads=threads, working_set=working_set, cold_outputs=cold_outputs
-    )
+    return MeasuredCost(device, cache_path, progress, threads=threads, working_set=working_set, outputs=outputs)

@@ -883,10 +883,11 @@ def test_weights_are_evicted_only_where_the_copies_do_not_span_the_working_set(t
     assert order[::2] == ["before"] * 10 and sorted(order[1::2]) == ["a"] * 5 + ["b"] * 5
 
 
-def test_cold_outputs_times_every_unit_without_weights_with_its_outputs_cold(tmp_path):
-    """`cold_outputs` (the `bench.cold_outputs` experiment) times a unit without weights as a Transpose is timed,
-    its whole cache evicted and only its input read again, and caches it under its own key; a unit whose weights
-    stream through the caches is timed as before."""
+def test_outputs_places_every_unit_without_weights_outputs_in_the_last_level_cache_or_out_of_every_cache(tmp_path):
+    """`outputs` (the `bench.cold_outputs` experiment) times a unit without weights with its output buffers pushed out
+    of the core's level-2 cache ("llc": twice that cache streamed) or out of every cache ("cold", as a Transpose is
+    timed), only its input read again, and caches it under its own key; a unit whose weights stream through the
+    caches is timed as before. A place it does not know is refused."""
     g = Graph()
     x = g.input("x", (1, 64, 256))
     s = g.add("add", [x, x])
@@ -895,15 +896,23 @@ def test_cold_outputs_times_every_unit_without_weights_with_its_outputs_cold(tmp
     units = {
         i: pricing_unit(g.nodes[i], [g.nodes[j].shape for j in g.nodes[i].inputs], [False, i == y]) for i in (s, y)
     }
-    warm, cold = cost_model(tmp_path / "warm"), cost_model(tmp_path / "cold", cold_outputs=True)
+    warm = cost_model(tmp_path / "warm")
+    llc, cold = cost_model(tmp_path / "llc", outputs="llc"), cost_model(tmp_path / "cold", outputs="cold")
     assert units[y].weighted and not units[s].weighted
-    assert not warm._plan(units[s]).cold_output
+    assert warm._plan(units[s]).output_place == "warm" and warm._plan(units[s]).evict_bytes == 0
     plan = cold._plan(units[s])
-    assert plan.cold_output and plan.evict_bytes == cold.runner.evict_cap
-    assert cold._key(units[s]) != warm._key(units[s])
-    assert not cold._plan(units[y]).cold_output and cold._key(units[y]) == warm._key(units[y])
-    assert cold._measure(units[s]).detail["cold_output"]
-    assert cold.uncached(windows=1)._plan(units[s]).cold_output
+    assert plan.output_place == "cold" and plan.evict_bytes == cold.runner.evict_cap
+    near = llc.runner.near_cache
+    assert llc._plan(units[s]).output_place == "llc"
+    assert llc._plan(units[s]).evict_bytes == (2 * near if near else 0) < cold.runner.evict_cap
+    assert len({m._key(units[s]) for m in (warm, llc, cold)}) == 3
+    for m in (llc, cold):
+        assert m._plan(units[y]).output_place == "warm" and m._key(units[y]) == warm._key(units[y])
+    assert cold._measure(units[s]).detail["outputs"] == "cold"
+    assert llc._measure(units[s]).detail["outputs"] == "llc"
+    assert cold.uncached(windows=1)._plan(units[s]).output_place == "cold"
+    with pytest.raises(TensatError, match="outputs must be one of warm, llc, cold"):
+        cost_model(tmp_path / "bad", outputs="hot")
 
 
 def test_a_transpose_is_timed_writing_to_buffers_out_of_the_caches(tmp_path, monkeypatch):
@@ -921,9 +930,9 @@ def test_a_transpose_is_timed_writing_to_buffers_out_of_the_caches(tmp_path, mon
         return pricing_unit(g.nodes[i], [g.nodes[j].shape for j in g.nodes[i].inputs], [False] * 2)
 
     transpose, product = cost._plan(unit(kt)), cost._plan(unit(qk))
-    assert transpose.cold_output and transpose.evict_bytes == cost.runner.evict_cap
-    assert not product.cold_output and product.evict_bytes == 0
-    assert not cost._plan(_group(g, ("transpose", "matmul"))).cold_output
+    assert transpose.output_place == "cold" and transpose.evict_bytes == cost.runner.evict_cap
+    assert product.output_place == "warm" and product.evict_bytes == 0
+    assert cost._plan(_group(g, ("transpose", "matmul"))).output_place == "warm"
     seen: list[tuple[int, bool]] = []
     cold_weights = cost.runner.cold_weights
     monkeypatch.setattr(
@@ -934,7 +943,7 @@ def test_a_transpose_is_timed_writing_to_buffers_out_of_the_caches(tmp_path, mon
         ),
     )
     entry = cost._measure(unit(kt))
-    assert entry.ms > 0 and entry.detail["cold_output"]
+    assert entry.ms > 0 and entry.detail["outputs"] == "cold"
     assert seen and all(s == (cost.runner.evict_cap, False) for s in seen)
 
 
