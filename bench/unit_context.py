@@ -257,12 +257,7 @@ def _copies(cost: MeasuredCost, unit: Unit) -> tuple[float, float, float, float]
     r = cost.runner
     extra = (*REORDERS, "MaxPool") if plan.null_model is not None else REORDERS  # a prologue's pools and samples
     try:
-        warm = profiled(
-            cost,
-            model,
-            lambda run: r.cold_weights(run, plan.evict_bytes, warm_outputs=plan.output_place == "warm"),
-            unit=True,
-        )
+        warm = profiled(cost, model, lambda run: plan.before_run(r, run), unit=True)
         outs = profiled(cost, model, lambda run: r.cold_weights(run, cold, warm_outputs=False), unit=True)
         every = profiled(
             cost, model, lambda run: r.cold_weights(run, cold, warm_outputs=False, warm_inputs=False), unit=True

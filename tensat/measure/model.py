@@ -516,7 +516,7 @@ class MeasuredCost:
     def output_evict_bytes(self, place: str) -> int:
         """Bytes to evict before a timed run so that the unit's outputs are where `place` says (`OUTPUTS`): twice
         the core's level-2 cache for the last-level cache (none where its size is unknown), the runner's
-        `evict_cap` for none."""
+        `evict_cap` for out of every cache."""
         if place == "cold":
             return self.runner.evict_cap
         if place == "llc" and self.runner.near_cache:
@@ -591,7 +591,7 @@ class MeasuredCost:
                         plan.copies,
                         max_seconds=budget,
                         clock=r.clock,
-                        before=r.cold_weights(run, plan.evict_bytes, warm_outputs=plan.output_place == "warm"),
+                        before=plan.before_run(r, run),
                     )
                 )
         except Exception as exc:  # noqa: BLE001
@@ -796,6 +796,11 @@ class _Plan:
         """Where the unit's output buffers are when it is timed (`OUTPUTS`): out of the caches for a unit whose ops
         all write to buffers last used long before (`OpDef.cold_output`), else `outputs`."""
         return "cold" if all(ops.get(op).cold_output for op in self.unit.ops) else self.outputs
+
+    def before_run(self, runner: Runner, run: Callable[[], None]) -> Callable[[], None] | None:
+        """What to do before each timed run of `run`, its bound copies: evict `evict_bytes`, then read the inputs
+        again and rewrite the outputs where they stay warm (`Runner.cold_weights`)."""
+        return runner.cold_weights(run, self.evict_bytes, warm_outputs=self.output_place == "warm")
 
     def disagree(self) -> bool:
         """The first two windows differ by more than WINDOW_TOL (a third window decides)."""
