@@ -3,8 +3,9 @@
     python -m bench.cold_outputs                           # nine models of the corpus
     python -m bench.cold_outputs --only hubert --out-dir DIR
 
-Units are timed with their output buffers warm, while inside a graph onnxruntime's arena hands a kernel a buffer
-last touched long before (`bench.unit_context`: memory-bound kernels run slower in the graph than priced). For each
+Units without weights were timed with their output buffers warm ("today" here, until this report made cold the
+default, `DEFAULT_OUTPUTS`), while inside a graph onnxruntime's arena hands a kernel a buffer last touched long
+before (`bench.unit_context`: memory-bound kernels run slower in the graph than priced). For each
 input model: same-load checks (`bench.real_report.same_load`: the kernels priced afresh on an empty cost cache,
 between end-to-end runs at one thread), `ROUNDS` rounds of the pricings in turns, one per place of the outputs
 (`MeasuredCost.outputs`, `VARIANTS`); the predicted cost over the end-to-end time of each, and their medians.

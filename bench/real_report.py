@@ -48,7 +48,7 @@ from tensat.cost_report import cost_report, load_graph
 from tensat.errors import TensatError, one_line
 from tensat.files import atomic_write_json, atomic_write_text, check_writable
 from tensat.latency import compare_many
-from tensat.measure import default_clock, make_measured_cost
+from tensat.measure import DEFAULT_OUTPUTS, default_clock, make_measured_cost
 from tensat.onnx.fusions import check_kernels
 from tensat.onnx_io import import_model
 from tensat.session import make_session
@@ -244,7 +244,7 @@ def run_model(name: str, src: Path, work: Path, seconds: float) -> dict[str, Any
     return rec
 
 
-def same_load(path: Path, outputs: str = "warm") -> dict[str, Any]:
+def same_load(path: Path, outputs: str = DEFAULT_OUTPUTS) -> dict[str, Any]:
     """The model's kernels priced afresh on an empty cost cache, between its end-to-end runs at one thread
     (`tensat.cost_report.cost_report`, reading the model as `tensat optimize` reads its input; each unit in
     `SAME_LOAD_WINDOWS` windows; the model in `SESSIONS` sessions, as its speedups are timed): the predicted cost

@@ -23,6 +23,9 @@ How a unit's cost is taken:
   an octave), so its weights are cold; its input has just been computed and its output
   goes to a recycled buffer. Where the K copies' weights do not span the working set, the rest is evicted before
   every timed run (a scratch buffer is read), and then the inputs are read and the output buffers written again.
+  A unit without weights writes, inside a graph, to a buffer that the tensors computed since its last use have
+  pushed out to memory: it is timed with the whole cache evicted and only its inputs read again
+  (`MeasuredCost.outputs`, default `DEFAULT_OUTPUTS`).
   The eviction streams no more than half the last-level cache (`weight_evict_cap`): on some CPUs a tensor read
   again after a longer eviction reads slower than one the graph has just computed, by a share that follows the
   load of the machine's other cores, and a convolution with a few KiB of weights over a large feature map was
@@ -88,6 +91,7 @@ from tensat.measure.device import (
 )
 from tensat.measure.model import (
     CHUNK,
+    DEFAULT_OUTPUTS,
     DEFAULT_WORKING_SET,
     LONG_ROUND_US,
     LONG_WEIGHTS,
@@ -135,6 +139,7 @@ from tensat.measure.units import (
 __all__ = [
     "ALIGNMENT",
     "CHUNK",
+    "DEFAULT_OUTPUTS",
     "DEFAULT_WORKING_SET",
     "DEVICES",
     "EVICT_CAP",

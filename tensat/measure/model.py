@@ -64,6 +64,9 @@ GRACE_SECONDS = 1.0  # a deadline passing with less than half this left to time 
 # where a unit without weights finds its output buffers when it is timed: rewritten just before it (warm), pushed out
 # of the core's own caches into the last-level one (llc), or out of every cache (cold)
 OUTPUTS = ("warm", "llc", "cold")
+# the default place: inside a graph a unit without weights writes to buffers its predecessors' data has pushed to
+# memory, and pricing it with its outputs warm under-predicts the graph (bench/results/cold_outputs, real_models)
+DEFAULT_OUTPUTS = "cold"
 
 
 @dataclass
@@ -155,7 +158,7 @@ class MeasuredCost:
         clock: str | None = None,
         windows: int | None = None,
         chunk: int = CHUNK,
-        outputs: str = "warm",
+        outputs: str = DEFAULT_OUTPUTS,
     ) -> None:
         if int(threads) < 1:
             raise TensatError(f"threads must be positive, got {threads}")
@@ -789,7 +792,7 @@ class _Plan:
     failure: CostEntry | None = None
     windows_wanted: int = WINDOWS
     evict_bytes: int = 0
-    outputs: str = "warm"  # where its output buffers are whatever its ops (`MeasuredCost.outputs`)
+    outputs: str = DEFAULT_OUTPUTS  # where its output buffers are whatever its ops (`MeasuredCost.outputs`)
 
     @property
     def output_place(self) -> str:
@@ -855,7 +858,7 @@ def make_measured_cost(
     *,
     threads: int | None = None,
     working_set: int | None = None,
-    outputs: str = "warm",
+    outputs: str = DEFAULT_OUTPUTS,
 ) -> MeasuredCost:
     """The measured cost model on `device` ("auto", "cpu" or "cuda"), caching in `cache_path` (default: the user
     cache directory, or `$TENSAT_CACHE_DIR`). `threads` defaults to `$TENSAT_MEASURE_THREADS` or 1; `outputs`
