@@ -98,8 +98,8 @@ class Options:
     time_budget: float = _option(
         10.0,
         "seconds for the whole search: building the e-graph, exploration, guided rounds, pricing and extraction "
-        "(default {default}); each phase also stops at its own limit below, and when the budget runs out the "
-        "cheapest graph found so far is returned",
+        "(default {default}), not counting the time spent measuring op costs not yet cached; each phase also stops "
+        "at its own limit below, and when the budget runs out the cheapest graph found so far is returned",
         type=positive_float,
     )
     node_limit: int = _option(

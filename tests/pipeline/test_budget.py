@@ -138,3 +138,31 @@ def test_with_measured_costs_all_finds_what_hand_finds(tmp_path, monkeypatch) ->
     distributed = ["maxpool-concat-distribute" in r for r in found["hand"]]
     assert any(distributed)
     assert all("maxpool-concat-distribute" in r for r, d in zip(found["all"], distributed) if d)
+
+
+def test_the_time_spent_measuring_prices_is_not_taken_from_the_search_budget(tmp_path) -> None:
+    """A first run measures op costs that a warm run finds cached; the budget left to search, price and extract
+    (`_budget_left`) leaves that time out, so a first run chooses from as many measured e-nodes as its pricing
+    windows allow rather than from what the measurements left of the budget."""
+    import time
+
+    import tensat.api as api
+    from tensat.measure import make_measured_cost
+    from tensat.options import Options
+
+    g = Graph()
+    x = g.input("x", (1, 64, 32, 32))
+    y = g.add("relu", [g.add("add", [x, x])])
+    g.output("y", y)
+    items = [(g.nodes[i], [g.nodes[j].shape for j in g.nodes[i].inputs], [False] * 2) for i in (y - 1, y)]
+    run = api._Run(opts=Options(time_budget=2.0), log=api.RunLog(), source=g)
+    run.search_start = time.perf_counter()
+    run.measured = make_measured_cost("cpu", tmp_path / "costs.sqlite3", progress=False, threads=1)
+    run.measured.prefetch(items)
+    measuring = run.measured.stats.seconds
+    assert measuring > 0.1  # well above the tolerance below: a budget counting it would fail
+    left = api._budget_left(run)
+    elapsed = time.perf_counter() - run.search_start
+    assert left == pytest.approx(2.0 + measuring - elapsed, abs=0.05)
+    run.measured = None
+    assert api._budget_left(run) < left - measuring + 0.05
