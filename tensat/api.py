@@ -625,6 +625,7 @@ class _Run:
     cost_before: float = 0.0
     # the search
     search_start: float = 0.0  # perf_counter when the search began: the time budget counts from then
+    measured_before_search: float = 0.0  # the cost model's seconds of measuring by then (`_start_search_clock`)
     te: TensorEGraph | None = None
     stats: ExplorationStats = field(default_factory=ExplorationStats)
     exported: Exported | None = None
@@ -652,10 +653,23 @@ class _Run:
 
 def _budget_left(run: _Run, share: float = 1.0) -> float:
     """Seconds left until `share` of the time budget has passed since the search began (0 when it has), the time
-    spent measuring prices not counted: a run whose prices are cached measures nothing, so without that a first
-    run would search, price and extract in what its measurements left, and choose from fewer measured e-nodes."""
-    measuring = run.measured.stats.seconds if run.measured is not None else 0.0
+    spent measuring prices since then not counted: a run whose prices are cached measures nothing, so without that
+    a first run would search, price and extract in what its measurements left, and choose from fewer measured
+    e-nodes."""
+    measuring = _measuring_seconds(run) - run.measured_before_search
     return max(0.0, run.search_start + share * run.opts.time_budget + measuring - time.perf_counter())
+
+
+def _measuring_seconds(run: _Run) -> float:
+    """Seconds the run's cost model has spent measuring so far (0 for one that does not measure)."""
+    return run.measured.stats.seconds if run.measured is not None else 0.0
+
+
+def _start_search_clock(run: _Run) -> None:
+    """Start the time budget now; what the cost model measured before (the input's price) is not taken from it, and
+    so is not given back either."""
+    run.search_start = time.perf_counter()
+    run.measured_before_search = _measuring_seconds(run)
 
 
 def _always(run: _Run) -> bool:
@@ -1238,7 +1252,7 @@ def _read_rules(run: _Run) -> None:
 
 def _search(run: _Run) -> None:
     _perform(run, (_Stage("rules", _read_rules),))
-    run.search_start = time.perf_counter()
+    _start_search_clock(run)
     _perform(run, _SEARCH)
 
 
